@@ -1,0 +1,91 @@
+// moat::backend: where sandboxes live. The local backend (Linux namespaces on this host) is the
+// embedded default; a remote backend speaks the E2B protocol to a fleet.
+//
+// Every operation is a coroutine on the backend's executor and returns result<T>. Parameters are
+// taken by value (coroutines outlive their callers' temporaries). Unless an operation says
+// otherwise, Per-Operation Cancellation is terminal: the operation stops what it started (a
+// process is killed and its end confirmed within a grace period) and completes with
+// errc::cancelled. Wrap a call in with_timeout() for a deadline.
+//
+// A backend does not order operations on one sandbox; the sandbox handle above it does.
+#pragma once
+
+#include <moat/exec.hpp>
+#include <moat/files.hpp>
+#include <moat/result.hpp>
+#include <moat/sandbox_spec.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace moat {
+
+// A sandbox matches when every key in the filter has the same value in its labels.
+using label_filter = std::map<std::string, std::string>;
+
+class backend {
+public:
+    virtual ~backend() = default;
+
+    virtual asio::any_io_executor get_executor() const = 0;
+    // "local", "e2b", ...
+    virtual std::string name() const = 0;
+
+    // Creates a sandbox and returns once its pid 1 is ready to run commands. Cancelling destroys
+    // the half-made sandbox. Errors: invalid_argument (a bad spec field, named), layer_unavailable
+    // (a layer or limit this host cannot enforce, named), backend_failure.
+    virtual asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) = 0;
+
+    // Attaches to a sandbox another process created with survive_owner.
+    virtual asio::awaitable<result<sandbox_info>> async_attach(std::string id) = 0;
+
+    // Current state of a sandbox known to this backend. sandbox_not_found if unknown.
+    virtual asio::awaitable<result<sandbox_info>> async_inspect(std::string id) = 0;
+
+    virtual asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) = 0;
+
+    // Moves the TTL to `ttl` from now.
+    virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
+                                                                   std::chrono::milliseconds ttl) = 0;
+
+    // Kills every process of the sandbox and returns only once it is confirmed gone (pid 1 reaped,
+    // cgroups and mounts released). Destroying an already-destroyed sandbox succeeds.
+    // Per-Operation Cancellation: none; a destroy always runs to its confirmation or its
+    // internal bound.
+    virtual asio::awaitable<result<void>> async_destroy(std::string id) = 0;
+
+    // Runs a command to completion, keeping head + tail of its output (request.output).
+    // The default drains async_exec_stream.
+    virtual asio::awaitable<result<exec_result>> async_exec(std::string id, exec_request request);
+
+    // Starts a command and returns its output stream once the process has started.
+    virtual asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
+                                                                   exec_request request) = 0;
+
+    // Starts a background process and returns its handle once it has started.
+    virtual asio::awaitable<result<process>> async_spawn(std::string id, exec_request request);
+
+    // Sends `signal` to the process group of a command started by async_spawn.
+    virtual asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                                       int signal);
+
+    // File transfer (see files.hpp): per-path results, absolute paths, bounded sizes.
+
+    virtual asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::string id, std::vector<file_write> files);
+    virtual asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths);
+    virtual asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path);
+    virtual asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
+                                                                           std::string path);
+};
+
+// Drains a stream into head + tail captures. Used by backend::async_exec.
+asio::awaitable<result<exec_result>> async_collect(exec_stream stream, output_limits limits);
+
+}  // namespace moat

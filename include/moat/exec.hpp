@@ -1,0 +1,134 @@
+// Running a command in a sandbox: the request, the result, and the pull-based output stream.
+//
+// What the program did is data in exec_result (exit code, signal, wall-limit timeout, OOM kill,
+// truncated output); only a failure of moat or of the caller's own budget is a moat::error.
+#pragma once
+
+#include <moat/result.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace moat {
+
+// How much of each output stream exec() keeps: the first head_bytes and the last tail_bytes.
+// Memory use is fixed whatever the program prints; the rest is counted, not kept.
+struct output_limits {
+    std::size_t head_bytes = 512 * 1024;
+    std::size_t tail_bytes = 512 * 1024;
+};
+
+struct exec_request {
+    // The program and its arguments; argv[0] is looked up in PATH. Alternatively leave argv empty
+    // and set `shell`, which runs as /bin/sh -c shell.
+    std::vector<std::string> argv;
+    std::string shell;
+    // Added to (and overriding) the sandbox's environment.
+    std::map<std::string, std::string> env;
+    // Working directory inside the sandbox; "" means the sandbox's workdir.
+    std::string cwd;
+    // Bytes written to the program's stdin, which is then closed.
+    std::string stdin_data;
+    // Program limit: the whole process group is killed this long after start and the result says
+    // timed_out with exit code 124. At most max_wall_limit.
+    std::chrono::milliseconds wall_limit = std::chrono::seconds(60);
+    output_limits output;
+
+    static constexpr std::chrono::milliseconds max_wall_limit = std::chrono::seconds(600);
+};
+
+// One stream's output as kept by exec(): everything if it fit, else head + tail.
+struct captured_output {
+    std::string head;
+    std::string tail;                 // empty unless truncated
+    std::uint64_t total_bytes = 0;    // what the program wrote
+    std::uint64_t omitted_bytes = 0;  // total_bytes - head.size() - tail.size()
+
+    bool is_truncated() const noexcept { return omitted_bytes != 0; }
+    // head, then "\n[... N bytes omitted ...]\n" when truncated, then tail.
+    std::string text() const;
+};
+
+struct exec_result {
+    // The exit status; 128 + signal when killed by a signal; 124 when the wall limit ended it.
+    int exit_code = 0;
+    int signal = 0;           // the terminating signal, or 0
+    bool timed_out = false;   // the wall limit ended it
+    bool oom_killed = false;  // the sandbox's memory limit ended it
+    captured_output out;      // stdout (empty for a streamed exec: the chunks carried it)
+    captured_output err;      // stderr
+    std::chrono::microseconds duration{0};  // from start to exit, measured in the sandbox
+};
+
+enum class output_channel { out, err };
+
+struct output_chunk {
+    output_channel channel;
+    std::string data;
+};
+
+// A running command's output, pulled by the caller. Nothing is read from the program until the
+// caller asks: a caller that stops pulling stops the pump, and the pipe pushes back on the program.
+// Destroying the stream before the end kills the program.
+class exec_stream {
+public:
+    struct impl {
+        virtual ~impl() = default;
+        virtual asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() = 0;
+    };
+
+    exec_stream() = default;
+    explicit exec_stream(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
+
+    // The next chunk of stdout or stderr, and after both have ended, the exec_result (with empty
+    // captured output and byte counts). Calling again after the result is an error.
+    // Per-Operation Cancellation: terminal. The program is killed, its end is confirmed within a
+    // grace period, and the call completes with errc::cancelled; the stream is finished.
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() {
+        return impl_->async_next();
+    }
+
+    explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+private:
+    std::unique_ptr<impl> impl_;
+};
+
+// A background process started by backend::async_spawn: it does not hold the sandbox's operation
+// queue. Output is pulled like an exec_stream; stdin stays open until closed.
+class process {
+public:
+    struct impl {
+        virtual ~impl() = default;
+        virtual std::uint64_t id() const = 0;
+        virtual asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() = 0;
+        virtual asio::awaitable<result<void>> async_write_stdin(std::string data) = 0;
+        virtual asio::awaitable<result<void>> async_close_stdin() = 0;
+        virtual asio::awaitable<result<void>> async_signal(int signal) = 0;
+    };
+
+    process() = default;
+    explicit process(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
+
+    std::uint64_t id() const { return impl_->id(); }
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() {
+        return impl_->async_next();
+    }
+    asio::awaitable<result<void>> async_write_stdin(std::string data) {
+        return impl_->async_write_stdin(std::move(data));
+    }
+    asio::awaitable<result<void>> async_close_stdin() { return impl_->async_close_stdin(); }
+    asio::awaitable<result<void>> async_signal(int signal) { return impl_->async_signal(signal); }
+
+private:
+    std::unique_ptr<impl> impl_;
+};
+
+}  // namespace moat

@@ -1,0 +1,39 @@
+// The local backend: sandboxes made of Linux namespaces on this host (the embedded default).
+//
+// On first use the backend starts one small static helper process (moat-sandboxd, embedded in
+// this library and run from a sealed memfd; the application itself never forks). The helper
+// creates each sandbox with clone(CLONE_VM | namespaces) from a read-only template root, applies
+// cgroup limits, seccomp and a private uid range, and hands back the sandbox's pid 1 (an agent
+// that runs commands in their own process groups). See docs/architecture.md.
+//
+// Embedding contract: the backend is confined to its executor; call it from coroutines running
+// there. It installs no signal handlers and never changes the signal mask. Each live sandbox holds
+// 2 descriptors in the application (pidfd + control socket) and each running command 2 more
+// (stdout and stderr pipes); the helper holds 1 (its socket). When the application process exits,
+// every sandbox it created without survive_owner dies with it.
+#pragma once
+
+#include <moat/backend.hpp>
+
+#include <asio/any_io_executor.hpp>
+
+#include <memory>
+#include <string>
+
+namespace moat {
+
+struct local_options {
+    // 0700 directory for the helper's state (template root, uid-range locks). Default: /run/moat.
+    std::string state_dir;
+    // Run this moat-sandboxd binary instead of the embedded one (development, packaging).
+    std::string sandboxd_path;
+    // How long destroy waits for the helper to confirm a sandbox is gone.
+    std::chrono::milliseconds destroy_timeout = std::chrono::seconds(10);
+    // How long a killed command may take to report its end before moat stops waiting.
+    std::chrono::milliseconds kill_grace = std::chrono::seconds(2);
+};
+
+std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,
+                                            local_options options = {});
+
+}  // namespace moat

@@ -1,0 +1,42 @@
+#include "cli/arguments.hpp"
+
+#include <charconv>
+
+namespace moat::cli {
+
+std::optional<std::uint64_t> parse_unsigned(std::string_view text) {
+    std::uint64_t value = 0;
+    const auto* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+    if (text.empty() || ec != std::errc{} || ptr != end) return std::nullopt;
+    return value;
+}
+
+std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text) {
+    const auto dot = text.find('.');
+    const auto whole = parse_unsigned(text.substr(0, dot));
+    if (!whole || *whole > 1'000'000) return std::nullopt;
+    std::uint64_t millis = *whole * 1000;
+    if (dot != std::string_view::npos) {
+        const auto fraction = text.substr(dot + 1);
+        if (fraction.empty() || fraction.size() > 3 || !parse_unsigned(fraction)) return std::nullopt;
+        std::uint64_t f = *parse_unsigned(fraction);
+        for (std::size_t i = fraction.size(); i < 3; ++i) f *= 10;
+        millis += f;
+    }
+    if (millis == 0) return std::nullopt;
+    return std::chrono::milliseconds(millis);
+}
+
+std::optional<std::string> flag_value(std::string_view flag, int argc, char** argv, int& i) {
+    const std::string_view arg = argv[i];
+    if (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag && arg[flag.size()] == '=') {
+        return std::string(arg.substr(flag.size() + 1));
+    }
+    if (arg != flag) return std::nullopt;
+    if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
+    ++i;
+    return std::string(argv[i]);
+}
+
+}  // namespace moat::cli

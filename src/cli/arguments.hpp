@@ -1,0 +1,32 @@
+// Parsing of command-line values. Each parser returns nullopt for anything it does not accept
+// whole (no trailing junk, no sign where none belongs, no overflow).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace moat::cli {
+
+// Exit codes of the CLI itself; a command's own exit code passes through unchanged.
+inline constexpr int exit_usage = 2;    // bad flags or values
+inline constexpr int exit_failure = 3;  // moat could not do what was asked
+
+// A usage error: printed as "moat: <message>" with exit code exit_usage.
+struct usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::optional<std::uint64_t> parse_unsigned(std::string_view text);
+
+// Decimal seconds ("2", "0.5"); strictly positive.
+std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text);
+
+// "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
+// nullopt if argv[i] is not this flag; throws usage_error if the value is missing.
+std::optional<std::string> flag_value(std::string_view flag, int argc, char** argv, int& i);
+
+}  // namespace moat::cli

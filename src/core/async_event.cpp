@@ -1,0 +1,24 @@
+#include "core/async_event.hpp"
+
+#include "core/asio_compat.hpp"
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+
+namespace moat {
+
+asio::awaitable<async_event::wait_outcome> async_event::async_wait(deadline limit) {
+    if (is_set_) co_return wait_outcome::set;
+    if (limit.has_expired()) co_return wait_outcome::deadline_passed;
+    asio::steady_timer timer(executor_, limit.when());
+    waiters_.push_back(&timer);
+    auto token = as_tuple(asio::use_awaitable);
+    auto [ec] = co_await timer.async_wait(token);
+    waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &timer));
+    if (is_set_) co_return wait_outcome::set;
+    if (!ec) co_return wait_outcome::deadline_passed;
+    co_return wait_outcome::cancelled;
+}
+
+}  // namespace moat

@@ -1,0 +1,139 @@
+#include "local/agent_channel.hpp"
+
+#include <moat/log.hpp>
+
+namespace moat {
+
+asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self) {
+    co_await self->read_loop();
+}
+
+agent_channel::agent_channel(const asio::any_io_executor& executor, unique_fd control,
+                             std::string sandbox_id)
+    : executor_(executor),
+      channel_(executor, std::move(control)),
+      sandbox_id_(std::move(sandbox_id)),
+      ready_(executor) {}
+
+void agent_channel::start(task_group& tasks) { tasks.spawn(run_agent_reader(shared_from_this())); }
+
+asio::awaitable<result<void>> agent_channel::async_wait_ready(deadline limit) {
+    const auto outcome = co_await ready_.async_wait(limit);
+    if (broken_) co_return make_error(errc::backend_failure, "sandbox agent: " + *broken_);
+    if (outcome == async_event::wait_outcome::set) co_return result<void>{};
+    if (outcome == async_event::wait_outcome::cancelled) {
+        co_return make_error(errc::cancelled, "cancelled while the sandbox agent started");
+    }
+    co_return make_error(errc::backend_failure, "the sandbox agent did not report ready in time");
+}
+
+asio::awaitable<result<std::shared_ptr<command_state>>> agent_channel::async_exec(
+    std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto state = std::make_shared<command_state>(executor_);
+    commands_[exec_id] = state;
+    auto sent = co_await channel_.async_send(record, stdio);
+    if (!sent) {
+        commands_.erase(exec_id);
+        co_return std::move(sent).error();
+    }
+    co_return state;
+}
+
+result<void> agent_channel::kill(std::uint64_t exec_id, int signal) {
+    if (broken_) return make_error(errc::sandbox_unavailable, *broken_);
+    auto message = wire::make_message<wire::kill_message>(wire::message_type::kill);
+    message.exec_id = exec_id;
+    message.signal = signal;
+    return channel_.try_send(std::as_bytes(std::span(&message, 1)));
+}
+
+void agent_channel::release(std::uint64_t exec_id) {
+    auto it = commands_.find(exec_id);
+    if (it == commands_.end()) return;
+    if (it->second->exit || broken_) {
+        commands_.erase(it);
+    } else {
+        it->second->abandoned = true;
+    }
+}
+
+void agent_channel::close() {
+    channel_.close();
+    break_channel("the control socket was closed");
+}
+
+asio::awaitable<void> agent_channel::read_loop() {
+    auto self = shared_from_this();
+    while (!broken_) {
+        auto record = co_await channel_.async_receive();
+        if (!record) {
+            break_channel(record.error().to_string());
+        } else if (record->data.empty()) {
+            break_channel("the sandbox's pid 1 exited");
+        } else {
+            dispatch(*record);
+        }
+    }
+}
+
+void agent_channel::dispatch(const received_record& record) {
+    if (!record.fds.empty()) return break_channel("protocol error: the agent sent descriptors");
+    wire::header h{};
+    if (!wire::read_header(record.data, h)) return break_channel("protocol error: malformed record");
+    switch (static_cast<wire::message_type>(h.type)) {
+        case wire::message_type::ready: {
+            wire::ready_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::ready, m) ||
+                m.version != wire::protocol_version || ready_.is_set()) {
+                return break_channel("protocol error: bad ready record");
+            }
+            ready_.set();
+            return;
+        }
+        case wire::message_type::started: {
+            wire::started_message m{};
+            auto it = commands_.end();
+            if (wire::read_fixed(record.data, wire::message_type::started, m)) {
+                it = commands_.find(m.exec_id);
+            }
+            if (it == commands_.end() || it->second->start) {
+                return break_channel("protocol error: bad started record");
+            }
+            it->second->start = m;
+            it->second->started.set();
+            return;
+        }
+        case wire::message_type::exited: {
+            wire::exited_message m{};
+            auto it = commands_.end();
+            if (wire::read_fixed(record.data, wire::message_type::exited, m)) {
+                it = commands_.find(m.exec_id);
+            }
+            if (it == commands_.end() || it->second->exit) {
+                return break_channel("protocol error: bad exited record");
+            }
+            it->second->exit = m;
+            it->second->started.set();
+            it->second->exited.set();
+            if (it->second->abandoned) commands_.erase(it);
+            return;
+        }
+        default:
+            return break_channel("protocol error: unexpected record type " + std::to_string(h.type));
+    }
+}
+
+void agent_channel::break_channel(std::string reason) {
+    if (broken_) return;
+    detail::log(log_level::warning, "agent", reason, sandbox_id_);
+    broken_ = std::move(reason);
+    channel_.close();
+    ready_.set();
+    for (auto& [id, command] : commands_) {
+        command->started.set();
+        command->exited.set();
+    }
+}
+
+}  // namespace moat

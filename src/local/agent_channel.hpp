@@ -1,0 +1,71 @@
+// The library's side of one sandbox's pid-1 agent: sends exec and kill, and dispatches what the
+// agent reports (ready, started, exited) to the command waiting for it. Everything the agent
+// sends is checked (exact sizes, known ids); anything else marks the channel broken.
+// Confined to the backend's executor.
+#pragma once
+
+#include <moat/deadline.hpp>
+#include <moat/result.hpp>
+#include <moat/task_group.hpp>
+
+#include "core/async_event.hpp"
+#include "local/seqpacket_channel.hpp"
+#include "wire/protocol.hpp"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace moat {
+
+// What the agent reported about one command.
+struct command_state {
+    explicit command_state(const asio::any_io_executor& ex) : started(ex), exited(ex) {}
+    async_event started;  // set on `started`, on an immediate spawn failure, or when the channel breaks
+    async_event exited;   // set on `exited` or when the channel breaks
+    std::optional<wire::started_message> start;
+    std::optional<wire::exited_message> exit;
+    bool abandoned = false;  // nobody reads the result; forget the command when it exits
+};
+
+class agent_channel : public std::enable_shared_from_this<agent_channel> {
+public:
+    agent_channel(const asio::any_io_executor& executor, unique_fd control, std::string sandbox_id);
+
+    // Starts reading the agent's reports (owned by `tasks`).
+    void start(task_group& tasks);
+
+    // Waits for the agent's `ready`.
+    asio::awaitable<result<void>> async_wait_ready(deadline limit);
+
+    // Sends an exec record with [stdin, stdout, stderr] attached and registers the command.
+    asio::awaitable<result<std::shared_ptr<command_state>>> async_exec(
+        std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio);
+
+    // Sends `signal` to the command's process group without waiting (small record).
+    result<void> kill(std::uint64_t exec_id, int signal);
+
+    // Forgets a command: now if it has exited, else when it does.
+    void release(std::uint64_t exec_id);
+
+    // Why the channel stopped (agent exited, protocol violation), or nullopt while healthy.
+    const std::optional<std::string>& broken() const noexcept { return broken_; }
+
+    void close();
+
+private:
+    friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
+    asio::awaitable<void> read_loop();
+    void dispatch(const received_record& record);
+    void break_channel(std::string reason);
+
+    asio::any_io_executor executor_;
+    seqpacket_channel channel_;
+    std::string sandbox_id_;
+    async_event ready_;
+    std::optional<std::string> broken_;
+    std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
+};
+
+}  // namespace moat

@@ -1,0 +1,209 @@
+#include "local/helper_client.hpp"
+
+#include <moat/log.hpp>
+
+#include "local/sandboxd_launcher.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+namespace moat {
+
+asio::awaitable<void> run_helper_reader(std::shared_ptr<helper_client> self) {
+    co_await self->read_loop();
+}
+
+helper_client::helper_client(asio::any_io_executor executor, task_group& tasks,
+                             local_options options)
+    : executor_(std::move(executor)), tasks_(tasks), options_(std::move(options)) {}
+
+helper_client::~helper_client() { shutdown(); }
+
+asio::awaitable<result<void>> helper_client::async_ensure_started(deadline limit) {
+    if (phase_ == phase::stopped) {
+        phase_ = phase::starting;
+        start_error_.reset();
+        started_ = std::make_shared<async_event>(executor_);
+        auto launched = launch_sandboxd(options_.sandboxd_path, options_.state_dir);
+        if (!launched) {
+            phase_ = phase::stopped;
+            started_->set();
+            co_return std::move(launched).error();
+        }
+        pid_ = launched->pid;
+        pidfd_ = std::move(launched->pidfd);
+        channel_ = std::make_unique<seqpacket_channel>(executor_, std::move(launched->socket));
+        tasks_.spawn(run_helper_reader(shared_from_this()));
+    }
+    if (phase_ == phase::starting) {
+        auto started = started_;
+        const auto outcome = co_await started->async_wait(limit);
+        if (outcome == async_event::wait_outcome::cancelled) {
+            co_return make_error(errc::cancelled, "cancelled while the sandbox helper started");
+        }
+    }
+    if (phase_ == phase::running) co_return result<void>{};
+    if (start_error_) co_return *start_error_;
+    co_return make_error(errc::deadline_exceeded, "the sandbox helper did not start in time");
+}
+
+asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::create_message request,
+                                                                     deadline limit) {
+    if (phase_ != phase::running) {
+        co_return make_error(errc::backend_failure, "the sandbox helper is not running");
+    }
+    request.request_id = next_request_++;
+    auto pending = std::make_shared<pending_create>(executor_);
+    pending->sandbox_id = std::string(wire::read_field(request.sandbox_id));
+    creates_[request.request_id] = pending;
+    const auto bytes = std::as_bytes(std::span(&request, 1));
+    auto sent = co_await channel_->async_send(bytes);
+    if (!sent) {
+        creates_.erase(request.request_id);
+        co_return std::move(sent).error();
+    }
+    const auto outcome = co_await pending->done.async_wait(limit);
+    if (pending->outcome) {
+        creates_.erase(request.request_id);
+        co_return std::move(*pending->outcome);
+    }
+    pending->abandoned = true;  // the answer, when it comes, is destroyed by dispatch()
+    if (outcome == async_event::wait_outcome::cancelled) {
+        co_return make_error(errc::cancelled, "create was cancelled before the helper answered");
+    }
+    co_return make_error(errc::deadline_exceeded, "the sandbox helper did not answer create in time");
+}
+
+asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id) {
+    if (phase_ != phase::running) {
+        co_return make_error(errc::backend_failure, "the sandbox helper is not running");
+    }
+    auto message = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
+    wire::copy_field(message.sandbox_id, sandbox_id);
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    co_return co_await channel_->async_send(bytes);
+}
+
+asio::awaitable<void> helper_client::read_loop() {
+    auto self = shared_from_this();
+    while (channel_ && channel_->is_open()) {
+        auto record = co_await channel_->async_receive();
+        if (!record) {
+            lose("sandbox helper: " + record.error().to_string());
+            break;
+        }
+        if (record->data.empty()) {
+            lose("the sandbox helper exited");
+            break;
+        }
+        dispatch(*record);
+    }
+}
+
+void helper_client::dispatch(received_record& record) {
+    wire::header h{};
+    if (!wire::read_header(record.data, h)) return lose("protocol error: malformed helper record");
+    switch (static_cast<wire::message_type>(h.type)) {
+        case wire::message_type::hello: {
+            wire::hello_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::hello, m) ||
+                m.version != wire::protocol_version) {
+                return lose("protocol error: the sandbox helper speaks another protocol version");
+            }
+            host_layers_ = m.host_layers;
+            layer_detail_ = std::string(wire::read_field(m.layer_detail));
+            phase_ = phase::running;
+            if (started_) started_->set();
+            return;
+        }
+        case wire::message_type::created: {
+            wire::created_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::created, m) ||
+                record.fds.size() != 2) {
+                return lose("protocol error: malformed created record");
+            }
+            auto it = creates_.find(m.request_id);
+            if (it == creates_.end()) return lose("protocol error: created answers no request");
+            if (it->second->abandoned) {
+                // Its creator gave up waiting: destroy it at once (the reap is reported as usual).
+                auto destroy = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
+                wire::copy_field(destroy.sandbox_id, it->second->sandbox_id);
+                (void)channel_->try_send(std::as_bytes(std::span(&destroy, 1)));
+                creates_.erase(it);
+                return;
+            }
+            created_sandbox made;
+            made.message = m;
+            made.pidfd = std::move(record.fds[0]);
+            made.control = std::move(record.fds[1]);
+            it->second->outcome.emplace(std::move(made));
+            it->second->done.set();
+            return;
+        }
+        case wire::message_type::create_failed: {
+            wire::create_failed_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::create_failed, m)) {
+                return lose("protocol error: malformed create_failed record");
+            }
+            auto it = creates_.find(m.request_id);
+            if (it == creates_.end()) return lose("protocol error: create_failed answers no request");
+            if (it->second->abandoned) {
+                creates_.erase(it);
+                return;
+            }
+            auto code = static_cast<errc>(m.error_code);
+            if (m.error_code < 1 || m.error_code > static_cast<int>(errc::too_large)) {
+                code = errc::backend_failure;
+            }
+            std::string detail(wire::read_field(m.detail));
+            it->second->outcome.emplace(make_error(code, std::move(detail)));
+            it->second->done.set();
+            return;
+        }
+        case wire::message_type::reaped: {
+            wire::reaped_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::reaped, m)) {
+                return lose("protocol error: malformed reaped record");
+            }
+            if (on_reaped) on_reaped(m);
+            return;
+        }
+        default:
+            return lose("protocol error: unexpected record type " + std::to_string(h.type));
+    }
+}
+
+void helper_client::lose(const std::string& reason) {
+    if (phase_ == phase::stopped) return;
+    detail::log(log_level::error, "helper", reason);
+    if (phase_ == phase::starting) start_error_ = make_error(errc::backend_failure, reason);
+    phase_ = phase::stopped;
+    if (channel_) channel_->close();
+    for (auto& [id, pending] : creates_) {
+        pending->outcome.emplace(make_error(errc::backend_failure, reason));
+        pending->done.set();
+    }
+    creates_.clear();
+    if (started_) started_->set();
+    shutdown();
+    if (on_helper_lost) on_helper_lost(reason);
+}
+
+void helper_client::shutdown() noexcept {
+    if (channel_) channel_->close();
+    if (!pidfd_.is_open()) return;
+    // EOF on its socket makes the helper kill its sandboxes and exit; give it a moment.
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 2000) <= 0) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+    siginfo_t info{};
+    // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
+    ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED);
+    pidfd_.reset();
+    pid_ = -1;
+}
+
+}  // namespace moat

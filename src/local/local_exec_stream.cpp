@@ -1,0 +1,176 @@
+#include "local/local_exec_stream.hpp"
+
+#include "local/cgroup_stats.hpp"
+
+#include "core/asio_compat.hpp"
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace moat {
+namespace {
+
+constexpr std::size_t chunk_bytes = 64 * 1024;
+
+asio::awaitable<void> wait_readable(asio::posix::stream_descriptor& pipe) {
+    co_await pipe.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
+}
+
+asio::awaitable<void> wait_timer(asio::steady_timer& timer) {
+    co_await timer.async_wait(asio::use_awaitable);
+}
+
+}  // namespace
+
+local_exec_stream::local_exec_stream(const asio::any_io_executor& executor, local_command command,
+                                     unique_fd out, unique_fd err)
+    : command_(std::move(command)),
+      out_(executor, out.release()),
+      err_(executor, err.release()),
+      timer_(executor) {}
+
+local_exec_stream::~local_exec_stream() {
+    if (!finished_ && !command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
+    command_.agent->release(command_.exec_id);
+}
+
+bool local_exec_stream::try_read(asio::posix::stream_descriptor& pipe, std::string& chunk) {
+    if (!pipe.is_open()) return false;
+    chunk.resize(chunk_bytes);
+    const ssize_t n = ::read(pipe.native_handle(), chunk.data(), chunk.size());
+    if (n > 0) {
+        chunk.resize(static_cast<std::size_t>(n));
+        return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    std::error_code ignored;
+    pipe.close(ignored);  // EOF (or a broken pipe): this stream has ended
+    return false;
+}
+
+asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_output() {
+    using namespace asio::experimental::awaitable_operators;
+    timer_.expires_at(command_.backstop.when());
+    try {
+        if (out_.is_open() && err_.is_open()) {
+            auto out_ready = wait_readable(out_);
+            auto err_ready = wait_readable(err_);
+            auto expired = wait_timer(timer_);
+            auto which = co_await (std::move(out_ready) || std::move(err_ready) || std::move(expired));
+            co_return which.index() == 2 ? wait_outcome::timer : wait_outcome::readable;
+        }
+        auto& open = out_.is_open() ? out_ : err_;
+        auto ready = wait_readable(open);
+        auto expired = wait_timer(timer_);
+        auto which = co_await (std::move(ready) || std::move(expired));
+        co_return which.index() == 1 ? wait_outcome::timer : wait_outcome::readable;
+    } catch (const std::system_error&) {
+        // Every branch failed: the caller cancelled.
+    }
+    co_return wait_outcome::cancelled;
+}
+
+asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::async_next() {
+    if (finished_) co_return make_error(errc::invalid_argument, "the exec stream has already ended");
+    std::string chunk;
+    while (out_.is_open() || err_.is_open()) {
+        auto& first = read_err_first_ ? err_ : out_;
+        auto& second = read_err_first_ ? out_ : err_;
+        read_err_first_ = !read_err_first_;
+        if (try_read(first, chunk)) {
+            const auto channel = &first == &out_ ? output_channel::out : output_channel::err;
+            co_return output_chunk{channel, std::move(chunk)};
+        }
+        if (try_read(second, chunk)) {
+            const auto channel = &second == &out_ ? output_channel::out : output_channel::err;
+            co_return output_chunk{channel, std::move(chunk)};
+        }
+        if (!out_.is_open() && !err_.is_open()) break;
+        const auto outcome = co_await wait_for_output();
+        if (outcome == wait_outcome::cancelled) co_return co_await stop(errc::cancelled);
+        if (outcome == wait_outcome::timer) {
+            if (!command_.state->exit) co_return co_await stop(errc::backend_failure);
+            // It exited long ago but something still holds the pipes open: stop reading.
+            std::error_code ignored;
+            out_.close(ignored);
+            err_.close(ignored);
+        }
+    }
+    co_return co_await finish();
+}
+
+asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::finish() {
+    // Both pipes are closed; the exit report follows (or the program closed its output early and
+    // runs on: it gets until the backstop like any other).
+    const auto outcome = co_await command_.state->exited.async_wait(command_.backstop);
+    if (outcome == async_event::wait_outcome::cancelled) co_return co_await stop(errc::cancelled);
+    if (!command_.state->exit) {
+        if (auto broken = command_.agent->broken()) {
+            finished_ = true;
+            co_return make_error(errc::sandbox_unavailable, *broken);
+        }
+        co_return co_await stop(errc::backend_failure);
+    }
+    const auto& exit = *command_.state->exit;
+    if ((exit.flags & wire::exited_spawn_failed) != 0 && !spawn_message_sent_) {
+        spawn_message_sent_ = true;
+        std::string message = "moat: cannot run '" + command_.program + "': " +
+                              std::strerror(exit.spawn_errno) + "\n";
+        co_return output_chunk{output_channel::err, std::move(message)};
+    }
+    finished_ = true;
+    co_return make_result(exit);
+}
+
+asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::stop(errc why) {
+    // Cleanup is not cancellable: kill, then wait a bounded grace for the agent to confirm.
+    co_await asio::this_coro::reset_cancellation_state();
+    finished_ = true;
+    std::error_code ignored;
+    out_.close(ignored);
+    err_.close(ignored);
+    if (!command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
+    const auto grace = deadline::after(command_.kill_grace);
+    co_await command_.state->exited.async_wait(grace);
+    const bool confirmed = command_.state->exit.has_value();
+    std::string detail;
+    if (why == errc::cancelled) {
+        detail = confirmed ? "the command was cancelled and killed"
+                           : "the command was cancelled; its kill was not confirmed";
+    } else {
+        detail = confirmed ? "the command outlived its wall limit and was killed"
+                           : "the command outlived its wall limit and did not die";
+    }
+    co_return make_error(why, std::move(detail));
+}
+
+exec_result local_exec_stream::make_result(const wire::exited_message& exit) const {
+    exec_result r;
+    r.duration = std::chrono::microseconds(exit.duration_us);
+    const int status = exit.wait_status;
+    if ((exit.flags & wire::exited_spawn_failed) != 0) {
+        r.exit_code = exit.spawn_errno == ENOENT ? 127 : 126;
+    } else if ((exit.flags & wire::exited_timed_out) != 0) {
+        r.timed_out = true;
+        r.exit_code = 124;
+        r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+    } else if (WIFEXITED(status)) {
+        r.exit_code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+        r.signal = WTERMSIG(status);
+        r.exit_code = 128 + r.signal;
+    }
+    if (r.signal == SIGKILL && command_.oom_kills_before) {
+        const auto after = read_oom_kill_count(command_.memory_cgroup);
+        r.oom_killed = after && *after > *command_.oom_kills_before;
+    }
+    return r;
+}
+
+}  // namespace moat

@@ -1,0 +1,55 @@
+// The local backend's exec_stream: reads the command's stdout and stderr pipes only when the
+// caller pulls, and turns the agent's exit report into an exec_result.
+#pragma once
+
+#include <moat/exec.hpp>
+
+#include "core/unique_fd.hpp"
+#include "local/agent_channel.hpp"
+
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace moat {
+
+struct local_command {
+    std::shared_ptr<agent_channel> agent;
+    std::uint64_t exec_id = 0;
+    std::shared_ptr<command_state> state;
+    std::string program;         // argv[0], for the spawn-failure message
+    std::string memory_cgroup;   // for OOM detection; may be empty
+    std::optional<std::uint64_t> oom_kills_before;
+    deadline backstop;           // past this the agent failed to enforce the wall limit
+    std::chrono::milliseconds kill_grace{2000};
+};
+
+class local_exec_stream final : public exec_stream::impl {
+public:
+    local_exec_stream(const asio::any_io_executor& executor, local_command command, unique_fd out,
+                      unique_fd err);
+    ~local_exec_stream() override;
+
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override;
+
+private:
+    enum class wait_outcome { readable, timer, cancelled };
+    asio::awaitable<wait_outcome> wait_for_output();
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> finish();
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> stop(errc why);
+    exec_result make_result(const wire::exited_message& exit) const;
+    bool try_read(asio::posix::stream_descriptor& pipe, std::string& chunk);
+
+    local_command command_;
+    asio::posix::stream_descriptor out_;
+    asio::posix::stream_descriptor err_;
+    asio::steady_timer timer_;
+    bool read_err_first_ = false;
+    bool spawn_message_sent_ = false;
+    bool finished_ = false;
+};
+
+}  // namespace moat

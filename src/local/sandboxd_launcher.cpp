@@ -1,0 +1,113 @@
+#include "local/sandboxd_launcher.hpp"
+
+#include "wire/protocol.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <mutex>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+extern "C" const unsigned char moat_sandboxd_image_begin[];
+extern "C" const unsigned char moat_sandboxd_image_end[];
+
+namespace moat {
+namespace {
+
+std::string errno_text(const char* what, int e) {
+    return std::string(what) + ": " + std::strerror(e);
+}
+
+// The embedded image in a sealed memfd, made once per process.
+result<int> embedded_image_fd() {
+    static std::mutex mutex;
+    static int fd = -1;
+    const std::lock_guard lock(mutex);
+    if (fd >= 0) return fd;
+    unique_fd memfd(::memfd_create("moat-sandboxd", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!memfd.is_open()) {
+        return make_error(errc::backend_failure, errno_text("memfd_create for moat-sandboxd", errno));
+    }
+    const auto* p = moat_sandboxd_image_begin;
+    std::size_t left = static_cast<std::size_t>(moat_sandboxd_image_end - moat_sandboxd_image_begin);
+    while (left > 0) {
+        const ssize_t n = ::write(memfd.get(), p, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return make_error(errc::backend_failure, errno_text("writing moat-sandboxd", errno));
+        p += n;
+        left -= static_cast<std::size_t>(n);
+    }
+    if (::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+        return make_error(errc::backend_failure, errno_text("sealing moat-sandboxd", errno));
+    }
+    fd = memfd.release();
+    return fd;
+}
+
+struct spawn_attributes {
+    posix_spawnattr_t attr{};
+    posix_spawn_file_actions_t actions{};
+    spawn_attributes() {
+        posix_spawnattr_init(&attr);
+        posix_spawn_file_actions_init(&actions);
+    }
+    ~spawn_attributes() {
+        posix_spawn_file_actions_destroy(&actions);
+        posix_spawnattr_destroy(&attr);
+    }
+    spawn_attributes(const spawn_attributes&) = delete;
+    spawn_attributes& operator=(const spawn_attributes&) = delete;
+};
+
+}  // namespace
+
+result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
+                                        const std::string& state_dir) {
+    std::string program = sandboxd_path;
+    if (program.empty()) {
+        auto image = embedded_image_fd();
+        if (!image) return std::move(image).error();
+        program = "/proc/self/fd/" + std::to_string(*image);
+    }
+
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+        return make_error(errc::backend_failure, errno_text("socketpair for moat-sandboxd", errno));
+    }
+    unique_fd ours(pair[0]);
+    unique_fd theirs(pair[1]);
+    // dup2(3, 3) would keep close-on-exec set: make sure the helper's end is not already fd 3.
+    if (theirs.get() == 3) theirs.reset(::fcntl(3, F_DUPFD_CLOEXEC, 4));
+
+    spawn_attributes sa;
+    sigset_t signals;
+    sigemptyset(&signals);
+    posix_spawnattr_setsigmask(&sa.attr, &signals);
+    sigfillset(&signals);
+    posix_spawnattr_setsigdefault(&sa.attr, &signals);
+    posix_spawnattr_setpgroup(&sa.attr, 0);
+    posix_spawnattr_setflags(&sa.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                           POSIX_SPAWN_SETPGROUP);
+    posix_spawn_file_actions_adddup2(&sa.actions, theirs.get(), 3);
+
+    std::string arg0 = "moat-sandboxd", arg1 = "helper", arg2 = "--state-dir", arg3 = state_dir;
+    char* argv[] = {arg0.data(), arg1.data(), arg2.data(), arg3.data(), nullptr};
+    char* envp[] = {nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, program.c_str(), &sa.actions, &sa.attr, argv, envp);
+    if (rc != 0) {
+        return make_error(errc::backend_failure, errno_text("starting moat-sandboxd", rc));
+    }
+    launched_helper helper;
+    helper.pid = pid;
+    helper.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    helper.socket = std::move(ours);
+    return helper;
+}
+
+}  // namespace moat

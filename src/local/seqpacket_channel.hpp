@@ -1,0 +1,49 @@
+// One end of a SOCK_SEQPACKET socket on an Asio executor: whole records in, whole records out,
+// with descriptors attached. Used for both the helper's and each agent's control socket.
+#pragma once
+
+#include <moat/result.hpp>
+
+#include "core/unique_fd.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace moat {
+
+struct received_record {
+    std::vector<std::byte> data;  // empty at end of stream
+    std::vector<unique_fd> fds;
+};
+
+class seqpacket_channel {
+public:
+    seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket);
+
+    // Sends one record; waits while the socket buffer is full. Cancellation: terminal; a record is
+    // either sent whole or not at all.
+    asio::awaitable<result<void>> async_send(std::span<const std::byte> record,
+                                             std::span<const int> fds = {});
+
+    // Sends without waiting; fails with backend_failure if the buffer is full. For small records
+    // that must go out from non-coroutine code (kill on destruction).
+    result<void> try_send(std::span<const std::byte> record, std::span<const int> fds = {});
+
+    // Receives the next record; an empty record means the peer closed. Errors: protocol_error for a
+    // record over wire::max_message_bytes or too many descriptors. Cancellation: terminal.
+    asio::awaitable<result<received_record>> async_receive();
+
+    void close();
+    bool is_open() const { return socket_.is_open(); }
+
+private:
+    asio::posix::stream_descriptor socket_;
+    std::vector<std::byte> buffer_;
+};
+
+}  // namespace moat

@@ -1,0 +1,18 @@
+// Checks of caller input before anything is created or started. Each failure is
+// errc::invalid_argument with a detail naming the field.
+#pragma once
+
+#include <moat/exec.hpp>
+#include <moat/result.hpp>
+#include <moat/sandbox_spec.hpp>
+
+namespace moat {
+
+result<void> validate_spec(const sandbox_spec& spec);
+result<void> validate_exec(const exec_request& request);
+
+// /workspace is a tmpfs charged to the sandbox's memory: a size at or above the memory limit is
+// clamped to half of it, so filling /workspace ends in ENOSPC rather than an OOM kill.
+std::uint64_t effective_workspace_bytes(const resource_limits& limits) noexcept;
+
+}  // namespace moat

@@ -1,0 +1,319 @@
+#include "sandboxd/agent.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <ctime>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "wire/fd_passing.hpp"
+#include "wire/protocol.hpp"
+
+namespace moat::sandboxd {
+namespace {
+
+constexpr int control_fd = 3;
+constexpr std::size_t stack_bytes = 1024 * 1024;  // execvp may put a PATH-sized buffer on it
+constexpr std::size_t guard_bytes = 4096;
+
+std::uint64_t now_us() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000 +
+           static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+}
+
+template <class Message>
+bool send(const Message& m) {
+    return wire::send_record(control_fd, std::as_bytes(std::span(&m, 1)), {}, 0) >= 0;
+}
+
+int read_cap_last_cap() {
+    int cap = CAP_LAST_CAP;
+    const int fd = ::open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cap;
+    char text[16];
+    const ssize_t n = ::read(fd, text, sizeof text);
+    ::close(fd);
+    if (n > 0) std::from_chars(text, text + n, cap);
+    return cap;
+}
+
+// What the command child reads; the parent is suspended (CLONE_VFORK) while it runs.
+struct command_args {
+    int stdio[3];
+    const char* cwd;
+    char* const* argv;
+    char** envp;
+    int cap_last_cap;
+    int spawn_errno;
+};
+
+[[noreturn]] void command_fail(command_args& a) {
+    a.spawn_errno = errno != 0 ? errno : EINVAL;
+    ::_exit(127);
+}
+
+int command_main(void* opaque) {
+    auto& a = *static_cast<command_args*>(opaque);
+    ::setsid();
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
+    }
+    ::close_range(3, ~0u, 0);
+    // pid 1 is exempt from the OOM killer; commands must not be.
+    const int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom < 0 || ::write(oom, "0", 1) != 1) command_fail(a);
+    ::close(oom);
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    for (int cap = 0; cap <= a.cap_last_cap; ++cap) {
+        if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) command_fail(a);
+    }
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) command_fail(a);
+    // Raw calls: glibc's set*id wrappers would try to broadcast to other threads.
+    const gid_t group = wire::sandbox_group_id;
+    const uid_t user = wire::sandbox_user_id;
+    if (::syscall(SYS_setgroups, 1, &group) != 0) command_fail(a);
+    if (::syscall(SYS_setresgid, group, group, group) != 0) command_fail(a);
+    if (::syscall(SYS_setresuid, user, user, user) != 0) command_fail(a);
+    if (::chdir(a.cwd) != 0) command_fail(a);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // execvp searches the PATH of `environ`, so the request's environment must be in place.
+    environ = a.envp;
+    ::execvp(a.argv[0], a.argv);
+    command_fail(a);
+}
+
+class agent {
+public:
+    agent(std::uint64_t ttl_ms, bool survive_owner)
+        : survive_owner_(survive_owner),
+          ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
+
+    int run();
+
+private:
+    struct command {
+        std::uint64_t exec_id;
+        pid_t pid;
+        std::uint64_t start_us;
+        std::uint64_t deadline_us;  // 0 = none
+        bool timed_out = false;
+    };
+
+    bool setup();
+    int poll_timeout_ms() const;
+    void enforce_deadlines();
+    // False when the control socket is gone.
+    bool handle_control();
+    void handle_exec(std::span<const std::byte> record, std::span<int> fds);
+    void handle_kill(const wire::kill_message& m);
+    void reap();
+    void send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, int spawn_errno,
+                     std::uint64_t start_us);
+
+    bool survive_owner_;
+    std::uint64_t ttl_deadline_us_;
+    bool control_open_ = true;
+    int signal_fd_ = -1;
+    int cap_last_cap_ = CAP_LAST_CAP;
+    char* stack_top_ = nullptr;
+    std::vector<command> commands_;
+    std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
+};
+
+bool agent::setup() {
+    // The helper ignores SIGPIPE and an ignored disposition survives exec: restore it so
+    // commands start with defaults.
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (::sigprocmask(SIG_SETMASK, &chld, nullptr) != 0) return false;
+    signal_fd_ = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (signal_fd_ < 0) return false;
+    cap_last_cap_ = read_cap_last_cap();
+    void* stack = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) return false;
+    ::mprotect(stack, guard_bytes, PROT_NONE);
+    stack_top_ = static_cast<char*>(stack) + guard_bytes + stack_bytes;
+    auto ready = wire::make_message<wire::ready_message>(wire::message_type::ready);
+    ready.version = wire::protocol_version;
+    return send(ready);
+}
+
+int agent::run() {
+    if (!setup()) return 1;
+    for (;;) {
+        pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {control_fd, POLLIN, 0}};
+        const nfds_t count = control_open_ ? 2 : 1;
+        const int ready = ::poll(fds, count, poll_timeout_ms());
+        if (ready < 0 && errno != EINTR) return 1;
+        if (ttl_deadline_us_ != 0 && now_us() >= ttl_deadline_us_) return 0;
+        enforce_deadlines();
+        if (ready <= 0) continue;
+        if (fds[0].revents != 0) reap();
+        if (control_open_ && fds[1].revents != 0 && !handle_control()) {
+            if (!survive_owner_) return 0;
+            ::close(control_fd);
+            control_open_ = false;
+        }
+    }
+}
+
+int agent::poll_timeout_ms() const {
+    std::uint64_t next = ttl_deadline_us_;
+    for (const auto& c : commands_) {
+        if (c.deadline_us != 0 && !c.timed_out && (next == 0 || c.deadline_us < next)) {
+            next = c.deadline_us;
+        }
+    }
+    if (next == 0) return -1;
+    const std::uint64_t now = now_us();
+    if (next <= now) return 0;
+    const std::uint64_t ms = (next - now + 999) / 1000;
+    return ms > 3'600'000 ? 3'600'000 : static_cast<int>(ms);
+}
+
+void agent::enforce_deadlines() {
+    const std::uint64_t now = now_us();
+    for (auto& c : commands_) {
+        if (c.deadline_us != 0 && !c.timed_out && now >= c.deadline_us) {
+            ::kill(-c.pid, SIGKILL);
+            c.timed_out = true;
+        }
+    }
+}
+
+bool agent::handle_control() {
+    int fds[wire::max_fds_per_message];
+    std::size_t fd_count = 0;
+    const ssize_t n = wire::receive_record(control_fd, buffer_, fds, fd_count, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE || errno == EPROTO;
+    const std::span<const std::byte> record(buffer_.data(), static_cast<std::size_t>(n));
+    wire::header h{};
+    if (wire::read_header(record, h)) {
+        if (h.type == static_cast<std::uint32_t>(wire::message_type::exec)) {
+            handle_exec(record, std::span(fds, fd_count));
+            return true;
+        }
+        wire::kill_message kill{};
+        if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(kill);
+    }
+    for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
+    return true;
+}
+
+void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds) {
+    wire::exec_request_view request;
+    if (fds.size() != 3 || !wire::decode_exec(record, request)) {
+        for (const int fd : fds) ::close(fd);
+        return;
+    }
+    // Every string in the record is NUL terminated in place.
+    std::vector<char*> argv;
+    argv.reserve(request.argv.size() + 1);
+    for (auto s : request.argv) argv.push_back(const_cast<char*>(s.data()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    envp.reserve(request.env.size() + 1);
+    for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
+    envp.push_back(nullptr);
+
+    command_args args{{fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(),
+                      cap_last_cap_, 0};
+    char** const saved_environ = environ;
+    const std::uint64_t start = now_us();
+    const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+    const int clone_errno = errno;
+    environ = saved_environ;
+    for (const int fd : fds) ::close(fd);
+
+    if (pid < 0 || args.spawn_errno != 0) {
+        int status = 0;
+        if (pid > 0) {
+            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+        }
+        send_exited(request.exec_id, status, wire::exited_spawn_failed,
+                    pid < 0 ? clone_errno : args.spawn_errno, start);
+        return;
+    }
+    const std::uint64_t deadline =
+        request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
+    commands_.push_back({request.exec_id, pid, start, deadline});
+    auto started = wire::make_message<wire::started_message>(wire::message_type::started);
+    started.exec_id = request.exec_id;
+    started.pid = pid;
+    send(started);
+}
+
+void agent::handle_kill(const wire::kill_message& m) {
+    if (m.signal < 0 || m.signal >= NSIG) return;
+    for (const auto& c : commands_) {
+        if (c.exec_id == m.exec_id) ::kill(-c.pid, m.signal);
+    }
+}
+
+void agent::reap() {
+    signalfd_siginfo info[8];
+    while (::read(signal_fd_, info, sizeof info) > 0) {
+    }
+    bool command_ended = false;
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        for (std::size_t i = 0; i < commands_.size(); ++i) {
+            const command c = commands_[i];
+            if (c.pid != pid) continue;
+            // Background processes die with the command.
+            ::kill(-c.pid, SIGKILL);
+            commands_.erase(commands_.begin() + static_cast<std::ptrdiff_t>(i));
+            const std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
+            send_exited(c.exec_id, status, flags, 0, c.start_us);
+            command_ended = true;
+            break;
+        }
+    }
+    // Nothing runs in an idle sandbox: this also catches processes that escaped with setsid.
+    // Their exits arrive as new SIGCHLDs and are reaped on the next pass.
+    if (command_ended && commands_.empty()) ::kill(-1, SIGKILL);
+}
+
+void agent::send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, int spawn_errno,
+                        std::uint64_t start_us) {
+    auto m = wire::make_message<wire::exited_message>(wire::message_type::exited);
+    m.exec_id = exec_id;
+    m.wait_status = status;
+    m.flags = flags;
+    m.spawn_errno = spawn_errno;
+    m.duration_us = now_us() - start_us;
+    send(m);
+}
+
+}  // namespace
+
+int run_agent(std::uint64_t ttl_ms, bool survive_owner) {
+    agent a(ttl_ms, survive_owner);
+    return a.run();
+}
+
+}  // namespace moat::sandboxd

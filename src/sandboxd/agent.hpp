@@ -1,0 +1,23 @@
+// `moat-sandboxd agent --ttl-ms N [--survive-owner]`: pid 1 of every sandbox, exec'd by the
+// helper's clone child. fd 3 is its control socket to the library, fd 4 the uid slot lock.
+//
+// It sends `ready`, then runs `exec` requests (SCM_RIGHTS: stdin, stdout, stderr) as uid/gid
+// 1000 with no capabilities, each in its own session and process group, replying `started` and,
+// when the command's main process exits, `exited` (spawn failures reply `exited` with
+// exited_spawn_failed right away). Whatever the command left in its process group is killed when
+// it exits, and once no command is running everything else in the sandbox is killed too, so an
+// idle sandbox runs nothing but pid 1. `kill` signals a command's process group; a wall limit
+// SIGKILLs it and reports exited_timed_out.
+//
+// EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
+// unless --survive-owner was given; the TTL, when non-zero, ends it regardless.
+#pragma once
+
+#include <cstdint>
+
+namespace moat::sandboxd {
+
+// Runs the agent. Returns the process exit code.
+int run_agent(std::uint64_t ttl_ms, bool survive_owner);
+
+}  // namespace moat::sandboxd

@@ -1,0 +1,375 @@
+#include "sandboxd/helper.hpp"
+
+#include <moat/errc.hpp>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include "sandboxd/cgroups.hpp"
+#include "sandboxd/seccomp_filter.hpp"
+#include "sandboxd/spawn_sandbox.hpp"
+#include "sandboxd/template_root.hpp"
+#include "sandboxd/uid_slots.hpp"
+#include "wire/fd_passing.hpp"
+#include "wire/protocol.hpp"
+
+namespace moat::sandboxd {
+namespace {
+
+constexpr int control_fd = 3;
+
+constexpr std::uint32_t namespace_layers = wire::layer_user_ns | wire::layer_pid_ns |
+                                           wire::layer_mount_ns | wire::layer_net_ns |
+                                           wire::layer_ipc_ns | wire::layer_uts_ns |
+                                           wire::layer_cgroup_ns;
+
+const char* errno_name(int err) {
+    const char* name = ::strerrorname_np(err);
+    return name != nullptr ? name : "E?";
+}
+
+template <class Message>
+void send(const Message& m, std::span<const int> fds = {}) {
+    const auto bytes = std::as_bytes(std::span(&m, 1));
+    // A library that went away shows up as EOF on the next poll; nothing to do here.
+    (void)wire::send_record(control_fd, bytes, fds, 0);
+}
+
+int make_directories(const std::string& path) {
+    for (std::size_t slash = 1; slash <= path.size(); ++slash) {
+        if (slash != path.size() && path[slash] != '/') continue;
+        const std::string prefix = path.substr(0, slash);
+        if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return errno;
+    }
+    return 0;
+}
+
+bool valid_sandbox_id(std::string_view id) {
+    if (id.empty() || id == "." || id == "..") return false;
+    for (const char c : id) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                        c == '-' || c == '_' || c == '.';
+        if (!ok) return false;
+    }
+    return true;
+}
+
+int to_wait_status(const siginfo_t& info) {
+    switch (info.si_code) {
+        case CLD_EXITED: return (info.si_status & 0xff) << 8;
+        case CLD_KILLED: return info.si_status & 0x7f;
+        case CLD_DUMPED: return (info.si_status & 0x7f) | 0x80;
+        default: return 0;
+    }
+}
+
+class helper {
+public:
+    explicit helper(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+
+    void setup();
+    void run();
+
+private:
+    struct sandbox {
+        std::string id;
+        int pidfd = -1;
+        bool survive_owner = false;
+        sandbox_cgroups cgroups;
+    };
+
+    void fail_setup(moat::errc code, int err, const std::string& detail);
+    // False when the control socket has closed.
+    bool handle_control();
+    void handle_create(const wire::create_message& m);
+    void handle_destroy(const wire::destroy_message& m);
+    // Reaps sandbox `i` if pid 1 has exited; true if it did (the entry is erased).
+    bool try_reap(std::size_t i, bool block);
+    void shut_down();
+
+    void send_create_failed(std::uint64_t request_id, moat::errc code, int err,
+                            std::string_view detail) {
+        auto m = wire::make_message<wire::create_failed_message>(wire::message_type::create_failed);
+        m.request_id = request_id;
+        m.error_code = static_cast<std::int32_t>(code);
+        m.sys_errno = err;
+        wire::copy_field(m.detail, detail);
+        send(m);
+    }
+
+    std::string state_dir_;
+    bool usable_ = false;
+    moat::errc unusable_code_ = moat::errc::backend_failure;
+    std::string unusable_detail_;
+    std::uint32_t host_layers_ = 0;
+    std::string layer_detail_;
+    int agent_exe_fd_ = -1;
+    cgroups cgroups_;
+    uid_slots slots_;
+    sandbox_spawner spawner_;
+    std::vector<sandbox> sandboxes_;
+};
+
+void helper::fail_setup(moat::errc code, int err, const std::string& detail) {
+    unusable_code_ = code;
+    unusable_detail_ = detail;
+    if (err != 0) unusable_detail_ += std::string(": ") + errno_name(err);
+    layer_detail_ = unusable_detail_;
+    host_layers_ = 0;
+}
+
+void helper::setup() {
+    if (::geteuid() != 0) {
+        fail_setup(moat::errc::layer_unavailable, 0,
+                   "helper: needs euid 0 in this version (running as uid " +
+                       std::to_string(::geteuid()) + ")");
+        return;
+    }
+    if (const int err = make_directories(state_dir_)) {
+        return fail_setup(moat::errc::backend_failure, err, "helper: mkdir " + state_dir_);
+    }
+    // Everything mounted from here on (the template root) stays inside this helper.
+    if (::unshare(CLONE_NEWNS) != 0) {
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: unshare(CLONE_NEWNS)");
+    }
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+        return fail_setup(moat::errc::backend_failure, errno, "helper: make / private");
+    }
+    std::string detail;
+    const std::string template_path = state_dir_ + "/template";
+    if (const int err = build_template_root(template_path, detail)) {
+        return fail_setup(moat::errc::backend_failure, 0, detail);
+    }
+    std::vector<sock_filter> filter;
+    if (const int err = compile_seccomp_filter(filter, detail)) {
+        return fail_setup(moat::errc::layer_unavailable, err, detail);
+    }
+    agent_exe_fd_ = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (agent_exe_fd_ < 0) {
+        return fail_setup(moat::errc::backend_failure, errno, "helper: open /proc/self/exe");
+    }
+    if (const int err = slots_.open(state_dir_)) {
+        return fail_setup(moat::errc::backend_failure, err, "helper: uid slot directory");
+    }
+    if (const int err = spawner_.init(template_path, std::move(filter), agent_exe_fd_, detail)) {
+        return fail_setup(moat::errc::backend_failure, err, "helper: " + detail);
+    }
+    cgroups_.discover();
+
+    static constexpr struct {
+        const char* path;
+        std::uint32_t bit;
+    } namespaces[] = {
+        {"/proc/self/ns/user", wire::layer_user_ns}, {"/proc/self/ns/pid", wire::layer_pid_ns},
+        {"/proc/self/ns/mnt", wire::layer_mount_ns}, {"/proc/self/ns/net", wire::layer_net_ns},
+        {"/proc/self/ns/ipc", wire::layer_ipc_ns},   {"/proc/self/ns/uts", wire::layer_uts_ns},
+        {"/proc/self/ns/cgroup", wire::layer_cgroup_ns},
+    };
+    for (const auto& ns : namespaces) {
+        if (::access(ns.path, F_OK) == 0) host_layers_ |= ns.bit;
+    }
+    if (::prctl(PR_GET_SECCOMP, 0, 0, 0, 0) >= 0) host_layers_ |= wire::layer_seccomp;
+    host_layers_ |= wire::layer_no_new_privs | cgroups_.host_layers();
+    for (const controller c : {controller::memory, controller::pids, controller::cpu}) {
+        if (cgroups_.available(c)) continue;
+        if (!layer_detail_.empty()) layer_detail_ += "; ";
+        layer_detail_ += cgroups_.unavailable_reason(c);
+    }
+    usable_ = true;
+}
+
+void helper::run() {
+    auto hello = wire::make_message<wire::hello_message>(wire::message_type::hello);
+    hello.version = wire::protocol_version;
+    hello.host_layers = host_layers_;
+    wire::copy_field(hello.layer_detail, layer_detail_);
+    send(hello);
+
+    std::vector<pollfd> fds;
+    for (;;) {
+        fds.clear();
+        fds.push_back({control_fd, POLLIN, 0});
+        for (const auto& s : sandboxes_) fds.push_back({s.pidfd, POLLIN, 0});
+        if (::poll(fds.data(), fds.size(), -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        // Reap first, walking backwards so erasing keeps the remaining indices valid.
+        for (std::size_t i = sandboxes_.size(); i-- > 0;) {
+            if (fds[i + 1].revents != 0) try_reap(i, false);
+        }
+        if (fds[0].revents != 0 && !handle_control()) break;
+    }
+    shut_down();
+}
+
+bool helper::handle_control() {
+    alignas(8) std::byte buffer[1024];
+    int fds[wire::max_fds_per_message];
+    std::size_t fd_count = 0;
+    const ssize_t n = wire::receive_record(control_fd, buffer, fds, fd_count, MSG_DONTWAIT);
+    for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
+    if (n == 0) return false;
+    if (n < 0) {
+        // An oversized or fd-laden record is dropped; anything else means the socket is gone.
+        return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE || errno == EPROTO;
+    }
+    const std::span<const std::byte> record(buffer, static_cast<std::size_t>(n));
+    wire::header h{};
+    if (!wire::read_header(record, h)) return true;
+    switch (static_cast<wire::message_type>(h.type)) {
+        case wire::message_type::create: {
+            wire::create_message m{};
+            if (wire::read_fixed(record, wire::message_type::create, m)) {
+                handle_create(m);
+            } else {
+                send_create_failed(0, moat::errc::protocol_error, 0, "malformed create message");
+            }
+            break;
+        }
+        case wire::message_type::destroy: {
+            wire::destroy_message m{};
+            if (wire::read_fixed(record, wire::message_type::destroy, m)) handle_destroy(m);
+            break;
+        }
+        default:
+            break;
+    }
+    return true;
+}
+
+void helper::handle_create(const wire::create_message& m) {
+    if (!usable_) {
+        return send_create_failed(m.request_id, unusable_code_, 0, unusable_detail_);
+    }
+    const std::string_view id = wire::read_field(m.sandbox_id);
+    if (!valid_sandbox_id(id)) {
+        return send_create_failed(m.request_id, moat::errc::invalid_argument, 0,
+                                  "sandbox id must be 1-31 characters of [A-Za-z0-9._-]");
+    }
+    for (const auto& s : sandboxes_) {
+        if (s.id == id) {
+            return send_create_failed(m.request_id, moat::errc::invalid_argument, EEXIST,
+                                      "sandbox id already in use: " + s.id);
+        }
+    }
+    const bool best_effort = (m.flags & wire::create_best_effort) != 0;
+    const bool survive_owner = (m.flags & wire::create_survive_owner) != 0;
+
+    uid_slot slot;
+    if (const int err = slots_.claim(slot)) {
+        const auto code = err == EAGAIN ? moat::errc::limit_exceeded : moat::errc::backend_failure;
+        return send_create_failed(m.request_id, code, err,
+                                  std::string("uid slot: ") + errno_name(err));
+    }
+    sandbox s;
+    s.id = std::string(id);
+    s.survive_owner = survive_owner;
+    std::string detail;
+    const cgroup_limits limits{m.memory_bytes, m.pids_max, m.cpu_millicores, best_effort};
+    if (const int err = cgroups_.create(id, limits, s.cgroups, detail)) {
+        ::close(slot.lock_fd);
+        return send_create_failed(m.request_id, moat::errc::layer_unavailable, err, detail);
+    }
+    spawn_request request;
+    request.sandbox_id = id;
+    request.workspace_bytes = m.workspace_bytes;
+    request.tmp_bytes = m.tmp_bytes;
+    request.ttl_ms = m.ttl_ms;
+    request.survive_owner = survive_owner;
+    request.best_effort = best_effort;
+    spawned_sandbox spawned;
+    spawn_failure failure;
+    const bool ok = spawner_.spawn(request, slot, cgroups_, s.cgroups, spawned, failure);
+    // pid 1 holds its own copy of the slot lock now; ours goes either way.
+    ::close(slot.lock_fd);
+    if (!ok) {
+        cgroups::remove(s.cgroups);
+        return send_create_failed(m.request_id, failure.code, failure.sys_errno, failure.detail);
+    }
+
+    auto created = wire::make_message<wire::created_message>(wire::message_type::created);
+    created.request_id = m.request_id;
+    created.host_pid = spawned.host_pid;
+    created.uid_base = slot.uid_base;
+    created.applied_layers = namespace_layers | wire::layer_seccomp | wire::layer_no_new_privs |
+                             s.cgroups.applied_layers;
+    created.start_time_ticks = spawned.start_time_ticks;
+    wire::copy_field(created.memory_cgroup, s.cgroups.paths[0]);
+    wire::copy_field(created.pids_cgroup, s.cgroups.paths[1]);
+    const int passed[] = {spawned.pidfd, spawned.library_socket};
+    send(created, passed);
+    ::close(spawned.library_socket);
+    s.pidfd = spawned.pidfd;
+    sandboxes_.push_back(std::move(s));
+}
+
+void helper::handle_destroy(const wire::destroy_message& m) {
+    const std::string_view id = wire::read_field(m.sandbox_id);
+    for (const auto& s : sandboxes_) {
+        if (s.id == id) {
+            // The reap follows when the pidfd turns readable.
+            ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
+            return;
+        }
+    }
+    auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
+    wire::copy_field(reaped.sandbox_id, id);
+    reaped.cleanup_errno = ESRCH;
+    send(reaped);
+}
+
+bool helper::try_reap(std::size_t i, bool block) {
+    sandbox& s = sandboxes_[i];
+    siginfo_t info{};
+    const int options = WEXITED | (block ? 0 : WNOHANG);
+    int rc;
+    do {
+        rc = ::waitid(P_PIDFD, static_cast<id_t>(s.pidfd), &info, options);
+    } while (rc != 0 && errno == EINTR);
+    if (rc == 0 && info.si_pid == 0) return false;  // not exited yet
+    auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
+    wire::copy_field(reaped.sandbox_id, s.id);
+    reaped.wait_status = rc == 0 ? to_wait_status(info) : 0;
+    reaped.cleanup_errno = cgroups::remove(s.cgroups);
+    if (rc != 0 && reaped.cleanup_errno == 0) reaped.cleanup_errno = errno;
+    send(reaped);
+    ::close(s.pidfd);
+    sandboxes_.erase(sandboxes_.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+}
+
+void helper::shut_down() {
+    for (const auto& s : sandboxes_) {
+        if (!s.survive_owner) ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
+    }
+    for (std::size_t i = sandboxes_.size(); i-- > 0;) {
+        if (!sandboxes_[i].survive_owner) try_reap(i, true);
+    }
+    // Survivors keep running (and keep their cgroups) without us.
+    for (const auto& s : sandboxes_) ::close(s.pidfd);
+    sandboxes_.clear();
+}
+
+}  // namespace
+
+int run_helper(const std::string& state_dir) {
+    helper h(state_dir);
+    h.setup();
+    h.run();
+    return 0;
+}
+
+}  // namespace moat::sandboxd

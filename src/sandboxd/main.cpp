@@ -1,0 +1,88 @@
+// moat-sandboxd: the sandbox helper and the pid-1 agent in one small static binary.
+//
+//   moat-sandboxd helper --state-dir DIR
+//   moat-sandboxd agent --ttl-ms N [--survive-owner]
+//
+// Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
+#include <charconv>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+
+#include "sandboxd/agent.hpp"
+#include "sandboxd/helper.hpp"
+
+namespace {
+
+int usage() {
+    std::fputs(
+        "usage: moat-sandboxd helper --state-dir DIR\n"
+        "       moat-sandboxd agent --ttl-ms N [--survive-owner]\n",
+        stderr);
+    return 2;
+}
+
+// Later opens must never land on 0-2 (or they would be mistaken for stdio by children).
+void ensure_stdio_open() {
+    for (int fd = 0; fd < 3; ++fd) {
+        if (::fcntl(fd, F_GETFD) < 0) ::open("/dev/null", O_RDWR);
+    }
+}
+
+// The library's signal state leaks through posix_spawn: an ignored SIGCHLD would make the
+// kernel auto-reap sandboxes, a blocked signal would stay blocked in every sandbox.
+void reset_signals() {
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &default_action, nullptr);
+    }
+    // Writes to the pipe of a child that died must fail with EPIPE, not kill the helper.
+    ::signal(SIGPIPE, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) return usage();
+    const std::string_view mode = argv[1];
+    if (mode == "helper") {
+        if (argc != 4 || std::string_view(argv[2]) != "--state-dir" || argv[3][0] != '/') {
+            return usage();
+        }
+        ensure_stdio_open();
+        // The helper's only inherited descriptors are stdio and the control socket.
+        ::close_range(4, ~0u, 0);
+        reset_signals();
+        ::umask(022);
+        return moat::sandboxd::run_helper(argv[3]);
+    }
+    if (mode == "agent") {
+        std::uint64_t ttl_ms = 0;
+        bool survive_owner = false;
+        for (int i = 2; i < argc; ++i) {
+            const std::string_view arg = argv[i];
+            if (arg == "--ttl-ms" && i + 1 < argc) {
+                const char* text = argv[++i];
+                const char* end = text + std::strlen(text);
+                const auto [ptr, ec] = std::from_chars(text, end, ttl_ms);
+                if (ec != std::errc() || ptr != end) return usage();
+            } else if (arg == "--survive-owner") {
+                survive_owner = true;
+            } else {
+                return usage();
+            }
+        }
+        return moat::sandboxd::run_agent(ttl_ms, survive_owner);
+    }
+    return usage();
+}

@@ -1,0 +1,491 @@
+#include "sandboxd/spawn_sandbox.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <type_traits>
+#include <unistd.h>
+
+#include "wire/protocol.hpp"
+
+namespace moat::sandboxd {
+namespace {
+
+constexpr std::size_t stack_bytes = 128 * 1024;
+constexpr std::size_t guard_bytes = 4096;
+constexpr int exec_timeout_ms = 10'000;  // a child that never reaches exec is killed
+
+// The cgroup namespace is unshared by the child once the parent has attached it, so that its
+// root is the sandbox's own cgroup rather than the helper's.
+constexpr int clone_flags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS |
+                            CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
+
+template <class T>
+long to_long(T value) {
+    if constexpr (std::is_null_pointer_v<T>) {
+        return 0;
+    } else if constexpr (std::is_pointer_v<T>) {
+        return reinterpret_cast<long>(value);
+    } else {
+        return static_cast<long>(value);
+    }
+}
+
+// Raw system calls for the CLONE_VM child: glibc wrappers would write the parent's errno (the
+// child shares its TLS). Returns the result or -errno.
+template <class... Args>
+long raw(long number, Args... args) {
+    long a[6] = {};
+    std::size_t i = 0;
+    ((a[i++] = to_long(args)), ...);
+    long result;
+#if defined(__x86_64__)
+    register long r10 asm("r10") = a[3];
+    register long r8 asm("r8") = a[4];
+    register long r9 asm("r9") = a[5];
+    asm volatile("syscall"
+                 : "=a"(result)
+                 : "a"(number), "D"(a[0]), "S"(a[1]), "d"(a[2]), "r"(r10), "r"(r8), "r"(r9)
+                 : "rcx", "r11", "memory");
+#elif defined(__aarch64__)
+    register long x8 asm("x8") = number;
+    register long x0 asm("x0") = a[0];
+    register long x1 asm("x1") = a[1];
+    register long x2 asm("x2") = a[2];
+    register long x3 asm("x3") = a[3];
+    register long x4 asm("x4") = a[4];
+    register long x5 asm("x5") = a[5];
+    asm volatile("svc 0"
+                 : "+r"(x0)
+                 : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                 : "memory");
+    result = x0;
+#else
+#error "moat-sandboxd: add a raw syscall sequence for this architecture"
+#endif
+    return result;
+}
+
+enum class step : int {
+    none,
+    wait_release,
+    cgroup_namespace,
+    setgroups,
+    setresgid,
+    bind_template,
+    chdir_template,
+    setresuid,
+    pdeathsig,
+    owner_gone,
+    mount_proc,
+    mount_tmp,
+    mount_shm,
+    mount_workspace,
+    pivot_root,
+    umount_old_root,
+    chdir_root,
+    sethostname,
+    loopback,
+    rlimit_core,
+    arrange_fds,
+    open_dev_null,
+    close_range,
+    no_new_privs,
+    seccomp,
+    execveat,
+};
+
+constexpr const char* step_names[] = {
+    "none",
+    "waiting for release",
+    "unshare(CLONE_NEWCGROUP)",
+    "setgroups",
+    "setresgid",
+    "bind template root",
+    "chdir template root",
+    "setresuid",
+    "PR_SET_PDEATHSIG",
+    "helper exited during create",
+    "mount /proc",
+    "mount /tmp",
+    "mount /dev/shm",
+    "mount /workspace",
+    "pivot_root",
+    "umount old root",
+    "chdir /",
+    "sethostname",
+    "loopback up",
+    "RLIMIT_CORE",
+    "arrange fds",
+    "open /dev/null",
+    "close_range",
+    "PR_SET_NO_NEW_PRIVS",
+    "seccomp",
+    "execveat agent",
+};
+static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) + 1);
+
+// Everything the child needs, prepared by the parent before clone; the child only reads it,
+// except for the failure record, which the parent reads after the exec pipe reaches EOF.
+struct child_args {
+    int release_read;
+    int release_write;
+    int exec_pipe_write;
+    int control;
+    int slot_lock;
+    int agent_exe;
+    bool survive_owner;
+    const char* template_path;
+    char tmp_options[64];
+    char workspace_options[96];
+    sock_fprog filter;
+    char ttl_text[24];
+    const char* argv[6];
+    const char* envp[2];
+    int failed_step;
+    int failed_errno;
+};
+
+[[noreturn]] void child_fail(child_args& args, step failed, long result) {
+    __atomic_store_n(&args.failed_errno, static_cast<int>(-result), __ATOMIC_RELAXED);
+    __atomic_store_n(&args.failed_step, static_cast<int>(failed), __ATOMIC_RELEASE);
+    raw(SYS_exit_group, 1);
+    __builtin_unreachable();
+}
+
+// Runs `number(args...)` and records `failed` if it returns a negative errno.
+template <class... Args>
+long checked(child_args& a, step failed, long number, Args... args) {
+    const long result = raw(number, args...);
+    if (result < 0) child_fail(a, failed, result);
+    return result;
+}
+
+long mount_tmpfs(child_args& a, step failed, const char* target, const char* options) {
+    return checked(a, failed, SYS_mount, "tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options);
+}
+
+void bring_up_loopback(child_args& a) {
+    const long fd = checked(a, step::loopback, SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ifreq request{};
+    request.ifr_name[0] = 'l';
+    request.ifr_name[1] = 'o';
+    checked(a, step::loopback, SYS_ioctl, fd, SIOCGIFFLAGS, &request);
+    request.ifr_flags = static_cast<short>(request.ifr_flags | IFF_UP | IFF_RUNNING);
+    checked(a, step::loopback, SYS_ioctl, fd, SIOCSIFFLAGS, &request);
+    raw(SYS_close, fd);
+}
+
+// Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
+// 6 exec pipe (close-on-exec). Sources may sit on any of the target numbers, so first move
+// them all above the targets.
+void arrange_fds(child_args& a) {
+    constexpr int first_free = 7;
+    const long control = checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
+    const long lock = checked(a, step::arrange_fds, SYS_fcntl, a.slot_lock, F_DUPFD_CLOEXEC, first_free);
+    const long exe = checked(a, step::arrange_fds, SYS_fcntl, a.agent_exe, F_DUPFD_CLOEXEC, first_free);
+    const long exec_pipe = checked(a, step::arrange_fds, SYS_fcntl, a.exec_pipe_write, F_DUPFD_CLOEXEC, first_free);
+    checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
+    checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
+    checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
+    checked(a, step::arrange_fds, SYS_dup3, exec_pipe, 6, O_CLOEXEC);
+    const long null = checked(a, step::open_dev_null, SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
+    for (long fd = 0; fd < 3; ++fd) {
+        if (fd != null) checked(a, step::arrange_fds, SYS_dup3, null, fd, 0);
+    }
+    checked(a, step::close_range, SYS_close_range, first_free, ~0u, 0);
+}
+
+int child_main(void* opaque) {
+    auto& a = *static_cast<child_args*>(opaque);
+    raw(SYS_close, a.release_write);
+    char byte = 0;
+    long got;
+    do {
+        got = raw(SYS_read, a.release_read, &byte, 1);
+    } while (got == -EINTR);
+    if (got != 1) child_fail(a, step::wait_release, got == 0 ? -ECANCELED : got);
+    checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
+
+    // Without setgroups the child would keep host gid 0 as a supplementary group.
+    checked(a, step::setgroups, SYS_setgroups, 0, nullptr);
+    checked(a, step::setresgid, SYS_setresgid, 0, 0, 0);
+    // Reaching the template passes through the 0700 state directory, which only host uid 0 (the
+    // child's uid until setresuid) may search. Copied mounts are locked in a user namespace and
+    // cannot be pivot_root targets, hence the fresh recursive bind.
+    checked(a, step::bind_template, SYS_mount, a.template_path, a.template_path, nullptr,
+            MS_BIND | MS_REC, nullptr);
+    checked(a, step::chdir_template, SYS_chdir, a.template_path);
+    checked(a, step::setresuid, SYS_setresuid, 0, 0, 0);
+
+    // After setresuid: changing the euid clears the parent-death signal. The helper keeps the
+    // release pipe's write end open until exec, so a hang-up means it already died.
+    if (!a.survive_owner) {
+        checked(a, step::pdeathsig, SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        pollfd owner{a.release_read, POLLIN, 0};
+        timespec zero{};
+        checked(a, step::owner_gone, SYS_ppoll, &owner, 1, &zero, nullptr, 0);
+        if ((owner.revents & (POLLHUP | POLLERR)) != 0) child_fail(a, step::owner_gone, -ESRCH);
+    }
+
+    // A fresh /proc may only be mounted while a full one is visible: before pivot_root.
+    checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
+            MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
+    mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
+    mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
+    checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
+    checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);
+    checked(a, step::chdir_root, SYS_chdir, "/");
+
+    checked(a, step::sethostname, SYS_sethostname, "sandbox", 7);
+    bring_up_loopback(a);
+    const rlimit no_core{0, 0};
+    checked(a, step::rlimit_core, SYS_prlimit64, 0, RLIMIT_CORE, &no_core, nullptr);
+    arrange_fds(a);
+
+    checked(a, step::no_new_privs, SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    checked(a, step::seccomp, SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &a.filter);
+    const long result = raw(SYS_execveat, 5, "", a.argv, a.envp, AT_EMPTY_PATH);
+    child_fail(a, step::execveat, result);
+}
+
+const char* errno_name(int err) {
+    const char* name = ::strerrorname_np(err);
+    return name != nullptr ? name : "E?";
+}
+
+void format_options(char* out, std::size_t size, std::uint64_t bytes, const char* rest) {
+    if (bytes == 0) {
+        std::snprintf(out, size, "%s", rest);
+    } else {
+        std::snprintf(out, size, "size=%llu,%s", static_cast<unsigned long long>(bytes), rest);
+    }
+}
+
+int write_proc_file(pid_t pid, const char* file, const char* text) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
+    const int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    const auto length = static_cast<ssize_t>(std::strlen(text));
+    const int err = ::write(fd, text, static_cast<std::size_t>(length)) == length ? 0 : errno;
+    ::close(fd);
+    return err;
+}
+
+// Parent-side setup while the child waits for the release byte.
+int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy,
+                  sandbox_cgroups& group, bool best_effort, moat::errc& code,
+                  std::string& detail) {
+    char map[64];
+    std::snprintf(map, sizeof map, "0 %u %u\n", slot.uid_base, wire::uid_range_size);
+    for (const char* file : {"uid_map", "gid_map"}) {
+        if (const int err = write_proc_file(pid, file, map)) {
+            detail = std::string("write ") + file + ": " + errno_name(err);
+            return err;
+        }
+    }
+    if (const int err = hierarchy.attach(group, pid, best_effort, detail)) {
+        code = moat::errc::layer_unavailable;
+        return err;
+    }
+    // pid 1 must outlive the cgroup OOM killer; commands reset theirs to 0. Without
+    // CAP_SYS_RESOURCE (EACCES: some hosts drop it even from root) the agent keeps the helper's
+    // score and relies on its tiny RSS never making it the largest victim.
+    const int err = write_proc_file(pid, "oom_score_adj", "-1000");
+    if (err != 0 && err != EACCES) {
+        detail = std::string("write oom_score_adj: ") + errno_name(err);
+        return err;
+    }
+    return 0;
+}
+
+// Field 22 of /proc/<pid>/stat, counted after the parenthesised command name.
+std::uint64_t read_start_time(pid_t pid) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char text[1024];
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    const char* p = std::strrchr(text, ')');
+    if (p == nullptr) return 0;
+    for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+    std::uint64_t ticks = 0;
+    if (p != nullptr) std::from_chars(p + 1, text + n, ticks);
+    return ticks;
+}
+
+// Waits until the child has exec'd or exited (every copy of the exec pipe's write end closed).
+bool wait_for_exec(int exec_pipe_read) {
+    pollfd p{exec_pipe_read, POLLIN, 0};
+    for (;;) {
+        const int ready = ::poll(&p, 1, exec_timeout_ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return false;
+        char buffer[16];
+        const ssize_t n = ::read(exec_pipe_read, buffer, sizeof buffer);
+        if (n == 0) return true;
+        if (n < 0 && errno != EINTR && errno != EAGAIN) return false;
+    }
+}
+
+void close_fd(int& fd) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+}
+
+}  // namespace
+
+sandbox_spawner::~sandbox_spawner() {
+    if (stack_ != nullptr) ::munmap(stack_, stack_bytes + guard_bytes);
+}
+
+int sandbox_spawner::init(std::string template_path, std::vector<sock_filter> filter,
+                          int agent_exe_fd, std::string& detail) {
+    template_path_ = std::move(template_path);
+    filter_ = std::move(filter);
+    agent_exe_fd_ = agent_exe_fd;
+    stack_ = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack_ == MAP_FAILED) {
+        stack_ = nullptr;
+        detail = "mmap clone stack";
+        return errno;
+    }
+    ::mprotect(stack_, guard_bytes, PROT_NONE);
+    return 0;
+}
+
+bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
+                            const cgroups& hierarchy, sandbox_cgroups& group,
+                            spawned_sandbox& out, spawn_failure& failure) {
+    auto fail = [&failure](moat::errc code, int err, std::string detail) {
+        failure.code = code;
+        failure.sys_errno = err;
+        failure.detail = std::move(detail);
+        return false;
+    };
+    int sockets[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) != 0) {
+        return fail(moat::errc::backend_failure, errno, std::string("socketpair: ") + errno_name(errno));
+    }
+    int release[2];
+    int exec_pipe[2];
+    if (::pipe2(release, O_CLOEXEC) != 0) {
+        const int err = errno;
+        ::close(sockets[0]);
+        ::close(sockets[1]);
+        return fail(moat::errc::backend_failure, err, std::string("pipe2: ") + errno_name(err));
+    }
+    if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+        const int err = errno;
+        for (int fd : {sockets[0], sockets[1], release[0], release[1]}) ::close(fd);
+        return fail(moat::errc::backend_failure, err, std::string("pipe2: ") + errno_name(err));
+    }
+    int library_socket = sockets[0];
+    int agent_socket = sockets[1];
+    int release_read = release[0];
+    int release_write = release[1];
+    int exec_read = exec_pipe[0];
+    int exec_write = exec_pipe[1];
+
+    child_args args{};
+    args.release_read = release_read;
+    args.release_write = release_write;
+    args.exec_pipe_write = exec_write;
+    args.control = agent_socket;
+    args.slot_lock = slot.lock_fd;
+    args.agent_exe = agent_exe_fd_;
+    args.survive_owner = request.survive_owner;
+    args.template_path = template_path_.c_str();
+    format_options(args.tmp_options, sizeof args.tmp_options, request.tmp_bytes, "mode=1777");
+    char workspace_rest[48];
+    std::snprintf(workspace_rest, sizeof workspace_rest, "mode=0755,uid=%u,gid=%u",
+                  wire::sandbox_user_id, wire::sandbox_group_id);
+    format_options(args.workspace_options, sizeof args.workspace_options, request.workspace_bytes,
+                   workspace_rest);
+    args.filter.len = static_cast<unsigned short>(filter_.size());
+    args.filter.filter = filter_.data();
+    std::snprintf(args.ttl_text, sizeof args.ttl_text, "%llu",
+                  static_cast<unsigned long long>(request.ttl_ms));
+    args.argv[0] = "moat-sandboxd";
+    args.argv[1] = "agent";
+    args.argv[2] = "--ttl-ms";
+    args.argv[3] = args.ttl_text;
+    args.argv[4] = request.survive_owner ? "--survive-owner" : nullptr;
+    args.argv[5] = nullptr;
+    args.envp[0] = "PATH=/usr/bin:/bin";
+    args.envp[1] = nullptr;
+
+    int pidfd = -1;
+    char* stack_top = static_cast<char*>(stack_) + guard_bytes + stack_bytes;
+    const pid_t pid = ::clone(child_main, stack_top, clone_flags, &args, &pidfd);
+    ::close(exec_write);
+    ::close(release_read);
+    if (pid < 0) {
+        const int err = errno;
+        for (int fd : {library_socket, agent_socket, release_write, exec_read}) ::close(fd);
+        return fail(moat::errc::backend_failure, err, std::string("clone: ") + errno_name(err));
+    }
+
+    moat::errc code = moat::errc::backend_failure;
+    std::string detail;
+    int err = prepare_child(pid, slot, hierarchy, group, request.best_effort, code, detail);
+    if (err == 0 && ::write(release_write, "x", 1) != 1) {
+        err = errno;
+        detail = std::string("release child: ") + errno_name(err);
+    }
+    if (err != 0) {
+        ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    }
+    const bool reached_end = wait_for_exec(exec_read);
+    close_fd(release_write);
+    close_fd(exec_read);
+    close_fd(agent_socket);
+    if (err == 0 && !reached_end) {
+        err = ETIMEDOUT;
+        detail = "child did not reach exec";
+        ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+    }
+    const int failed_step = __atomic_load_n(&args.failed_step, __ATOMIC_ACQUIRE);
+    if (err == 0 && failed_step != 0) {
+        err = args.failed_errno;
+        detail = std::string(step_names[failed_step]) + ": " + errno_name(err);
+    }
+    if (err != 0) {
+        // The child is dead or dying: reap it before the stack can be reused.
+        siginfo_t info{};
+        while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+               errno == EINTR) {
+        }
+        ::close(pidfd);
+        ::close(library_socket);
+        return fail(code, err, std::move(detail));
+    }
+    out.pidfd = pidfd;
+    out.library_socket = library_socket;
+    out.host_pid = pid;
+    out.start_time_ticks = read_start_time(pid);
+    return true;
+}
+
+}  // namespace moat::sandboxd

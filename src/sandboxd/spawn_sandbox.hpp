@@ -1,0 +1,79 @@
+// Creates one sandbox: clone(CLONE_VM | CLONE_PIDFD | namespaces) on a stack reused across
+// creates, so no page tables are copied. While the child waits on a pipe, the parent writes its
+// uid/gid maps, attaches its cgroups and protects it from the OOM killer; then it releases the
+// child and waits for a close-on-exec pipe to reach EOF before touching the stack again.
+//
+// The child shares the helper's memory and TLS (errno included), so it makes raw system calls
+// only and reads nothing but what the parent prepared before clone. It enters a cgroup namespace
+// rooted at its own (already attached) cgroups, becomes root of its user namespace, bind-mounts the template root, mounts /proc, /tmp, /dev/shm and /workspace, pivots
+// into it, sets the hostname, brings up loopback, sets PR_SET_PDEATHSIG (unless the sandbox
+// survives its owner), arranges its descriptors and, with no_new_privs and the seccomp filter in
+// force, execs the agent from the helper's own executable:
+//
+//   fd 0, 1, 2  /dev/null
+//   fd 3        the agent end of the control socket
+//   fd 4        the uid slot lock (held for the sandbox's lifetime)
+//
+// A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
+#pragma once
+
+#include <cstdint>
+#include <linux/filter.h>
+#include <moat/errc.hpp>
+#include <string>
+#include <string_view>
+#include <sys/types.h>
+#include <vector>
+
+#include "sandboxd/cgroups.hpp"
+#include "sandboxd/uid_slots.hpp"
+
+namespace moat::sandboxd {
+
+struct spawn_request {
+    std::string_view sandbox_id;
+    std::uint64_t workspace_bytes = 0;  // 0 = tmpfs default (half of RAM; still charged to memcg)
+    std::uint64_t tmp_bytes = 0;        // /tmp and /dev/shm, same rule
+    std::uint64_t ttl_ms = 0;
+    bool survive_owner = false;
+    bool best_effort = false;  // for the cgroup attach
+};
+
+struct spawned_sandbox {
+    int pidfd = -1;           // close-on-exec
+    int library_socket = -1;  // the library's end of the agent control socket, close-on-exec
+    pid_t host_pid = 0;
+    std::uint64_t start_time_ticks = 0;
+};
+
+struct spawn_failure {
+    moat::errc code = moat::errc::backend_failure;
+    int sys_errno = 0;
+    std::string detail;
+};
+
+class sandbox_spawner {
+public:
+    sandbox_spawner() = default;
+    sandbox_spawner(const sandbox_spawner&) = delete;
+    sandbox_spawner& operator=(const sandbox_spawner&) = delete;
+    ~sandbox_spawner();
+
+    // Once per helper. `agent_exe_fd` is an O_RDONLY descriptor of this executable. Returns 0 or
+    // an errno with `detail`.
+    int init(std::string template_path, std::vector<sock_filter> filter, int agent_exe_fd,
+             std::string& detail);
+
+    // Creates one sandbox whose cgroups (already created, limits written) are `group`. On
+    // failure the child is killed and reaped; the caller still owns `slot` and `group`.
+    bool spawn(const spawn_request& request, const uid_slot& slot, const cgroups& hierarchy,
+               sandbox_cgroups& group, spawned_sandbox& out, spawn_failure& failure);
+
+private:
+    std::string template_path_;
+    std::vector<sock_filter> filter_;
+    int agent_exe_fd_ = -1;
+    void* stack_ = nullptr;
+};
+
+}  // namespace moat::sandboxd

@@ -1,0 +1,195 @@
+#include "sandboxd/template_root.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <string_view>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace moat::sandboxd {
+namespace {
+
+constexpr std::string_view passwd_text =
+    "root:x:0:0:root:/root:/bin/sh\n"
+    "user:x:1000:1000:user:/workspace:/bin/sh\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+constexpr std::string_view group_text =
+    "root:x:0:\n"
+    "user:x:1000:\n"
+    "nogroup:x:65534:\n";
+constexpr std::string_view hosts_text =
+    "127.0.0.1 localhost sandbox\n"
+    "::1 localhost\n";
+constexpr std::string_view nsswitch_text =
+    "passwd: files\n"
+    "group: files\n"
+    "shadow: files\n"
+    "hosts: files\n"
+    "networks: files\n"
+    "protocols: files\n"
+    "services: files\n";
+
+constexpr unsigned long read_only_bind = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV;
+
+class builder {
+public:
+    builder(const std::string& root, std::string& detail) : root_(root), detail_(detail) {}
+
+    int fail(std::string_view step, const std::string& path) {
+        const int err = errno != 0 ? errno : EIO;
+        detail_ = "template root: " + std::string(step) + " " + path + ": " +
+                  (::strerrorname_np(err) != nullptr ? ::strerrorname_np(err) : "E?");
+        return err;
+    }
+
+    std::string at(std::string_view relative) const { return root_ + "/" + std::string(relative); }
+
+    int make_dir(std::string_view relative, mode_t mode = 0755) {
+        const std::string path = at(relative);
+        if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return fail("mkdir", path);
+        return 0;
+    }
+
+    int write_text(std::string_view relative, std::string_view text) {
+        const std::string path = at(relative);
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0) return fail("create", path);
+        const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        const int err = ok ? 0 : fail("write", path);
+        ::close(fd);
+        return err;
+    }
+
+    int make_symlink(std::string_view relative, const char* target) {
+        const std::string path = at(relative);
+        if (::symlink(target, path.c_str()) != 0) return fail("symlink", path);
+        return 0;
+    }
+
+    // Bind `host` read-only at the same place in the template; a missing host path is skipped.
+    // A symlink is reproduced instead (its target resolves inside the sandbox's own view), so
+    // e.g. /etc/os-release -> ../usr/lib/os-release needs no mount.
+    int mirror(const char* host, unsigned long extra_flags = MS_NODEV) {
+        struct stat st {};
+        if (::lstat(host, &st) != 0) return 0;
+        const std::string path = at(host + 1);
+        if (S_ISLNK(st.st_mode)) {
+            char target[4096];
+            const ssize_t n = ::readlink(host, target, sizeof target - 1);
+            if (n < 0) return fail("readlink", host);
+            target[n] = '\0';
+            return make_symlink(host + 1, target);
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return fail("mkdir", path);
+        } else {
+            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0) return fail("create", path);
+            ::close(fd);
+        }
+        if (::mount(host, path.c_str(), nullptr, MS_BIND, nullptr) != 0) return fail("bind", path);
+        const unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra_flags;
+        if (::mount(nullptr, path.c_str(), nullptr, flags, nullptr) != 0) {
+            return fail("remount ro", path);
+        }
+        return 0;
+    }
+
+private:
+    const std::string& root_;
+    std::string& detail_;
+};
+
+int build_etc(builder& b) {
+    if (const int err = b.make_dir("etc")) return err;
+    struct text_file {
+        const char* name;
+        std::string_view text;
+    };
+    const text_file files[] = {
+        {"etc/passwd", passwd_text},     {"etc/group", group_text},
+        {"etc/hosts", hosts_text},       {"etc/hostname", "sandbox\n"},
+        {"etc/resolv.conf", ""},         {"etc/nsswitch.conf", nsswitch_text},
+    };
+    for (const auto& f : files) {
+        if (const int err = b.write_text(f.name, f.text)) return err;
+    }
+    for (const char* host :
+         {"/etc/ld.so.cache", "/etc/localtime", "/etc/os-release", "/etc/alternatives", "/etc/ssl"}) {
+        if (const int err = b.mirror(host)) return err;
+    }
+    DIR* etc = ::opendir("/etc");
+    if (etc == nullptr) return 0;
+    int err = 0;
+    while (const dirent* entry = ::readdir(etc)) {
+        if (std::string_view(entry->d_name).starts_with("python3")) {
+            const std::string host = std::string("/etc/") + entry->d_name;
+            if ((err = b.mirror(host.c_str())) != 0) break;
+        }
+    }
+    ::closedir(etc);
+    return err;
+}
+
+int build_dev(builder& b) {
+    const std::string dev = b.at("dev");
+    if (const int err = b.make_dir("dev")) return err;
+    const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    if (::mount("tmpfs", dev.c_str(), "tmpfs", flags, "mode=0755,size=64k") != 0) {
+        return b.fail("mount tmpfs", dev);
+    }
+    for (const char* node : {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                             "/dev/tty"}) {
+        // Device nodes stay writable through a read-only mount; their own mounts must not be nodev.
+        if (const int err = b.mirror(node, MS_NOEXEC)) return err;
+    }
+    const struct {
+        const char* name;
+        const char* target;
+    } links[] = {{"dev/fd", "/proc/self/fd"},
+                 {"dev/stdin", "/proc/self/fd/0"},
+                 {"dev/stdout", "/proc/self/fd/1"},
+                 {"dev/stderr", "/proc/self/fd/2"}};
+    for (const auto& link : links) {
+        if (const int err = b.make_symlink(link.name, link.target)) return err;
+    }
+    if (const int err = b.make_dir("dev/shm", 01777)) return err;
+    if (::mount(nullptr, dev.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | flags, nullptr) != 0) {
+        return b.fail("remount ro", dev);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int build_template_root(const std::string& path, std::string& detail) {
+    builder b(path, detail);
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return b.fail("mkdir", path);
+    if (::mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") != 0) {
+        return b.fail("mount tmpfs", path);
+    }
+    if (const int err = b.mirror("/usr")) return err;
+    for (const char* host : {"/bin", "/sbin", "/lib", "/lib64"}) {
+        if (const int err = b.mirror(host)) return err;
+    }
+    for (const char* dir : {"proc", "tmp", "workspace", "root"}) {
+        if (const int err = b.make_dir(dir)) return err;
+    }
+    if (const int err = build_etc(b)) return err;
+    if (const int err = build_dev(b)) return err;
+    // Superblock read-only first, then the mount itself, so copies made in a sandbox's user
+    // namespace inherit a locked read-only flag.
+    if (::mount(nullptr, path.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+                nullptr) != 0) {
+        return b.fail("remount ro", path);
+    }
+    if (::mount(nullptr, path.c_str(), nullptr, read_only_bind, nullptr) != 0) {
+        return b.fail("remount ro bind", path);
+    }
+    return 0;
+}
+
+}  // namespace moat::sandboxd

@@ -1,0 +1,26 @@
+// The read-only root every sandbox starts from, built once per helper in the helper's private
+// mount namespace (never visible on the host):
+//
+//   /            tmpfs, remounted ro,nosuid,nodev when complete
+//   /usr         ro,nosuid,nodev bind of the host's /usr
+//   /bin /sbin /lib /lib64   the host's symlinks into usr (a real directory is bound read-only)
+//   /etc         written: passwd, group, hosts, hostname, resolv.conf, nsswitch.conf; bound or
+//                mirrored from the host: ld.so.cache, localtime, os-release, alternatives/, ssl/,
+//                python3*/ (never the host's passwd, shadow or group)
+//   /dev         tmpfs (ro,nosuid,nodev,noexec) with read-only binds of null, zero, full, random,
+//                urandom, tty; fd, stdin, stdout, stderr symlinks into /proc/self/fd; shm/
+//   /proc /tmp /workspace /dev/shm /root   empty mount points
+//
+// There is no /sys. Each sandbox bind-mounts this tree recursively and mounts its own /proc,
+// /tmp, /dev/shm and /workspace on the mount points.
+#pragma once
+
+#include <string>
+
+namespace moat::sandboxd {
+
+// Builds the template at `path` (created if missing). The caller must already be in a private
+// mount namespace. Returns 0 or an errno, with `detail` naming the failed step.
+int build_template_root(const std::string& path, std::string& detail);
+
+}  // namespace moat::sandboxd

@@ -1,0 +1,102 @@
+#include "wire/protocol.hpp"
+
+#include <algorithm>
+
+namespace moat::wire {
+
+bool read_header(std::span<const std::byte> record, header& out) noexcept {
+    if (record.size() < sizeof(header)) return false;
+    std::memcpy(&out, record.data(), sizeof(header));
+    return out.size == record.size() && out.size <= max_message_bytes;
+}
+
+void copy_field(std::span<char> field, std::string_view text) noexcept {
+    if (field.empty()) return;
+    const std::size_t n = std::min(text.size(), field.size() - 1);
+    std::memcpy(field.data(), text.data(), n);
+    std::fill(field.begin() + static_cast<std::ptrdiff_t>(n), field.end(), '\0');
+}
+
+std::string_view read_field(std::span<const char> field) noexcept {
+    const auto end = std::find(field.begin(), field.end(), '\0');
+    return {field.data(), static_cast<std::size_t>(end - field.begin())};
+}
+
+namespace {
+
+bool has_nul(std::string_view s) { return s.find('\0') != std::string_view::npos; }
+
+}  // namespace
+
+bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
+                 std::span<const std::string> argv, std::span<const std::string> env,
+                 std::string_view cwd, std::vector<std::byte>& out) {
+    if (argv.empty() || has_nul(cwd)) return false;
+    std::size_t size = sizeof(exec_message) + cwd.size() + 1;
+    for (const auto& s : argv) {
+        if (has_nul(s)) return false;
+        size += s.size() + 1;
+    }
+    for (const auto& s : env) {
+        if (has_nul(s) || s.find('=') == std::string::npos) return false;
+        size += s.size() + 1;
+    }
+    if (size > max_message_bytes) return false;
+
+    auto m = make_message<exec_message>(message_type::exec);
+    m.h.size = static_cast<std::uint32_t>(size);
+    m.exec_id = exec_id;
+    m.wall_limit_ms = wall_limit_ms;
+    m.argc = static_cast<std::uint32_t>(argv.size());
+    m.envc = static_cast<std::uint32_t>(env.size());
+    const std::size_t start = out.size();
+    out.resize(start + size);
+    std::byte* p = out.data() + start;
+    std::memcpy(p, &m, sizeof m);
+    p += sizeof m;
+    auto put = [&p](std::string_view s) {
+        std::memcpy(p, s.data(), s.size());
+        p += s.size();
+        *p++ = std::byte{0};
+    };
+    for (const auto& s : argv) put(s);
+    for (const auto& s : env) put(s);
+    put(cwd);
+    return true;
+}
+
+bool decode_exec(std::span<const std::byte> record, exec_request_view& out) {
+    header h{};
+    if (!read_header(record, h) || h.type != static_cast<std::uint32_t>(message_type::exec) ||
+        h.size < sizeof(exec_message)) {
+        return false;
+    }
+    exec_message m{};
+    std::memcpy(&m, record.data(), sizeof m);
+    const std::size_t strings = std::size_t{m.argc} + m.envc + 1;
+    if (m.argc == 0 || strings > record.size()) return false;
+
+    const char* p = reinterpret_cast<const char*>(record.data()) + sizeof m;
+    const char* const end = reinterpret_cast<const char*>(record.data()) + record.size();
+    std::vector<std::string_view> all;
+    all.reserve(strings);
+    while (all.size() < strings) {
+        const char* nul = std::find(p, end, '\0');
+        if (nul == end) return false;
+        all.emplace_back(p, static_cast<std::size_t>(nul - p));
+        p = nul + 1;
+    }
+    if (p != end) return false;
+    for (std::size_t i = m.argc; i < m.argc + m.envc; ++i) {
+        if (all[i].find('=') == std::string_view::npos) return false;
+    }
+    out.exec_id = m.exec_id;
+    out.wall_limit_ms = m.wall_limit_ms;
+    out.flags = m.flags;
+    out.argv.assign(all.begin(), all.begin() + m.argc);
+    out.env.assign(all.begin() + m.argc, all.begin() + m.argc + m.envc);
+    out.cwd = all.back();
+    return true;
+}
+
+}  // namespace moat::wire

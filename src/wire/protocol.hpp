@@ -1,0 +1,235 @@
+// Wire format shared by the library, the sandbox helper (moat-sandboxd helper) and the pid-1 agent
+// (moat-sandboxd agent). All three are built from this one header at the same commit (the helper is
+// embedded in the library), so the format is fixed-layout structs in host byte order. Every message
+// travels as one SOCK_SEQPACKET record that starts with `header`; `header::size` is the record's
+// total length. Records that carry file descriptors attach them with SCM_RIGHTS.
+//
+// The library treats what the agent sends as untrusted: decode() in protocol.cpp checks the type,
+// the exact size and every field before anything reads it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moat::wire {
+
+inline constexpr std::uint32_t protocol_version = 1;
+
+// Largest record any side sends or accepts (exec requests carry argv, env and cwd).
+inline constexpr std::size_t max_message_bytes = 128 * 1024;
+
+// Inside the sandbox: pid 1 runs as root of the user namespace; commands run as this user.
+inline constexpr std::uint32_t sandbox_user_id = 1000;
+inline constexpr std::uint32_t sandbox_group_id = 1000;
+// Each sandbox maps [0, uid_range_size) onto a host range of its own, never host root.
+inline constexpr std::uint32_t uid_range_size = 65536;
+
+enum class message_type : std::uint32_t {
+    // helper -> library, once, right after start
+    hello = 1,
+    // library -> helper
+    create = 10,
+    destroy = 11,
+    // helper -> library
+    created = 20,        // SCM_RIGHTS: [pidfd of pid 1, library end of the agent control socket]
+    create_failed = 21,
+    reaped = 22,         // pid 1 was reaped and the cgroups removed (reply to destroy, or unsolicited)
+    // library -> agent
+    exec = 30,           // SCM_RIGHTS: [stdin, stdout, stderr]
+    kill = 31,
+    // agent -> library
+    ready = 40,
+    started = 41,
+    exited = 42,
+};
+
+struct header {
+    std::uint32_t type;  // message_type
+    std::uint32_t size;  // whole record, header included
+};
+
+// Isolation layers, reported by the helper (hello: what this host can do; created: what was
+// actually applied to that sandbox).
+enum layer_bits : std::uint32_t {
+    layer_user_ns = 1u << 0,
+    layer_pid_ns = 1u << 1,
+    layer_mount_ns = 1u << 2,
+    layer_net_ns = 1u << 3,
+    layer_ipc_ns = 1u << 4,
+    layer_uts_ns = 1u << 5,
+    layer_cgroup_ns = 1u << 6,
+    layer_seccomp = 1u << 7,
+    layer_cgroup_memory = 1u << 8,
+    layer_cgroup_pids = 1u << 9,
+    layer_cgroup_cpu = 1u << 10,
+    layer_no_new_privs = 1u << 11,
+};
+
+inline constexpr std::size_t sandbox_id_bytes = 32;  // ASCII, NUL padded
+inline constexpr std::size_t detail_bytes = 256;     // NUL terminated
+inline constexpr std::size_t path_bytes = 512;       // NUL terminated
+
+struct hello_message {
+    header h;
+    std::uint32_t version;       // protocol_version
+    std::uint32_t host_layers;   // layer_bits the host supports
+    std::uint8_t reserved[8];
+    char layer_detail[detail_bytes];  // why a layer is missing, if one is
+};
+
+enum create_flags : std::uint32_t {
+    create_best_effort = 1u << 0,    // a layer that cannot be enforced is skipped, not an error
+    create_survive_owner = 1u << 1,  // the agent does not exit when its control socket closes
+};
+
+struct create_message {
+    header h;
+    std::uint64_t request_id;
+    char sandbox_id[sandbox_id_bytes];
+    std::uint64_t memory_bytes;     // cgroup memory limit; 0 = none
+    std::uint64_t workspace_bytes;  // tmpfs size of /workspace
+    std::uint64_t tmp_bytes;        // tmpfs size of /tmp and of /dev/shm
+    std::uint64_t ttl_ms;           // pid 1 ends the sandbox after this long; 0 = never
+    std::uint32_t pids_max;         // cgroup pids limit; 0 = none
+    std::uint32_t cpu_millicores;   // cgroup cpu quota, 1000 = one core; 0 = none
+    std::uint32_t flags;            // create_flags
+    std::uint32_t reserved;
+};
+
+struct created_message {
+    header h;
+    std::uint64_t request_id;
+    std::int32_t host_pid;        // pid 1 of the sandbox, as the host sees it
+    std::uint32_t uid_base;       // host uid that sandbox uid 0 maps to
+    std::uint32_t applied_layers; // layer_bits
+    std::uint32_t reserved;
+    std::uint64_t start_time_ticks;  // field 22 of /proc/<host_pid>/stat, for pid-reuse checks
+    char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
+    char pids_cgroup[path_bytes];    // absolute path of the sandbox's v1 pids cgroup, or ""
+};
+
+struct create_failed_message {
+    header h;
+    std::uint64_t request_id;
+    std::int32_t error_code;  // a moat::errc value
+    std::int32_t sys_errno;   // the failing system call's errno, or 0
+    char detail[detail_bytes];
+};
+
+struct destroy_message {
+    header h;
+    char sandbox_id[sandbox_id_bytes];
+};
+
+struct reaped_message {
+    header h;
+    char sandbox_id[sandbox_id_bytes];
+    std::int32_t wait_status;    // pid 1's status from waitid, as a waitpid-style status word
+    std::int32_t cleanup_errno;  // first error removing the cgroups, or 0
+};
+
+enum exec_flags : std::uint32_t {
+    exec_none = 0,
+};
+
+// Followed by `argc` argv strings, then `envc` "K=V" strings, then the working directory; each
+// NUL terminated. argv[0] is looked up in the PATH of the given environment.
+struct exec_message {
+    header h;
+    std::uint64_t exec_id;
+    std::uint64_t wall_limit_ms;  // 0 = no limit; the agent kills the process group at the limit
+    std::uint32_t argc;
+    std::uint32_t envc;
+    std::uint32_t flags;  // exec_flags
+    std::uint32_t reserved;
+};
+
+struct kill_message {
+    header h;
+    std::uint64_t exec_id;
+    std::int32_t signal;  // sent to the command's whole process group
+    std::uint32_t reserved;
+};
+
+struct ready_message {
+    header h;
+    std::uint32_t version;
+    std::uint32_t reserved;
+};
+
+struct started_message {
+    header h;
+    std::uint64_t exec_id;
+    std::int32_t pid;  // inside the sandbox's pid namespace; also the process group id
+    std::uint32_t reserved;
+};
+
+enum exited_flags : std::uint32_t {
+    exited_timed_out = 1u << 0,      // the agent killed it at the wall limit
+    exited_spawn_failed = 1u << 1,   // exec of argv[0] failed; spawn_errno says why
+};
+
+struct exited_message {
+    header h;
+    std::uint64_t exec_id;
+    std::int32_t wait_status;  // waitpid-style status word
+    std::uint32_t flags;       // exited_flags
+    std::int32_t spawn_errno;
+    std::uint32_t reserved;
+    std::uint64_t duration_us;  // from fork to exit, measured by the agent
+};
+
+// Reads the header of a record; false if the record is too short or its size field lies.
+bool read_header(std::span<const std::byte> record, header& out) noexcept;
+
+// Copies a whole fixed-size message out of a record if its type and size match exactly.
+template <class Message>
+bool read_fixed(std::span<const std::byte> record, message_type type, Message& out) noexcept {
+    header h{};
+    if (!read_header(record, h) || h.type != static_cast<std::uint32_t>(type) ||
+        h.size != sizeof(Message)) {
+        return false;
+    }
+    std::memcpy(&out, record.data(), sizeof(Message));
+    return true;
+}
+
+// Builds a fixed-size message with its header filled in and everything else zeroed.
+template <class Message>
+Message make_message(message_type type) noexcept {
+    Message m{};
+    m.h.type = static_cast<std::uint32_t>(type);
+    m.h.size = sizeof(Message);
+    return m;
+}
+
+// Copies `text` into a fixed NUL-terminated field, truncating; the field is always terminated.
+void copy_field(std::span<char> field, std::string_view text) noexcept;
+
+// Reads a fixed NUL-terminated field; stops at the first NUL or at the field's end.
+std::string_view read_field(std::span<const char> field) noexcept;
+
+struct exec_request_view {
+    std::uint64_t exec_id = 0;
+    std::uint64_t wall_limit_ms = 0;
+    std::uint32_t flags = 0;
+    std::vector<std::string_view> argv;  // views into the record
+    std::vector<std::string_view> env;
+    std::string_view cwd;
+};
+
+// Appends an exec record to `out`. False (out untouched) if the record would exceed
+// max_message_bytes, argv is empty, or a string contains a NUL byte.
+bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
+                 std::span<const std::string> argv, std::span<const std::string> env,
+                 std::string_view cwd, std::vector<std::byte>& out);
+
+// Parses an exec record; false if any count, length or terminator is inconsistent.
+bool decode_exec(std::span<const std::byte> record, exec_request_view& out);
+
+}  // namespace moat::wire

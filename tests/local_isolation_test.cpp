@@ -1,0 +1,154 @@
+// What a sandbox can and cannot see or touch. Real namespaces, real processes; every check of the
+// host is made from the host.
+#include "support/host_inspect.hpp"
+#include "support/local_fixture.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+using moat::test::local_fixture;
+
+TEST_CASE_FIXTURE(local_fixture, "the host environment is invisible inside") {
+    MOAT_REQUIRE_NAMESPACES();
+    ::setenv("MOAT_TEST_HOST_SECRET", "s3cr3t-value", 1);
+    const auto box = create();
+    const auto r = sh(box.id, "env; echo; cat /proc/1/environ 2>&1");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.text().find("s3cr3t-value") == std::string::npos);
+    CHECK(r.out.text().find("MOAT_TEST_HOST_SECRET") == std::string::npos);
+    CHECK(r.out.text().find("PATH=/usr/local/bin:/usr/bin:/bin") != std::string::npos);
+    CHECK(r.out.text().find("HOME=/workspace") != std::string::npos);
+    CHECK(r.out.text().find("LANG=C.UTF-8") != std::string::npos);
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a listener on host loopback is unreachable from inside") {
+    MOAT_REQUIRE_NAMESPACES();
+    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(listener >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    const int port = ntohs(addr.sin_port);
+
+    const auto box = create();
+    const auto r = sh(box.id, "python3 -c \"import socket; s=socket.socket(); s.settimeout(2); "
+                              "s.connect(('127.0.0.1', " + std::to_string(port) +
+                                  ")); print('CONNECTED')\" 2>&1; ip -o link 2>/dev/null; "
+                                  "cat /proc/net/dev");
+    CHECK(r.out.text().find("CONNECTED") == std::string::npos);
+    CHECK(r.out.text().find("ConnectionRefusedError") != std::string::npos);
+    // Only loopback exists, and it is up (a loopback connection inside works).
+    CHECK(r.out.text().find("eth0") == std::string::npos);
+    const auto local_net = sh(box.id, "python3 -c \"import socket; s=socket.socket(); "
+                                      "s.bind(('127.0.0.1', 0)); s.listen(); c=socket.socket(); "
+                                      "c.connect(s.getsockname()); print('LOOPBACK OK')\"");
+    CHECK(local_net.out.text() == "LOOPBACK OK\n");
+    ::close(listener);
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "only the sandbox's own processes appear in its /proc") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const auto r = sh(box.id, "for p in /proc/[0-9]*; do echo ${p#/proc/}; done");
+    std::istringstream pids(r.out.text());
+    int pid = 0, count = 0, highest = 0;
+    while (pids >> pid) {
+        ++count;
+        highest = std::max(highest, pid);
+    }
+    CHECK(count >= 2);  // pid 1 (the agent) and the shell
+    CHECK(count <= 4);
+    CHECK(highest < 100);
+    CHECK(sh(box.id, "cat /proc/1/cmdline | tr '\\0' ' '").out.text().find("agent") !=
+          std::string::npos);
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "the root is read-only and /workspace is writable") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    CHECK(sh(box.id, "touch /newfile").exit_code != 0);
+    CHECK(sh(box.id, "touch /usr/bin/newfile").exit_code != 0);
+    CHECK(sh(box.id, "echo x >> /etc/passwd").exit_code != 0);
+    CHECK(sh(box.id, "echo data > /workspace/f && cat /workspace/f").out.text() == "data\n");
+    CHECK(sh(box.id, "echo data > /tmp/f && cat /tmp/f").out.text() == "data\n");
+    CHECK(sh(box.id, "id -u; id -g").out.text() == "1000\n1000\n");
+    CHECK(sh(box.id, "test -e /sys/kernel && echo SYS || echo NOSYS").out.text() == "NOSYS\n");
+    CHECK(sh(box.id, "hostname").out.text() == "sandbox\n");
+    // No capabilities and no way back to root.
+    CHECK(sh(box.id, "grep CapEff /proc/self/status").out.text() ==
+          "CapEff:\t0000000000000000\n");
+    CHECK(sh(box.id, "grep NoNewPrivs /proc/self/status").out.text() == "NoNewPrivs:\t1\n");
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "rm -rf / inside harms nothing outside") {
+    MOAT_REQUIRE_NAMESPACES();
+    char dir[] = "/tmp/moat-rmrf-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    const std::string marker = std::string(dir) + "/marker";
+    std::ofstream(marker) << "still here";
+    const auto box = create();
+    sh(box.id, "echo mine > /workspace/mine");
+    const auto r = sh(box.id, "rm -rf --no-preserve-root / 2>/dev/null; ls -A /workspace | wc -l");
+    CHECK(r.out.text() == "0\n");  // it could delete its own files, and only those
+    CHECK(moat::test::read_file(marker) == "still here");
+    CHECK(::access("/usr/bin/true", X_OK) == 0);
+    CHECK(::access("/etc/passwd", R_OK) == 0);
+    CHECK(sh(box.id, "echo alive").out.text() == "alive\n");
+    destroy(box.id);
+    ::unlink(marker.c_str());
+    ::rmdir(dir);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a host descriptor opened without CLOEXEC is absent inside") {
+    MOAT_REQUIRE_NAMESPACES();
+    const int leaked = ::open("/etc/hostname", O_RDONLY);  // deliberately inheritable
+    REQUIRE(leaked >= 0);
+    const auto box = create();
+    // The shell's own fds are 0, 1, 2 and the one ls opens to read the directory.
+    const auto r = sh(box.id, "ls /proc/self/fd | tr '\\n' ' '; echo; ls -l /proc/1/fd 2>&1 | wc -l");
+    CHECK(r.out.text().substr(0, r.out.text().find('\n')) == "0 1 2 3 ");
+    // pid 1's descriptors are not readable by commands.
+    const auto agent_fds = sh(box.id, "ls /proc/1/fd 2>&1");
+    CHECK(agent_fds.exit_code != 0);
+    ::close(leaked);
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "two sandboxes cannot see each other") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto a = create();
+    const auto b = create();
+    sh(a.id, "echo secret-of-a > /workspace/a.txt; echo tmp-of-a > /tmp/a.txt");
+    CHECK(sh(b.id, "cat /workspace/a.txt /tmp/a.txt 2>&1").exit_code != 0);
+    // a's pid 1 as the host sees it is not a process b can name.
+    const auto r = sh(b.id, "kill -0 " + std::to_string(*a.host_pid) + " 2>&1; echo rc=$?");
+    CHECK(r.out.text().find("rc=0") == std::string::npos);
+    CHECK(a.host_pid != b.host_pid);
+    // Distinct user ranges on the host.
+    const auto uid_a = moat::test::read_file("/proc/" + std::to_string(*a.host_pid) + "/uid_map");
+    const auto uid_b = moat::test::read_file("/proc/" + std::to_string(*b.host_pid) + "/uid_map");
+    CHECK(uid_a != uid_b);
+    std::istringstream map(uid_a);
+    long inside = -1, outside = -1, count = -1;
+    map >> inside >> outside >> count;
+    CHECK(inside == 0);
+    CHECK(outside >= 65536);  // sandbox root is never host root
+    CHECK(count == 65536);
+    destroy(a.id);
+    destroy(b.id);
+}

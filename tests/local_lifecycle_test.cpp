@@ -1,0 +1,134 @@
+// Sandbox lifetime: destroy leaves nothing behind, a sandbox dies with its creator, create
+// failures are typed.
+#include "support/host_inspect.hpp"
+#include "support/local_fixture.hpp"
+
+#include <csignal>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using moat::test::local_fixture;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool exists(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+int count_mounts(pid_t pid) {
+    const std::string info = moat::test::read_file("/proc/" + std::to_string(pid) + "/mountinfo");
+    return static_cast<int>(std::count(info.begin(), info.end(), '\n'));
+}
+
+pid_t helper_pid() {
+    return moat::test::find_descendant(::getpid(), "moat-sandboxd helper");
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "destroy leaves no process, mount, cgroup or directory behind") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const pid_t init = *box.host_pid;
+    const pid_t helper = helper_pid();
+    REQUIRE(helper > 0);
+    const int helper_mounts = count_mounts(helper);
+    auto stream = run(local->async_exec_stream(box.id, [] {
+        moat::exec_request r;
+        r.shell = "sleep 1000";
+        return r;
+    }()));
+    REQUIRE(stream);
+    pid_t sleeper = -1;
+    CHECK(moat::test::eventually([&] {
+        sleeper = moat::test::find_descendant(init, "sleep 1000");
+        return sleeper > 0;
+    }));
+    const std::string memory = moat::test::cgroup_dir(init, "memory");
+    const std::string pids = moat::test::cgroup_dir(init, "pids");
+    REQUIRE(memory.find(box.id) != std::string::npos);
+    REQUIRE(pids.find(box.id) != std::string::npos);
+    CHECK(exists(memory));
+    CHECK(exists(pids));
+    CHECK(moat::test::is_running(init));
+    CHECK(moat::test::is_running(sleeper));
+
+    destroy(box.id);  // returns only once confirmed
+
+    CHECK(moat::test::is_gone(init));
+    CHECK(moat::test::is_gone(sleeper));
+    CHECK_FALSE(exists(memory));
+    CHECK_FALSE(exists(pids));
+    CHECK(count_mounts(helper) == helper_mounts);
+    CHECK(moat::test::read_file("/proc/" + std::to_string(helper) + "/mountinfo").find(box.id) ==
+          std::string::npos);
+    // The stream learns that its sandbox is gone instead of hanging.
+    auto next = run(stream->async_next());
+    CHECK_FALSE(next.has_value());
+    // Destroy again: the id is unknown now.
+    auto again = run(local->async_destroy(box.id));
+    REQUIRE_FALSE(again);
+    CHECK(again.error().code == moat::errc::sandbox_not_found);
+}
+
+TEST_CASE("kill -9 of the creating process leaves no sandbox process") {
+    MOAT_REQUIRE_NAMESPACES();
+    std::string cli = MOAT_CLI_PATH;
+    char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
+    char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
+    pid_t creator = -1;
+    REQUIRE(::posix_spawn(&creator, cli.c_str(), nullptr, nullptr, argv, environ) == 0);
+    pid_t sleeper = -1;
+    CHECK(moat::test::eventually([&] {
+        sleeper = moat::test::find_descendant(creator, "sleep 1000");
+        return sleeper > 0;
+    }, 20s));
+    const auto family = moat::test::descendants(creator);
+    REQUIRE(family.size() >= 3);  // helper, the sandbox's pid 1, sleep
+    for (const pid_t p : family) CHECK(moat::test::is_running(p));
+
+    ::kill(creator, SIGKILL);
+    int status = 0;
+    ::waitpid(creator, &status, 0);
+    for (const pid_t p : family) {
+        CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
+    }
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a bad spec fails create with invalid_argument naming the field") {
+    moat::sandbox_spec spec;
+    spec.workdir = "relative/dir";
+    auto r = run(local->async_create(spec));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == moat::errc::invalid_argument);
+    CHECK(r.error().detail.find("workdir") != std::string::npos);
+    spec = {};
+    spec.limits.memory_bytes = 1024;
+    r = run(local->async_create(spec));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().detail.find("memory") != std::string::npos);
+    spec = {};
+    spec.ttl = 0ms;
+    r = run(local->async_create(spec));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().detail.find("ttl") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox reports the isolation layers it got") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    for (const char* layer : {"user_ns", "pid_ns", "mount_ns", "net_ns", "ipc_ns", "uts_ns",
+                              "seccomp", "cgroup_memory", "cgroup_pids", "cgroup_cpu"}) {
+        CHECK_MESSAGE(std::find(box.layers.begin(), box.layers.end(), layer) != box.layers.end(),
+                      "missing layer " << layer);
+    }
+    auto info = run(local->async_inspect(box.id));
+    REQUIRE(info);
+    CHECK(info->state == moat::sandbox_state::running);
+    CHECK(info->expires_at > info->created_at);
+    destroy(box.id);
+}

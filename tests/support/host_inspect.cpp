@@ -1,0 +1,103 @@
+#include "support/host_inspect.hpp"
+
+#include <dirent.h>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+#include <thread>
+
+namespace moat::test {
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+std::vector<pid_t> descendants(pid_t root) {
+    std::vector<pid_t> out;
+    std::vector<pid_t> todo{root};
+    while (!todo.empty()) {
+        const pid_t p = todo.back();
+        todo.pop_back();
+        const std::string tasks = "/proc/" + std::to_string(p) + "/task";
+        DIR* d = ::opendir(tasks.c_str());
+        if (d == nullptr) continue;
+        while (dirent* e = ::readdir(d)) {
+            if (e->d_name[0] == '.') continue;
+            std::istringstream children(read_file(tasks + "/" + e->d_name + "/children"));
+            pid_t child;
+            while (children >> child) {
+                out.push_back(child);
+                todo.push_back(child);
+            }
+        }
+        ::closedir(d);
+    }
+    return out;
+}
+
+bool is_running(pid_t pid) {
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (stat.empty() || close == std::string::npos || close + 2 >= stat.size()) return false;
+    return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+}
+
+bool is_gone(pid_t pid) {
+    struct stat st {};
+    return ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0;
+}
+
+std::string command_line(pid_t pid) {
+    std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    for (auto& c : s) {
+        if (c == '\0') c = ' ';
+    }
+    return s;
+}
+
+std::string cgroup_dir(pid_t pid, const std::string& controller) {
+    std::istringstream in(read_file("/proc/" + std::to_string(pid) + "/cgroup"));
+    std::string line;
+    while (std::getline(in, line)) {
+        const auto first = line.find(':');
+        const auto second = line.find(':', first + 1);
+        if (first == std::string::npos || second == std::string::npos) continue;
+        const std::string controllers = line.substr(first + 1, second - first - 1);
+        std::istringstream names(controllers);
+        std::string name;
+        while (std::getline(names, name, ',')) {
+            if (name == controller) {
+                return "/sys/fs/cgroup/" + controllers + line.substr(second + 1);
+            }
+        }
+    }
+    return "";
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+    const auto limit = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        if (condition()) return true;
+        if (std::chrono::steady_clock::now() > limit) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+pid_t find_descendant(pid_t root, const std::string& needle) {
+    for (const pid_t p : descendants(root)) {
+        if (command_line(p).find(needle) != std::string::npos) return p;
+    }
+    return -1;
+}
+
+long resident_bytes() {
+    std::istringstream in(read_file("/proc/self/statm"));
+    long size = 0, resident = 0;
+    in >> size >> resident;
+    return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace moat::test

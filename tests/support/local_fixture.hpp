@@ -1,0 +1,47 @@
+// A local backend on its own io_context, with synchronous wrappers for the common steps.
+#pragma once
+
+#include <moat/local_backend.hpp>
+
+#include "support/async_test.hpp"
+
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+
+namespace moat::test {
+
+// True if this kernel lets us make user, pid, mount and net namespaces. When it does not, tests
+// that need them are skipped, unless MOAT_REQUIRE_NAMESPACES=1 (set by CI), which fails them.
+bool namespaces_available();
+
+#define MOAT_REQUIRE_NAMESPACES()                                                     \
+    do {                                                                              \
+        if (!::moat::test::namespaces_available()) {                                  \
+            MESSAGE("SKIPPED: this kernel does not allow the namespaces moat needs"); \
+            return;                                                                   \
+        }                                                                             \
+    } while (false)
+
+struct local_fixture {
+    local_fixture();
+    ~local_fixture();
+
+    template <class T>
+    T run(asio::awaitable<T> task, std::chrono::seconds watchdog = std::chrono::seconds(120)) {
+        return run_async(io, std::move(task), watchdog);
+    }
+
+    // Creates a sandbox; the test fails if it cannot.
+    sandbox_info create(sandbox_spec spec = {});
+    // Runs `shell` through /bin/sh -c; the test fails if moat reports an error.
+    exec_result sh(const std::string& id, const std::string& shell,
+                   std::chrono::milliseconds wall_limit = std::chrono::seconds(60));
+    void destroy(const std::string& id);
+
+    asio::io_context io;
+    std::unique_ptr<backend> local;
+};
+
+}  // namespace moat::test

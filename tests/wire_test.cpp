@@ -1,0 +1,70 @@
+// The wire format between the library, the helper and the agent: what the library accepts from
+// the (untrusted) agent, and the exec record codec.
+#include "wire/protocol.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+namespace wire = moat::wire;
+
+TEST_CASE("an exec record round-trips argv, env and cwd") {
+    const std::vector<std::string> argv = {"python3", "-c", "print('hi')", ""};
+    const std::vector<std::string> env = {"PATH=/usr/bin", "EMPTY="};
+    std::vector<std::byte> record;
+    REQUIRE(wire::encode_exec(9, 1500, argv, env, "/workspace", record));
+    wire::exec_request_view view;
+    REQUIRE(wire::decode_exec(record, view));
+    CHECK(view.exec_id == 9);
+    CHECK(view.wall_limit_ms == 1500);
+    REQUIRE(view.argv.size() == 4);
+    CHECK(view.argv[2] == "print('hi')");
+    CHECK(view.argv[3].empty());
+    REQUIRE(view.env.size() == 2);
+    CHECK(view.env[1] == "EMPTY=");
+    CHECK(view.cwd == "/workspace");
+}
+
+TEST_CASE("the exec encoder refuses NUL bytes, empty argv and oversize records") {
+    std::vector<std::byte> record;
+    const std::vector<std::string> nul = {std::string("a\0b", 3)};
+    CHECK_FALSE(wire::encode_exec(1, 0, nul, {}, "/", record));
+    CHECK_FALSE(wire::encode_exec(1, 0, {}, {}, "/", record));
+    const std::vector<std::string> huge = {std::string(wire::max_message_bytes, 'x')};
+    CHECK_FALSE(wire::encode_exec(1, 0, huge, {}, "/", record));
+    const std::vector<std::string> argv = {"true"};
+    const std::vector<std::string> bad_env = {"NOEQUALS"};
+    CHECK_FALSE(wire::encode_exec(1, 0, argv, bad_env, "/", record));
+    CHECK(record.empty());
+}
+
+TEST_CASE("the exec decoder rejects every truncation and a missing terminator") {
+    const std::vector<std::string> argv = {"echo", "hello"};
+    const std::vector<std::string> env = {"A=1"};
+    std::vector<std::byte> record;
+    REQUIRE(wire::encode_exec(1, 0, argv, env, "/tmp", record));
+    for (std::size_t cut = 0; cut < record.size(); ++cut) {
+        std::vector<std::byte> shorter(record.begin(), record.begin() + static_cast<long>(cut));
+        wire::exec_request_view view;
+        CHECK_FALSE(wire::decode_exec(shorter, view));
+    }
+    auto unterminated = record;
+    unterminated.back() = std::byte{'x'};
+    wire::exec_request_view view;
+    CHECK_FALSE(wire::decode_exec(unterminated, view));
+}
+
+TEST_CASE("fixed messages are accepted only with their exact type and size") {
+    auto exited = wire::make_message<wire::exited_message>(wire::message_type::exited);
+    exited.exec_id = 5;
+    const auto bytes = std::as_bytes(std::span(&exited, 1));
+    wire::exited_message out{};
+    CHECK(wire::read_fixed(bytes, wire::message_type::exited, out));
+    CHECK(out.exec_id == 5);
+    CHECK_FALSE(wire::read_fixed(bytes, wire::message_type::started, out));
+    CHECK_FALSE(wire::read_fixed(bytes.first(bytes.size() - 1), wire::message_type::exited, out));
+    auto lying = exited;
+    lying.h.size = 1000;
+    CHECK_FALSE(wire::read_fixed(std::as_bytes(std::span(&lying, 1)), wire::message_type::exited, out));
+}
