@@ -72,7 +72,7 @@ TEST_CASE("output capture keeps head and tail of a long stream in fixed memory")
 
 TEST_CASE("json writer escapes control characters and replaces invalid UTF-8") {
     moat::json_writer w;
-    w.begin_object().key("s").value(std::string_view("a\"b\\c\n\x01\xff\xc3\xa9", 9));
+    w.begin_object().key("s").value(std::string_view("a\"b\\c\n\x01\xff\xc3\xa9", 10));
     w.key("n").value(-3).key("list").begin_array().value(true).null().end_array().end_object();
     CHECK(w.str() == "{\"s\":\"a\\\"b\\\\c\\n\\u0001\xEF\xBF\xBD\xC3\xA9\",\"n\":-3,\"list\":[true,null]}");
 }

@@ -4,20 +4,21 @@
 
 #include <moat/errc.hpp>
 
-#include <cerrno>
-#include <csignal>
-#include <cstdlib>
-#include <cstring>
 #include <fcntl.h>
-#include <filesystem>
 #include <poll.h>
 #include <spawn.h>
-#include <string>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "wire/fd_passing.hpp"
@@ -112,11 +113,13 @@ std::vector<std::string> cgroup_dirs(pid_t pid) {
     return dirs;
 }
 
-bool path_exists(const char* path) { return path[0] != '\0' && ::access(path, F_OK) == 0; }
+bool path_exists(const char* path) {
+    return path[0] != '\0' && ::access(path, F_OK) == 0;
+}
 
 // A helper started the way the library starts it: posix_spawn, control socket on fd 3, no env.
 class helper_process {
-public:
+  public:
     helper_process() {
         char dir_template[] = "/tmp/moat-sbxd-test-XXXXXX";
         REQUIRE(::mkdtemp(dir_template) != nullptr);
@@ -181,7 +184,7 @@ public:
     wire::hello_message hello{};
     int exit_status = -1;
 
-private:
+  private:
     std::string state_dir_;
     int socket_ = -1;
     pid_t pid_ = -1;
@@ -196,7 +199,7 @@ struct sandbox_options {
 };
 
 class sandbox {
-public:
+  public:
     sandbox(helper_process& helper, std::string id, const sandbox_options& options = {})
         : helper_(helper), id_(std::move(id)) {
         auto m = wire::make_message<wire::create_message>(wire::message_type::create);
@@ -253,7 +256,7 @@ public:
 
     wire::created_message created{};
 
-private:
+  private:
     helper_process& helper_;
     std::string id_;
     int pidfd_ = -1;
@@ -303,10 +306,13 @@ command_result run(sandbox& s, std::vector<std::string> argv, std::uint64_t wall
     int streams[2] = {out.read, err.read};
     std::string* sinks[2] = {&result.out, &result.err};
     bool exited = false;
-    for (int rounds = 0; rounds < 1000 && (!exited || streams[0] >= 0 || streams[1] >= 0);
-         ++rounds) {
-        pollfd fds[3] = {{s.control(), POLLIN, 0}, {streams[0], POLLIN, 0}, {streams[1], POLLIN, 0}};
-        if (::poll(fds, 3, wait_ms) <= 0) break;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (!exited || streams[0] >= 0 || streams[1] >= 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd fds[3] = {
+            {s.control(), POLLIN, 0}, {streams[0], POLLIN, 0}, {streams[1], POLLIN, 0}};
+        if (left.count() <= 0 || ::poll(fds, 3, static_cast<int>(left.count())) <= 0) break;
         if (fds[0].revents != 0) {
             const record r = receive(s.control(), 0);
             if (r.type() == wire::message_type::started) {
@@ -350,7 +356,9 @@ command_result run(sandbox& s, std::vector<std::string> argv, std::uint64_t wall
     return run(s, std::move(argv), wall_limit_ms, std::move(env), [](std::uint64_t) {});
 }
 
-command_result shell(sandbox& s, const std::string& script) { return run(s, {"sh", "-c", script}); }
+command_result shell(sandbox& s, const std::string& script) {
+    return run(s, {"sh", "-c", script});
+}
 
 // The next record from the helper must be `reaped` for `id`.
 wire::reaped_message expect_reaped(helper_process& helper, const std::string& id) {
@@ -366,10 +374,10 @@ wire::reaped_message expect_reaped(helper_process& helper, const std::string& id
 TEST_CASE("the helper says hello with the layers this host supports") {
     helper_process helper;
     CHECK(helper.hello.version == wire::protocol_version);
-    const std::uint32_t expected = wire::layer_user_ns | wire::layer_pid_ns |
-                                   wire::layer_mount_ns | wire::layer_net_ns |
-                                   wire::layer_seccomp | wire::layer_cgroup_memory |
-                                   wire::layer_cgroup_pids | wire::layer_cgroup_cpu;
+    const std::uint32_t expected = wire::layer_user_ns | wire::layer_pid_ns | wire::layer_mount_ns |
+                                   wire::layer_net_ns | wire::layer_seccomp |
+                                   wire::layer_cgroup_memory | wire::layer_cgroup_pids |
+                                   wire::layer_cgroup_cpu;
     CHECK((helper.hello.host_layers & expected) == expected);
 }
 
@@ -541,6 +549,36 @@ TEST_CASE("the sandbox's cgroup limits are the requested ones") {
           std::to_string(box.host_pid()) + "\n");
 }
 
+TEST_CASE("a limit that cannot be set fails the create unless best effort") {
+    helper_process helper;
+    sandbox reference(helper, "reference");
+    const std::string memory_parent =
+        std::filesystem::path(reference.created.memory_cgroup).parent_path().string();
+    auto m = wire::make_message<wire::create_message>(wire::message_type::create);
+    m.request_id = 9;
+    wire::copy_field(m.sandbox_id, "too-many-pids");
+    m.memory_bytes = 64ull << 20;
+    m.pids_max = 0xffffffff;  // above the kernel's PID_MAX_LIMIT: pids.max refuses it
+    send_message(helper.socket(), m);
+    const record r = receive(helper.socket());
+    REQUIRE(r.type() == wire::message_type::create_failed);
+    const auto failed = r.as<wire::create_failed_message>();
+    CHECK(failed.request_id == 9);
+    CHECK(failed.error_code == static_cast<std::int32_t>(moat::errc::layer_unavailable));
+    CHECK(failed.sys_errno == EINVAL);
+    CHECK(wire::read_field(failed.detail) == "pids cgroup: write pids.max: EINVAL");
+    CHECK_FALSE(path_exists((memory_parent + "/too-many-pids").c_str()));
+
+    sandbox_options options;
+    options.pids_max = 0xffffffff;
+    options.flags = wire::create_best_effort;
+    sandbox box(helper, "best-effort", options);
+    CHECK((box.created.applied_layers & wire::layer_cgroup_pids) == 0);
+    CHECK((box.created.applied_layers & wire::layer_cgroup_memory) != 0);
+    CHECK(wire::read_field(box.created.pids_cgroup).empty());
+    CHECK(run(box, {"true"}).exited_with(0));
+}
+
 TEST_CASE("destroying an unknown sandbox reports ESRCH") {
     helper_process helper;
     auto m = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
@@ -599,6 +637,7 @@ TEST_CASE("closing the helper's control socket kills all its sandboxes") {
     helper_process helper;
     sandbox first(helper, "first");
     sandbox second(helper, "second");
+    CHECK(first.created.uid_base != second.created.uid_base);
     helper.close_socket();
     REQUIRE(helper.wait_exit(wait_ms));
     CHECK(WIFEXITED(helper.exit_status));
@@ -621,6 +660,7 @@ TEST_CASE("killing the helper process kills its sandboxes") {
     CHECK(process_dead(box.host_pid()));
     // Nobody is left to remove the cgroups (the library's janitor would): clean up after the test.
     for (const auto& dir : cgroups) {
-        for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) ::usleep(10'000);
+        for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i)
+            ::usleep(10'000);
     }
 }

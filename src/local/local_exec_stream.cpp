@@ -166,7 +166,9 @@ exec_result local_exec_stream::make_result(const wire::exited_message& exit) con
         r.signal = WTERMSIG(status);
         r.exit_code = 128 + r.signal;
     }
-    if (r.signal == SIGKILL && command_.oom_kills_before) {
+    // Any OOM kill in the sandbox while the command ran counts (a shell reports its child's kill
+    // as exit status 137, not as a signal).
+    if (command_.oom_kills_before) {
         const auto after = read_oom_kill_count(command_.memory_cgroup);
         r.oom_killed = after && *after > *command_.oom_kills_before;
     }

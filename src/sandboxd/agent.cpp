@@ -1,9 +1,5 @@
 #include "sandboxd/agent.hpp"
 
-#include <cerrno>
-#include <charconv>
-#include <csignal>
-#include <ctime>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
@@ -17,6 +13,10 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <ctime>
 #include <vector>
 
 #include "wire/fd_passing.hpp"
@@ -74,7 +74,7 @@ int command_main(void* opaque) {
         if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
     }
     ::close_range(3, ~0u, 0);
-    // pid 1 is exempt from the OOM killer; commands must not be.
+    // pid 1 is exempt from the OOM killer where the helper may set that; commands never are.
     const int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (oom < 0 || ::write(oom, "0", 1) != 1) command_fail(a);
     ::close(oom);
@@ -101,14 +101,14 @@ int command_main(void* opaque) {
 }
 
 class agent {
-public:
+  public:
     agent(std::uint64_t ttl_ms, bool survive_owner)
         : survive_owner_(survive_owner),
           ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
 
     int run();
 
-private:
+  private:
     struct command {
         std::uint64_t exec_id;
         pid_t pid;
@@ -238,8 +238,8 @@ void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds) {
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{{fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(),
-                      cap_last_cap_, 0};
+    command_args args{
+        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), cap_last_cap_, 0};
     char** const saved_environ = environ;
     const std::uint64_t start = now_us();
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);

@@ -1,14 +1,14 @@
 #include "sandboxd/cgroups.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <vector>
 
 #include "wire/protocol.hpp"
@@ -136,7 +136,8 @@ int write_limit(controller c, const std::string& dir, const cgroup_limits& limit
             if (const int err = write_file(dir, file, 100000)) return err;
             // The kernel refuses quotas below 1 ms per period.
             file = "cpu.cfs_quota_us";
-            return write_file(dir, file, std::max<std::uint64_t>(1000, limits.cpu_millicores * 100ull));
+            return write_file(dir, file,
+                              std::max<std::uint64_t>(1000, limits.cpu_millicores * 100ull));
         }
     }
     return EINVAL;
@@ -144,9 +145,12 @@ int write_limit(controller c, const std::string& dir, const cgroup_limits& limit
 
 bool is_requested(controller c, const cgroup_limits& limits) {
     switch (c) {
-        case controller::memory: return limits.memory_bytes != 0;
-        case controller::pids: return limits.pids_max != 0;
-        case controller::cpu: return limits.cpu_millicores != 0;
+        case controller::memory:
+            return limits.memory_bytes != 0;
+        case controller::pids:
+            return limits.pids_max != 0;
+        case controller::cpu:
+            return limits.cpu_millicores != 0;
     }
     return false;
 }
@@ -206,8 +210,8 @@ std::uint32_t cgroups::host_layers() const {
     return layers;
 }
 
-int cgroups::create(std::string_view sandbox_id, const cgroup_limits& limits,
-                    sandbox_cgroups& out, std::string& detail) const {
+int cgroups::create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
+                    std::string& detail) const {
     out = {};
     for (std::size_t i = 0; i < controller_count; ++i) {
         const auto c = static_cast<controller>(i);

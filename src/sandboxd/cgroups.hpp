@@ -6,11 +6,11 @@
 // itself unavailable.
 #pragma once
 
+#include <sys/types.h>
 #include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <sys/types.h>
 
 namespace moat::sandboxd {
 
@@ -18,10 +18,10 @@ enum class controller { memory, pids, cpu };
 inline constexpr std::size_t controller_count = 3;
 
 struct cgroup_limits {
-    std::uint64_t memory_bytes = 0;   // 0 = no limit
-    std::uint32_t pids_max = 0;       // 0 = no limit
-    std::uint32_t cpu_millicores = 0; // 0 = no limit
-    bool best_effort = false;         // skip a limit that cannot be set instead of failing
+    std::uint64_t memory_bytes = 0;    // 0 = no limit
+    std::uint32_t pids_max = 0;        // 0 = no limit
+    std::uint32_t cpu_millicores = 0;  // 0 = no limit
+    bool best_effort = false;          // skip a limit that cannot be set instead of failing
 };
 
 // One sandbox's cgroups; an empty path means the sandbox is not in that hierarchy.
@@ -31,7 +31,7 @@ struct sandbox_cgroups {
 };
 
 class cgroups {
-public:
+  public:
     // Finds the hierarchies and creates the parent cgroups. Never fails: a missing controller is
     // reported by available() and unavailable_reason().
     void discover();
@@ -56,7 +56,7 @@ public:
     // tasks). Returns the first errno, or 0. Paths are cleared.
     static int remove(sandbox_cgroups& group);
 
-private:
+  private:
     static std::size_t index(controller c) { return static_cast<std::size_t>(c); }
 
     std::array<std::string, controller_count> parents_;

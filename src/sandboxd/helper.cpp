@@ -2,9 +2,6 @@
 
 #include <moat/errc.hpp>
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -15,6 +12,9 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <vector>
 
 #include "sandboxd/cgroups.hpp"
@@ -30,10 +30,9 @@ namespace {
 
 constexpr int control_fd = 3;
 
-constexpr std::uint32_t namespace_layers = wire::layer_user_ns | wire::layer_pid_ns |
-                                           wire::layer_mount_ns | wire::layer_net_ns |
-                                           wire::layer_ipc_ns | wire::layer_uts_ns |
-                                           wire::layer_cgroup_ns;
+constexpr std::uint32_t namespace_layers =
+    wire::layer_user_ns | wire::layer_pid_ns | wire::layer_mount_ns | wire::layer_net_ns |
+    wire::layer_ipc_ns | wire::layer_uts_ns | wire::layer_cgroup_ns;
 
 const char* errno_name(int err) {
     const char* name = ::strerrorname_np(err);
@@ -59,8 +58,8 @@ int make_directories(const std::string& path) {
 bool valid_sandbox_id(std::string_view id) {
     if (id.empty() || id == "." || id == "..") return false;
     for (const char c : id) {
-        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                        c == '-' || c == '_' || c == '.';
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                        (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
         if (!ok) return false;
     }
     return true;
@@ -68,21 +67,25 @@ bool valid_sandbox_id(std::string_view id) {
 
 int to_wait_status(const siginfo_t& info) {
     switch (info.si_code) {
-        case CLD_EXITED: return (info.si_status & 0xff) << 8;
-        case CLD_KILLED: return info.si_status & 0x7f;
-        case CLD_DUMPED: return (info.si_status & 0x7f) | 0x80;
-        default: return 0;
+        case CLD_EXITED:
+            return (info.si_status & 0xff) << 8;
+        case CLD_KILLED:
+            return info.si_status & 0x7f;
+        case CLD_DUMPED:
+            return (info.si_status & 0x7f) | 0x80;
+        default:
+            return 0;
     }
 }
 
 class helper {
-public:
+  public:
     explicit helper(std::string state_dir) : state_dir_(std::move(state_dir)) {}
 
     void setup();
     void run();
 
-private:
+  private:
     struct sandbox {
         std::string id;
         int pidfd = -1;
@@ -172,9 +175,9 @@ void helper::setup() {
         const char* path;
         std::uint32_t bit;
     } namespaces[] = {
-        {"/proc/self/ns/user", wire::layer_user_ns}, {"/proc/self/ns/pid", wire::layer_pid_ns},
-        {"/proc/self/ns/mnt", wire::layer_mount_ns}, {"/proc/self/ns/net", wire::layer_net_ns},
-        {"/proc/self/ns/ipc", wire::layer_ipc_ns},   {"/proc/self/ns/uts", wire::layer_uts_ns},
+        {"/proc/self/ns/user", wire::layer_user_ns},     {"/proc/self/ns/pid", wire::layer_pid_ns},
+        {"/proc/self/ns/mnt", wire::layer_mount_ns},     {"/proc/self/ns/net", wire::layer_net_ns},
+        {"/proc/self/ns/ipc", wire::layer_ipc_ns},       {"/proc/self/ns/uts", wire::layer_uts_ns},
         {"/proc/self/ns/cgroup", wire::layer_cgroup_ns},
     };
     for (const auto& ns : namespaces) {
@@ -340,11 +343,12 @@ bool helper::try_reap(std::size_t i, bool block) {
         rc = ::waitid(P_PIDFD, static_cast<id_t>(s.pidfd), &info, options);
     } while (rc != 0 && errno == EINTR);
     if (rc == 0 && info.si_pid == 0) return false;  // not exited yet
+    const int wait_errno = rc == 0 ? 0 : errno;
     auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
     wire::copy_field(reaped.sandbox_id, s.id);
     reaped.wait_status = rc == 0 ? to_wait_status(info) : 0;
     reaped.cleanup_errno = cgroups::remove(s.cgroups);
-    if (rc != 0 && reaped.cleanup_errno == 0) reaped.cleanup_errno = errno;
+    if (reaped.cleanup_errno == 0) reaped.cleanup_errno = wait_errno;
     send(reaped);
     ::close(s.pidfd);
     sandboxes_.erase(sandboxes_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -4,16 +4,16 @@
 //   moat-sandboxd agent --ttl-ms N [--survive-owner]
 //
 // Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <charconv>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 
 #include "sandboxd/agent.hpp"
 #include "sandboxd/helper.hpp"

@@ -1,7 +1,5 @@
 #include "sandboxd/seccomp_filter.hpp"
 
-#include <cerrno>
-#include <cstddef>
 #include <linux/audit.h>
 #include <linux/seccomp.h>
 #include <sched.h>
@@ -10,26 +8,68 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstddef>
 
 namespace moat::sandboxd {
 namespace {
 
 constexpr const char* denied[] = {
-    "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
-    "fspick", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "keyctl",
-    "add_key", "request_key", "bpf", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "userfaultfd", "perf_event_open", "unshare", "setns", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct",
-    "quotactl", "quotactl_fd", "open_by_handle_at", "name_to_handle_at", "syslog", "iopl",
-    "ioperm", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "pidfd_getfd",
-    "lookup_dcookie", "vhangup", "kcmp",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "userfaultfd",
+    "perf_event_open",
+    "unshare",
+    "setns",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "syslog",
+    "iopl",
+    "ioperm",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "pidfd_getfd",
+    "lookup_dcookie",
+    "vhangup",
+    "kcmp",
 };
 
 // clone's flags word also carries the exit signal in its low byte, so CLONE_NEWTIME (0x80) cannot
 // be filtered there; it is only reachable through clone3 and unshare, both denied.
 constexpr unsigned long clone_namespace_flags[] = {
-    CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
-    CLONE_NEWNET,
+    CLONE_NEWNS,   CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
+    CLONE_NEWUSER, CLONE_NEWPID,    CLONE_NEWNET,
 };
 
 #if defined(__x86_64__)
@@ -74,14 +114,15 @@ int add_rules(scmp_filter_ctx ctx, std::string& detail) {
         }
     }
     for (const unsigned long flag : clone_namespace_flags) {
-        const int rc =
-            ::seccomp_rule_add(ctx, eperm, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
+        const int rc = ::seccomp_rule_add(ctx, eperm, SCMP_SYS(clone), 1,
+                                          SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
         if (rc < 0) {
             detail = "seccomp: rule for clone";
             return -rc;
         }
     }
-    if (const int rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0); rc < 0) {
+    if (const int rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+        rc < 0) {
         detail = "seccomp: rule for clone3";
         return -rc;
     }

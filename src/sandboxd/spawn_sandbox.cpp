@@ -1,9 +1,5 @@
 #include "sandboxd/spawn_sandbox.hpp"
 
-#include <cerrno>
-#include <charconv>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
@@ -17,8 +13,12 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <type_traits>
 #include <unistd.h>
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <cstring>
+#include <type_traits>
 
 #include "wire/protocol.hpp"
 
@@ -195,10 +195,14 @@ void bring_up_loopback(child_args& a) {
 // them all above the targets.
 void arrange_fds(child_args& a) {
     constexpr int first_free = 7;
-    const long control = checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
-    const long lock = checked(a, step::arrange_fds, SYS_fcntl, a.slot_lock, F_DUPFD_CLOEXEC, first_free);
-    const long exe = checked(a, step::arrange_fds, SYS_fcntl, a.agent_exe, F_DUPFD_CLOEXEC, first_free);
-    const long exec_pipe = checked(a, step::arrange_fds, SYS_fcntl, a.exec_pipe_write, F_DUPFD_CLOEXEC, first_free);
+    const long control =
+        checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
+    const long lock =
+        checked(a, step::arrange_fds, SYS_fcntl, a.slot_lock, F_DUPFD_CLOEXEC, first_free);
+    const long exe =
+        checked(a, step::arrange_fds, SYS_fcntl, a.agent_exe, F_DUPFD_CLOEXEC, first_free);
+    const long exec_pipe =
+        checked(a, step::arrange_fds, SYS_fcntl, a.exec_pipe_write, F_DUPFD_CLOEXEC, first_free);
     checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
     checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
     checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
@@ -289,9 +293,8 @@ int write_proc_file(pid_t pid, const char* file, const char* text) {
 }
 
 // Parent-side setup while the child waits for the release byte.
-int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy,
-                  sandbox_cgroups& group, bool best_effort, moat::errc& code,
-                  std::string& detail) {
+int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy, sandbox_cgroups& group,
+                  bool best_effort, moat::errc& code, std::string& detail) {
     char map[64];
     std::snprintf(map, sizeof map, "0 %u %u\n", slot.uid_base, wire::uid_range_size);
     for (const char* file : {"uid_map", "gid_map"}) {
@@ -376,8 +379,8 @@ int sandbox_spawner::init(std::string template_path, std::vector<sock_filter> fi
 }
 
 bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
-                            const cgroups& hierarchy, sandbox_cgroups& group,
-                            spawned_sandbox& out, spawn_failure& failure) {
+                            const cgroups& hierarchy, sandbox_cgroups& group, spawned_sandbox& out,
+                            spawn_failure& failure) {
     auto fail = [&failure](moat::errc code, int err, std::string detail) {
         failure.code = code;
         failure.sys_errno = err;
@@ -386,7 +389,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     };
     int sockets[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) != 0) {
-        return fail(moat::errc::backend_failure, errno, std::string("socketpair: ") + errno_name(errno));
+        return fail(moat::errc::backend_failure, errno,
+                    std::string("socketpair: ") + errno_name(errno));
     }
     int release[2];
     int exec_pipe[2];
@@ -474,7 +478,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     if (err != 0) {
         // The child is dead or dying: reap it before the stack can be reused.
         siginfo_t info{};
-        while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+        while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) !=
+                   0 &&
                errno == EINTR) {
         }
         ::close(pidfd);

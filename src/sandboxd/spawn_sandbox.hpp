@@ -5,10 +5,11 @@
 //
 // The child shares the helper's memory and TLS (errno included), so it makes raw system calls
 // only and reads nothing but what the parent prepared before clone. It enters a cgroup namespace
-// rooted at its own (already attached) cgroups, becomes root of its user namespace, bind-mounts the template root, mounts /proc, /tmp, /dev/shm and /workspace, pivots
-// into it, sets the hostname, brings up loopback, sets PR_SET_PDEATHSIG (unless the sandbox
-// survives its owner), arranges its descriptors and, with no_new_privs and the seccomp filter in
-// force, execs the agent from the helper's own executable:
+// rooted at its own (already attached) cgroups, becomes root of its user namespace, bind-mounts the
+// template root, mounts /proc, /tmp, /dev/shm and /workspace, pivots into it, sets the hostname,
+// brings up loopback, sets PR_SET_PDEATHSIG (unless the sandbox survives its owner), arranges its
+// descriptors and, with no_new_privs and the seccomp filter in force, execs the agent from the
+// helper's own executable:
 //
 //   fd 0, 1, 2  /dev/null
 //   fd 3        the agent end of the control socket
@@ -17,12 +18,12 @@
 // A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
 #pragma once
 
-#include <cstdint>
 #include <linux/filter.h>
+#include <sys/types.h>
+#include <cstdint>
 #include <moat/errc.hpp>
 #include <string>
 #include <string_view>
-#include <sys/types.h>
 #include <vector>
 
 #include "sandboxd/cgroups.hpp"
@@ -53,7 +54,7 @@ struct spawn_failure {
 };
 
 class sandbox_spawner {
-public:
+  public:
     sandbox_spawner() = default;
     sandbox_spawner(const sandbox_spawner&) = delete;
     sandbox_spawner& operator=(const sandbox_spawner&) = delete;
@@ -69,7 +70,7 @@ public:
     bool spawn(const spawn_request& request, const uid_slot& slot, const cgroups& hierarchy,
                sandbox_cgroups& group, spawned_sandbox& out, spawn_failure& failure);
 
-private:
+  private:
     std::string template_path_;
     std::vector<sock_filter> filter_;
     int agent_exe_fd_ = -1;

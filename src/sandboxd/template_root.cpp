@@ -1,13 +1,13 @@
 #include "sandboxd/template_root.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
-#include <string_view>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
 
 namespace moat::sandboxd {
 namespace {
@@ -35,7 +35,7 @@ constexpr std::string_view nsswitch_text =
 constexpr unsigned long read_only_bind = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV;
 
 class builder {
-public:
+  public:
     builder(const std::string& root, std::string& detail) : root_(root), detail_(detail) {}
 
     int fail(std::string_view step, const std::string& path) {
@@ -98,7 +98,7 @@ public:
         return 0;
     }
 
-private:
+  private:
     const std::string& root_;
     std::string& detail_;
 };
@@ -110,15 +110,15 @@ int build_etc(builder& b) {
         std::string_view text;
     };
     const text_file files[] = {
-        {"etc/passwd", passwd_text},     {"etc/group", group_text},
-        {"etc/hosts", hosts_text},       {"etc/hostname", "sandbox\n"},
-        {"etc/resolv.conf", ""},         {"etc/nsswitch.conf", nsswitch_text},
+        {"etc/passwd", passwd_text}, {"etc/group", group_text},
+        {"etc/hosts", hosts_text},   {"etc/hostname", "sandbox\n"},
+        {"etc/resolv.conf", ""},     {"etc/nsswitch.conf", nsswitch_text},
     };
     for (const auto& f : files) {
         if (const int err = b.write_text(f.name, f.text)) return err;
     }
-    for (const char* host :
-         {"/etc/ld.so.cache", "/etc/localtime", "/etc/os-release", "/etc/alternatives", "/etc/ssl"}) {
+    for (const char* host : {"/etc/ld.so.cache", "/etc/localtime", "/etc/os-release",
+                             "/etc/alternatives", "/etc/ssl"}) {
         if (const int err = b.mirror(host)) return err;
     }
     DIR* etc = ::opendir("/etc");
@@ -141,8 +141,8 @@ int build_dev(builder& b) {
     if (::mount("tmpfs", dev.c_str(), "tmpfs", flags, "mode=0755,size=64k") != 0) {
         return b.fail("mount tmpfs", dev);
     }
-    for (const char* node : {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
-                             "/dev/tty"}) {
+    for (const char* node :
+         {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}) {
         // Device nodes stay writable through a read-only mount; their own mounts must not be nodev.
         if (const int err = b.mirror(node, MS_NOEXEC)) return err;
     }

@@ -1,12 +1,12 @@
 #include "sandboxd/uid_slots.hpp"
 
-#include <cerrno>
-#include <charconv>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <charconv>
 
 #include "wire/protocol.hpp"
 

@@ -19,7 +19,7 @@ struct uid_slot {
 };
 
 class uid_slots {
-public:
+  public:
     uid_slots() = default;
     uid_slots(const uid_slots&) = delete;
     uid_slots& operator=(const uid_slots&) = delete;
@@ -32,7 +32,7 @@ public:
     // or the errno of the failing call.
     int claim(uid_slot& out);
 
-private:
+  private:
     int dir_fd_ = -1;
 };
 
