@@ -4,10 +4,10 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
+#include <sys/wait.h>
 #include <array>
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -23,7 +23,8 @@ cli_outcome moat_cli(const std::string& args) {
     cli_outcome o;
     std::array<char, 4096> buffer{};
     std::size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) o.output.append(buffer.data(), n);
+    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+        o.output.append(buffer.data(), n);
     const int status = ::pclose(pipe);
     o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     return o;
@@ -59,14 +60,15 @@ TEST_CASE("moat run --json prints one JSON object with the result") {
 }
 
 TEST_CASE("moat run rejects bad input with one line and an exit code below 124") {
-    for (const char* args : {"run --timeout -1 -- true", "run --timeout abc -- true",
-                             "run --bogus -- true", "run", "run --memory 1 -- true",
-                             "run --pids 0 -- true", "run --env NOEQUALS -- true",
-                             "run --workdir relative -- true", "frobnicate"}) {
+    for (const char* args :
+         {"run --timeout -1 -- true", "run --timeout abc -- true", "run --bogus -- true", "run",
+          "run --memory 1 -- true", "run --pids 0 -- true", "run --env NOEQUALS -- true",
+          "run --workdir relative -- true", "frobnicate"}) {
         const auto o = moat_cli(args);
         CHECK_MESSAGE(o.exit_code == 2, args);
         CHECK_MESSAGE(o.exit_code < 124, args);
-        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1, args << ": " << o.output);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1,
+                      args << ": " << o.output);
         CHECK_MESSAGE(o.output.rfind("moat", 0) == 0, args);
     }
 }

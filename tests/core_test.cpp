@@ -74,7 +74,8 @@ TEST_CASE("json writer escapes control characters and replaces invalid UTF-8") {
     moat::json_writer w;
     w.begin_object().key("s").value(std::string_view("a\"b\\c\n\x01\xff\xc3\xa9", 10));
     w.key("n").value(-3).key("list").begin_array().value(true).null().end_array().end_object();
-    CHECK(w.str() == "{\"s\":\"a\\\"b\\\\c\\n\\u0001\xEF\xBF\xBD\xC3\xA9\",\"n\":-3,\"list\":[true,null]}");
+    CHECK(w.str() ==
+          "{\"s\":\"a\\\"b\\\\c\\n\\u0001\xEF\xBF\xBD\xC3\xA9\",\"n\":-3,\"list\":[true,null]}");
 }
 
 namespace {
@@ -133,5 +134,6 @@ TEST_CASE("a deadline never expires unless set") {
     CHECK(moat::deadline::never().is_never());
     CHECK_FALSE(moat::deadline::never().has_expired());
     CHECK(moat::deadline::after(-1s).has_expired());
-    CHECK(moat::earliest(moat::deadline::after(1s), moat::deadline::never()) != moat::deadline::never());
+    CHECK(moat::earliest(moat::deadline::after(1s), moat::deadline::never()) !=
+          moat::deadline::never());
 }

@@ -57,7 +57,8 @@ asio::awaitable<stream_summary> drain(moat::backend& b, std::string id, moat::ex
 
 // Reads the stream until stdout contains `marker`, then keeps the stream for the caller.
 asio::awaitable<moat::result<moat::exec_stream>> start_until(moat::backend& b, std::string id,
-                                                             std::string shell, std::string marker) {
+                                                             std::string shell,
+                                                             std::string marker) {
     moat::exec_request request;
     request.shell = std::move(shell);
     auto stream = co_await b.async_exec_stream(std::move(id), std::move(request));
@@ -67,7 +68,8 @@ asio::awaitable<moat::result<moat::exec_stream>> start_until(moat::backend& b, s
         auto next = co_await stream->async_next();
         if (!next) co_return std::move(next).error();
         auto* chunk = std::get_if<moat::output_chunk>(&*next);
-        if (chunk == nullptr) co_return moat::make_error(moat::errc::backend_failure, "ended early");
+        if (chunk == nullptr)
+            co_return moat::make_error(moat::errc::backend_failure, "ended early");
         seen += chunk->data;
     }
     co_return std::move(*stream);
@@ -173,8 +175,8 @@ TEST_CASE_FIXTURE(local_fixture, "background children die with their command") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
     const pid_t init = *box.host_pid;
-    auto stream = run(start_until(*local, box.id,
-                                  "sleep 1000 & setsid sleep 1001 & echo ready; sleep 0.3", "ready"));
+    auto stream = run(start_until(
+        *local, box.id, "sleep 1000 & setsid sleep 1001 & echo ready; sleep 0.3", "ready"));
     REQUIRE(stream);
     pid_t child = -1, escaped = -1;
     CHECK(moat::test::eventually([&] {
@@ -192,7 +194,8 @@ TEST_CASE_FIXTURE(local_fixture, "background children die with their command") {
     destroy(box.id);
 }
 
-TEST_CASE_FIXTURE(local_fixture, "output beyond the cap keeps head and tail with the omitted count") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "output beyond the cap keeps head and tail with the omitted count") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
     // 5 MiB of numbered lines: far over the 1 MiB kept per stream.
@@ -208,7 +211,8 @@ TEST_CASE_FIXTURE(local_fixture, "output beyond the cap keeps head and tail with
     destroy(box.id);
 }
 
-TEST_CASE_FIXTURE(local_fixture, "300 MB of output reaches a streaming consumer whole while host RSS stays flat") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "300 MB of output reaches a streaming consumer whole while host RSS stays flat") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
     constexpr std::uint64_t total = 300ull * 1000 * 1000;
@@ -249,7 +253,8 @@ TEST_CASE_FIXTURE(local_fixture, "a fork bomb hits the pids limit and the sandbo
     destroy(box.id);
 }
 
-TEST_CASE_FIXTURE(local_fixture, "a 2 GiB allocation is OOM-killed under 128 MB and succeeds under 4096 MB") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "a 2 GiB allocation is OOM-killed under 128 MB and succeeds under 4096 MB") {
     MOAT_REQUIRE_NAMESPACES();
     const std::string allocate =
         "python3 -c \"b = bytearray(2 * 1024**3)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
@@ -289,7 +294,8 @@ TEST_CASE_FIXTURE(local_fixture, "filling /workspace gives ENOSPC inside") {
     moat::sandbox_spec spec;
     spec.limits.workspace_bytes = 16ull << 20;
     const auto box = create(spec);
-    const auto r = sh(box.id, "dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1; df -k /workspace");
+    const auto r =
+        sh(box.id, "dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1; df -k /workspace");
     CHECK(r.exit_code == 0);
     CHECK(r.out.text().find("No space left on device") != std::string::npos);
     CHECK(sh(box.id, "echo ok").out.text() == "ok\n");

@@ -43,17 +43,20 @@ TEST_CASE_FIXTURE(local_fixture, "a listener on host loopback is unreachable fro
     const int port = ntohs(addr.sin_port);
 
     const auto box = create();
-    const auto r = sh(box.id, "python3 -c \"import socket; s=socket.socket(); s.settimeout(2); "
-                              "s.connect(('127.0.0.1', " + std::to_string(port) +
-                                  ")); print('CONNECTED')\" 2>&1; ip -o link 2>/dev/null; "
-                                  "cat /proc/net/dev");
+    const auto r = sh(box.id,
+                      "python3 -c \"import socket; s=socket.socket(); s.settimeout(2); "
+                      "s.connect(('127.0.0.1', " +
+                          std::to_string(port) +
+                          ")); print('CONNECTED')\" 2>&1; ip -o link 2>/dev/null; "
+                          "cat /proc/net/dev");
     CHECK(r.out.text().find("CONNECTED") == std::string::npos);
     CHECK(r.out.text().find("ConnectionRefusedError") != std::string::npos);
     // Only loopback exists, and it is up (a loopback connection inside works).
     CHECK(r.out.text().find("eth0") == std::string::npos);
-    const auto local_net = sh(box.id, "python3 -c \"import socket; s=socket.socket(); "
-                                      "s.bind(('127.0.0.1', 0)); s.listen(); c=socket.socket(); "
-                                      "c.connect(s.getsockname()); print('LOOPBACK OK')\"");
+    const auto local_net = sh(box.id,
+                              "python3 -c \"import socket; s=socket.socket(); "
+                              "s.bind(('127.0.0.1', 0)); s.listen(); c=socket.socket(); "
+                              "c.connect(s.getsockname()); print('LOOPBACK OK')\"");
     CHECK(local_net.out.text() == "LOOPBACK OK\n");
     ::close(listener);
     destroy(box.id);
@@ -89,8 +92,7 @@ TEST_CASE_FIXTURE(local_fixture, "the root is read-only and /workspace is writab
     CHECK(sh(box.id, "test -e /sys/kernel && echo SYS || echo NOSYS").out.text() == "NOSYS\n");
     CHECK(sh(box.id, "hostname").out.text() == "sandbox\n");
     // No capabilities and no way back to root.
-    CHECK(sh(box.id, "grep CapEff /proc/self/status").out.text() ==
-          "CapEff:\t0000000000000000\n");
+    CHECK(sh(box.id, "grep CapEff /proc/self/status").out.text() == "CapEff:\t0000000000000000\n");
     CHECK(sh(box.id, "grep NoNewPrivs /proc/self/status").out.text() == "NoNewPrivs:\t1\n");
     destroy(box.id);
 }
@@ -120,7 +122,8 @@ TEST_CASE_FIXTURE(local_fixture, "a host descriptor opened without CLOEXEC is ab
     REQUIRE(leaked >= 0);
     const auto box = create();
     // The shell's own fds are 0, 1, 2 and the one ls opens to read the directory.
-    const auto r = sh(box.id, "ls /proc/self/fd | tr '\\n' ' '; echo; ls -l /proc/1/fd 2>&1 | wc -l");
+    const auto r =
+        sh(box.id, "ls /proc/self/fd | tr '\\n' ' '; echo; ls -l /proc/1/fd 2>&1 | wc -l");
     CHECK(r.out.text().substr(0, r.out.text().find('\n')) == "0 1 2 3 ");
     // pid 1's descriptors are not readable by commands.
     const auto agent_fds = sh(box.id, "ls /proc/1/fd 2>&1");

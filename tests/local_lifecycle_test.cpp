@@ -3,11 +3,11 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
-#include <csignal>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 using moat::test::local_fixture;
 using namespace std::chrono_literals;
@@ -83,10 +83,12 @@ TEST_CASE("kill -9 of the creating process leaves no sandbox process") {
     pid_t creator = -1;
     REQUIRE(::posix_spawn(&creator, cli.c_str(), nullptr, nullptr, argv, environ) == 0);
     pid_t sleeper = -1;
-    CHECK(moat::test::eventually([&] {
-        sleeper = moat::test::find_descendant(creator, "sleep 1000");
-        return sleeper > 0;
-    }, 20s));
+    CHECK(moat::test::eventually(
+        [&] {
+            sleeper = moat::test::find_descendant(creator, "sleep 1000");
+            return sleeper > 0;
+        },
+        20s));
     const auto family = moat::test::descendants(creator);
     REQUIRE(family.size() >= 3);  // helper, the sandbox's pid 1, sleep
     for (const pid_t p : family) CHECK(moat::test::is_running(p));

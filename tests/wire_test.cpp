@@ -66,5 +66,6 @@ TEST_CASE("fixed messages are accepted only with their exact type and size") {
     CHECK_FALSE(wire::read_fixed(bytes.first(bytes.size() - 1), wire::message_type::exited, out));
     auto lying = exited;
     lying.h.size = 1000;
-    CHECK_FALSE(wire::read_fixed(std::as_bytes(std::span(&lying, 1)), wire::message_type::exited, out));
+    CHECK_FALSE(
+        wire::read_fixed(std::as_bytes(std::span(&lying, 1)), wire::message_type::exited, out));
 }

@@ -29,7 +29,7 @@ namespace moat {
 using label_filter = std::map<std::string, std::string>;
 
 class backend {
-public:
+  public:
     virtual ~backend() = default;
 
     virtual asio::any_io_executor get_executor() const = 0;
@@ -50,8 +50,8 @@ public:
     virtual asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) = 0;
 
     // Moves the TTL to `ttl` from now.
-    virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
-                                                                   std::chrono::milliseconds ttl) = 0;
+    virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(
+        std::string id, std::chrono::milliseconds ttl) = 0;
 
     // Kills every process of the sandbox and returns only once it is confirmed gone (pid 1 reaped,
     // cgroups and mounts released). Destroying an already-destroyed sandbox succeeds.

@@ -13,7 +13,7 @@
 namespace moat {
 
 class deadline {
-public:
+  public:
     using clock = std::chrono::steady_clock;
 
     // No deadline.
@@ -35,7 +35,7 @@ public:
 
     friend constexpr bool operator==(deadline a, deadline b) noexcept = default;
 
-private:
+  private:
     constexpr explicit deadline(clock::time_point t) noexcept : at_(t) {}
     clock::time_point at_ = clock::time_point::max();
 };

@@ -51,13 +51,13 @@ enum class errc : int {
 
 // Kinds of failure, for branching. A code belongs to at most one condition.
 enum class condition : int {
-    cancelled = 1,       // errc::cancelled
-    timeout = 2,         // errc::deadline_exceeded
-    retryable = 3,       // backend_failure, limit_exceeded: the same request may succeed later
-    caller_error = 4,    // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
-                         // permission_denied, not_supported, sandbox_not_found
-    backend_failure = 5, // backend_failure, protocol_error, layer_unavailable
-    unavailable = 6,     // sandbox_unavailable, shutting_down
+    cancelled = 1,     // errc::cancelled
+    timeout = 2,       // errc::deadline_exceeded
+    retryable = 3,     // backend_failure, limit_exceeded: the same request may succeed later
+    caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
+                       // permission_denied, not_supported, sandbox_not_found
+    backend_failure = 5,  // backend_failure, protocol_error, layer_unavailable
+    unavailable = 6,      // sandbox_unavailable, shutting_down
 };
 
 const std::error_category& error_category() noexcept;

@@ -78,7 +78,7 @@ struct output_chunk {
 // caller asks: a caller that stops pulling stops the pump, and the pipe pushes back on the program.
 // Destroying the stream before the end kills the program.
 class exec_stream {
-public:
+  public:
     struct impl {
         virtual ~impl() = default;
         virtual asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() = 0;
@@ -97,14 +97,14 @@ public:
 
     explicit operator bool() const noexcept { return impl_ != nullptr; }
 
-private:
+  private:
     std::unique_ptr<impl> impl_;
 };
 
 // A background process started by backend::async_spawn: it does not hold the sandbox's operation
 // queue. Output is pulled like an exec_stream; stdin stays open until closed.
 class process {
-public:
+  public:
     struct impl {
         virtual ~impl() = default;
         virtual std::uint64_t id() const = 0;
@@ -127,7 +127,7 @@ public:
     asio::awaitable<result<void>> async_close_stdin() { return impl_->async_close_stdin(); }
     asio::awaitable<result<void>> async_signal(int signal) { return impl_->async_signal(signal); }
 
-private:
+  private:
     std::unique_ptr<impl> impl_;
 };
 

@@ -11,7 +11,7 @@ namespace moat {
 
 struct file_limits {
     std::uint64_t max_file_bytes = 10 * 1024 * 1024;    // per file
-    std::size_t max_files = 100;                         // per batch
+    std::size_t max_files = 100;                        // per batch
     std::uint64_t max_batch_bytes = 100 * 1024 * 1024;  // per batch
 };
 

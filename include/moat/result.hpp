@@ -36,15 +36,14 @@ inline error make_error(errc code, std::string detail) {
 
 template <class T>
 class [[nodiscard]] result {
-    static_assert(!std::is_same_v<std::remove_cv_t<T>, ::moat::error>, "result<error> is ambiguous");
+    static_assert(!std::is_same_v<std::remove_cv_t<T>, ::moat::error>,
+                  "result<error> is ambiguous");
 
-public:
+  public:
     using value_type = T;
 
-    result()
-        requires std::is_default_constructible_v<T>
-        : storage_(std::in_place_index<0>) {}
-    result(T value) : storage_(std::in_place_index<0>, std::move(value)) {}  // NOLINT implicit
+    result() requires std::is_default_constructible_v<T> : storage_(std::in_place_index<0>) {}
+    result(T value) : storage_(std::in_place_index<0>, std::move(value)) {}      // NOLINT implicit
     result(::moat::error e) : storage_(std::in_place_index<1>, std::move(e)) {}  // NOLINT implicit
 
     bool has_value() const noexcept { return storage_.index() == 0; }
@@ -68,7 +67,7 @@ public:
     T* operator->() { return &value(); }
     const T* operator->() const { return &value(); }
 
-private:
+  private:
     T& checked_value() {
         assert(has_value());
         return std::get<0>(storage_);
@@ -79,7 +78,7 @@ private:
 
 template <>
 class [[nodiscard]] result<void> {
-public:
+  public:
     using value_type = void;
 
     result() = default;
@@ -93,7 +92,7 @@ public:
         return error_;
     }
 
-private:
+  private:
     ::moat::error error_;
     bool failed_ = false;
 };

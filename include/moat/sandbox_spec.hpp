@@ -13,9 +13,9 @@ namespace moat {
 // Resource limits of one sandbox. Defaults are DESIGN.md's. A limit the backend cannot enforce
 // fails the create with errc::layer_unavailable naming it, unless sandbox_spec::best_effort.
 struct resource_limits {
-    std::uint64_t memory_bytes = std::uint64_t{1} << 30;     // cgroup memory, tmpfs included
-    std::uint32_t pids = 256;                                // cgroup pids (processes + threads)
-    std::uint32_t cpu_millicores = 1000;                     // cgroup cpu quota; 1000 = one core
+    std::uint64_t memory_bytes = std::uint64_t{1} << 30;       // cgroup memory, tmpfs included
+    std::uint32_t pids = 256;                                  // cgroup pids (processes + threads)
+    std::uint32_t cpu_millicores = 1000;                       // cgroup cpu quota; 1000 = one core
     std::uint64_t workspace_bytes = std::uint64_t{512} << 20;  // /workspace tmpfs size
     std::uint64_t tmp_bytes = std::uint64_t{64} << 20;         // /tmp and /dev/shm tmpfs size
 };
@@ -40,8 +40,8 @@ struct sandbox_spec {
 };
 
 enum class sandbox_state {
-    running,    // pid 1 is alive and answering
-    exited,     // pid 1 is gone (destroyed, TTL, crashed)
+    running,  // pid 1 is alive and answering
+    exited,   // pid 1 is gone (destroyed, TTL, crashed)
 };
 
 struct sandbox_info {

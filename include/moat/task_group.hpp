@@ -19,7 +19,7 @@
 namespace moat {
 
 class task_group {
-public:
+  public:
     task_group(asio::any_io_executor executor, std::string name);
     task_group(const task_group&) = delete;
     task_group& operator=(const task_group&) = delete;
@@ -41,7 +41,7 @@ public:
 
     struct state;  // implementation detail
 
-private:
+  private:
     std::shared_ptr<state> state_;
 };
 

@@ -36,8 +36,8 @@ asio::awaitable<result<T>> with_timeout(asio::awaitable<result<T>> operation, de
     auto op = asio::co_spawn(executor, std::move(operation), asio::experimental::deferred);
     auto wait = timer.async_wait(asio::experimental::deferred);
     auto group = asio::experimental::make_parallel_group(std::move(op), std::move(wait));
-    auto outcome = co_await group.async_wait(asio::experimental::wait_for_one(),
-                                             asio::use_awaitable);
+    auto outcome =
+        co_await group.async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
     auto& [order, failure, value, timer_error] = outcome;
     if (order[0] == 0 && !failure) co_return std::move(value);
     const bool timer_fired = order[0] == 1 && !timer_error;

@@ -19,7 +19,8 @@ std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text) {
     std::uint64_t millis = *whole * 1000;
     if (dot != std::string_view::npos) {
         const auto fraction = text.substr(dot + 1);
-        if (fraction.empty() || fraction.size() > 3 || !parse_unsigned(fraction)) return std::nullopt;
+        if (fraction.empty() || fraction.size() > 3 || !parse_unsigned(fraction))
+            return std::nullopt;
         std::uint64_t f = *parse_unsigned(fraction);
         for (std::size_t i = fraction.size(); i < 3; ++i) f *= 10;
         millis += f;

@@ -13,8 +13,10 @@ constexpr const char* usage_text =
     "usage: moat <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run [--timeout S] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] [--json] -- CMD...\n"
-    "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's code\n"
+    "  run [--timeout S] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] [--json] -- "
+    "CMD...\n"
+    "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's "
+    "code\n"
     "      (124 when --timeout ended it)\n"
     "\n"
     "exit codes: 2 bad usage, 3 moat failed; otherwise the command's own code\n";

@@ -12,10 +12,10 @@
 #include <asio/signal_set.hpp>
 #include <asio/this_coro.hpp>
 
+#include <unistd.h>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <unistd.h>
 
 namespace moat::cli {
 namespace {
@@ -40,19 +40,22 @@ run_options parse_run_options(int argc, char** argv) {
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
             const auto t = parse_seconds(*seconds);
             if (!t || *t > exec_request::max_wall_limit) {
-                throw usage_error("--timeout: expected seconds between 0.001 and 600, got '" + *seconds + "'");
+                throw usage_error("--timeout: expected seconds between 0.001 and 600, got '" +
+                                  *seconds + "'");
             }
             o.request.wall_limit = *t;
         } else if (auto megabytes = flag_value("--memory", argc, argv, i)) {
             auto mb = parse_unsigned(*megabytes);
             if (!mb || *mb < 16 || *mb > (std::uint64_t{1} << 30)) {
-                throw usage_error("--memory: expected megabytes, at least 16, got '" + *megabytes + "'");
+                throw usage_error("--memory: expected megabytes, at least 16, got '" + *megabytes +
+                                  "'");
             }
             o.spec.limits.memory_bytes = *mb << 20;
         } else if (auto count = flag_value("--pids", argc, argv, i)) {
             auto n = parse_unsigned(*count);
             if (!n || *n < 1 || *n > 1'000'000) {
-                throw usage_error("--pids: expected a count between 1 and 1000000, got '" + *count + "'");
+                throw usage_error("--pids: expected a count between 1 and 1000000, got '" + *count +
+                                  "'");
             }
             o.spec.limits.pids = static_cast<std::uint32_t>(*n);
         } else if (auto pair = flag_value("--env", argc, argv, i)) {

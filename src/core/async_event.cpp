@@ -1,8 +1,8 @@
 #include "core/async_event.hpp"
 
-#include "core/asio_compat.hpp"
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include "core/asio_compat.hpp"
 
 #include <algorithm>
 

@@ -13,7 +13,7 @@
 namespace moat {
 
 class async_event {
-public:
+  public:
     enum class wait_outcome { set, deadline_passed, cancelled };
 
     explicit async_event(asio::any_io_executor executor) : executor_(std::move(executor)) {}
@@ -28,7 +28,7 @@ public:
     // the coroutine's cancellation state set (reset it before awaiting anything else).
     asio::awaitable<wait_outcome> async_wait(deadline limit);
 
-private:
+  private:
     asio::any_io_executor executor_;
     std::vector<asio::steady_timer*> waiters_;
     bool is_set_ = false;

@@ -14,8 +14,10 @@ error not_supported(const std::string& backend_name, const char* operation) {
 
 const char* to_string(sandbox_state state) noexcept {
     switch (state) {
-        case sandbox_state::running: return "running";
-        case sandbox_state::exited: return "exited";
+        case sandbox_state::running:
+            return "running";
+        case sandbox_state::exited:
+            return "exited";
     }
     return "unknown";
 }
@@ -66,8 +68,7 @@ asio::awaitable<result<file_stat>> backend::async_stat(std::string, std::string)
     co_return not_supported(name(), "stat");
 }
 
-asio::awaitable<result<std::vector<dir_entry>>> backend::async_list_dir(std::string,
-                                                                        std::string) {
+asio::awaitable<result<std::vector<dir_entry>>> backend::async_list_dir(std::string, std::string) {
     co_return not_supported(name(), "list_dir");
 }
 

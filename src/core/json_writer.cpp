@@ -13,10 +13,14 @@ std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
     std::uint32_t min = 0;
     std::uint32_t cp = 0;
     if (c < 0x80) return 1;
-    if ((c & 0xE0) == 0xC0) n = 2, min = 0x80, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) n = 3, min = 0x800, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) n = 4, min = 0x10000, cp = c & 0x07;
-    else return 0;
+    if ((c & 0xE0) == 0xC0)
+        n = 2, min = 0x80, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+        n = 3, min = 0x800, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+        n = 4, min = 0x10000, cp = c & 0x07;
+    else
+        return 0;
     if (i + n > s.size()) return 0;
     for (std::size_t k = 1; k < n; ++k) {
         const auto d = static_cast<unsigned char>(s[i + k]);
@@ -34,12 +38,28 @@ void append_json_string(std::string& out, std::string_view s) {
     for (std::size_t i = 0; i < s.size();) {
         const auto c = static_cast<unsigned char>(s[i]);
         switch (c) {
-            case '"': out += "\\\""; ++i; continue;
-            case '\\': out += "\\\\"; ++i; continue;
-            case '\n': out += "\\n"; ++i; continue;
-            case '\r': out += "\\r"; ++i; continue;
-            case '\t': out += "\\t"; ++i; continue;
-            default: break;
+            case '"':
+                out += "\\\"";
+                ++i;
+                continue;
+            case '\\':
+                out += "\\\\";
+                ++i;
+                continue;
+            case '\n':
+                out += "\\n";
+                ++i;
+                continue;
+            case '\r':
+                out += "\\r";
+                ++i;
+                continue;
+            case '\t':
+                out += "\\t";
+                ++i;
+                continue;
+            default:
+                break;
         }
         if (c < 0x20 || c == 0x7f) {
             char buf[8];

@@ -10,7 +10,7 @@
 namespace moat {
 
 class json_writer {
-public:
+  public:
     json_writer& begin_object();
     json_writer& end_object();
     json_writer& begin_array();
@@ -28,7 +28,7 @@ public:
     const std::string& str() const noexcept { return out_; }
     std::string take() noexcept { return std::move(out_); }
 
-private:
+  private:
     void separate();
     std::string out_;
     std::vector<bool> first_;  // per open container: no element written yet

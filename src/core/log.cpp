@@ -23,17 +23,23 @@ void set_log_sink(log_sink sink) {
 
 const char* to_string(log_level level) noexcept {
     switch (level) {
-        case log_level::debug: return "debug";
-        case log_level::info: return "info";
-        case log_level::warning: return "warning";
-        case log_level::error: return "error";
+        case log_level::debug:
+            return "debug";
+        case log_level::info:
+            return "info";
+        case log_level::warning:
+            return "warning";
+        case log_level::error:
+            return "error";
     }
     return "unknown";
 }
 
 namespace detail {
 
-bool log_enabled() noexcept { return sink_installed.load(std::memory_order_acquire); }
+bool log_enabled() noexcept {
+    return sink_installed.load(std::memory_order_acquire);
+}
 
 void log(log_level level, std::string_view component, std::string_view message,
          std::string_view sandbox_id) {

@@ -86,8 +86,12 @@ asio::awaitable<void> task_group::async_wait_all() {
     }
 }
 
-std::size_t task_group::size() const noexcept { return state_->tasks.size(); }
+std::size_t task_group::size() const noexcept {
+    return state_->tasks.size();
+}
 
-const asio::any_io_executor& task_group::get_executor() const noexcept { return state_->executor; }
+const asio::any_io_executor& task_group::get_executor() const noexcept {
+    return state_->executor;
+}
 
 }  // namespace moat

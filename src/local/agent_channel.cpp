@@ -15,7 +15,9 @@ agent_channel::agent_channel(const asio::any_io_executor& executor, unique_fd co
       sandbox_id_(std::move(sandbox_id)),
       ready_(executor) {}
 
-void agent_channel::start(task_group& tasks) { tasks.spawn(run_agent_reader(shared_from_this())); }
+void agent_channel::start(task_group& tasks) {
+    tasks.spawn(run_agent_reader(shared_from_this()));
+}
 
 asio::awaitable<result<void>> agent_channel::async_wait_ready(deadline limit) {
     const auto outcome = co_await ready_.async_wait(limit);
@@ -80,7 +82,8 @@ asio::awaitable<void> agent_channel::read_loop() {
 void agent_channel::dispatch(const received_record& record) {
     if (!record.fds.empty()) return break_channel("protocol error: the agent sent descriptors");
     wire::header h{};
-    if (!wire::read_header(record.data, h)) return break_channel("protocol error: malformed record");
+    if (!wire::read_header(record.data, h))
+        return break_channel("protocol error: malformed record");
     switch (static_cast<wire::message_type>(h.type)) {
         case wire::message_type::ready: {
             wire::ready_message m{};
@@ -120,7 +123,8 @@ void agent_channel::dispatch(const received_record& record) {
             return;
         }
         default:
-            return break_channel("protocol error: unexpected record type " + std::to_string(h.type));
+            return break_channel("protocol error: unexpected record type " +
+                                 std::to_string(h.type));
     }
 }
 

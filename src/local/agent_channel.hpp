@@ -22,15 +22,16 @@ namespace moat {
 // What the agent reported about one command.
 struct command_state {
     explicit command_state(const asio::any_io_executor& ex) : started(ex), exited(ex) {}
-    async_event started;  // set on `started`, on an immediate spawn failure, or when the channel breaks
-    async_event exited;   // set on `exited` or when the channel breaks
+    async_event
+        started;  // set on `started`, on an immediate spawn failure, or when the channel breaks
+    async_event exited;  // set on `exited` or when the channel breaks
     std::optional<wire::started_message> start;
     std::optional<wire::exited_message> exit;
     bool abandoned = false;  // nobody reads the result; forget the command when it exits
 };
 
 class agent_channel : public std::enable_shared_from_this<agent_channel> {
-public:
+  public:
     agent_channel(const asio::any_io_executor& executor, unique_fd control, std::string sandbox_id);
 
     // Starts reading the agent's reports (owned by `tasks`).
@@ -54,7 +55,7 @@ public:
 
     void close();
 
-private:
+  private:
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(const received_record& record);

@@ -4,12 +4,12 @@
 
 #include "local/sandboxd_launcher.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 
 namespace moat {
 
@@ -21,7 +21,9 @@ helper_client::helper_client(asio::any_io_executor executor, task_group& tasks,
                              local_options options)
     : executor_(std::move(executor)), tasks_(tasks), options_(std::move(options)) {}
 
-helper_client::~helper_client() { shutdown(); }
+helper_client::~helper_client() {
+    shutdown();
+}
 
 asio::awaitable<result<void>> helper_client::async_ensure_started(deadline limit) {
     if (phase_ == phase::stopped) {
@@ -75,7 +77,8 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
     if (outcome == async_event::wait_outcome::cancelled) {
         co_return make_error(errc::cancelled, "create was cancelled before the helper answered");
     }
-    co_return make_error(errc::deadline_exceeded, "the sandbox helper did not answer create in time");
+    co_return make_error(errc::deadline_exceeded,
+                         "the sandbox helper did not answer create in time");
 }
 
 asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id) {
@@ -130,7 +133,8 @@ void helper_client::dispatch(received_record& record) {
             if (it == creates_.end()) return lose("protocol error: created answers no request");
             if (it->second->abandoned) {
                 // Its creator gave up waiting: destroy it at once (the reap is reported as usual).
-                auto destroy = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
+                auto destroy =
+                    wire::make_message<wire::destroy_message>(wire::message_type::destroy);
                 wire::copy_field(destroy.sandbox_id, it->second->sandbox_id);
                 (void)channel_->try_send(std::as_bytes(std::span(&destroy, 1)));
                 creates_.erase(it);
@@ -150,7 +154,8 @@ void helper_client::dispatch(received_record& record) {
                 return lose("protocol error: malformed create_failed record");
             }
             auto it = creates_.find(m.request_id);
-            if (it == creates_.end()) return lose("protocol error: create_failed answers no request");
+            if (it == creates_.end())
+                return lose("protocol error: create_failed answers no request");
             if (it->second->abandoned) {
                 creates_.erase(it);
                 return;
@@ -198,7 +203,8 @@ void helper_client::shutdown() noexcept {
     if (!pidfd_.is_open()) return;
     // EOF on its socket makes the helper kill its sandboxes and exit; give it a moment.
     pollfd p{pidfd_.get(), POLLIN, 0};
-    if (::poll(&p, 1, 2000) <= 0) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+    if (::poll(&p, 1, 2000) <= 0)
+        ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
     siginfo_t info{};
     // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
     ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED);

@@ -28,7 +28,7 @@ struct created_sandbox {
 };
 
 class helper_client : public std::enable_shared_from_this<helper_client> {
-public:
+  public:
     helper_client(asio::any_io_executor executor, task_group& tasks, local_options options);
     ~helper_client();
 
@@ -56,7 +56,7 @@ public:
     // waiting at most ~2 s. Synchronous: used on backend destruction.
     void shutdown() noexcept;
 
-private:
+  private:
     struct pending_create {
         explicit pending_create(const asio::any_io_executor& ex) : done(ex) {}
         async_event done;

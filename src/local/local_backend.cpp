@@ -10,21 +10,21 @@
 #include "local/sandbox_id.hpp"
 #include "local/spec_validation.hpp"
 
-#include "core/asio_compat.hpp"
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+#include "core/asio_compat.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
-#include <map>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <map>
 
 namespace moat {
 namespace {
@@ -50,12 +50,18 @@ struct local_sandbox {
 
 std::vector<std::string> layer_names(std::uint32_t bits) {
     static constexpr std::pair<std::uint32_t, const char*> names[] = {
-        {wire::layer_user_ns, "user_ns"},       {wire::layer_pid_ns, "pid_ns"},
-        {wire::layer_mount_ns, "mount_ns"},     {wire::layer_net_ns, "net_ns"},
-        {wire::layer_ipc_ns, "ipc_ns"},         {wire::layer_uts_ns, "uts_ns"},
-        {wire::layer_cgroup_ns, "cgroup_ns"},   {wire::layer_seccomp, "seccomp"},
-        {wire::layer_cgroup_memory, "cgroup_memory"}, {wire::layer_cgroup_pids, "cgroup_pids"},
-        {wire::layer_cgroup_cpu, "cgroup_cpu"}, {wire::layer_no_new_privs, "no_new_privs"},
+        {wire::layer_user_ns, "user_ns"},
+        {wire::layer_pid_ns, "pid_ns"},
+        {wire::layer_mount_ns, "mount_ns"},
+        {wire::layer_net_ns, "net_ns"},
+        {wire::layer_ipc_ns, "ipc_ns"},
+        {wire::layer_uts_ns, "uts_ns"},
+        {wire::layer_cgroup_ns, "cgroup_ns"},
+        {wire::layer_seccomp, "seccomp"},
+        {wire::layer_cgroup_memory, "cgroup_memory"},
+        {wire::layer_cgroup_pids, "cgroup_pids"},
+        {wire::layer_cgroup_cpu, "cgroup_cpu"},
+        {wire::layer_no_new_privs, "no_new_privs"},
     };
     std::vector<std::string> out;
     for (const auto& [bit, name] : names) {
@@ -80,8 +86,8 @@ asio::awaitable<void> feed_stdin(std::shared_ptr<asio::posix::stream_descriptor>
     while (offset < data.size()) {
         auto [ec] = co_await socket->async_wait(asio::posix::descriptor_base::wait_write, token);
         if (ec) break;
-        const ssize_t n = ::send(socket->native_handle(), data.data() + offset, data.size() - offset,
-                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        const ssize_t n = ::send(socket->native_handle(), data.data() + offset,
+                                 data.size() - offset, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno != EAGAIN && errno != EINTR) break;
         if (n > 0) offset += static_cast<std::size_t>(n);
     }
@@ -90,7 +96,7 @@ asio::awaitable<void> feed_stdin(std::shared_ptr<asio::posix::stream_descriptor>
 }
 
 class local_backend final : public backend {
-public:
+  public:
     local_backend(asio::any_io_executor executor, local_options options)
         : executor_(std::move(executor)),
           options_(std::move(options)),
@@ -116,7 +122,8 @@ public:
 
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
-        auto started = co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
+        auto started =
+            co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
         if (!started) co_return std::move(started).error();
 
         const std::string id = make_sandbox_id();
@@ -157,7 +164,8 @@ public:
             // Cleanup is not cancellable: a half-made sandbox is destroyed before we return.
             co_await asio::this_coro::reset_cancellation_state();
             auto destroyed = co_await async_destroy(id);
-            if (!destroyed) detail::log(log_level::error, "local", destroyed.error().to_string(), id);
+            if (!destroyed)
+                detail::log(log_level::error, "local", destroyed.error().to_string(), id);
             co_return std::move(ready).error();
         }
         detail::log(log_level::debug, "local", "created", id);
@@ -190,8 +198,9 @@ public:
 
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string,
                                                            std::chrono::milliseconds) override {
-        co_return make_error(errc::not_supported,
-                             "local backend does not implement extend_ttl yet (persistent sandboxes)");
+        co_return make_error(
+            errc::not_supported,
+            "local backend does not implement extend_ttl yet (persistent sandboxes)");
     }
 
     asio::awaitable<result<void>> async_destroy(std::string id) override {
@@ -222,7 +231,8 @@ public:
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
-        if (sandbox->gone_reason) co_return make_error(errc::sandbox_unavailable, *sandbox->gone_reason);
+        if (sandbox->gone_reason)
+            co_return make_error(errc::sandbox_unavailable, *sandbox->gone_reason);
         if (auto invalid = validate_exec(request); !invalid) co_return std::move(invalid).error();
 
         std::vector<std::string> argv = std::move(request.argv);
@@ -236,8 +246,8 @@ public:
 
         const std::uint64_t exec_id = next_exec_id_++;
         std::vector<std::byte> record;
-        if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()), argv,
-                               env_list, cwd, record)) {
+        if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()),
+                               argv, env_list, cwd, record)) {
             co_return make_error(errc::invalid_argument,
                                  "command, environment and cwd exceed " +
                                      std::to_string(wire::max_message_bytes / 1024) + " KiB");
@@ -272,9 +282,8 @@ public:
         pipes.stdin_ours.reset();
 
         // The stream owns the command from here: dropping it (cancellation included) kills it.
-        auto stream = std::make_unique<local_exec_stream>(executor_, std::move(command),
-                                                          std::move(pipes.out_ours),
-                                                          std::move(pipes.err_ours));
+        auto stream = std::make_unique<local_exec_stream>(
+            executor_, std::move(command), std::move(pipes.out_ours), std::move(pipes.err_ours));
         const auto outcome = co_await (*state)->started.async_wait(deadline::after(start_timeout));
         if (outcome == async_event::wait_outcome::cancelled) {
             co_await asio::this_coro::reset_cancellation_state();
@@ -285,12 +294,13 @@ public:
             if (auto broken = sandbox->agent->broken()) {
                 co_return make_error(errc::sandbox_unavailable, *broken);
             }
-            co_return make_error(errc::backend_failure, "the sandbox agent did not start the command");
+            co_return make_error(errc::backend_failure,
+                                 "the sandbox agent did not start the command");
         }
         co_return exec_stream(std::move(stream));
     }
 
-private:
+  private:
     struct stdio_set {
         unique_fd stdin_ours, stdin_theirs, out_ours, out_theirs, err_ours, err_theirs;
     };
@@ -301,7 +311,8 @@ private:
         // stdin is a socket so that writing to an exited program is EPIPE (MSG_NOSIGNAL), never
         // SIGPIPE in the application.
         if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-            return make_error(errc::backend_failure, std::string("socketpair: ") + std::strerror(errno));
+            return make_error(errc::backend_failure,
+                              std::string("socketpair: ") + std::strerror(errno));
         }
         s.stdin_ours.reset(pair[0]);
         s.stdin_theirs.reset(pair[1]);
@@ -324,7 +335,8 @@ private:
     }
 
     static std::map<std::string, std::string> base_environment() {
-        return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/workspace"}, {"LANG", "C.UTF-8"}};
+        return {
+            {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/workspace"}, {"LANG", "C.UTF-8"}};
     }
 
     result<std::shared_ptr<local_sandbox>> find(const std::string& id) {

@@ -2,16 +2,16 @@
 
 #include "local/cgroup_stats.hpp"
 
-#include "core/asio_compat.hpp"
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include "core/asio_compat.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace moat {
 namespace {
@@ -62,7 +62,8 @@ asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_out
             auto out_ready = wait_readable(out_);
             auto err_ready = wait_readable(err_);
             auto expired = wait_timer(timer_);
-            auto which = co_await (std::move(out_ready) || std::move(err_ready) || std::move(expired));
+            auto which =
+                co_await (std::move(out_ready) || std::move(err_ready) || std::move(expired));
             co_return which.index() == 2 ? wait_outcome::timer : wait_outcome::readable;
         }
         auto& open = out_.is_open() ? out_ : err_;
@@ -77,7 +78,8 @@ asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_out
 }
 
 asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::async_next() {
-    if (finished_) co_return make_error(errc::invalid_argument, "the exec stream has already ended");
+    if (finished_)
+        co_return make_error(errc::invalid_argument, "the exec stream has already ended");
     std::string chunk;
     while (out_.is_open() || err_.is_open()) {
         auto& first = read_err_first_ ? err_ : out_;
@@ -120,8 +122,8 @@ asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stre
     const auto& exit = *command_.state->exit;
     if ((exit.flags & wire::exited_spawn_failed) != 0 && !spawn_message_sent_) {
         spawn_message_sent_ = true;
-        std::string message = "moat: cannot run '" + command_.program + "': " +
-                              std::strerror(exit.spawn_errno) + "\n";
+        std::string message = "moat: cannot run '" + command_.program +
+                              "': " + std::strerror(exit.spawn_errno) + "\n";
         co_return output_chunk{output_channel::err, std::move(message)};
     }
     finished_ = true;

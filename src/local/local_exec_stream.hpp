@@ -20,22 +20,22 @@ struct local_command {
     std::shared_ptr<agent_channel> agent;
     std::uint64_t exec_id = 0;
     std::shared_ptr<command_state> state;
-    std::string program;         // argv[0], for the spawn-failure message
-    std::string memory_cgroup;   // for OOM detection; may be empty
+    std::string program;        // argv[0], for the spawn-failure message
+    std::string memory_cgroup;  // for OOM detection; may be empty
     std::optional<std::uint64_t> oom_kills_before;
-    deadline backstop;           // past this the agent failed to enforce the wall limit
+    deadline backstop;  // past this the agent failed to enforce the wall limit
     std::chrono::milliseconds kill_grace{2000};
 };
 
 class local_exec_stream final : public exec_stream::impl {
-public:
+  public:
     local_exec_stream(const asio::any_io_executor& executor, local_command command, unique_fd out,
                       unique_fd err);
     ~local_exec_stream() override;
 
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override;
 
-private:
+  private:
     enum class wait_outcome { readable, timer, cancelled };
     asio::awaitable<wait_outcome> wait_for_output();
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> finish();

@@ -1,9 +1,9 @@
 #include "local/sandbox_id.hpp"
 
+#include <sys/random.h>
 #include <array>
 #include <cstdint>
 #include <stdexcept>
-#include <sys/random.h>
 
 namespace moat {
 

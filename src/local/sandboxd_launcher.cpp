@@ -2,16 +2,16 @@
 
 #include "wire/protocol.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
-#include <mutex>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <mutex>
 
 extern "C" const unsigned char moat_sandboxd_image_begin[];
 extern "C" const unsigned char moat_sandboxd_image_end[];
@@ -31,18 +31,22 @@ result<int> embedded_image_fd() {
     if (fd >= 0) return fd;
     unique_fd memfd(::memfd_create("moat-sandboxd", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!memfd.is_open()) {
-        return make_error(errc::backend_failure, errno_text("memfd_create for moat-sandboxd", errno));
+        return make_error(errc::backend_failure,
+                          errno_text("memfd_create for moat-sandboxd", errno));
     }
     const auto* p = moat_sandboxd_image_begin;
-    std::size_t left = static_cast<std::size_t>(moat_sandboxd_image_end - moat_sandboxd_image_begin);
+    std::size_t left =
+        static_cast<std::size_t>(moat_sandboxd_image_end - moat_sandboxd_image_begin);
     while (left > 0) {
         const ssize_t n = ::write(memfd.get(), p, left);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return make_error(errc::backend_failure, errno_text("writing moat-sandboxd", errno));
+        if (n <= 0)
+            return make_error(errc::backend_failure, errno_text("writing moat-sandboxd", errno));
         p += n;
         left -= static_cast<std::size_t>(n);
     }
-    if (::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    if (::fcntl(memfd.get(), F_ADD_SEALS,
+                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
         return make_error(errc::backend_failure, errno_text("sealing moat-sandboxd", errno));
     }
     fd = memfd.release();
@@ -91,8 +95,8 @@ result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
     sigfillset(&signals);
     posix_spawnattr_setsigdefault(&sa.attr, &signals);
     posix_spawnattr_setpgroup(&sa.attr, 0);
-    posix_spawnattr_setflags(&sa.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                           POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setflags(
+        &sa.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
     posix_spawn_file_actions_adddup2(&sa.actions, theirs.get(), 3);
 
     std::string arg0 = "moat-sandboxd", arg1 = "helper", arg2 = "--state-dir", arg3 = state_dir;

@@ -8,8 +8,8 @@
 
 #include "core/unique_fd.hpp"
 
-#include <string>
 #include <sys/types.h>
+#include <string>
 
 namespace moat {
 

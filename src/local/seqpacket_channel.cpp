@@ -3,13 +3,13 @@
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
 
-#include "core/asio_compat.hpp"
 #include <asio/use_awaitable.hpp>
+#include "core/asio_compat.hpp"
 
+#include <sys/socket.h>
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include <sys/socket.h>
 
 namespace moat {
 
@@ -28,7 +28,8 @@ result<void> seqpacket_channel::try_send(std::span<const std::byte> record,
 asio::awaitable<result<void>> seqpacket_channel::async_send(std::span<const std::byte> record,
                                                             std::span<const int> fds) {
     for (;;) {
-        if (!socket_.is_open()) co_return make_error(errc::backend_failure, "control socket is closed");
+        if (!socket_.is_open())
+            co_return make_error(errc::backend_failure, "control socket is closed");
         const ssize_t n = wire::send_record(socket_.native_handle(), record, fds, MSG_DONTWAIT);
         if (n == static_cast<ssize_t>(record.size())) co_return result<void>{};
         if (n < 0 && errno != EAGAIN) {
@@ -46,8 +47,8 @@ asio::awaitable<result<received_record>> seqpacket_channel::async_receive() {
         if (!socket_.is_open()) co_return received_record{};
         int fds[wire::max_fds_per_message];
         std::size_t fd_count = 0;
-        const ssize_t n = wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count,
-                                               MSG_DONTWAIT);
+        const ssize_t n =
+            wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count, MSG_DONTWAIT);
         if (n >= 0) {
             received_record record;
             record.data.assign(buffer_.begin(), buffer_.begin() + n);

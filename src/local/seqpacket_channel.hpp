@@ -22,7 +22,7 @@ struct received_record {
 };
 
 class seqpacket_channel {
-public:
+  public:
     seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket);
 
     // Sends one record; waits while the socket buffer is full. Cancellation: terminal; a record is
@@ -41,7 +41,7 @@ public:
     void close();
     bool is_open() const { return socket_.is_open(); }
 
-private:
+  private:
     asio::posix::stream_descriptor socket_;
     std::vector<std::byte> buffer_;
 };

@@ -17,8 +17,8 @@ bool is_printable(std::string_view s) {
 
 result<void> validate_env(const std::map<std::string, std::string>& env, const char* field) {
     for (const auto& [key, value] : env) {
-        if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos ||
-            value.find('\0') != std::string::npos) {
+        if (key.empty() || key.find('=') != std::string::npos ||
+            key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
             return make_error(errc::invalid_argument,
                               std::string(field) + ": invalid variable name '" + key + "'");
         }
@@ -38,7 +38,8 @@ result<void> validate_spec(const sandbox_spec& spec) {
         return make_error(errc::invalid_argument, "limits.memory_bytes: at least 16 MiB");
     }
     if (l.workspace_bytes == 0 || l.tmp_bytes == 0) {
-        return make_error(errc::invalid_argument, "limits: workspace_bytes and tmp_bytes must be > 0");
+        return make_error(errc::invalid_argument,
+                          "limits: workspace_bytes and tmp_bytes must be > 0");
     }
     if (l.cpu_millicores > 1'000'000) {
         return make_error(errc::invalid_argument, "limits.cpu_millicores: at most 1000000");

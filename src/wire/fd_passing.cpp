@@ -1,9 +1,9 @@
 #include "wire/fd_passing.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 namespace moat::wire {
 

@@ -4,9 +4,9 @@
 // after closing whatever did arrive.
 #pragma once
 
+#include <sys/types.h>
 #include <cstddef>
 #include <span>
-#include <sys/types.h>
 
 namespace moat::wire {
 

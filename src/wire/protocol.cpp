@@ -24,7 +24,9 @@ std::string_view read_field(std::span<const char> field) noexcept {
 
 namespace {
 
-bool has_nul(std::string_view s) { return s.find('\0') != std::string_view::npos; }
+bool has_nul(std::string_view s) {
+    return s.find('\0') != std::string_view::npos;
+}
 
 }  // namespace
 

@@ -36,11 +36,11 @@ enum class message_type : std::uint32_t {
     create = 10,
     destroy = 11,
     // helper -> library
-    created = 20,        // SCM_RIGHTS: [pidfd of pid 1, library end of the agent control socket]
+    created = 20,  // SCM_RIGHTS: [pidfd of pid 1, library end of the agent control socket]
     create_failed = 21,
-    reaped = 22,         // pid 1 was reaped and the cgroups removed (reply to destroy, or unsolicited)
+    reaped = 22,  // pid 1 was reaped and the cgroups removed (reply to destroy, or unsolicited)
     // library -> agent
-    exec = 30,           // SCM_RIGHTS: [stdin, stdout, stderr]
+    exec = 30,  // SCM_RIGHTS: [stdin, stdout, stderr]
     kill = 31,
     // agent -> library
     ready = 40,
@@ -76,8 +76,8 @@ inline constexpr std::size_t path_bytes = 512;       // NUL terminated
 
 struct hello_message {
     header h;
-    std::uint32_t version;       // protocol_version
-    std::uint32_t host_layers;   // layer_bits the host supports
+    std::uint32_t version;      // protocol_version
+    std::uint32_t host_layers;  // layer_bits the host supports
     std::uint8_t reserved[8];
     char layer_detail[detail_bytes];  // why a layer is missing, if one is
 };
@@ -104,9 +104,9 @@ struct create_message {
 struct created_message {
     header h;
     std::uint64_t request_id;
-    std::int32_t host_pid;        // pid 1 of the sandbox, as the host sees it
-    std::uint32_t uid_base;       // host uid that sandbox uid 0 maps to
-    std::uint32_t applied_layers; // layer_bits
+    std::int32_t host_pid;         // pid 1 of the sandbox, as the host sees it
+    std::uint32_t uid_base;        // host uid that sandbox uid 0 maps to
+    std::uint32_t applied_layers;  // layer_bits
     std::uint32_t reserved;
     std::uint64_t start_time_ticks;  // field 22 of /proc/<host_pid>/stat, for pid-reuse checks
     char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
@@ -170,8 +170,8 @@ struct started_message {
 };
 
 enum exited_flags : std::uint32_t {
-    exited_timed_out = 1u << 0,      // the agent killed it at the wall limit
-    exited_spawn_failed = 1u << 1,   // exec of argv[0] failed; spawn_errno says why
+    exited_timed_out = 1u << 0,     // the agent killed it at the wall limit
+    exited_spawn_failed = 1u << 1,  // exec of argv[0] failed; spawn_errno says why
 };
 
 struct exited_message {

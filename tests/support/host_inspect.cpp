@@ -1,9 +1,9 @@
 #include "support/host_inspect.hpp"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <fstream>
 #include <sstream>
-#include <sys/stat.h>
 #include <thread>
 
 namespace moat::test {

@@ -2,10 +2,10 @@
 // pid, cgroup directories, mounts.
 #pragma once
 
+#include <sys/types.h>
 #include <chrono>
 #include <functional>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace moat::test {

@@ -1,9 +1,9 @@
 #include "support/local_fixture.hpp"
 
-#include <cstdlib>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdlib>
 
 namespace moat::test {
 
@@ -11,7 +11,8 @@ bool namespaces_available() {
     static const bool available = [] {
         const pid_t child = ::fork();
         if (child == 0) {
-            _exit(::unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET) == 0 ? 0 : 1);
+            _exit(::unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET) == 0 ? 0
+                                                                                            : 1);
         }
         int status = 0;
         ::waitpid(child, &status, 0);
