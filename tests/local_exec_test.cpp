@@ -3,6 +3,8 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
+#include <moat/with_timeout.hpp>
+
 #include <csignal>
 #include <sstream>
 
@@ -168,6 +170,35 @@ TEST_CASE_FIXTURE(local_fixture, "a busy loop ends at the wall limit with 124 an
     CHECK(s.result->signal == SIGKILL);
     CHECK(moat::test::eventually([&] { return moat::test::is_gone(python); }));
     CHECK(sh(box.id, "echo still-usable").out.text() == "still-usable\n");
+    destroy(box.id);
+}
+
+namespace {
+
+asio::awaitable<moat::result<std::variant<moat::output_chunk, moat::exec_result>>> next_within(
+    moat::exec_stream& stream, std::chrono::milliseconds limit) {
+    co_return co_await moat::with_timeout(stream.async_next(), moat::deadline::after(limit));
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "a deadline on a running exec kills the process and keeps the sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const pid_t init = *box.host_pid;
+    auto stream = run(start_until(*local, box.id, "echo started; exec sleep 1000", "started"));
+    REQUIRE(stream);
+    pid_t sleeper = -1;
+    CHECK(moat::test::eventually([&] {
+        sleeper = moat::test::find_descendant(init, "sleep 1000");
+        return sleeper > 0;
+    }));
+    CHECK(moat::test::is_running(sleeper));
+    const auto next = run(next_within(*stream, 200ms));
+    REQUIRE_FALSE(next);
+    CHECK(next.error().code == moat::errc::deadline_exceeded);
+    CHECK(moat::test::eventually([&] { return moat::test::is_gone(sleeper); }));
+    CHECK(sh(box.id, "echo still-ready").out.text() == "still-ready\n");
     destroy(box.id);
 }
 

@@ -3,6 +3,10 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -133,4 +137,46 @@ TEST_CASE_FIXTURE(local_fixture, "a sandbox reports the isolation layers it got"
     CHECK(info->state == moat::sandbox_state::running);
     CHECK(info->expires_at > info->created_at);
     destroy(box.id);
+}
+
+namespace {
+
+asio::awaitable<void> pause(std::chrono::milliseconds how_long) {
+    asio::steady_timer timer(co_await asio::this_coro::executor, how_long);
+    co_await timer.async_wait(asio::use_awaitable);
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox past its TTL is gone and says so") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::sandbox_spec spec;
+    spec.ttl = 1s;
+    const auto box = create(spec);
+    const pid_t init = *box.host_pid;
+    CHECK(moat::test::is_running(init));
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(init); }, 10s));
+    run(pause(300ms));  // let the backend hear about it
+    auto info = run(local->async_inspect(box.id));
+    REQUIRE(info);
+    CHECK(info->state == moat::sandbox_state::exited);
+    moat::exec_request request;
+    request.shell = "true";
+    auto r = run(local->async_exec(box.id, request));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == moat::errc::sandbox_unavailable);
+    destroy(box.id);  // destroying what already ended succeeds
+}
+
+TEST_CASE_FIXTURE(local_fixture, "destroying the backend ends every sandbox it created") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto a = create();
+    const auto b = create();
+    const pid_t helper = helper_pid();
+    REQUIRE(helper > 0);
+    for (const pid_t p : {*a.host_pid, *b.host_pid, helper}) CHECK(moat::test::is_running(p));
+    local.reset();
+    for (const pid_t p : {*a.host_pid, *b.host_pid, helper}) {
+        CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
+    }
 }

@@ -18,6 +18,8 @@ asio::awaitable<async_event::wait_outcome> async_event::async_wait(deadline limi
     waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &timer));
     if (is_set_) co_return wait_outcome::set;
     if (!ec) co_return wait_outcome::deadline_passed;
+    // Let the caller's cleanup await (a cancelled coroutine throws at its next co_await).
+    co_await asio::this_coro::reset_cancellation_state();
     co_return wait_outcome::cancelled;
 }
 

@@ -24,8 +24,9 @@ class async_event {
     }
     bool is_set() const noexcept { return is_set_; }
 
-    // Waits until set() or `limit`. Cancellation: terminal/partial; reports `cancelled` and leaves
-    // the coroutine's cancellation state set (reset it before awaiting anything else).
+    // Waits until set() or `limit`. Cancellation: terminal/partial; reports `cancelled` and resets
+    // the coroutine's cancellation state, so that the caller can await its cleanup and must then
+    // complete with errc::cancelled itself.
     asio::awaitable<wait_outcome> async_wait(deadline limit);
 
   private:

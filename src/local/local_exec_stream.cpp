@@ -71,9 +71,12 @@ asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_out
         auto expired = wait_timer(timer_);
         auto which = co_await (std::move(ready) || std::move(expired));
         co_return which.index() == 1 ? wait_outcome::timer : wait_outcome::readable;
-    } catch (const std::system_error&) {
-        // Every branch failed: the caller cancelled.
+    } catch (const std::exception&) {
+        // Every branch failed (asio::multiple_exceptions when more than one did): the caller
+        // cancelled.
     }
+    // Let the cleanup that follows await (a cancelled coroutine throws at its next co_await).
+    co_await asio::this_coro::reset_cancellation_state();
     co_return wait_outcome::cancelled;
 }
 

@@ -37,6 +37,8 @@ class local_exec_stream final : public exec_stream::impl {
 
   private:
     enum class wait_outcome { readable, timer, cancelled };
+    // Waits until a pipe is readable or the backstop passes. On cancellation it resets the
+    // coroutine's cancellation state so that stop() can await the kill's confirmation.
     asio::awaitable<wait_outcome> wait_for_output();
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> finish();
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> stop(errc why);
