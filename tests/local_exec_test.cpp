@@ -182,7 +182,8 @@ asio::awaitable<moat::result<std::variant<moat::output_chunk, moat::exec_result>
 
 }  // namespace
 
-TEST_CASE_FIXTURE(local_fixture, "a deadline on a running exec kills the process and keeps the sandbox") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "a deadline on a running exec kills the process and keeps the sandbox") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
     const pid_t init = *box.host_pid;

@@ -155,3 +155,34 @@ TEST_CASE_FIXTURE(local_fixture, "two sandboxes cannot see each other") {
     destroy(a.id);
     destroy(b.id);
 }
+
+TEST_CASE_FIXTURE(local_fixture, "socket families beyond unix, inet and netlink are refused") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    // AF_VSOCK ignores network namespaces: on a VM guest it would reach the hypervisor host.
+    const auto r = sh(box.id,
+                      "python3 -c \"import socket\n"
+                      "for name in ('AF_VSOCK', 'AF_PACKET', 'AF_ALG'):\n"
+                      "    try:\n"
+                      "        socket.socket(getattr(socket, name), socket.SOCK_STREAM)\n"
+                      "        print(name, 'OPEN')\n"
+                      "    except OSError as e:\n"
+                      "        print(name, e.errno)\n"
+                      "socket.socket(socket.AF_UNIX); socket.socket(socket.AF_INET6)\n"
+                      "print('unix and inet6 ok')\"");
+    CHECK(r.out.text() == "AF_VSOCK 97\nAF_PACKET 97\nAF_ALG 97\nunix and inet6 ok\n");
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "commands cannot shield themselves from the OOM killer or out-fork their limit") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    CHECK(sh(box.id, "cat /proc/self/oom_score_adj").out.text() == "500\n");
+    CHECK(sh(box.id, "echo -1000 > /proc/self/oom_score_adj").exit_code != 0);
+    CHECK(sh(box.id,
+             "python3 -c \"import resource as r; print(r.getrlimit(r.RLIMIT_NPROC)[0], "
+             "r.getrlimit(r.RLIMIT_NOFILE)[0])\"")
+              .out.text() == "256 1024\n");
+    destroy(box.id);
+}

@@ -59,6 +59,7 @@ struct command_args {
     char* const* argv;
     char** envp;
     int cap_last_cap;
+    rlim_t max_processes;
     int spawn_errno;
 };
 
@@ -74,12 +75,20 @@ int command_main(void* opaque) {
         if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
     }
     ::close_range(3, ~0u, 0);
-    // pid 1 is exempt from the OOM killer where the helper may set that; commands never are.
-    const int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom < 0 || ::write(oom, "0", 1) != 1) command_fail(a);
-    ::close(oom);
     const rlimit no_core{0, 0};
     ::setrlimit(RLIMIT_CORE, &no_core);
+    // The helper raised its descriptor limit for its own bookkeeping; commands get the usual one.
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 1024) {
+        files.rlim_cur = 1024;
+        ::setrlimit(RLIMIT_NOFILE, &files);
+    }
+    // Per-user process cap inside this sandbox's user namespace: a second line against fork
+    // bombs that holds even where the pids cgroup was skipped (best effort).
+    if (a.max_processes != 0) {
+        const rlimit processes{a.max_processes, a.max_processes};
+        if (::setrlimit(RLIMIT_NPROC, &processes) != 0) command_fail(a);
+    }
     for (int cap = 0; cap <= a.cap_last_cap; ++cap) {
         if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) command_fail(a);
     }
@@ -102,8 +111,9 @@ int command_main(void* opaque) {
 
 class agent {
   public:
-    agent(std::uint64_t ttl_ms, bool survive_owner)
+    agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner)
         : survive_owner_(survive_owner),
+          max_processes_(max_processes),
           ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
 
     int run();
@@ -129,6 +139,7 @@ class agent {
                      std::uint64_t start_us);
 
     bool survive_owner_;
+    std::uint32_t max_processes_;
     std::uint64_t ttl_deadline_us_;
     bool control_open_ = true;
     int signal_fd_ = -1;
@@ -167,9 +178,10 @@ int agent::run() {
         const int ready = ::poll(fds, count, poll_timeout_ms());
         if (ready < 0 && errno != EINTR) return 1;
         if (ttl_deadline_us_ != 0 && now_us() >= ttl_deadline_us_) return 0;
+        // Reap first: a command that exited just as its wall limit came is not a timeout.
+        if (ready > 0 && fds[0].revents != 0) reap();
         enforce_deadlines();
         if (ready <= 0) continue;
-        if (fds[0].revents != 0) reap();
         if (control_open_ && fds[1].revents != 0 && !handle_control()) {
             if (!survive_owner_) return 0;
             ::close(control_fd);
@@ -238,8 +250,13 @@ void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds) {
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{
-        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), cap_last_cap_, 0};
+    command_args args{{fds[0], fds[1], fds[2]},
+                      request.cwd.data(),
+                      argv.data(),
+                      envp.data(),
+                      cap_last_cap_,
+                      max_processes_,
+                      0};
     char** const saved_environ = environ;
     const std::uint64_t start = now_us();
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
@@ -311,8 +328,8 @@ void agent::send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, 
 
 }  // namespace
 
-int run_agent(std::uint64_t ttl_ms, bool survive_owner) {
-    agent a(ttl_ms, survive_owner);
+int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner) {
+    agent a(ttl_ms, max_processes, survive_owner);
     return a.run();
 }
 

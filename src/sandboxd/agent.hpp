@@ -1,5 +1,7 @@
-// `moat-sandboxd agent --ttl-ms N [--survive-owner]`: pid 1 of every sandbox, exec'd by the
-// helper's clone child. fd 3 is its control socket to the library, fd 4 the uid slot lock.
+// `moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]`: pid 1 of every
+// sandbox, exec'd by the helper's clone child. fd 3 is its control socket to the library, fd 4
+// the uid slot lock. --max-processes sets RLIMIT_NPROC for commands (uid 1000 of this sandbox's
+// user namespace), a second line behind the pids cgroup.
 //
 // It sends `ready`, then runs `exec` requests (SCM_RIGHTS: stdin, stdout, stderr) as uid/gid
 // 1000 with no capabilities, each in its own session and process group, replying `started` and,
@@ -18,6 +20,6 @@
 namespace moat::sandboxd {
 
 // Runs the agent. Returns the process exit code.
-int run_agent(std::uint64_t ttl_ms, bool survive_owner);
+int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner);
 
 }  // namespace moat::sandboxd

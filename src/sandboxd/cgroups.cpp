@@ -125,9 +125,17 @@ int write_file(const std::string& dir, const char* file, std::uint64_t value) {
 int write_limit(controller c, const std::string& dir, const cgroup_limits& limits,
                 const char*& file) {
     switch (c) {
-        case controller::memory:
+        case controller::memory: {
             file = "memory.limit_in_bytes";
-            return write_file(dir, file, limits.memory_bytes);
+            if (const int err = write_file(dir, file, limits.memory_bytes)) return err;
+            // Memory + swap gets the same limit, so swap cannot extend a sandbox's memory. Without
+            // swap accounting (no memsw files) the sandbox is told not to swap at all.
+            file = "memory.memsw.limit_in_bytes";
+            const int err = write_file(dir, file, limits.memory_bytes);
+            if (err != ENOENT) return err;
+            file = "memory.swappiness";
+            return write_file(dir, file, 0);
+        }
         case controller::pids:
             file = "pids.max";
             return write_file(dir, file, limits.pids_max);

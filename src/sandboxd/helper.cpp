@@ -291,6 +291,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.workspace_bytes = m.workspace_bytes;
     request.tmp_bytes = m.tmp_bytes;
     request.ttl_ms = m.ttl_ms;
+    request.max_processes = m.pids_max;
     request.survive_owner = survive_owner;
     request.best_effort = best_effort;
     spawned_sandbox spawned;

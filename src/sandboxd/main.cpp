@@ -1,10 +1,11 @@
 // moat-sandboxd: the sandbox helper and the pid-1 agent in one small static binary.
 //
 //   moat-sandboxd helper --state-dir DIR
-//   moat-sandboxd agent --ttl-ms N [--survive-owner]
+//   moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]
 //
 // Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <charconv>
@@ -23,7 +24,7 @@ namespace {
 int usage() {
     std::fputs(
         "usage: moat-sandboxd helper --state-dir DIR\n"
-        "       moat-sandboxd agent --ttl-ms N [--survive-owner]\n",
+        "       moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]\n",
         stderr);
     return 2;
 }
@@ -50,6 +51,16 @@ void reset_signals() {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
+// One pidfd per live sandbox: the application's soft limit (often 1024) would cap a helper at
+// about a thousand sandboxes. Commands get a conventional soft limit back (see agent.cpp).
+void raise_descriptor_limit() {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+        limit.rlim_cur = limit.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &limit);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,11 +74,13 @@ int main(int argc, char** argv) {
         // The helper's only inherited descriptors are stdio and the control socket.
         ::close_range(4, ~0u, 0);
         reset_signals();
+        raise_descriptor_limit();
         ::umask(022);
         return moat::sandboxd::run_helper(argv[3]);
     }
     if (mode == "agent") {
         std::uint64_t ttl_ms = 0;
+        std::uint32_t max_processes = 0;
         bool survive_owner = false;
         for (int i = 2; i < argc; ++i) {
             const std::string_view arg = argv[i];
@@ -76,13 +89,18 @@ int main(int argc, char** argv) {
                 const char* end = text + std::strlen(text);
                 const auto [ptr, ec] = std::from_chars(text, end, ttl_ms);
                 if (ec != std::errc() || ptr != end) return usage();
+            } else if (arg == "--max-processes" && i + 1 < argc) {
+                const char* text = argv[++i];
+                const char* end = text + std::strlen(text);
+                const auto [ptr, ec] = std::from_chars(text, end, max_processes);
+                if (ec != std::errc() || ptr != end) return usage();
             } else if (arg == "--survive-owner") {
                 survive_owner = true;
             } else {
                 return usage();
             }
         }
-        return moat::sandboxd::run_agent(ttl_ms, survive_owner);
+        return moat::sandboxd::run_agent(ttl_ms, max_processes, survive_owner);
     }
     return usage();
 }

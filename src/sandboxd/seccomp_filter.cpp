@@ -6,8 +6,10 @@
 #include <seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 
@@ -100,6 +102,34 @@ constexpr sock_filter personality_prologue[] = {
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
 };
 
+// Socket families a sandbox may use. Everything else (AF_VSOCK above all: vsock ignores network
+// namespaces and reaches the VM host or other guests' listeners; AF_PACKET, AF_ALG, Bluetooth and
+// the rest of the rarely used, module-loaded families) fails with EAFNOSUPPORT.
+constexpr int allowed_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+// Well above AF_MAX (46 in Linux 6.x); the kernel itself refuses families from AF_MAX up.
+constexpr int highest_family = 63;
+
+int add_socket_family_rules(scmp_filter_ctx ctx, std::string& detail) {
+    const std::uint32_t refuse = SCMP_ACT_ERRNO(EAFNOSUPPORT);
+    for (const int syscall : {SCMP_SYS(socket), SCMP_SYS(socketpair)}) {
+        for (int family = 0; family <= highest_family; ++family) {
+            if (std::find(std::begin(allowed_families), std::end(allowed_families), family) !=
+                std::end(allowed_families)) {
+                continue;
+            }
+            // The kernel reads the family as an int: compare the low 32 bits only.
+            const int rc = ::seccomp_rule_add(
+                ctx, refuse, syscall, 1,
+                SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, static_cast<std::uint32_t>(family)));
+            if (rc < 0) {
+                detail = "seccomp: socket family rule";
+                return -rc;
+            }
+        }
+    }
+    return 0;
+}
+
 int add_rules(scmp_filter_ctx ctx, std::string& detail) {
     const std::uint32_t eperm = SCMP_ACT_ERRNO(EPERM);
     for (const char* name : denied) {
@@ -132,7 +162,7 @@ int add_rules(scmp_filter_ctx ctx, std::string& detail) {
         detail = "seccomp: rule for ioctl";
         return -rc;
     }
-    return 0;
+    return add_socket_family_rules(ctx, detail);
 }
 
 // libseccomp 2.5 can only export to a file descriptor: go through a memfd.

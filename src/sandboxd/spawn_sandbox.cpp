@@ -154,7 +154,8 @@ struct child_args {
     char workspace_options[96];
     sock_fprog filter;
     char ttl_text[24];
-    const char* argv[6];
+    char max_processes_text[24];
+    const char* argv[8];
     const char* envp[2];
     int failed_step;
     int failed_errno;
@@ -307,11 +308,13 @@ int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy, san
         code = moat::errc::layer_unavailable;
         return err;
     }
-    // pid 1 must outlive the cgroup OOM killer; commands reset theirs to 0. Without
-    // CAP_SYS_RESOURCE (EACCES: some hosts drop it even from root) the agent keeps the helper's
-    // score and relies on its tiny RSS never making it the largest victim.
-    const int err = write_proc_file(pid, "oom_score_adj", "-1000");
-    if (err != 0 && err != EACCES) {
+    // Sandbox processes are the host OOM killer's preferred victims, never protected from it:
+    // raising the score is always allowed, and where the helper holds CAP_SYS_RESOURCE the write
+    // also raises the floor (oom_score_adj_min) that every command inherits, so code inside can
+    // never lower its score again. (Lowering pid 1's score instead would hand that floor to
+    // hostile code.) Inside the sandbox's own cgroup the largest process, never the tiny agent,
+    // is the one killed.
+    if (const int err = write_proc_file(pid, "oom_score_adj", "500")) {
         detail = std::string("write oom_score_adj: ") + errno_name(err);
         return err;
     }
@@ -431,12 +434,16 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.filter.filter = filter_.data();
     std::snprintf(args.ttl_text, sizeof args.ttl_text, "%llu",
                   static_cast<unsigned long long>(request.ttl_ms));
+    std::snprintf(args.max_processes_text, sizeof args.max_processes_text, "%u",
+                  request.max_processes);
     args.argv[0] = "moat-sandboxd";
     args.argv[1] = "agent";
     args.argv[2] = "--ttl-ms";
     args.argv[3] = args.ttl_text;
-    args.argv[4] = request.survive_owner ? "--survive-owner" : nullptr;
-    args.argv[5] = nullptr;
+    args.argv[4] = "--max-processes";
+    args.argv[5] = args.max_processes_text;
+    args.argv[6] = request.survive_owner ? "--survive-owner" : nullptr;
+    args.argv[7] = nullptr;
     args.envp[0] = "PATH=/usr/bin:/bin";
     args.envp[1] = nullptr;
 

@@ -36,6 +36,7 @@ struct spawn_request {
     std::uint64_t workspace_bytes = 0;  // 0 = tmpfs default (half of RAM; still charged to memcg)
     std::uint64_t tmp_bytes = 0;        // /tmp and /dev/shm, same rule
     std::uint64_t ttl_ms = 0;
+    std::uint32_t max_processes = 0;  // RLIMIT_NPROC of commands (0 = none); see agent.hpp
     bool survive_owner = false;
     bool best_effort = false;  // for the cgroup attach
 };
