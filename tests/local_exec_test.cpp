@@ -5,6 +5,10 @@
 
 #include <moat/with_timeout.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+
 #include <csignal>
 #include <sstream>
 
@@ -198,6 +202,44 @@ TEST_CASE_FIXTURE(local_fixture,
     const auto next = run(next_within(*stream, 200ms));
     REQUIRE_FALSE(next);
     CHECK(next.error().code == moat::errc::deadline_exceeded);
+    CHECK(moat::test::eventually([&] { return moat::test::is_gone(sleeper); }));
+    CHECK(sh(box.id, "echo still-ready").out.text() == "still-ready\n");
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "cancelling the caller kills the command and reports cancelled") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const pid_t init = *box.host_pid;
+    moat::exec_request request;
+    request.shell = "sleep 1000";
+    asio::cancellation_signal cancel;
+    std::optional<stream_summary> outcome;
+    asio::co_spawn(io, drain(*local, box.id, request, nullptr),
+                   asio::bind_cancellation_slot(
+                       cancel.slot(), [&outcome](std::exception_ptr e, stream_summary s) {
+                           if (e) {
+                               try {
+                                   std::rethrow_exception(e);
+                               } catch (const std::exception& x) {
+                                   FAIL("the exec coroutine threw: " << std::string(x.what()) << " " << typeid(x).name());
+                               }
+                           }
+                           outcome = std::move(s);
+                       }));
+    pid_t sleeper = -1;
+    const auto limit = std::chrono::steady_clock::now() + 20s;
+    while (sleeper < 0 && std::chrono::steady_clock::now() < limit) {
+        io.run_one_for(10ms);
+        sleeper = moat::test::find_descendant(init, "sleep 1000");
+    }
+    REQUIRE(sleeper > 0);
+    CHECK(moat::test::is_running(sleeper));
+    cancel.emit(asio::cancellation_type::terminal);
+    while (!outcome && std::chrono::steady_clock::now() < limit) io.run_one_for(10ms);
+    REQUIRE(outcome);
+    REQUIRE(outcome->failure);
+    CHECK(outcome->failure->code == moat::errc::cancelled);
     CHECK(moat::test::eventually([&] { return moat::test::is_gone(sleeper); }));
     CHECK(sh(box.id, "echo still-ready").out.text() == "still-ready\n");
     destroy(box.id);

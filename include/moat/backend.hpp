@@ -1,11 +1,15 @@
 // moat::backend: where sandboxes live. The local backend (Linux namespaces on this host) is the
 // embedded default; a remote backend speaks the E2B protocol to a fleet.
 //
-// Every operation is a coroutine on the backend's executor and returns result<T>. Parameters are
-// taken by value (coroutines outlive their callers' temporaries). Unless an operation says
-// otherwise, Per-Operation Cancellation is terminal: the operation stops what it started (a
-// process is killed and its end confirmed within a grace period) and completes with
-// errc::cancelled. Wrap a call in with_timeout() for a deadline.
+// Every operation is a coroutine on the backend's executor and returns result<T>; exceptions do
+// not escape it. Parameters are taken by value (coroutines outlive their callers' temporaries).
+// Unless an operation says otherwise, Per-Operation Cancellation is terminal: the operation stops
+// what it started (a process is killed and its end confirmed within a grace period) and completes
+// with errc::cancelled; if the end could not be confirmed, with errc::backend_failure. Wrap a
+// call in with_timeout() for a deadline (errc::deadline_exceeded).
+//
+// A backend keeps work on its executor (it listens to its helper or service) until it is
+// destroyed, so io_context::run() does not return while one is alive.
 //
 // A backend does not order operations on one sandbox; the sandbox handle above it does.
 #pragma once
@@ -54,9 +58,12 @@ class backend {
         std::string id, std::chrono::milliseconds ttl) = 0;
 
     // Kills every process of the sandbox and returns only once it is confirmed gone (pid 1 reaped,
-    // cgroups and mounts released). Destroying an already-destroyed sandbox succeeds.
-    // Per-Operation Cancellation: none; a destroy always runs to its confirmation or its
-    // internal bound.
+    // cgroups and mounts released), then forgets the id. A sandbox that ended on its own (TTL,
+    // crash) stays listed as `exited` until destroyed; destroying it releases the record and
+    // succeeds. An id this backend does not know (never created here, or already destroyed)
+    // fails with sandbox_not_found. If the end cannot be confirmed within the backend's bound,
+    // backend_failure says so and the record is kept.
+    // Per-Operation Cancellation: none; a destroy always runs to its confirmation or its bound.
     virtual asio::awaitable<result<void>> async_destroy(std::string id) = 0;
 
     // Runs a command to completion, keeping head + tail of its output (request.output).

@@ -17,7 +17,7 @@ namespace moat {
 
 enum class errc : int {
     // The caller cancelled the operation (Asio per-operation cancellation); the work it started was
-    // stopped and that was confirmed.
+    // stopped and that was confirmed. (An unconfirmed stop is backend_failure.)
     cancelled = 1,
     // The caller's deadline passed before the operation completed; the work was stopped.
     deadline_exceeded = 2,

@@ -61,7 +61,9 @@ struct exec_result {
     int exit_code = 0;
     int signal = 0;           // the terminating signal, or 0
     bool timed_out = false;   // the wall limit ended it
-    bool oom_killed = false;  // the sandbox's memory limit ended it
+    // The sandbox's memory limit ended it: the command died of SIGKILL (or, run through a shell,
+    // exited 137) while the sandbox's memory cgroup counted an OOM kill.
+    bool oom_killed = false;
     captured_output out;      // stdout (empty for a streamed exec: the chunks carried it)
     captured_output err;      // stderr
     std::chrono::microseconds duration{0};  // from start to exit, measured in the sandbox
@@ -89,8 +91,10 @@ class exec_stream {
 
     // The next chunk of stdout or stderr, and after both have ended, the exec_result (with empty
     // captured output and byte counts). Calling again after the result is an error.
-    // Per-Operation Cancellation: terminal. The program is killed, its end is confirmed within a
-    // grace period, and the call completes with errc::cancelled; the stream is finished.
+    // Per-Operation Cancellation: terminal. The program is killed and the call completes with
+    // errc::cancelled once its end is confirmed (within the backend's kill grace, 2 s by
+    // default); if it is not confirmed in time, with errc::backend_failure instead. Either way
+    // the stream is finished. Dropping a stream before its end kills the program too.
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() {
         return impl_->async_next();
     }

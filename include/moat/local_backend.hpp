@@ -7,10 +7,16 @@
 // that runs commands in their own process groups). See docs/architecture.md.
 //
 // Embedding contract: the backend is confined to its executor; call it from coroutines running
-// there. It installs no signal handlers and never changes the signal mask. Each live sandbox holds
-// 2 descriptors in the application (pidfd + control socket) and each running command 2 more
-// (stdout and stderr pipes); the helper holds 1 (its socket). When the application process exits,
-// every sandbox it created without survive_owner dies with it.
+// there. It installs no signal handlers and never changes the signal mask. Descriptors it holds in
+// the application: 1 sealed memfd with the helper image (per process, once used); 2 for the
+// helper (control socket, pidfd); 2 per live sandbox (pidfd, control socket); 2 per running
+// command (stdout and stderr pipes) plus 1 while stdin bytes are being written. When the
+// application process exits, every sandbox it created without survive_owner dies with it.
+//
+// Host requirements: root (the helper writes uid maps and cgroups), user namespaces, and cgroup
+// v1 memory, pids and cpu controllers (hybrid hierarchy). cgroup v2-only hosts (stock Debian 12
+// with systemd) are not supported yet: create fails with layer_unavailable naming the memory
+// cgroup, unless the spec allows best effort.
 #pragma once
 
 #include <moat/backend.hpp>
@@ -23,7 +29,9 @@
 namespace moat {
 
 struct local_options {
-    // 0700 directory for the helper's state (template root, uid-range locks). Default: /run/moat.
+    // 0700 directory for the helper's state (template root, uid-range locks); every moat process on
+    // a host should share it, since uid ranges are unique per state directory. Default:
+    // /run/moat as root, else $XDG_RUNTIME_DIR/moat or /tmp/moat-<uid>.
     std::string state_dir;
     // Run this moat-sandboxd binary instead of the embedded one (development, packaging).
     std::string sandboxd_path;

@@ -21,12 +21,14 @@
 #include <asio/use_awaitable.hpp>
 
 #include <exception>
+#include <string>
 
 namespace moat {
 
 namespace detail {
 error timeout_error(const std::exception_ptr& failure, bool timer_fired);
-}
+error deadline_error(const std::string& what_happened);
+}  // namespace detail
 
 template <class T>
 asio::awaitable<result<T>> with_timeout(asio::awaitable<result<T>> operation, deadline limit) {
@@ -39,9 +41,14 @@ asio::awaitable<result<T>> with_timeout(asio::awaitable<result<T>> operation, de
     auto outcome =
         co_await group.async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
     auto& [order, failure, value, timer_error] = outcome;
-    if (order[0] == 0 && !failure) co_return std::move(value);
     const bool timer_fired = order[0] == 1 && !timer_error;
-    co_return detail::timeout_error(failure, timer_fired);
+    if (failure) co_return detail::timeout_error(failure, timer_fired);
+    // A result the operation produced is returned even if the timer fired first; only the
+    // cancellation the timer caused is reported as the deadline.
+    if (timer_fired && !value && value.error().code == errc::cancelled) {
+        co_return detail::deadline_error(value.error().detail);
+    }
+    co_return std::move(value);
 }
 
 }  // namespace moat

@@ -1,5 +1,7 @@
 #include "core/async_event.hpp"
 
+#include "core/cancellation.hpp"
+
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include "core/asio_compat.hpp"
@@ -10,6 +12,10 @@ namespace moat {
 
 asio::awaitable<async_event::wait_outcome> async_event::async_wait(deadline limit) {
     if (is_set_) co_return wait_outcome::set;
+    if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+        co_await asio::this_coro::reset_cancellation_state();
+        co_return wait_outcome::cancelled;
+    }
     if (limit.has_expired()) co_return wait_outcome::deadline_passed;
     asio::steady_timer timer(executor_, limit.when());
     waiters_.push_back(&timer);
@@ -18,8 +24,7 @@ asio::awaitable<async_event::wait_outcome> async_event::async_wait(deadline limi
     waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &timer));
     if (is_set_) co_return wait_outcome::set;
     if (!ec) co_return wait_outcome::deadline_passed;
-    // Let the caller's cleanup await (a cancelled coroutine throws at its next co_await).
-    co_await asio::this_coro::reset_cancellation_state();
+    co_await asio::this_coro::reset_cancellation_state();  // let the caller's cleanup await
     co_return wait_outcome::cancelled;
 }
 

@@ -1,6 +1,9 @@
 #include <moat/with_timeout.hpp>
 
+#include "core/exception_boundary.hpp"
+
 #include <asio/error.hpp>
+#include <asio/multiple_exceptions.hpp>
 
 #include <system_error>
 
@@ -8,6 +11,19 @@ namespace moat::detail {
 
 error timeout_error(const std::exception_ptr& failure, bool timer_fired) {
     if (timer_fired) return make_error(errc::deadline_exceeded, "the deadline passed");
+    return error_from_exception(failure);
+}
+
+error deadline_error(const std::string& what_happened) {
+    if (what_happened.empty()) return make_error(errc::deadline_exceeded, "the deadline passed");
+    return make_error(errc::deadline_exceeded, "the deadline passed; " + what_happened);
+}
+
+}  // namespace moat::detail
+
+namespace moat {
+
+error error_from_exception(const std::exception_ptr& failure) {
     if (!failure) return make_error(errc::cancelled, "the caller cancelled the operation");
     try {
         std::rethrow_exception(failure);
@@ -16,9 +32,13 @@ error timeout_error(const std::exception_ptr& failure, bool timer_fired) {
             return make_error(errc::cancelled, "the caller cancelled the operation");
         }
         return make_error(errc::backend_failure, e.what());
+    } catch (const asio::multiple_exceptions&) {
+        return make_error(errc::cancelled, "the caller cancelled the operation");
     } catch (const std::exception& e) {
         return make_error(errc::backend_failure, e.what());
+    } catch (...) {
+        return make_error(errc::backend_failure, "an unknown exception");
     }
 }
 
-}  // namespace moat::detail
+}  // namespace moat

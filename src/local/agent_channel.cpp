@@ -3,6 +3,13 @@
 #include <moat/log.hpp>
 
 namespace moat {
+namespace {
+
+// The agent's largest record is `exited`; anything bigger is a protocol violation.
+constexpr std::size_t max_agent_record = 256;
+static_assert(sizeof(wire::exited_message) <= max_agent_record);
+
+}  // namespace
 
 asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self) {
     co_await self->read_loop();
@@ -11,7 +18,7 @@ asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self) {
 agent_channel::agent_channel(const asio::any_io_executor& executor, unique_fd control,
                              std::string sandbox_id)
     : executor_(executor),
-      channel_(executor, std::move(control)),
+      channel_(executor, std::move(control), max_agent_record),
       sandbox_id_(std::move(sandbox_id)),
       ready_(executor) {}
 
@@ -30,11 +37,12 @@ asio::awaitable<result<void>> agent_channel::async_wait_ready(deadline limit) {
 }
 
 asio::awaitable<result<std::shared_ptr<command_state>>> agent_channel::async_exec(
-    std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio) {
+    std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio,
+    deadline limit) {
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto state = std::make_shared<command_state>(executor_);
     commands_[exec_id] = state;
-    auto sent = co_await channel_.async_send(record, stdio);
+    auto sent = co_await channel_.async_send(record, stdio, limit);
     if (!sent) {
         commands_.erase(exec_id);
         co_return std::move(sent).error();

@@ -41,8 +41,10 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     asio::awaitable<result<void>> async_wait_ready(deadline limit);
 
     // Sends an exec record with [stdin, stdout, stderr] attached and registers the command.
+    // Fails with backend_failure if the agent does not take the record by `limit`.
     asio::awaitable<result<std::shared_ptr<command_state>>> async_exec(
-        std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio);
+        std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio,
+        deadline limit);
 
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);

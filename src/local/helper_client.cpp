@@ -2,7 +2,10 @@
 
 #include <moat/log.hpp>
 
+#include "core/descriptor_wait.hpp"
 #include "local/sandboxd_launcher.hpp"
+
+#include <asio/posix/stream_descriptor.hpp>
 
 #include <poll.h>
 #include <sys/syscall.h>
@@ -12,10 +15,32 @@
 #include <cstring>
 
 namespace moat {
+namespace {
+
+// The helper's largest record is `created` (two cgroup paths).
+constexpr std::size_t max_helper_record = 2048;
+static_assert(sizeof(wire::created_message) <= max_helper_record);
+
+}  // namespace
 
 asio::awaitable<void> run_helper_reader(std::shared_ptr<helper_client> self) {
     co_await self->read_loop();
 }
+
+namespace {
+
+// Waits (bounded) for a SIGKILLed helper to exit, then reaps it. A pidfd polls readable once its
+// process has exited.
+asio::awaitable<void> reap_helper(asio::any_io_executor executor, unique_fd pidfd) {
+    asio::posix::stream_descriptor exited(executor, pidfd.release());
+    const auto limit = deadline::after(std::chrono::seconds(5));
+    co_await async_wait_until(exited, asio::posix::descriptor_base::wait_read, limit);
+    siginfo_t info{};
+    // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
+    ::waitid(P_PIDFD, static_cast<id_t>(exited.native_handle()), &info, WEXITED | WNOHANG);
+}
+
+}  // namespace
 
 helper_client::helper_client(asio::any_io_executor executor, task_group& tasks,
                              local_options options)
@@ -38,7 +63,8 @@ asio::awaitable<result<void>> helper_client::async_ensure_started(deadline limit
         }
         pid_ = launched->pid;
         pidfd_ = std::move(launched->pidfd);
-        channel_ = std::make_unique<seqpacket_channel>(executor_, std::move(launched->socket));
+        channel_ = std::make_unique<seqpacket_channel>(executor_, std::move(launched->socket),
+                                                       max_helper_record);
         tasks_.spawn(run_helper_reader(shared_from_this()));
     }
     if (phase_ == phase::starting) {
@@ -63,7 +89,7 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
     pending->sandbox_id = std::string(wire::read_field(request.sandbox_id));
     creates_[request.request_id] = pending;
     const auto bytes = std::as_bytes(std::span(&request, 1));
-    auto sent = co_await channel_->async_send(bytes);
+    auto sent = co_await channel_->async_send(bytes, {}, limit);
     if (!sent) {
         creates_.erase(request.request_id);
         co_return std::move(sent).error();
@@ -81,14 +107,15 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
                          "the sandbox helper did not answer create in time");
 }
 
-asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id) {
+asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id,
+                                                           deadline limit) {
     if (phase_ != phase::running) {
         co_return make_error(errc::backend_failure, "the sandbox helper is not running");
     }
     auto message = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
     wire::copy_field(message.sandbox_id, sandbox_id);
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    co_return co_await channel_->async_send(bytes);
+    co_return co_await channel_->async_send(bytes, {}, limit);
 }
 
 asio::awaitable<void> helper_client::read_loop() {
@@ -194,7 +221,12 @@ void helper_client::lose(const std::string& reason) {
     }
     creates_.clear();
     if (started_) started_->set();
-    shutdown();
+    // Never block the executor here: kill the helper and reap it from a task.
+    if (pidfd_.is_open()) {
+        ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+        tasks_.spawn(reap_helper(executor_, std::move(pidfd_)));
+    }
+    pid_ = -1;
     if (on_helper_lost) on_helper_lost(reason);
 }
 

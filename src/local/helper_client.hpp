@@ -41,8 +41,9 @@ class helper_client : public std::enable_shared_from_this<helper_client> {
     asio::awaitable<result<created_sandbox>> async_create(wire::create_message request,
                                                           deadline limit);
 
-    // Asks the helper to kill and reap a sandbox; the outcome arrives through on_reaped.
-    asio::awaitable<result<void>> async_destroy(std::string sandbox_id);
+    // Asks the helper to kill and reap a sandbox; the outcome arrives through on_reaped. Fails if
+    // the request cannot be sent by `limit`.
+    asio::awaitable<result<void>> async_destroy(std::string sandbox_id, deadline limit);
 
     // Called for every reaped sandbox (destroyed, TTL, crashed).
     std::function<void(const wire::reaped_message&)> on_reaped;

@@ -3,6 +3,9 @@
 #include <moat/task_group.hpp>
 
 #include "core/async_event.hpp"
+#include "core/cancellation.hpp"
+#include "core/descriptor_wait.hpp"
+#include "core/exception_boundary.hpp"
 #include "local/agent_channel.hpp"
 #include "local/cgroup_stats.hpp"
 #include "local/helper_client.hpp"
@@ -37,14 +40,16 @@ constexpr auto start_timeout = std::chrono::seconds(10);
 constexpr auto wall_limit_slack = std::chrono::seconds(5);
 
 struct local_sandbox {
-    explicit local_sandbox(const asio::any_io_executor& ex) : reaped(ex) {}
+    explicit local_sandbox(const asio::any_io_executor& ex) : answered(ex), reaped(ex) {}
     sandbox_info info;
     std::shared_ptr<agent_channel> agent;
     unique_fd pidfd;
     std::string memory_cgroup;
     std::map<std::string, std::string> env;
     std::string workdir;
-    async_event reaped;
+    async_event answered;  // the helper reported on this sandbox (reaped, or never knew it)
+    async_event reaped;    // pid 1 is confirmed gone
+    int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
     std::optional<std::string> gone_reason;
 };
 
@@ -121,6 +126,32 @@ class local_backend final : public backend {
     std::string name() const override { return "local"; }
 
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
+        try {
+            co_return co_await create(std::move(spec));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<void>> async_destroy(std::string id) override {
+        try {
+            co_return co_await destroy(std::move(id));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
+                                                           exec_request request) override {
+        try {
+            co_return co_await start_exec(std::move(id), std::move(request));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+private:
+    asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
         auto started =
             co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
@@ -138,7 +169,8 @@ class local_backend final : public backend {
         request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
                         (spec.survive_owner ? wire::create_survive_owner : 0u);
 
-        auto made = co_await helper_->async_create(request, deadline::after(create_timeout));
+        const auto create_limit = deadline::after(create_timeout);
+        auto made = co_await helper_->async_create(request, create_limit);
         if (!made) co_return std::move(made).error();
 
         auto sandbox = std::make_shared<local_sandbox>(executor_);
@@ -160,6 +192,10 @@ class local_backend final : public backend {
         sandboxes_[id] = sandbox;
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
+        if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            ready = make_error(errc::cancelled, "create was cancelled");
+        }
         if (!ready) {
             // Cleanup is not cancellable: a half-made sandbox is destroyed before we return.
             co_await asio::this_coro::reset_cancellation_state();
@@ -172,6 +208,7 @@ class local_backend final : public backend {
         co_return sandbox->info;
     }
 
+public:
     asio::awaitable<result<sandbox_info>> async_attach(std::string) override {
         co_return make_error(errc::not_supported,
                              "local backend does not implement attach yet (persistent sandboxes)");
@@ -203,18 +240,22 @@ class local_backend final : public backend {
             "local backend does not implement extend_ttl yet (persistent sandboxes)");
     }
 
-    asio::awaitable<result<void>> async_destroy(std::string id) override {
+private:
+    asio::awaitable<result<void>> destroy(std::string id) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
+        const auto limit = deadline::after(options_.destroy_timeout);
         if (!sandbox->reaped.is_set()) {
             if (sandbox->agent) sandbox->agent->close();
-            auto asked = co_await helper_->async_destroy(id);
-            if (asked) {
-                co_await sandbox->reaped.async_wait(deadline::after(options_.destroy_timeout));
-            } else {
-                co_await kill_without_helper(*sandbox);
+            auto asked = co_await helper_->async_destroy(id, limit);
+            // Not cancellable: wait for the confirmation until the bound, whatever the caller does.
+            while (asked && !sandbox->answered.is_set() && !limit.has_expired()) {
+                co_await sandbox->answered.async_wait(limit);
             }
+            // The helper is gone, or it did not know this sandbox (it was started after a helper
+            // that died): confirm through our own pidfd.
+            if (!asked || sandbox->cleanup_errno == ESRCH) co_await kill_without_helper(*sandbox, limit);
         }
         if (!sandbox->reaped.is_set()) {
             co_return make_error(errc::backend_failure,
@@ -222,12 +263,16 @@ class local_backend final : public backend {
                                      std::to_string(options_.destroy_timeout.count()) + " ms");
         }
         sandboxes_.erase(id);
+        if (sandbox->cleanup_errno != 0 && sandbox->cleanup_errno != ESRCH) {
+            co_return make_error(errc::backend_failure,
+                                 "sandbox " + id + " is gone but its cgroups were not removed: " +
+                                     std::strerror(sandbox->cleanup_errno));
+        }
         detail::log(log_level::debug, "local", "destroyed", id);
         co_return result<void>{};
     }
 
-    asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
-                                                           exec_request request) override {
+    asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
@@ -267,7 +312,8 @@ class local_backend final : public backend {
 
         const int child_ends[3] = {pipes.stdin_theirs.get(), pipes.out_theirs.get(),
                                    pipes.err_theirs.get()};
-        auto state = co_await sandbox->agent->async_exec(exec_id, record, child_ends);
+        const auto start_limit = deadline::after(start_timeout);
+        auto state = co_await sandbox->agent->async_exec(exec_id, record, child_ends, start_limit);
         pipes.stdin_theirs.reset();
         pipes.out_theirs.reset();
         pipes.err_theirs.reset();
@@ -284,9 +330,12 @@ class local_backend final : public backend {
         // The stream owns the command from here: dropping it (cancellation included) kills it.
         auto stream = std::make_unique<local_exec_stream>(
             executor_, std::move(command), std::move(pipes.out_ours), std::move(pipes.err_ours));
-        const auto outcome = co_await (*state)->started.async_wait(deadline::after(start_timeout));
-        if (outcome == async_event::wait_outcome::cancelled) {
-            co_await asio::this_coro::reset_cancellation_state();
+        const auto outcome = co_await (*state)->started.async_wait(start_limit);
+        // A cancellation that raced the start is honoured too, so the caller's next co_await does
+        // not throw with the command still running.
+        const bool raced = is_cancelled(co_await asio::this_coro::cancellation_state);
+        if (raced) co_await asio::this_coro::reset_cancellation_state();
+        if (outcome == async_event::wait_outcome::cancelled || raced) {
             stream.reset();  // kills it
             co_return make_error(errc::cancelled, "exec was cancelled before the command started");
         }
@@ -347,29 +396,32 @@ class local_backend final : public backend {
         return it->second;
     }
 
-    // The helper is gone (it kills its sandboxes as it dies); confirm through our own pidfd.
-    asio::awaitable<void> kill_without_helper(local_sandbox& sandbox) {
+    // The helper cannot confirm (it is gone, or never knew this sandbox): kill pid 1 through our
+    // own pidfd and wait for it to report the exit. The kernel ends every process of the pid
+    // namespace before pid 1 can exit.
+    asio::awaitable<void> kill_without_helper(local_sandbox& sandbox, deadline limit) {
         if (!sandbox.pidfd.is_open()) co_return;
         ::syscall(SYS_pidfd_send_signal, sandbox.pidfd.get(), SIGKILL, nullptr, 0);
-        asio::posix::stream_descriptor pidfd(executor_, ::dup(sandbox.pidfd.get()));
-        asio::steady_timer timer(executor_, options_.destroy_timeout);
-        auto token = as_tuple(asio::use_awaitable);
-        // A pidfd polls readable once the process has exited.
-        pollfd p{pidfd.native_handle(), POLLIN, 0};
-        while (::poll(&p, 1, 0) == 0 && timer.expiry() > asio::steady_timer::clock_type::now()) {
-            asio::steady_timer tick(executor_, std::chrono::milliseconds(5));
-            co_await tick.async_wait(token);
-        }
-        if (::poll(&p, 1, 0) == 1) sandbox.reaped.set();
+        asio::posix::stream_descriptor pidfd(executor_, sandbox.pidfd.get());
+        const auto waited =
+            co_await async_wait_until(pidfd, asio::posix::descriptor_base::wait_read, limit);
+        pidfd.release();  // still owned by `sandbox`
+        if (waited == wait_result::ready) sandbox.reaped.set();
     }
 
     void on_reaped(const wire::reaped_message& m) {
         auto it = sandboxes_.find(std::string(wire::read_field(m.sandbox_id)));
         if (it == sandboxes_.end()) return;
         auto& sandbox = *it->second;
+        sandbox.cleanup_errno = m.cleanup_errno;
+        sandbox.answered.set();
+        if (m.cleanup_errno == ESRCH) return;  // async_destroy confirms through the pidfd
         sandbox.info.state = sandbox_state::exited;
         if (!sandbox.gone_reason) sandbox.gone_reason = "the sandbox's pid 1 exited";
+        // Keep only the record (inspect says `exited`) until destroy releases it.
         if (sandbox.agent) sandbox.agent->close();
+        sandbox.agent.reset();
+        sandbox.pidfd.reset();
         sandbox.reaped.set();
     }
 
@@ -378,6 +430,9 @@ class local_backend final : public backend {
             if (!sandbox->gone_reason) sandbox->gone_reason = reason;
             sandbox->info.state = sandbox_state::exited;
             if (sandbox->agent) sandbox->agent->close();
+            // Its sandboxes die with it (PDEATHSIG); destroy confirms that through the pidfd.
+            sandbox->cleanup_errno = ESRCH;
+            sandbox->answered.set();
         }
     }
 

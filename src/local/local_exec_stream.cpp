@@ -1,5 +1,7 @@
 #include "local/local_exec_stream.hpp"
 
+#include "core/cancellation.hpp"
+#include "core/exception_boundary.hpp"
 #include "local/cgroup_stats.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
@@ -75,12 +77,22 @@ asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_out
         // Every branch failed (asio::multiple_exceptions when more than one did): the caller
         // cancelled.
     }
-    // Let the cleanup that follows await (a cancelled coroutine throws at its next co_await).
-    co_await asio::this_coro::reset_cancellation_state();
+    co_await asio::this_coro::reset_cancellation_state();  // let stop() await the confirmation
     co_return wait_outcome::cancelled;
 }
 
 asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::async_next() {
+    try {
+        co_return co_await next();
+    } catch (...) {
+        // No co_await in a handler: kill without waiting; the stream is finished.
+        if (!command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
+        finished_ = true;
+        co_return error_from_exception(std::current_exception());
+    }
+}
+
+asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stream::next() {
     if (finished_)
         co_return make_error(errc::invalid_argument, "the exec stream has already ended");
     std::string chunk;
@@ -143,16 +155,14 @@ asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_exec_stre
     if (!command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
     const auto grace = deadline::after(command_.kill_grace);
     co_await command_.state->exited.async_wait(grace);
-    const bool confirmed = command_.state->exit.has_value();
-    std::string detail;
-    if (why == errc::cancelled) {
-        detail = confirmed ? "the command was cancelled and killed"
-                           : "the command was cancelled; its kill was not confirmed";
-    } else {
-        detail = confirmed ? "the command outlived its wall limit and was killed"
-                           : "the command outlived its wall limit and did not die";
+    if (!command_.state->exit) {
+        // Not cancelled: moat cannot vouch for the sandbox (the layer above quarantines it).
+        co_return make_error(errc::backend_failure,
+                             "the command was killed but its end was not confirmed within " +
+                                 std::to_string(command_.kill_grace.count()) + " ms");
     }
-    co_return make_error(why, std::move(detail));
+    if (why == errc::cancelled) co_return make_error(errc::cancelled, "the command was killed");
+    co_return make_error(why, "the command outlived its wall limit and moat killed it");
 }
 
 exec_result local_exec_stream::make_result(const wire::exited_message& exit) const {
@@ -171,9 +181,10 @@ exec_result local_exec_stream::make_result(const wire::exited_message& exit) con
         r.signal = WTERMSIG(status);
         r.exit_code = 128 + r.signal;
     }
-    // Any OOM kill in the sandbox while the command ran counts (a shell reports its child's kill
-    // as exit status 137, not as a signal).
-    if (command_.oom_kills_before) {
+    // The sandbox's memory cgroup counted an OOM kill while the command ran, and the command
+    // ended by SIGKILL (directly, or as a shell's exit status 137 for its killed child).
+    const bool killed = r.signal == SIGKILL || (r.signal == 0 && r.exit_code == 128 + SIGKILL);
+    if (killed && !r.timed_out && command_.oom_kills_before) {
         const auto after = read_oom_kill_count(command_.memory_cgroup);
         r.oom_killed = after && *after > *command_.oom_kills_before;
     }

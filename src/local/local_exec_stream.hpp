@@ -36,6 +36,7 @@ class local_exec_stream final : public exec_stream::impl {
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override;
 
   private:
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> next();
     enum class wait_outcome { readable, timer, cancelled };
     // Waits until a pipe is readable or the backstop passes. On cancellation it resets the
     // coroutine's cancellation state so that stop() can await the kill's confirmation.

@@ -85,8 +85,9 @@ result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
     }
     unique_fd ours(pair[0]);
     unique_fd theirs(pair[1]);
-    // dup2(3, 3) would keep close-on-exec set: make sure the helper's end is not already fd 3.
-    if (theirs.get() == 3) theirs.reset(::fcntl(3, F_DUPFD_CLOEXEC, 4));
+    // Keep the helper's end clear of fds 0-3: the file actions below reopen 0-2, and dup2(3, 3)
+    // would leave close-on-exec set.
+    if (theirs.get() < 4) theirs.reset(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 4));
 
     spawn_attributes sa;
     sigset_t signals;
@@ -97,6 +98,11 @@ result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
     posix_spawnattr_setpgroup(&sa.attr, 0);
     posix_spawnattr_setflags(
         &sa.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    // The helper gets /dev/null for stdio: whatever the application has on 0-2 (a connection
+    // that reused fd 0, a log file) must not be held open by it.
+    for (int fd = 0; fd < 3; ++fd) {
+        posix_spawn_file_actions_addopen(&sa.actions, fd, "/dev/null", O_RDWR, 0);
+    }
     posix_spawn_file_actions_adddup2(&sa.actions, theirs.get(), 3);
 
     std::string arg0 = "moat-sandboxd", arg1 = "helper", arg2 = "--state-dir", arg3 = state_dir;

@@ -1,20 +1,25 @@
 #include "local/seqpacket_channel.hpp"
 
+#include "core/asio_compat.hpp"
+#include "core/cancellation.hpp"
+#include "core/descriptor_wait.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
 
 #include <asio/use_awaitable.hpp>
-#include "core/asio_compat.hpp"
 
-#include <sys/socket.h>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <sys/socket.h>
 
 namespace moat {
 
-seqpacket_channel::seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket)
-    : socket_(executor, socket.release()), buffer_(wire::max_message_bytes) {}
+seqpacket_channel::seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket,
+                                     std::size_t max_record)
+    // One spare byte: a record that fills the buffer exactly is still recognised as too large
+    // through MSG_TRUNC.
+    : socket_(executor, socket.release()), buffer_(max_record + 1) {}
 
 result<void> seqpacket_channel::try_send(std::span<const std::byte> record,
                                          std::span<const int> fds) {
@@ -26,19 +31,27 @@ result<void> seqpacket_channel::try_send(std::span<const std::byte> record,
 }
 
 asio::awaitable<result<void>> seqpacket_channel::async_send(std::span<const std::byte> record,
-                                                            std::span<const int> fds) {
+                                                            std::span<const int> fds,
+                                                            deadline limit) {
     for (;;) {
-        if (!socket_.is_open())
+        if (!socket_.is_open()) {
             co_return make_error(errc::backend_failure, "control socket is closed");
+        }
         const ssize_t n = wire::send_record(socket_.native_handle(), record, fds, MSG_DONTWAIT);
         if (n == static_cast<ssize_t>(record.size())) co_return result<void>{};
         if (n < 0 && errno != EAGAIN) {
             co_return make_error(errc::backend_failure,
                                  std::string("control socket send: ") + std::strerror(errno));
         }
-        auto token = as_tuple(asio::use_awaitable);
-        auto [ec] = co_await socket_.async_wait(asio::posix::descriptor_base::wait_write, token);
-        if (ec) co_return make_error(errc::cancelled, "control socket send was cancelled");
+        if (limit.has_expired()) {
+            co_return make_error(errc::backend_failure,
+                                 "control socket full: the peer is not reading its messages");
+        }
+        const auto waited =
+            co_await async_wait_until(socket_, asio::posix::descriptor_base::wait_write, limit);
+        if (waited == wait_result::cancelled) {
+            co_return make_error(errc::cancelled, "cancelled before the message was sent");
+        }
     }
 }
 
@@ -47,8 +60,8 @@ asio::awaitable<result<received_record>> seqpacket_channel::async_receive() {
         if (!socket_.is_open()) co_return received_record{};
         int fds[wire::max_fds_per_message];
         std::size_t fd_count = 0;
-        const ssize_t n =
-            wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count, MSG_DONTWAIT);
+        const ssize_t n = wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count,
+                                               MSG_DONTWAIT);
         if (n >= 0) {
             received_record record;
             record.data.assign(buffer_.begin(), buffer_.begin() + n);
@@ -64,9 +77,16 @@ asio::awaitable<result<received_record>> seqpacket_channel::async_receive() {
             co_return make_error(errc::backend_failure,
                                  std::string("control socket receive: ") + std::strerror(errno));
         }
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            co_return make_error(errc::cancelled, "control socket receive was cancelled");
+        }
         auto token = as_tuple(asio::use_awaitable);
         auto [ec] = co_await socket_.async_wait(asio::posix::descriptor_base::wait_read, token);
-        if (ec) co_return make_error(errc::cancelled, "control socket receive was cancelled");
+        if (ec) {
+            co_await asio::this_coro::reset_cancellation_state();
+            co_return make_error(errc::cancelled, "control socket receive was cancelled");
+        }
     }
 }
 

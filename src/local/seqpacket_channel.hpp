@@ -2,6 +2,7 @@
 // with descriptors attached. Used for both the helper's and each agent's control socket.
 #pragma once
 
+#include <moat/deadline.hpp>
 #include <moat/result.hpp>
 
 #include "core/unique_fd.hpp"
@@ -23,19 +24,22 @@ struct received_record {
 
 class seqpacket_channel {
   public:
-    seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket);
+    // `max_record`: the largest record accepted from the peer (larger ones are protocol errors).
+    seqpacket_channel(const asio::any_io_executor& executor, unique_fd socket,
+                      std::size_t max_record);
 
-    // Sends one record; waits while the socket buffer is full. Cancellation: terminal; a record is
-    // either sent whole or not at all.
+    // Sends one record; waits while the socket buffer is full, until `limit` (then
+    // backend_failure: the peer is not reading). Cancellation: terminal; a record is either sent
+    // whole or not at all.
     asio::awaitable<result<void>> async_send(std::span<const std::byte> record,
-                                             std::span<const int> fds = {});
+                                             std::span<const int> fds, deadline limit);
 
     // Sends without waiting; fails with backend_failure if the buffer is full. For small records
     // that must go out from non-coroutine code (kill on destruction).
     result<void> try_send(std::span<const std::byte> record, std::span<const int> fds = {});
 
     // Receives the next record; an empty record means the peer closed. Errors: protocol_error for a
-    // record over wire::max_message_bytes or too many descriptors. Cancellation: terminal.
+    // record over max_record bytes or too many descriptors. Cancellation: terminal.
     asio::awaitable<result<received_record>> async_receive();
 
     void close();

@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
@@ -85,8 +86,11 @@ int command_main(void* opaque) {
     }
     // Per-user process cap inside this sandbox's user namespace: a second line against fork
     // bombs that holds even where the pids cgroup was skipped (best effort).
-    if (a.max_processes != 0) {
-        const rlimit processes{a.max_processes, a.max_processes};
+    rlimit processes{};
+    if (a.max_processes != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0) {
+        // Only lowering is allowed without CAP_SYS_RESOURCE in the host's user namespace.
+        processes.rlim_max = std::min(processes.rlim_max, a.max_processes);
+        processes.rlim_cur = processes.rlim_max;
         if (::setrlimit(RLIMIT_NPROC, &processes) != 0) command_fail(a);
     }
     for (int cap = 0; cap <= a.cap_last_cap; ++cap) {
