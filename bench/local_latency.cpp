@@ -11,15 +11,15 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <spawn.h>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 extern char** environ;
@@ -35,7 +35,8 @@ struct samples {
     double percentile(double p) const {
         std::vector<double> sorted = ms;
         std::sort(sorted.begin(), sorted.end());
-        const auto index = static_cast<std::size_t>(p * static_cast<double>(sorted.size() - 1) + 0.5);
+        const auto index =
+            static_cast<std::size_t>(p * static_cast<double>(sorted.size() - 1) + 0.5);
         return sorted[index];
     }
 };
@@ -100,8 +101,10 @@ asio::awaitable<int> measure(moat::backend& local, bench_options options, sample
 int main(int argc, char** argv) {
     bench_options options;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (std::strcmp(argv[i], "--n") == 0) options.iterations = std::max(1, std::atoi(argv[i + 1]));
-        if (std::strcmp(argv[i], "--warmup") == 0) options.warmup = std::max(0, std::atoi(argv[i + 1]));
+        if (std::strcmp(argv[i], "--n") == 0)
+            options.iterations = std::max(1, std::atoi(argv[i + 1]));
+        if (std::strcmp(argv[i], "--warmup") == 0)
+            options.warmup = std::max(0, std::atoi(argv[i + 1]));
     }
     samples create{"create (until pid 1 ready)", {}};
     samples exec{"exec /bin/true (round trip)", {}};
@@ -121,8 +124,9 @@ int main(int argc, char** argv) {
 
     std::printf("%-30s %6s %8s %8s %8s %8s\n", "operation (ms)", "n", "p50", "p90", "p99", "max");
     for (const samples* s : {&create, &exec, &baseline, &destroy}) {
-        std::printf("%-30s %6zu %8.2f %8.2f %8.2f %8.2f\n", s->name, s->ms.size(), s->percentile(0.5),
-                    s->percentile(0.9), s->percentile(0.99), s->percentile(1.0));
+        std::printf("%-30s %6zu %8.2f %8.2f %8.2f %8.2f\n", s->name, s->ms.size(),
+                    s->percentile(0.5), s->percentile(0.9), s->percentile(0.99),
+                    s->percentile(1.0));
     }
     std::printf("exec / host posix_spawn: p50 %.2fx, p99 %.2fx\n",
                 exec.percentile(0.5) / baseline.percentile(0.5),

@@ -56,7 +56,7 @@ asio::awaitable<int> hello(moat::backend& sandboxes) {
 
     auto destroyed = co_await sandboxes.async_destroy(box->id);
     std::printf("destroyed: %s\n", destroyed ? "confirmed" : destroyed.error().to_string().c_str());
-    co_return destroyed && summed && summed->out.text() == "45\n" ? 0 : 1;
+    co_return destroyed&& summed && summed->out.text() == "45\n" ? 0 : 1;
 }
 
 }  // namespace

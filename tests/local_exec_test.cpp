@@ -222,7 +222,8 @@ TEST_CASE_FIXTURE(local_fixture, "cancelling the caller kills the command and re
                                try {
                                    std::rethrow_exception(e);
                                } catch (const std::exception& x) {
-                                   FAIL("the exec coroutine threw: " << std::string(x.what()) << " " << typeid(x).name());
+                                   FAIL("the exec coroutine threw: " << std::string(x.what()) << " "
+                                                                     << typeid(x).name());
                                }
                            }
                            outcome = std::move(s);

@@ -59,13 +59,13 @@ struct captured_output {
 struct exec_result {
     // The exit status; 128 + signal when killed by a signal; 124 when the wall limit ended it.
     int exit_code = 0;
-    int signal = 0;           // the terminating signal, or 0
-    bool timed_out = false;   // the wall limit ended it
+    int signal = 0;          // the terminating signal, or 0
+    bool timed_out = false;  // the wall limit ended it
     // The sandbox's memory limit ended it: the command died of SIGKILL (or, run through a shell,
     // exited 137) while the sandbox's memory cgroup counted an OOM kill.
     bool oom_killed = false;
-    captured_output out;      // stdout (empty for a streamed exec: the chunks carried it)
-    captured_output err;      // stderr
+    captured_output out;  // stdout (empty for a streamed exec: the chunks carried it)
+    captured_output err;  // stderr
     std::chrono::microseconds duration{0};  // from start to exit, measured in the sandbox
 };
 

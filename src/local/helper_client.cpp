@@ -107,8 +107,7 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
                          "the sandbox helper did not answer create in time");
 }
 
-asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id,
-                                                           deadline limit) {
+asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_id, deadline limit) {
     if (phase_ != phase::running) {
         co_return make_error(errc::backend_failure, "the sandbox helper is not running");
     }

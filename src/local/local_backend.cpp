@@ -47,8 +47,8 @@ struct local_sandbox {
     std::string memory_cgroup;
     std::map<std::string, std::string> env;
     std::string workdir;
-    async_event answered;  // the helper reported on this sandbox (reaped, or never knew it)
-    async_event reaped;    // pid 1 is confirmed gone
+    async_event answered;   // the helper reported on this sandbox (reaped, or never knew it)
+    async_event reaped;     // pid 1 is confirmed gone
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
     std::optional<std::string> gone_reason;
 };
@@ -150,7 +150,7 @@ class local_backend final : public backend {
         }
     }
 
-private:
+  private:
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
         auto started =
@@ -208,7 +208,7 @@ private:
         co_return sandbox->info;
     }
 
-public:
+  public:
     asio::awaitable<result<sandbox_info>> async_attach(std::string) override {
         co_return make_error(errc::not_supported,
                              "local backend does not implement attach yet (persistent sandboxes)");
@@ -240,7 +240,7 @@ public:
             "local backend does not implement extend_ttl yet (persistent sandboxes)");
     }
 
-private:
+  private:
     asio::awaitable<result<void>> destroy(std::string id) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
@@ -255,7 +255,8 @@ private:
             }
             // The helper is gone, or it did not know this sandbox (it was started after a helper
             // that died): confirm through our own pidfd.
-            if (!asked || sandbox->cleanup_errno == ESRCH) co_await kill_without_helper(*sandbox, limit);
+            if (!asked || sandbox->cleanup_errno == ESRCH)
+                co_await kill_without_helper(*sandbox, limit);
         }
         if (!sandbox->reaped.is_set()) {
             co_return make_error(errc::backend_failure,

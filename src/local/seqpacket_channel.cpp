@@ -8,10 +8,10 @@
 
 #include <asio/use_awaitable.hpp>
 
+#include <sys/socket.h>
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include <sys/socket.h>
 
 namespace moat {
 
@@ -60,8 +60,8 @@ asio::awaitable<result<received_record>> seqpacket_channel::async_receive() {
         if (!socket_.is_open()) co_return received_record{};
         int fds[wire::max_fds_per_message];
         std::size_t fd_count = 0;
-        const ssize_t n = wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count,
-                                               MSG_DONTWAIT);
+        const ssize_t n =
+            wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count, MSG_DONTWAIT);
         if (n >= 0) {
             received_record record;
             record.data.assign(buffer_.begin(), buffer_.begin() + n);
