@@ -1,0 +1,43 @@
+// libFuzzer target for the wire format parsers: everything the library accepts from a sandbox's
+// agent (fixed records) and everything the agent accepts from the library (exec records).
+//
+//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMOAT_BUILD_FUZZERS=ON
+//   cmake --build build/fuzz --target moat_wire_fuzzer && build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60
+#include "wire/protocol.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace wire = moat::wire;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    const auto record = std::as_bytes(std::span(data, size));
+    wire::header h{};
+    (void)wire::read_header(record, h);
+
+    wire::exec_request_view view;
+    if (wire::decode_exec(record, view)) {
+        // Whatever decodes must re-encode to the same bytes.
+        std::vector<std::string> argv(view.argv.begin(), view.argv.end());
+        std::vector<std::string> env(view.env.begin(), view.env.end());
+        std::vector<std::byte> again;
+        if (!wire::encode_exec(view.exec_id, view.wall_limit_ms, argv, env, view.cwd, again)) {
+            __builtin_trap();
+        }
+        if (again.size() != record.size()) __builtin_trap();
+    }
+
+    wire::ready_message ready{};
+    (void)wire::read_fixed(record, wire::message_type::ready, ready);
+    wire::started_message started{};
+    (void)wire::read_fixed(record, wire::message_type::started, started);
+    wire::exited_message exited{};
+    (void)wire::read_fixed(record, wire::message_type::exited, exited);
+    wire::created_message created{};
+    if (wire::read_fixed(record, wire::message_type::created, created)) {
+        (void)wire::read_field(created.memory_cgroup);
+        (void)wire::read_field(created.pids_cgroup);
+    }
+    return 0;
+}
