@@ -1,8 +1,9 @@
 // libFuzzer target for the wire format parsers: everything the library accepts from a sandbox's
 // agent (fixed records) and everything the agent accepts from the library (exec records).
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DMOAT_BUILD_FUZZERS=ON
-//   cmake --build build/fuzz --target moat_wire_fuzzer && build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60
+//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
+//   -DMOAT_BUILD_FUZZERS=ON cmake --build build/fuzz --target moat_wire_fuzzer &&
+//   build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60
 #include "wire/protocol.hpp"
 
 #include <cstddef>

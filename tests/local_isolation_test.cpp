@@ -5,7 +5,10 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/nsfs.h>
 #include <netinet/in.h>
+#include <sys/inotify.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -185,4 +188,43 @@ TEST_CASE_FIXTURE(local_fixture,
              "r.getrlimit(r.RLIMIT_NOFILE)[0])\"")
               .out.text() == "256 1024\n");
     destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox exhausts only its own per-user kernel quotas") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto a = create();
+    const auto b = create();
+    // The user namespace belongs to the sandbox's own host uid, never to root.
+    const int ns =
+        ::open(("/proc/" + std::to_string(*a.host_pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(ns >= 0);
+    uid_t owner = 0;
+    REQUIRE(::ioctl(ns, NS_GET_OWNER_UID, &owner) == 0);
+    ::close(ns);
+    CHECK(owner >= 65536);
+    // inotify instances are counted per owner: while one sandbox holds all of its own, root and
+    // another sandbox can still make theirs.
+    const std::string take_all =
+        "import ctypes, time\nlibc = ctypes.CDLL(None)\n"
+        "fds = [libc.inotify_init() for _ in range(100000)]\n"
+        "print(sum(1 for fd in fds if fd >= 0), flush=True)\n";
+    moat::exec_request holding;
+    holding.argv = {"python3", "-c", take_all + "time.sleep(30)\n"};
+    auto stream = run(local->async_exec_stream(a.id, holding));
+    REQUIRE(stream);
+    auto first = run(stream->async_next());
+    REQUIRE(first);
+    const auto* count = std::get_if<moat::output_chunk>(&*first);
+    REQUIRE(count != nullptr);
+    CHECK(std::stoi(count->data) > 0);
+    const int host = ::inotify_init1(IN_CLOEXEC);
+    CHECK(host >= 0);
+    if (host >= 0) ::close(host);
+    moat::exec_request once;
+    once.argv = {"python3", "-c", take_all};
+    const auto other = run(local->async_exec(b.id, once));
+    REQUIRE(other);
+    CHECK(other->out.text() == count->data);
+    destroy(a.id);
+    destroy(b.id);
 }

@@ -123,6 +123,8 @@ class helper_process {
     helper_process() {
         char dir_template[] = "/tmp/moat-sbxd-test-XXXXXX";
         REQUIRE(::mkdtemp(dir_template) != nullptr);
+        // Sandbox setup runs as unprivileged host uids that must reach the template inside.
+        REQUIRE(::chmod(dir_template, 0711) == 0);
         state_dir_ = std::string(dir_template) + "/state";
         int sockets[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) == 0);

@@ -31,7 +31,10 @@ namespace moat {
 struct local_options {
     // 0700 directory for the helper's state (template root, uid-range locks); every moat process on
     // a host should share it, since uid ranges are unique per state directory. Default:
-    // /run/moat as root, else $XDG_RUNTIME_DIR/moat or /tmp/moat-<uid>.
+    // /run/moat as root, else $XDG_RUNTIME_DIR/moat or /tmp/moat-<uid>. The helper makes it 0711
+    // (sandbox setup runs as unprivileged host uids that must reach the read-only template in
+    // it); every ancestor must be searchable by others too, or create fails naming the one that
+    // is not.
     std::string state_dir;
     // Run this moat-sandboxd binary instead of the embedded one (development, packaging).
     std::string sandboxd_path;

@@ -55,6 +55,17 @@ int make_directories(const std::string& path) {
     return 0;
 }
 
+// The first proper ancestor of `path` that others cannot search, or "".
+std::string first_unsearchable_ancestor(const std::string& path) {
+    for (std::size_t slash = path.find('/', 1); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
+        const std::string prefix = path.substr(0, slash);
+        struct stat st {};
+        if (::stat(prefix.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return prefix;
+    }
+    return "";
+}
+
 bool valid_sandbox_id(std::string_view id) {
     if (id.empty() || id == "." || id == "..") return false;
     for (const char c : id) {
@@ -142,6 +153,18 @@ void helper::setup() {
     }
     if (const int err = make_directories(state_dir_)) {
         return fail_setup(moat::errc::backend_failure, err, "helper: mkdir " + state_dir_);
+    }
+    // Searchable, not listable: each sandbox's setup runs as its own unprivileged host uid and
+    // must reach the (public, read-only) template inside. The uid-slot locks stay 0700.
+    if (::chmod(state_dir_.c_str(), 0711) != 0) {
+        return fail_setup(moat::errc::backend_failure, errno, "helper: chmod " + state_dir_);
+    }
+    if (const std::string closed = first_unsearchable_ancestor(state_dir_); !closed.empty()) {
+        return fail_setup(moat::errc::backend_failure, 0,
+                          "helper: state directory " + state_dir_ +
+                              " is unreachable for sandbox "
+                              "uids: " +
+                              closed + " is not searchable by others (chmod o+x)");
     }
     // Everything mounted from here on (the template root) stays inside this helper.
     if (::unshare(CLONE_NEWNS) != 0) {

@@ -229,9 +229,8 @@ int child_main(void* opaque) {
     // Without setgroups the child would keep host gid 0 as a supplementary group.
     checked(a, step::setgroups, SYS_setgroups, 0, nullptr);
     checked(a, step::setresgid, SYS_setresgid, 0, 0, 0);
-    // Reaching the template passes through the 0700 state directory, which only host uid 0 (the
-    // child's uid until setresuid) may search. Copied mounts are locked in a user namespace and
-    // cannot be pivot_root targets, hence the fresh recursive bind.
+    // Copied mounts are locked in a user namespace and cannot be pivot_root targets, hence the
+    // fresh recursive bind of the template (reachable through the 0711 state directory).
     checked(a, step::bind_template, SYS_mount, a.template_path, a.template_path, nullptr,
             MS_BIND | MS_REC, nullptr);
     checked(a, step::chdir_template, SYS_chdir, a.template_path);
@@ -449,7 +448,22 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
 
     int pidfd = -1;
     char* stack_top = static_cast<char*>(stack_) + guard_bytes + stack_bytes;
-    const pid_t pid = ::clone(child_main, stack_top, clone_flags, &args, &pidfd);
+    // The new user namespace is owned by the creator's effective uid, and the kernel charges its
+    // per-user counts (inotify instances and watches, nested namespaces, ...) to that owner. So
+    // clone as the sandbox's own unprivileged host uid, not as root: a sandbox can exhaust only
+    // its own quotas, never root's or another sandbox's. Raw calls: this process is
+    // single-threaded and glibc's set*id would broadcast to threads.
+    pid_t pid = -1;
+    if (::syscall(SYS_setresgid, -1, slot.uid_base, -1) == 0 &&
+        ::syscall(SYS_setresuid, -1, slot.uid_base, -1) == 0) {
+        pid = ::clone(child_main, stack_top, clone_flags, &args, &pidfd);
+    }
+    const int clone_errno = errno;
+    // Back to euid 0, which restores the effective capabilities from the permitted set.
+    if (::syscall(SYS_setresuid, -1, 0, -1) != 0 || ::syscall(SYS_setresgid, -1, 0, -1) != 0) {
+        ::abort();  // a helper that cannot become root again must not go on
+    }
+    errno = clone_errno;
     ::close(exec_write);
     ::close(release_read);
     if (pid < 0) {
