@@ -5,6 +5,7 @@
 //
 // Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,6 +71,8 @@ int main(int argc, char** argv) {
         if (argc != 4 || std::string_view(argv[2]) != "--state-dir" || argv[3][0] != '/') {
             return usage();
         }
+        // Run from a memfd the process would be named after its descriptor ("8"); name it for ps.
+        ::prctl(PR_SET_NAME, "moat-helper", 0, 0, 0);
         ensure_stdio_open();
         // The helper's only inherited descriptors are stdio and the control socket.
         ::close_range(4, ~0u, 0);
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
                 return usage();
             }
         }
+        ::prctl(PR_SET_NAME, "moat-agent", 0, 0, 0);
         return moat::sandboxd::run_agent(ttl_ms, max_processes, survive_owner);
     }
     return usage();
