@@ -61,7 +61,6 @@ asio::awaitable<result<void>> helper_client::async_ensure_started(deadline limit
             started_->set();
             co_return std::move(launched).error();
         }
-        pid_ = launched->pid;
         pidfd_ = std::move(launched->pidfd);
         channel_ = std::make_unique<seqpacket_channel>(executor_, std::move(launched->socket),
                                                        max_helper_record);
@@ -225,7 +224,6 @@ void helper_client::lose(const std::string& reason) {
         ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
         tasks_.spawn(reap_helper(executor_, std::move(pidfd_)));
     }
-    pid_ = -1;
     if (on_helper_lost) on_helper_lost(reason);
 }
 
@@ -240,7 +238,6 @@ void helper_client::shutdown() noexcept {
     // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
     ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED);
     pidfd_.reset();
-    pid_ = -1;
 }
 
 }  // namespace moat

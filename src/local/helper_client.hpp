@@ -78,7 +78,6 @@ class helper_client : public std::enable_shared_from_this<helper_client> {
     std::shared_ptr<async_event> started_;  // set when a start attempt finishes
     std::optional<error> start_error_;
     std::unique_ptr<seqpacket_channel> channel_;
-    pid_t pid_ = -1;
     unique_fd pidfd_;
     std::uint32_t host_layers_ = 0;
     std::string layer_detail_;

@@ -2,6 +2,7 @@
 #include <moat/log.hpp>
 #include <moat/task_group.hpp>
 
+#include "core/asio_compat.hpp"
 #include "core/async_event.hpp"
 #include "core/cancellation.hpp"
 #include "core/descriptor_wait.hpp"
@@ -16,11 +17,8 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
-#include <asio/write.hpp>
-#include "core/asio_compat.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -3,7 +3,6 @@
 #include <sys/random.h>
 #include <array>
 #include <cstdint>
-#include <stdexcept>
 
 namespace moat {
 
@@ -21,15 +20,6 @@ std::string make_sandbox_id() {
         id += digits[b & 15];
     }
     return id;
-}
-
-bool is_valid_sandbox_id(const std::string& id) noexcept {
-    if (id.size() != 23 || id.compare(0, 3, "sb-") != 0) return false;
-    for (std::size_t i = 3; i < id.size(); ++i) {
-        const char c = id[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-    }
-    return true;
 }
 
 }  // namespace moat

@@ -8,7 +8,4 @@ namespace moat {
 // "sb-" followed by 20 lowercase hex digits (80 random bits).
 std::string make_sandbox_id();
 
-// True for strings make_sandbox_id could have produced.
-bool is_valid_sandbox_id(const std::string& id) noexcept;
-
 }  // namespace moat

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cerrno>
 #include <csignal>
@@ -114,8 +115,13 @@ result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
         return make_error(errc::backend_failure, errno_text("starting moat-sandboxd", rc));
     }
     launched_helper helper;
-    helper.pid = pid;
     helper.pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!helper.pidfd.is_open()) {
+        const int err = errno;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        return make_error(errc::backend_failure, errno_text("pidfd_open for moat-sandboxd", err));
+    }
     helper.socket = std::move(ours);
     return helper;
 }

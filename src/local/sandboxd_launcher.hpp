@@ -8,13 +8,11 @@
 
 #include "core/unique_fd.hpp"
 
-#include <sys/types.h>
 #include <string>
 
 namespace moat {
 
 struct launched_helper {
-    pid_t pid = -1;
     unique_fd pidfd;   // for the application-side reap
     unique_fd socket;  // SOCK_SEQPACKET control socket (the helper's end is its fd 3)
 };
