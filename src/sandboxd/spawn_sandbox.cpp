@@ -384,7 +384,9 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
                             const cgroups& hierarchy, sandbox_cgroups& group, spawned_sandbox& out,
                             spawn_failure& failure) {
     auto fail = [&failure](moat::errc code, int err, std::string detail) {
-        failure.code = code;
+        // Out of descriptors or processes is a capacity limit the caller can wait out.
+        const bool exhausted = err == EMFILE || err == ENFILE || err == EAGAIN || err == ENOMEM;
+        failure.code = exhausted ? moat::errc::limit_exceeded : code;
         failure.sys_errno = err;
         failure.detail = std::move(detail);
         return false;
