@@ -81,13 +81,29 @@ class backend {
     virtual asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
                                                        int signal);
 
-    // File transfer (see files.hpp): per-path results, absolute paths, bounded sizes.
+    // File transfer. The contract is in files.hpp: absolute paths resolved only inside the
+    // sandbox, the sandbox user's permissions, per-path results with normalized errors, sizes
+    // bounded by file_limits, atomic writes, no implicit creation of parent directories.
+    // The whole call fails only with sandbox_not_found (unknown or destroyed id),
+    // sandbox_unavailable (the sandbox ended or its backend can no longer vouch for it) or
+    // too_large (the batch exceeds file_limits; nothing was done).
+    // Per-Operation Cancellation (local backend): none; the work is synchronous, runs inline on
+    // the executor and is bounded by the limits.
+    // The defaults fail with not_supported.
 
+    // Writes each file (created or replaced atomically, permission bits from file_write::mode),
+    // one result per file in order. At most max_files files and max_batch_bytes in all.
     virtual asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
         std::string id, std::vector<file_write> files);
+    // Reads each regular file, one result per path in order. At most max_files paths; once the
+    // contents read reach max_batch_bytes, the remaining paths get too_large.
     virtual asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
         std::string id, std::vector<std::string> paths);
+    // Type, size and permission bits of one path; a final symlink is reported as the link itself.
+    // Errors are the per-path ones of files.hpp.
     virtual asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path);
+    // Entries of one directory (without "." and ".."), sorted by name, symlinks not followed.
+    // invalid_path if the path is not a directory; too_large past max_dir_entries.
     virtual asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
                                                                            std::string path);
 };

@@ -9,9 +9,16 @@
 // Embedding contract: the backend is confined to its executor; call it from coroutines running
 // there. It installs no signal handlers and never changes the signal mask. Descriptors it holds in
 // the application: 1 sealed memfd with the helper image (per process, once used); 2 for the
-// helper (control socket, pidfd); 2 per live sandbox (pidfd, control socket); 2 per running
-// command (stdout and stderr pipes) plus 1 while stdin bytes are being written. When the
-// application process exits, every sandbox it created without survive_owner dies with it.
+// helper (control socket, pidfd); 3 per live sandbox (pidfd, control socket, an O_PATH
+// descriptor of its root for file access); 2 per running command (stdout and stderr pipes) plus 1
+// while stdin bytes are being written. When the application process exits, every sandbox it
+// created without survive_owner dies with it.
+//
+// File operations (write_files, read_files, stat, list_dir) run inline on the calling thread and
+// take microseconds. While one runs, that thread alone has the sandbox user's filesystem identity
+// (fsuid/fsgid, no supplementary groups, no effective capabilities); it is restored before the
+// operation returns. A signal handler of the application that touches files on that thread during
+// that window would do so with the sandbox user's rights.
 //
 // Host requirements: root (the helper writes uid maps and cgroups), user namespaces, and cgroup
 // v1 memory, pids and cpu controllers (hybrid hierarchy). cgroup v2-only hosts (stock Debian 12

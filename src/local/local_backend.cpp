@@ -11,6 +11,7 @@
 #include "local/cgroup_stats.hpp"
 #include "local/helper_client.hpp"
 #include "local/local_exec_stream.hpp"
+#include "local/sandbox_files.hpp"
 #include "local/sandbox_id.hpp"
 #include "local/spec_validation.hpp"
 
@@ -42,6 +43,8 @@ struct local_sandbox {
     sandbox_info info;
     std::shared_ptr<agent_channel> agent;
     unique_fd pidfd;
+    unique_fd root;              // O_PATH of its "/" (/proc/<pid>/root), for host-side file access
+    std::uint32_t uid_base = 0;  // host uid (and gid) of sandbox uid 0
     std::string memory_cgroup;
     std::map<std::string, std::string> env;
     std::string workdir;
@@ -148,6 +151,54 @@ class local_backend final : public backend {
         }
     }
 
+    // File access runs inline: a few system calls per file, bounded by file_limits. No co_await,
+    // so there is nothing to cancel; the boundary only turns bad_alloc into an error.
+    asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::string id, std::vector<file_write> files) override {
+        try {
+            auto root = file_root(id);
+            if (!root) co_return std::move(root).error();
+            const file_limits limits;
+            co_return write_files(*root, files, limits);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths) override {
+        try {
+            auto root = file_root(id);
+            if (!root) co_return std::move(root).error();
+            const file_limits limits;
+            co_return read_files(*root, paths, limits);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
+        try {
+            auto root = file_root(id);
+            if (!root) co_return std::move(root).error();
+            co_return stat_path(*root, path);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
+                                                                   std::string path) override {
+        try {
+            auto root = file_root(id);
+            if (!root) co_return std::move(root).error();
+            const file_limits limits;
+            co_return list_dir(*root, path, limits);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
   private:
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
@@ -182,6 +233,7 @@ class local_backend final : public backend {
         sandbox->info.limits = spec.limits;
         sandbox->info.limits.workspace_bytes = request.workspace_bytes;
         sandbox->pidfd = std::move(made->pidfd);
+        sandbox->uid_base = made->message.uid_base;
         sandbox->memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
         sandbox->env = std::move(spec.env);
         sandbox->workdir = std::move(spec.workdir);
@@ -190,6 +242,14 @@ class local_backend final : public backend {
         sandboxes_[id] = sandbox;
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
+        if (ready) {
+            auto root = open_sandbox_root(made->message.host_pid, sandbox->pidfd.get());
+            if (root) {
+                sandbox->root = std::move(*root);
+            } else {
+                ready = std::move(root).error();
+            }
+        }
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
             co_await asio::this_coro::reset_cancellation_state();
             ready = make_error(errc::cancelled, "create was cancelled");
@@ -261,6 +321,7 @@ class local_backend final : public backend {
                                  "destroy of " + id + " was not confirmed within " +
                                      std::to_string(options_.destroy_timeout.count()) + " ms");
         }
+        sandbox->root.reset();
         sandboxes_.erase(id);
         if (sandbox->cleanup_errno != 0 && sandbox->cleanup_errno != ESRCH) {
             co_return make_error(errc::backend_failure,
@@ -395,6 +456,23 @@ class local_backend final : public backend {
         return it->second;
     }
 
+    // What the file functions need, once the sandbox is known to be alive.
+    result<sandbox_root> file_root(const std::string& id) {
+        auto found = find(id);
+        if (!found) return std::move(found).error();
+        const local_sandbox& sandbox = **found;
+        if (sandbox.gone_reason) return make_error(errc::sandbox_unavailable, *sandbox.gone_reason);
+        if (sandbox.agent && sandbox.agent->broken())
+            return make_error(errc::sandbox_unavailable, *sandbox.agent->broken());
+        if (!sandbox.root.is_open())
+            return make_error(errc::sandbox_unavailable, "sandbox " + id + " is not ready yet");
+        // The helper's `reaped` report may still be on its way.
+        if (!sandbox.pidfd.is_open() || has_exited(sandbox.pidfd.get()))
+            return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
+        return sandbox_root{sandbox.root.get(), sandbox.uid_base + wire::sandbox_user_id,
+                            sandbox.uid_base + wire::sandbox_group_id};
+    }
+
     // The helper cannot confirm (it is gone, or never knew this sandbox): kill pid 1 through our
     // own pidfd and wait for it to report the exit. The kernel ends every process of the pid
     // namespace before pid 1 can exit.
@@ -421,6 +499,7 @@ class local_backend final : public backend {
         if (sandbox.agent) sandbox.agent->close();
         sandbox.agent.reset();
         sandbox.pidfd.reset();
+        sandbox.root.reset();  // it pins the sandbox's mounts (its tmpfs memory)
         sandbox.reaped.set();
     }
 
@@ -429,6 +508,7 @@ class local_backend final : public backend {
             if (!sandbox->gone_reason) sandbox->gone_reason = reason;
             sandbox->info.state = sandbox_state::exited;
             if (sandbox->agent) sandbox->agent->close();
+            sandbox->root.reset();
             // Its sandboxes die with it (PDEATHSIG); destroy confirms that through the pidfd.
             sandbox->cleanup_errno = ESRCH;
             sandbox->answered.set();

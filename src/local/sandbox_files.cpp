@@ -1,0 +1,464 @@
+#include "local/sandbox_files.hpp"
+
+#include <moat/log.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+namespace moat {
+namespace {
+
+// A path as it may appear in a one-line detail: control bytes become '?'.
+std::string printable(std::string_view path) {
+    std::string out(path);
+    for (char& c : out) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    return out;
+}
+
+error path_error(errc code, std::string_view path, std::string_view what) {
+    std::string detail = printable(path);
+    detail += ": ";
+    detail += what;
+    return make_error(code, std::move(detail));
+}
+
+// The normalized error for a failed system call on `path` (the sandbox's path, never a host one).
+error errno_error(int err, std::string_view path) {
+    switch (err) {
+        case ENOENT:
+        case ENOTDIR:
+            return path_error(errc::file_not_found, path, "no such file or directory");
+        case EISDIR:
+            return path_error(errc::is_directory, path, "is a directory");
+        case EACCES:
+        case EPERM:
+            return path_error(errc::permission_denied, path, "permission denied");
+        case EROFS:
+            return path_error(errc::permission_denied, path, "read-only file system");
+        case ELOOP:
+            return path_error(errc::invalid_path, path,
+                              "refused: a /proc magic link, a symlink where none is allowed, or "
+                              "too many levels of symlinks");
+        case EXDEV:
+            return path_error(errc::invalid_path, path, "refused: resolution left the sandbox");
+        case ENAMETOOLONG:
+            return path_error(errc::invalid_path, path, "name too long");
+        case EFBIG:
+        case ENOSPC:
+        case EDQUOT:
+            return path_error(errc::too_large, path, "no space left in the sandbox");
+        default: {
+            const char* name = ::strerrorname_np(err);
+            return path_error(errc::backend_failure, path, name != nullptr ? name : "E?");
+        }
+    }
+}
+
+// openat2 under the sandbox's root; -1 with errno on failure. EAGAIN means a concurrent rename
+// raced a ".." step: the kernel asks us to retry.
+int resolve(int root_fd, const std::string& path, std::uint64_t flags) {
+    open_how how{};
+    how.flags = flags | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+    for (int attempt = 0;; ++attempt) {
+        const long fd = ::syscall(SYS_openat2, root_fd, path.c_str(), &how, sizeof how);
+        if (fd >= 0) return static_cast<int>(fd);
+        if ((errno != EAGAIN && errno != EINTR) || attempt == 16) return -1;
+    }
+}
+
+file_type type_of(mode_t mode) noexcept {
+    if (S_ISREG(mode)) return file_type::regular;
+    if (S_ISDIR(mode)) return file_type::directory;
+    if (S_ISLNK(mode)) return file_type::symlink;
+    return file_type::other;
+}
+
+// The calling thread takes the sandbox user's filesystem identity for its lifetime: fsuid and
+// fsgid, no supplementary groups (the application's, root's group 0 included, would grant group
+// access), and an empty effective capability set (CAP_SYS_PTRACE, for one, would open the /proc
+// files of the sandbox's root-owned agent). Raw system calls: credentials are per thread in the
+// kernel, and glibc's set*id wrappers would apply them to every thread of the application.
+// The destructor restores everything; a thread that cannot get its identity back aborts, since
+// the application's next file access would run with the wrong one.
+class sandbox_identity {
+  public:
+    sandbox_identity(uid_t uid, gid_t gid) { switched_ = switch_to(uid, gid); }
+
+    ~sandbox_identity() {
+        if (!changed_) return;
+        // The capabilities first (setgroups needs CAP_SETGID), and again last: going back to fsuid
+        // 0 makes the kernel add the filesystem capabilities of the permitted set, which the
+        // application may have kept out of its effective set.
+        bool restored = ::syscall(SYS_capset, &header_, saved_caps_) == 0;
+        restored =
+            restored && ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
+        ::syscall(SYS_setfsgid, saved_gid_);
+        ::syscall(SYS_setfsuid, saved_uid_);
+        restored = restored && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == saved_uid_ &&
+                   static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == saved_gid_;
+        restored = restored && ::syscall(SYS_capset, &header_, saved_caps_) == 0;
+        if (!restored) {
+            detail::log(log_level::error, "local",
+                        "cannot restore the thread's credentials after a sandbox file operation");
+            std::abort();
+        }
+    }
+
+    sandbox_identity(const sandbox_identity&) = delete;
+    sandbox_identity& operator=(const sandbox_identity&) = delete;
+
+    // Empty once the identity is the sandbox user's.
+    result<void> status() const {
+        if (switched_) return {};
+        return make_error(errc::backend_failure,
+                          "cannot take the sandbox user's identity for file access (" + failed_ +
+                              ": " + std::strerror(errno_) + ")");
+    }
+
+  private:
+    bool switch_to(uid_t uid, gid_t gid) {
+        saved_uid_ = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
+        saved_gid_ = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
+        const long groups = ::syscall(SYS_getgroups, 0, nullptr);
+        if (groups < 0) return fail("getgroups");
+        saved_groups_.resize(static_cast<std::size_t>(groups));
+        if (::syscall(SYS_getgroups, groups, saved_groups_.data()) != groups)
+            return fail("getgroups");
+        header_.version = _LINUX_CAPABILITY_VERSION_3;
+        if (::syscall(SYS_capget, &header_, saved_caps_) != 0) return fail("capget");
+
+        changed_ = true;
+        if (::syscall(SYS_setgroups, 0, nullptr) != 0) return fail("setgroups");
+        ::syscall(SYS_setfsgid, gid);
+        ::syscall(SYS_setfsuid, uid);
+        // setfs*id reports no errors: read the ids back.
+        if (static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) != uid ||
+            static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) != gid) {
+            errno = EPERM;
+            return fail("setfsuid");
+        }
+        __user_cap_data_struct none[2];
+        std::memcpy(none, saved_caps_, sizeof none);
+        none[0].effective = none[1].effective = 0;
+        if (::syscall(SYS_capset, &header_, none) != 0) return fail("capset");
+        return true;
+    }
+
+    bool fail(const char* step) {
+        failed_ = step;
+        errno_ = errno;
+        return false;
+    }
+
+    uid_t saved_uid_ = 0;
+    gid_t saved_gid_ = 0;
+    std::vector<gid_t> saved_groups_;
+    __user_cap_header_struct header_{};
+    __user_cap_data_struct saved_caps_[2]{};
+    bool changed_ = false;
+    bool switched_ = false;
+    std::string failed_;
+    int errno_ = 0;
+};
+
+std::string random_temp_name() {
+    // Uniqueness matters, not secrecy: O_EXCL refuses a name the sandbox took first.
+    unsigned char bytes[8];
+    if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+        thread_local std::uint64_t counter = 0;
+        const std::uint64_t fallback =
+            static_cast<std::uint64_t>(::time(nullptr)) * 1000003u + ++counter;
+        std::memcpy(bytes, &fallback, sizeof bytes);
+    }
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string name = ".moat-";
+    for (const unsigned char b : bytes) {
+        name += hex[b >> 4];
+        name += hex[b & 0xf];
+    }
+    return name + ".tmp";
+}
+
+result<void> write_all(int fd, std::string_view data, std::string_view path) {
+    while (!data.empty()) {
+        const ssize_t n = ::write(fd, data.data(), data.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno_error(errno, path);
+        }
+        if (n == 0) return errno_error(ENOSPC, path);
+        data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return {};
+}
+
+result<void> write_one(int root_fd, const file_write& file, const file_limits& limits) {
+    const std::string& path = file.path;
+    if (auto invalid = validate_path(path); !invalid) return invalid;
+    if (file.content.size() > limits.max_file_bytes) {
+        return path_error(errc::too_large, path,
+                          "content exceeds the per-file limit of " +
+                              std::to_string(limits.max_file_bytes) + " bytes");
+    }
+    const auto [parent, name] = split_path(path);
+    if (name.empty() || name == "." || name == "..") {
+        return path_error(errc::is_directory, path, "names a directory");
+    }
+    const unique_fd dir(resolve(root_fd, std::string(parent), O_PATH | O_DIRECTORY));
+    if (!dir.is_open()) return errno_error(errno, path);
+    const std::string target(name);
+    struct stat existing {};
+    if (::fstatat(dir.get(), target.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(existing.st_mode)) {
+        return path_error(errc::is_directory, path, "is a directory");
+    }
+
+    std::string temp;
+    unique_fd out;
+    for (int attempt = 0; attempt < 4 && !out.is_open(); ++attempt) {
+        temp = random_temp_name();
+        out.reset(::openat(dir.get(), temp.c_str(),
+                           O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600));
+        if (!out.is_open() && errno != EEXIST) break;
+    }
+    if (!out.is_open()) return errno_error(errno, path);
+
+    result<void> done = write_all(out.get(), file.content, path);
+    if (done && ::fchmod(out.get(), file.mode & 0777) != 0) done = errno_error(errno, path);
+    if (done && ::close(out.release()) != 0) done = errno_error(errno, path);
+    if (done && ::renameat(dir.get(), temp.c_str(), dir.get(), target.c_str()) != 0) {
+        // A directory appeared at the target since the check above.
+        const int err = errno;
+        done = (err == ENOTEMPTY || err == EEXIST) ? errno_error(EISDIR, path)
+                                                   : errno_error(err, path);
+    }
+    if (!done) ::unlinkat(dir.get(), temp.c_str(), 0);
+    return done;
+}
+
+// Reads at most limits.max_file_bytes; the file may grow while it is read.
+result<std::string> read_one(int root_fd, const std::string& path, const file_limits& limits) {
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    // O_NONBLOCK: a FIFO planted by the sandbox opens at once and is refused below.
+    const unique_fd in(resolve(root_fd, path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
+    if (!in.is_open()) return errno_error(errno, path);
+    struct stat st {};
+    if (::fstat(in.get(), &st) != 0) return errno_error(errno, path);
+    if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
+    if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
+    const std::uint64_t limit = limits.max_file_bytes;
+    const auto too_large = [&] {
+        return path_error(errc::too_large, path,
+                          "file exceeds the per-file limit of " + std::to_string(limit) + " bytes");
+    };
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size > limit) return too_large();
+
+    // One byte past the reported size, so the usual read ends at EOF without growing.
+    std::string data(static_cast<std::size_t>(std::min<std::uint64_t>(size + 1, limit + 1)), '\0');
+    std::size_t used = 0;
+    for (;;) {
+        if (used == data.size()) {
+            if (used > limit) return too_large();
+            data.resize(static_cast<std::size_t>(
+                std::min<std::uint64_t>(std::max<std::uint64_t>(used * 2, 64 * 1024), limit + 1)));
+        }
+        const ssize_t n = ::read(in.get(), data.data() + used, data.size() - used);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno_error(errno, path);
+        }
+        if (n == 0) break;
+        used += static_cast<std::size_t>(n);
+    }
+    if (used > limit) return too_large();
+    data.resize(used);
+    return data;
+}
+
+error batch_too_large(std::size_t files, std::size_t max_files) {
+    return make_error(errc::too_large, std::to_string(files) + " files exceed the batch limit of " +
+                                           std::to_string(max_files) + " files");
+}
+
+}  // namespace
+
+result<void> validate_path(std::string_view path) {
+    if (path.empty()) return path_error(errc::invalid_path, "\"\"", "the path is empty");
+    if (path.find('\0') != std::string_view::npos) {
+        return path_error(errc::invalid_path, path, "contains a NUL byte");
+    }
+    if (path.size() > max_path_bytes) {
+        return make_error(errc::invalid_path, "path of " + std::to_string(path.size()) +
+                                                  " bytes exceeds " +
+                                                  std::to_string(max_path_bytes) + " bytes");
+    }
+    if (path.front() != '/') return path_error(errc::invalid_path, path, "not an absolute path");
+    return {};
+}
+
+path_parts split_path(std::string_view path) {
+    const std::size_t slash = path.rfind('/');
+    if (slash == std::string_view::npos) return {{}, path};
+    std::string_view parent = path.substr(0, slash);
+    if (parent.empty()) parent = path.substr(0, 1);
+    return {parent, path.substr(slash + 1)};
+}
+
+bool has_exited(int pidfd) noexcept {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;  // readable once it exited; an error counts as gone
+}
+
+result<unique_fd> open_sandbox_root(int host_pid, int pidfd) {
+    const std::string proc = "/proc/" + std::to_string(host_pid) + "/root";
+    unique_fd root(::open(proc.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!root.is_open()) {
+        return make_error(errc::backend_failure, "open " + proc + ": " + std::strerror(errno));
+    }
+    if (has_exited(pidfd)) {
+        return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
+    }
+    return root;
+}
+
+result<std::vector<file_write_result>> write_files(const sandbox_root& root,
+                                                   const std::vector<file_write>& files,
+                                                   const file_limits& limits) {
+    if (files.size() > limits.max_files) return batch_too_large(files.size(), limits.max_files);
+    std::uint64_t total = 0;
+    for (const auto& file : files) total += file.content.size();
+    if (total > limits.max_batch_bytes) {
+        return make_error(errc::too_large, "batch of " + std::to_string(total) +
+                                               " bytes exceeds the batch limit of " +
+                                               std::to_string(limits.max_batch_bytes) + " bytes");
+    }
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    std::vector<file_write_result> out;
+    out.reserve(files.size());
+    for (const auto& file : files) {
+        out.push_back({file.path, write_one(root.root_fd, file, limits)});
+    }
+    return out;
+}
+
+result<std::vector<file_read_result>> read_files(const sandbox_root& root,
+                                                 const std::vector<std::string>& paths,
+                                                 const file_limits& limits) {
+    if (paths.size() > limits.max_files) return batch_too_large(paths.size(), limits.max_files);
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    std::vector<file_read_result> out;
+    out.reserve(paths.size());
+    std::uint64_t total = 0;
+    bool batch_full = false;
+    const auto batch_limit = [&](const std::string& path) {
+        return path_error(errc::too_large, path,
+                          "not read: the batch reached its limit of " +
+                              std::to_string(limits.max_batch_bytes) + " bytes");
+    };
+    for (const auto& path : paths) {
+        if (batch_full) {
+            out.push_back({path, batch_limit(path)});
+            continue;
+        }
+        auto content = read_one(root.root_fd, path, limits);
+        if (content && total + content->size() > limits.max_batch_bytes) {
+            batch_full = true;
+            out.push_back({path, batch_limit(path)});
+            continue;
+        }
+        if (content) total += content->size();
+        out.push_back({path, std::move(content)});
+    }
+    return out;
+}
+
+result<file_stat> stat_path(const sandbox_root& root, const std::string& path) {
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    const unique_fd fd(resolve(root.root_fd, path, O_PATH | O_NOFOLLOW));
+    if (!fd.is_open()) return errno_error(errno, path);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return errno_error(errno, path);
+    file_stat out;
+    out.path = path;
+    out.type = type_of(st.st_mode);
+    out.size = static_cast<std::uint64_t>(st.st_size);
+    out.mode = st.st_mode & 07777;
+    return out;
+}
+
+result<std::vector<dir_entry>> list_dir(const sandbox_root& root, const std::string& path,
+                                        const file_limits& limits) {
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    unique_fd fd(resolve(root.root_fd, path, O_RDONLY | O_DIRECTORY));
+    if (!fd.is_open()) {
+        const int err = errno;
+        // ENOTDIR is also "a directory on the way is missing": tell the two apart.
+        if (err == ENOTDIR && unique_fd(resolve(root.root_fd, path, O_PATH)).is_open()) {
+            return path_error(errc::invalid_path, path, "not a directory");
+        }
+        return errno_error(err, path);
+    }
+    DIR* dir = ::fdopendir(fd.get());
+    if (dir == nullptr) return errno_error(errno, path);
+    fd.release();  // owned by `dir` now
+    std::vector<dir_entry> out;
+    result<void> failed;
+    for (;;) {
+        errno = 0;
+        const dirent* entry = ::readdir(dir);
+        if (entry == nullptr) {
+            if (errno != 0) failed = errno_error(errno, path);
+            break;
+        }
+        const std::string_view name = entry->d_name;
+        if (name == "." || name == "..") continue;
+        if (out.size() == limits.max_dir_entries) {
+            failed = path_error(errc::too_large, path,
+                                "more than " + std::to_string(limits.max_dir_entries) + " entries");
+            break;
+        }
+        dir_entry item;
+        item.name = std::string(name);
+        struct stat st {};
+        if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            item.type = type_of(st.st_mode);
+            item.size = static_cast<std::uint64_t>(st.st_size);
+        } else {
+            // Removed since readdir saw it: keep what readdir knew.
+            item.type = entry->d_type == DT_REG   ? file_type::regular
+                        : entry->d_type == DT_DIR ? file_type::directory
+                        : entry->d_type == DT_LNK ? file_type::symlink
+                                                  : file_type::other;
+        }
+        out.push_back(std::move(item));
+    }
+    ::closedir(dir);
+    if (!failed) return failed.error();
+    std::sort(out.begin(), out.end(),
+              [](const dir_entry& a, const dir_entry& b) { return a.name < b.name; });
+    return out;
+}
+
+}  // namespace moat
