@@ -254,13 +254,18 @@ result<void> write_one(int root_fd, const file_write& file, const file_limits& l
 // Reads at most limits.max_file_bytes; the file may grow while it is read.
 result<std::string> read_one(int root_fd, const std::string& path, const file_limits& limits) {
     if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
-    // O_NONBLOCK: a FIFO planted by the sandbox opens at once and is refused below.
-    const unique_fd in(resolve(root_fd, path, O_RDONLY | O_NONBLOCK | O_NOCTTY));
-    if (!in.is_open()) return errno_error(errno, path);
+    // Look before opening: opening a device (the sandbox's /dev/tty is the host's) or a FIFO can
+    // have effects of its own. The O_PATH descriptor is then reopened through /proc/self/fd,
+    // which names that same inode, so nothing can be swapped in between.
+    const unique_fd located(resolve(root_fd, path, O_PATH));
+    if (!located.is_open()) return errno_error(errno, path);
     struct stat st {};
-    if (::fstat(in.get(), &st) != 0) return errno_error(errno, path);
+    if (::fstat(located.get(), &st) != 0) return errno_error(errno, path);
     if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
     if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
+    const std::string reopen = "/proc/self/fd/" + std::to_string(located.get());
+    const unique_fd in(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!in.is_open()) return errno_error(errno, path);
     const std::uint64_t limit = limits.max_file_bytes;
     const auto too_large = [&] {
         return path_error(errc::too_large, path,
