@@ -180,3 +180,38 @@ TEST_CASE_FIXTURE(local_fixture, "destroying the backend ends every sandbox it c
         CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
     }
 }
+
+TEST_CASE_FIXTURE(local_fixture, "extend_ttl moves the end a sandbox enforces itself") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::sandbox_spec spec;
+    spec.ttl = 1500ms;
+    const auto box = create(spec);
+    const pid_t init = *box.host_pid;
+    auto longer = run(local->async_extend_ttl(box.id, 60s));
+    REQUIRE_MESSAGE(longer, (longer ? "" : longer.error().to_string()));
+    CHECK(longer->expires_at - box.created_at > 50s);
+    run(pause(3s));  // past the original TTL
+    CHECK(moat::test::is_running(init));
+    CHECK(sh(box.id, "echo alive").out.text() == "alive\n");
+
+    auto shorter = run(local->async_extend_ttl(box.id, 200ms));
+    REQUIRE(shorter);
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(init); }, 10s));
+    run(pause(300ms));  // let the backend hear about it
+    auto ended = run(local->async_extend_ttl(box.id, 60s));
+    REQUIRE_FALSE(ended);
+    CHECK(ended.error().code == moat::errc::sandbox_unavailable);
+    destroy(box.id);
+
+    auto unknown = run(local->async_extend_ttl(box.id, 60s));
+    REQUIRE_FALSE(unknown);
+    CHECK(unknown.error().code == moat::errc::sandbox_not_found);
+    const auto other = create();
+    for (const auto bad :
+         {0ms, -5ms, std::chrono::milliseconds(moat::sandbox_spec::max_ttl) + 1ms}) {
+        auto refused = run(local->async_extend_ttl(other.id, bad));
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == moat::errc::invalid_argument);
+    }
+    destroy(other.id);
+}

@@ -53,7 +53,9 @@ class backend {
 
     virtual asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) = 0;
 
-    // Moves the TTL to `ttl` from now.
+    // Moves the sandbox's end to `ttl` from now (1 ms to sandbox_spec::max_ttl), confirmed by the
+    // sandbox itself (its pid 1 enforces the TTL), and returns the updated info. Errors:
+    // invalid_argument, sandbox_not_found, sandbox_unavailable (it has ended).
     virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(
         std::string id, std::chrono::milliseconds ttl) = 0;
 

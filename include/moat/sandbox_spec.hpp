@@ -31,8 +31,10 @@ struct sandbox_spec {
     resource_limits limits;
     // Caller metadata, filterable in list(). Keys and values are printable ASCII.
     std::map<std::string, std::string> labels;
-    // The sandbox ends itself this long after creation, even if no host process is alive.
+    // The sandbox ends itself this long after creation, even if no host process is alive (its
+    // pid 1 enforces it). backend::async_extend_ttl moves it. At most max_ttl.
     std::chrono::milliseconds ttl = std::chrono::hours(1);
+    static constexpr std::chrono::hours max_ttl{24 * 30};
     // Keep running after the creating process exits (until the TTL or an explicit destroy).
     bool survive_owner = false;
     // Skip isolation layers and limits this host cannot enforce instead of failing the create.

@@ -50,6 +50,31 @@ asio::awaitable<result<std::shared_ptr<command_state>>> agent_channel::async_exe
     co_return state;
 }
 
+asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::milliseconds ttl,
+                                                           deadline limit) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto message = wire::make_message<wire::set_ttl_message>(wire::message_type::set_ttl);
+    message.request_id = next_ttl_request_++;
+    message.ttl_ms = static_cast<std::uint64_t>(ttl.count());
+    auto confirmed = std::make_shared<async_event>(executor_);
+    ttl_requests_[message.request_id] = confirmed;
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    auto sent = co_await channel_.async_send(bytes, {}, limit);
+    if (sent) {
+        const auto outcome = co_await confirmed->async_wait(limit);
+        if (outcome == async_event::wait_outcome::cancelled) {
+            sent = make_error(errc::cancelled, "cancelled before the agent confirmed the TTL");
+        }
+    }
+    ttl_requests_.erase(message.request_id);
+    if (!sent) co_return sent;
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    if (!confirmed->is_set()) {
+        co_return make_error(errc::backend_failure, "the sandbox agent did not confirm the TTL");
+    }
+    co_return result<void>{};
+}
+
 result<void> agent_channel::kill(std::uint64_t exec_id, int signal) {
     if (broken_) return make_error(errc::sandbox_unavailable, *broken_);
     auto message = wire::make_message<wire::kill_message>(wire::message_type::kill);
@@ -130,6 +155,18 @@ void agent_channel::dispatch(const received_record& record) {
             if (it->second->abandoned) commands_.erase(it);
             return;
         }
+        case wire::message_type::ttl_set: {
+            wire::ttl_set_message m{};
+            if (!wire::read_fixed(record.data, wire::message_type::ttl_set, m) ||
+                m.request_id == 0 || m.request_id >= next_ttl_request_) {
+                return break_channel("protocol error: bad ttl_set record");
+            }
+            // An answer whose waiter already gave up is harmless.
+            if (auto it = ttl_requests_.find(m.request_id); it != ttl_requests_.end()) {
+                it->second->set();
+            }
+            return;
+        }
         default:
             return break_channel("protocol error: unexpected record type " +
                                  std::to_string(h.type));
@@ -142,6 +179,7 @@ void agent_channel::break_channel(std::string reason) {
     broken_ = std::move(reason);
     channel_.close();
     ready_.set();
+    for (auto& [id, request] : ttl_requests_) request->set();
     for (auto& [id, command] : commands_) {
         command->started.set();
         command->exited.set();

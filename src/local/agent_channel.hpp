@@ -12,6 +12,7 @@
 #include "local/seqpacket_channel.hpp"
 #include "wire/protocol.hpp"
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,6 +47,10 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
         std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio,
         deadline limit);
 
+    // Moves the sandbox's end (its pid 1 enforces it) to `ttl` from now and waits for the agent to
+    // confirm, until `limit`.
+    asio::awaitable<result<void>> async_set_ttl(std::chrono::milliseconds ttl, deadline limit);
+
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
 
@@ -69,6 +74,8 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     async_event ready_;
     std::optional<std::string> broken_;
     std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
+    std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
+    std::uint64_t next_ttl_request_ = 1;
 };
 
 }  // namespace moat

@@ -35,6 +35,8 @@ constexpr auto helper_start_timeout = std::chrono::seconds(10);
 constexpr auto create_timeout = std::chrono::seconds(30);
 constexpr auto ready_timeout = std::chrono::seconds(10);
 constexpr auto start_timeout = std::chrono::seconds(10);
+// How long the agent may take to confirm a control request (a TTL change).
+constexpr auto control_timeout = std::chrono::seconds(5);
 // How long past its wall limit a command may run before moat concludes the agent failed to kill it.
 constexpr auto wall_limit_slack = std::chrono::seconds(5);
 
@@ -291,14 +293,34 @@ class local_backend final : public backend {
         co_return out;
     }
 
-    asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string,
-                                                           std::chrono::milliseconds) override {
-        co_return make_error(
-            errc::not_supported,
-            "local backend does not implement extend_ttl yet (persistent sandboxes)");
+    asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
+                                                           std::chrono::milliseconds ttl) override {
+        try {
+            co_return co_await extend_ttl(std::move(id), ttl);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
     }
 
   private:
+    asio::awaitable<result<sandbox_info>> extend_ttl(std::string id,
+                                                     std::chrono::milliseconds ttl) {
+        if (auto invalid = validate_ttl(ttl); !invalid) co_return std::move(invalid).error();
+        auto found = find(id);
+        if (!found) co_return std::move(found).error();
+        auto sandbox = *found;
+        if (sandbox->gone_reason || !sandbox->agent) {
+            co_return make_error(errc::sandbox_unavailable,
+                                 sandbox->gone_reason.value_or("the sandbox has ended"));
+        }
+        auto agent = sandbox->agent;  // the sandbox may end while we wait
+        const auto limit = deadline::after(control_timeout);
+        auto set = co_await agent->async_set_ttl(ttl, limit);
+        if (!set) co_return std::move(set).error();
+        sandbox->info.expires_at = std::chrono::system_clock::now() + ttl;
+        co_return sandbox->info;
+    }
+
     asio::awaitable<result<void>> destroy(std::string id) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();

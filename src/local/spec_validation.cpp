@@ -44,7 +44,7 @@ result<void> validate_spec(const sandbox_spec& spec) {
     if (l.cpu_millicores > 1'000'000) {
         return make_error(errc::invalid_argument, "limits.cpu_millicores: at most 1000000");
     }
-    if (spec.ttl.count() <= 0) return make_error(errc::invalid_argument, "ttl: must be positive");
+    if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
     if (spec.workdir.empty() || spec.workdir.front() != '/' ||
         spec.workdir.find('\0') != std::string::npos) {
         return make_error(errc::invalid_argument, "workdir: must be an absolute path");
@@ -73,6 +73,15 @@ result<void> validate_exec(const exec_request& request) {
         return make_error(errc::invalid_argument, "cwd: must be an absolute path");
     }
     return validate_env(request.env, "exec env");
+}
+
+result<void> validate_ttl(std::chrono::milliseconds ttl) {
+    if (ttl.count() <= 0 || ttl > sandbox_spec::max_ttl) {
+        return make_error(errc::invalid_argument,
+                          "ttl: must be between 1 ms and " +
+                              std::to_string(sandbox_spec::max_ttl.count()) + " hours");
+    }
+    return {};
 }
 
 std::uint64_t effective_workspace_bytes(const resource_limits& limits) noexcept {

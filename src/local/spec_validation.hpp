@@ -10,6 +10,7 @@ namespace moat {
 
 result<void> validate_spec(const sandbox_spec& spec);
 result<void> validate_exec(const exec_request& request);
+result<void> validate_ttl(std::chrono::milliseconds ttl);
 
 // /workspace is a tmpfs charged to the sandbox's memory: a size at or above the memory limit is
 // clamped to half of it, so filling /workspace ends in ENOSPC rather than an OOM kill.

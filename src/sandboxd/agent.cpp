@@ -233,6 +233,13 @@ bool agent::handle_control() {
         }
         wire::kill_message kill{};
         if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(kill);
+        wire::set_ttl_message set_ttl{};
+        if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {
+            ttl_deadline_us_ = set_ttl.ttl_ms == 0 ? 0 : now_us() + set_ttl.ttl_ms * 1000;
+            auto reply = wire::make_message<wire::ttl_set_message>(wire::message_type::ttl_set);
+            reply.request_id = set_ttl.request_id;
+            send(reply);
+        }
     }
     for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
     return true;

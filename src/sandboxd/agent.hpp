@@ -9,7 +9,8 @@
 // exited_spawn_failed right away). Whatever the command left in its process group is killed when
 // it exits, and once no command is running everything else in the sandbox is killed too, so an
 // idle sandbox runs nothing but pid 1. `kill` signals a command's process group; a wall limit
-// SIGKILLs it and reports exited_timed_out.
+// SIGKILLs it and reports exited_timed_out. `set_ttl` moves the sandbox's end and is answered
+// with `ttl_set`.
 //
 // EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
 // unless --survive-owner was given; the TTL, when non-zero, ends it regardless.

@@ -42,10 +42,12 @@ enum class message_type : std::uint32_t {
     // library -> agent
     exec = 30,  // SCM_RIGHTS: [stdin, stdout, stderr]
     kill = 31,
+    set_ttl = 32,
     // agent -> library
     ready = 40,
     started = 41,
     exited = 42,
+    ttl_set = 43,  // reply to set_ttl
 };
 
 struct header {
@@ -154,6 +156,19 @@ struct kill_message {
     std::uint64_t exec_id;
     std::int32_t signal;  // sent to the command's whole process group
     std::uint32_t reserved;
+};
+
+// Moves the sandbox's end to ttl_ms from now (0: no TTL). The agent answers ttl_set with the same
+// request_id.
+struct set_ttl_message {
+    header h;
+    std::uint64_t request_id;
+    std::uint64_t ttl_ms;
+};
+
+struct ttl_set_message {
+    header h;
+    std::uint64_t request_id;
 };
 
 struct ready_message {
