@@ -1,5 +1,6 @@
 // Concurrency under load, with real sandboxes: two backends driven by two threads at once, the
-// log sink replaced from a third thread while both log, and 200 coroutines sharing one executor.
+// log sink replaced from a third thread while both log, 200 coroutines sharing one executor, and
+// one backend on a strand of an io_context that two threads run.
 // Built as its own executable (moat_concurrency_tests, ctest label "concurrency") so that the
 // tsan preset runs exactly these under ThreadSanitizer; the dev and asan presets run them too.
 //
@@ -12,7 +13,9 @@
 #include "support/local_fixture.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
+#include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
 
 #include <sys/resource.h>
@@ -143,6 +146,25 @@ void raise_descriptor_limit() {
     }
 }
 
+struct strand_completion {
+    std::exception_ptr* failure;
+    std::atomic<bool>* is_complete;
+    void operator()(std::exception_ptr e) const {
+        *failure = e;
+        is_complete->store(true, std::memory_order_release);
+    }
+};
+
+// Runs `io` on this thread until `is_complete` or the watchdog.
+void run_until(asio::io_context& io, const std::atomic<bool>& is_complete,
+               std::chrono::seconds watchdog) {
+    const auto limit = std::chrono::steady_clock::now() + watchdog;
+    while (!is_complete.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < limit) {
+        io.run_one_for(100ms);
+    }
+}
+
 constexpr std::size_t sandboxes_per_thread = 20;
 constexpr auto thread_watchdog = 240s;
 
@@ -220,4 +242,34 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
     auto left = run(local->async_list(ours));
     REQUIRE(left);
     CHECK(left->empty());
+}
+
+TEST_CASE("a backend on a strand of an io_context that two threads run serves 20 sandboxes") {
+    MOAT_REQUIRE_NAMESPACES();
+    raise_descriptor_limit();
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);
+    const auto strand = asio::make_strand(io);
+    auto sandboxes = moat::make_local_backend(strand);
+    std::vector<sandbox_outcome> outcomes(sandboxes_per_thread);
+    std::exception_ptr failure;
+    std::atomic<bool> is_complete{false};
+    // The callers' coroutines run on the backend's strand too.
+    asio::co_spawn(strand, run_sandboxes(*sandboxes, outcomes),
+                   strand_completion{&failure, &is_complete});
+    std::thread a(run_until, std::ref(io), std::cref(is_complete), thread_watchdog);
+    std::thread b(run_until, std::ref(io), std::cref(is_complete), thread_watchdog);
+    a.join();
+    b.join();
+    // No thread runs the context now: the backend can be destroyed here.
+    sandboxes.reset();
+    work.reset();
+    io.restart();
+    io.run_for(2s);
+
+    CHECK_MESSAGE(is_complete.load(), "watchdog: the sandboxes did not all end in time");
+    if (failure) {
+        CHECK_NOTHROW(std::rethrow_exception(failure));
+    }
+    check_outcomes(outcomes);
 }
