@@ -6,9 +6,6 @@ target_compile_options(moat_warnings INTERFACE
     -Woverloaded-virtual -Wimplicit-fallthrough
     # g++ 12 reports Asio's coroutine frame allocator (aligned new + sized delete) as mismatched.
     $<$<CXX_COMPILER_ID:GNU>:-Wno-mismatched-new-delete>
-    # libseccomp's SCMP_A0..SCMP_A5 macros expand to compound literals, which clang's -Wpedantic
-    # reports in C++.
-    $<$<CXX_COMPILER_ID:Clang>:-Wno-c99-extensions>
     $<$<BOOL:${MOAT_WERROR}>:-Werror>)
 
 add_library(moat_sanitizers INTERFACE)

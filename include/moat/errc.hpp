@@ -56,7 +56,7 @@ enum class condition : int {
     retryable = 3,     // backend_failure, limit_exceeded: the same request may succeed later
     caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
                        // permission_denied, not_supported, sandbox_not_found
-    backend_failure = 5,  // backend_failure, protocol_error, layer_unavailable
+    backend_failure = 5,  // protocol_error, layer_unavailable: the backend cannot do this as is
     unavailable = 6,      // sandbox_unavailable, shutting_down
 };
 
