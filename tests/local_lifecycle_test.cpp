@@ -7,7 +7,9 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -214,4 +216,49 @@ TEST_CASE_FIXTURE(local_fixture, "extend_ttl moves the end a sandbox enforces it
         CHECK(refused.error().code == moat::errc::invalid_argument);
     }
     destroy(other.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "running out of descriptors fails one request, not the backend") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto first = create();
+    rlimit saved{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    // Room for exactly one more descriptor: a create needs two (pidfd, control socket) and an exec
+    // three (its pipes and stdin socket).
+    int highest = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+        if (::fcntl(fd, F_GETFD) >= 0) highest = fd;
+    }
+    // Fill the holes below it, so the one free number is highest + 1.
+    std::vector<int> fillers;
+    for (;;) {
+        const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        if (fd > highest) {
+            ::close(fd);
+            break;
+        }
+        fillers.push_back(fd);
+    }
+    rlimit tight = saved;
+    tight.rlim_cur = static_cast<rlim_t>(highest) + 2;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+    const moat::sandbox_spec spec;
+    auto refused = run(local->async_create(spec));
+    moat::exec_request request;
+    request.shell = "true";
+    auto starved = run(local->async_exec(first.id, request));
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+    for (const int fd : fillers) ::close(fd);
+
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::limit_exceeded);
+    REQUIRE_FALSE(starved);
+    CHECK(starved.error().code == moat::errc::limit_exceeded);
+    // Everything else still works: the existing sandbox, and new ones.
+    CHECK(sh(first.id, "echo still-here").out.text() == "still-here\n");
+    const auto second = create();
+    CHECK(sh(second.id, "echo new").out.text() == "new\n");
+    destroy(first.id);
+    destroy(second.id);
 }

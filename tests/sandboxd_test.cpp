@@ -60,7 +60,8 @@ record receive(int socket, int timeout_ms = wait_ms) {
     r.bytes.resize(wire::max_message_bytes);
     int fds[wire::max_fds_per_message];
     std::size_t count = 0;
-    const ssize_t n = wire::receive_record(socket, r.bytes, fds, count, 0);
+    bool lost = false;
+    const ssize_t n = wire::receive_record(socket, r.bytes, fds, count, lost, 0);
     r.bytes.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
     r.fds.assign(fds, fds + count);
     return r;

@@ -113,7 +113,9 @@ asio::awaitable<void> agent_channel::read_loop() {
 }
 
 void agent_channel::dispatch(const received_record& record) {
-    if (!record.fds.empty()) return break_channel("protocol error: the agent sent descriptors");
+    if (!record.fds.empty() || record.descriptors_lost) {
+        return break_channel("protocol error: the agent sent descriptors");
+    }
     wire::header h{};
     if (!wire::read_header(record.data, h))
         return break_channel("protocol error: malformed record");

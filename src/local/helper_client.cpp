@@ -151,17 +151,25 @@ void helper_client::dispatch(received_record& record) {
         case wire::message_type::created: {
             wire::created_message m{};
             if (!wire::read_fixed(record.data, wire::message_type::created, m) ||
-                record.fds.size() != 2) {
+                (record.fds.size() != 2 && !record.descriptors_lost)) {
                 return lose("protocol error: malformed created record");
             }
             auto it = creates_.find(m.request_id);
             if (it == creates_.end()) return lose("protocol error: created answers no request");
-            if (it->second->abandoned) {
+            if (it->second->abandoned || record.descriptors_lost) {
                 // Its creator gave up waiting: destroy it at once (the reap is reported as usual).
                 auto destroy =
                     wire::make_message<wire::destroy_message>(wire::message_type::destroy);
                 wire::copy_field(destroy.sandbox_id, it->second->sandbox_id);
                 (void)channel_->try_send(std::as_bytes(std::span(&destroy, 1)));
+                if (record.descriptors_lost) {
+                    // This process is out of descriptors: fail this create, not the helper.
+                    it->second->outcome.emplace(make_error(
+                        errc::limit_exceeded,
+                        "the application is out of file descriptors (RLIMIT_NOFILE): each "
+                        "sandbox needs 2 and each running command 3"));
+                    it->second->done.set();
+                }
                 creates_.erase(it);
                 return;
             }

@@ -436,26 +436,32 @@ class local_backend final : public backend {
         unique_fd stdin_ours, stdin_theirs, out_ours, out_theirs, err_ours, err_theirs;
     };
 
+    // Out of descriptors is a capacity limit (the caller may retry later), not a broken backend.
+    static error stdio_error(const char* call) {
+        const int err = errno;
+        if (err == EMFILE || err == ENFILE) {
+            return make_error(errc::limit_exceeded,
+                              "the application is out of file descriptors (RLIMIT_NOFILE): each "
+                              "running command needs 3");
+        }
+        return make_error(errc::backend_failure, std::string(call) + ": " + std::strerror(err));
+    }
+
     static result<stdio_set> make_stdio() {
         stdio_set s;
         int pair[2];
         // stdin is a socket so that writing to an exited program is EPIPE (MSG_NOSIGNAL), never
         // SIGPIPE in the application.
         if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-            return make_error(errc::backend_failure,
-                              std::string("socketpair: ") + std::strerror(errno));
+            return stdio_error("socketpair");
         }
         s.stdin_ours.reset(pair[0]);
         s.stdin_theirs.reset(pair[1]);
         ::shutdown(pair[1], SHUT_WR);
-        if (::pipe2(pair, O_CLOEXEC) != 0) {
-            return make_error(errc::backend_failure, std::string("pipe: ") + std::strerror(errno));
-        }
+        if (::pipe2(pair, O_CLOEXEC) != 0) return stdio_error("pipe");
         s.out_ours.reset(pair[0]);
         s.out_theirs.reset(pair[1]);
-        if (::pipe2(pair, O_CLOEXEC) != 0) {
-            return make_error(errc::backend_failure, std::string("pipe: ") + std::strerror(errno));
-        }
+        if (::pipe2(pair, O_CLOEXEC) != 0) return stdio_error("pipe");
         s.err_ours.reset(pair[0]);
         s.err_theirs.reset(pair[1]);
         ::fcntl(s.out_ours.get(), F_SETPIPE_SZ, 256 * 1024);

@@ -60,17 +60,18 @@ asio::awaitable<result<received_record>> seqpacket_channel::async_receive() {
         if (!socket_.is_open()) co_return received_record{};
         int fds[wire::max_fds_per_message];
         std::size_t fd_count = 0;
-        const ssize_t n =
-            wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count, MSG_DONTWAIT);
+        bool descriptors_lost = false;
+        const ssize_t n = wire::receive_record(socket_.native_handle(), buffer_, fds, fd_count,
+                                               descriptors_lost, MSG_DONTWAIT);
         if (n >= 0) {
             received_record record;
+            record.descriptors_lost = descriptors_lost;
             record.data.assign(buffer_.begin(), buffer_.begin() + n);
             for (std::size_t i = 0; i < fd_count; ++i) record.fds.emplace_back(fds[i]);
             co_return record;
         }
-        if (errno == EMSGSIZE || errno == EPROTO) {
-            co_return make_error(errc::protocol_error,
-                                 "control socket: record too large or too many descriptors");
+        if (errno == EMSGSIZE) {
+            co_return make_error(errc::protocol_error, "control socket: record too large");
         }
         if (errno == ECONNRESET) co_return received_record{};
         if (errno != EAGAIN) {

@@ -20,6 +20,9 @@ namespace moat {
 struct received_record {
     std::vector<std::byte> data;  // empty at end of stream
     std::vector<unique_fd> fds;
+    // The record came with descriptors that could not be received (this process had none free);
+    // `fds` is empty then.
+    bool descriptors_lost = false;
 };
 
 class seqpacket_channel {
@@ -39,7 +42,7 @@ class seqpacket_channel {
     result<void> try_send(std::span<const std::byte> record, std::span<const int> fds = {});
 
     // Receives the next record; an empty record means the peer closed. Errors: protocol_error for a
-    // record over max_record bytes or too many descriptors. Cancellation: terminal.
+    // record over max_record bytes. Cancellation: terminal.
     asio::awaitable<result<received_record>> async_receive();
 
     void close();

@@ -136,7 +136,7 @@ class agent {
     void enforce_deadlines();
     // False when the control socket is gone.
     bool handle_control();
-    void handle_exec(std::span<const std::byte> record, std::span<int> fds);
+    void handle_exec(std::span<const std::byte> record, std::span<int> fds, bool descriptors_lost);
     void handle_kill(const wire::kill_message& m);
     void reap();
     void send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, int spawn_errno,
@@ -221,14 +221,16 @@ void agent::enforce_deadlines() {
 bool agent::handle_control() {
     int fds[wire::max_fds_per_message];
     std::size_t fd_count = 0;
-    const ssize_t n = wire::receive_record(control_fd, buffer_, fds, fd_count, MSG_DONTWAIT);
+    bool descriptors_lost = false;
+    const ssize_t n =
+        wire::receive_record(control_fd, buffer_, fds, fd_count, descriptors_lost, MSG_DONTWAIT);
     if (n == 0) return false;
-    if (n < 0) return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE || errno == EPROTO;
+    if (n < 0) return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE;
     const std::span<const std::byte> record(buffer_.data(), static_cast<std::size_t>(n));
     wire::header h{};
     if (wire::read_header(record, h)) {
         if (h.type == static_cast<std::uint32_t>(wire::message_type::exec)) {
-            handle_exec(record, std::span(fds, fd_count));
+            handle_exec(record, std::span(fds, fd_count), descriptors_lost);
             return true;
         }
         wire::kill_message kill{};
@@ -245,10 +247,17 @@ bool agent::handle_control() {
     return true;
 }
 
-void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds) {
+void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds,
+                        bool descriptors_lost) {
     wire::exec_request_view request;
-    if (fds.size() != 3 || !wire::decode_exec(record, request)) {
+    const bool decoded = wire::decode_exec(record, request);
+    if (!decoded || fds.size() != 3) {
         for (const int fd : fds) ::close(fd);
+        // A request that names its command is answered, so the library never waits in vain.
+        if (decoded) {
+            send_exited(request.exec_id, 0, wire::exited_spawn_failed,
+                        descriptors_lost ? EMFILE : EBADF, now_us());
+        }
         return;
     }
     // Every string in the record is NUL terminated in place.

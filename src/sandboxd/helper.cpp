@@ -245,12 +245,14 @@ bool helper::handle_control() {
     alignas(8) std::byte buffer[1024];
     int fds[wire::max_fds_per_message];
     std::size_t fd_count = 0;
-    const ssize_t n = wire::receive_record(control_fd, buffer, fds, fd_count, MSG_DONTWAIT);
+    bool descriptors_lost = false;  // the library sends none; any that came are closed
+    const ssize_t n =
+        wire::receive_record(control_fd, buffer, fds, fd_count, descriptors_lost, MSG_DONTWAIT);
     for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
     if (n == 0) return false;
     if (n < 0) {
-        // An oversized or fd-laden record is dropped; anything else means the socket is gone.
-        return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE || errno == EPROTO;
+        // An oversized record is dropped; anything else means the socket is gone.
+        return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE;
     }
     const std::span<const std::byte> record(buffer, static_cast<std::size_t>(n));
     wire::header h{};

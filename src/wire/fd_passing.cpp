@@ -35,8 +35,9 @@ ssize_t send_record(int socket, std::span<const std::byte> data, std::span<const
 }
 
 ssize_t receive_record(int socket, std::span<std::byte> buffer, std::span<int> fds,
-                       std::size_t& fd_count, int flags) noexcept {
+                       std::size_t& fd_count, bool& descriptors_lost, int flags) noexcept {
     fd_count = 0;
+    descriptors_lost = false;
     iovec iov{buffer.data(), buffer.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -59,11 +60,16 @@ ssize_t receive_record(int socket, std::span<std::byte> buffer, std::span<int> f
             std::memcpy(&received[count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
         }
     }
-    const bool too_many = count > fds.size() || (msg.msg_flags & MSG_CTRUNC) != 0;
-    if (too_many || (msg.msg_flags & MSG_TRUNC) != 0) {
+    const bool lost = count > fds.size() || (msg.msg_flags & MSG_CTRUNC) != 0;
+    const bool truncated = (msg.msg_flags & MSG_TRUNC) != 0;
+    if (lost || truncated) {
         for (std::size_t i = 0; i < count; ++i) ::close(received[i]);
-        errno = too_many ? EPROTO : EMSGSIZE;
-        return -1;
+        if (truncated) {
+            errno = EMSGSIZE;
+            return -1;
+        }
+        descriptors_lost = true;
+        return n;
     }
     for (std::size_t i = 0; i < count; ++i) fds[i] = received[i];
     fd_count = count;

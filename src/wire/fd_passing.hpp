@@ -1,7 +1,6 @@
 // Sending and receiving one SOCK_SEQPACKET record with file descriptors attached (SCM_RIGHTS).
 // Plain POSIX, shared by the library, the helper and the agent. Received descriptors are always
-// close-on-exec; a record whose descriptors were truncated (MSG_CTRUNC) is reported as an error
-// after closing whatever did arrive.
+// close-on-exec.
 #pragma once
 
 #include <sys/types.h>
@@ -19,8 +18,11 @@ ssize_t send_record(int socket, std::span<const std::byte> data, std::span<const
 
 // Receives one record into `buffer`. `fds` receives up to fds.size() descriptors and `fd_count`
 // how many arrived. Returns the record length (0 on EOF) or -1 with errno set; a record larger
-// than `buffer` fails with EMSGSIZE, too many descriptors with EPROTO (the extra ones are closed).
+// than `buffer` fails with EMSGSIZE. When the record's descriptors did not all arrive (the
+// receiver ran out of descriptors: MSG_CTRUNC, or more came than `fds` holds), the record is still
+// returned, every descriptor that did arrive is closed, fd_count is 0 and `descriptors_lost` is
+// set, so the receiver can fail that one request instead of the whole channel.
 ssize_t receive_record(int socket, std::span<std::byte> buffer, std::span<int> fds,
-                       std::size_t& fd_count, int flags) noexcept;
+                       std::size_t& fd_count, bool& descriptors_lost, int flags) noexcept;
 
 }  // namespace moat::wire
