@@ -263,19 +263,26 @@ int cgroups::create(std::string_view sandbox_id, const cgroup_limits& limits, sa
     return 0;
 }
 
-int cgroups::attach(sandbox_cgroups& group, pid_t pid, bool best_effort,
-                    std::string& detail) const {
+int cgroups::open_self_attach(sandbox_cgroups& group, std::array<int, controller_count>& fds,
+                              bool best_effort, std::string& detail) const {
+    fds.fill(-1);
     for (std::size_t i = 0; i < controller_count; ++i) {
         if (group.paths[i].empty() || is_duplicate(group, i)) continue;
-        const int err = write_file(group.paths[i], "cgroup.procs", static_cast<std::uint64_t>(pid));
-        if (err == 0) continue;
+        const std::string tasks = group.paths[i] + "/tasks";
+        fds[i] = ::open(tasks.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fds[i] >= 0) continue;
+        const int err = errno;
         if (!best_effort) {
-            detail = std::string(names[i]) + " cgroup: write cgroup.procs: " + errno_name(err);
+            for (int& fd : fds) {
+                if (fd >= 0) ::close(fd);
+                fd = -1;
+            }
+            detail = std::string(names[i]) + " cgroup: open tasks: " + errno_name(err);
             return err;
         }
         ::rmdir(group.paths[i].c_str());
-        for (std::size_t j = i; j < controller_count; ++j) {
-            if (group.paths[j] == group.paths[i] && j != i) {
+        for (std::size_t j = i + 1; j < controller_count; ++j) {
+            if (group.paths[j] == group.paths[i]) {
                 group.paths[j].clear();
                 group.applied_layers &= ~layer_bits[j];
             }

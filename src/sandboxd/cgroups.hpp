@@ -48,9 +48,14 @@ class cgroups {
     int create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
                std::string& detail) const;
 
-    // Moves `pid` into each of the sandbox's cgroups. Same failure rules as create(); a
-    // best-effort controller that cannot attach is removed and its bit cleared.
-    int attach(sandbox_cgroups& group, pid_t pid, bool best_effort, std::string& detail) const;
+    // Opens (as the helper, root) the `tasks` file of each of the sandbox's cgroups, for the
+    // sandbox's first process to move itself in by writing "0". A task moving itself skips the
+    // cgroup v1 threadgroup lock, whose write side waits for an RCU grace period (about 5 ms per
+    // hierarchy on this kind of host once it has been idle); writing a pid to cgroup.procs, as
+    // attach() does, pays that every time. Unused slots are -1; the caller closes the rest. A
+    // best-effort controller whose file cannot be opened is removed and its bit cleared.
+    int open_self_attach(sandbox_cgroups& group, std::array<int, controller_count>& fds,
+                         bool best_effort, std::string& detail) const;
 
     // Removes the sandbox's cgroups (retrying briefly while the kernel still counts exiting
     // tasks). Returns the first errno, or 0. Paths are cleared.

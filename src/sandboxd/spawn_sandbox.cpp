@@ -14,6 +14,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
@@ -83,6 +85,7 @@ long raw(long number, Args... args) {
 enum class step : int {
     none,
     wait_release,
+    cgroup_attach,
     cgroup_namespace,
     setgroups,
     setresgid,
@@ -112,6 +115,7 @@ enum class step : int {
 constexpr const char* step_names[] = {
     "none",
     "waiting for release",
+    "join cgroups",
     "unshare(CLONE_NEWCGROUP)",
     "setgroups",
     "setresgid",
@@ -142,6 +146,7 @@ static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) 
 // Everything the child needs, prepared by the parent before clone; the child only reads it,
 // except for the failure record, which the parent reads after the exec pipe reaches EOF.
 struct child_args {
+    int attach_fds[controller_count];  // `tasks` of each cgroup to join, or -1
     int release_read;
     int release_write;
     int exec_pipe_write;
@@ -224,6 +229,11 @@ int child_main(void* opaque) {
         got = raw(SYS_read, a.release_read, &byte, 1);
     } while (got == -EINTR);
     if (got != 1) child_fail(a, step::wait_release, got == 0 ? -ECANCELED : got);
+    // Join the sandbox's cgroups by moving itself (see cgroups::open_self_attach), before the
+    // cgroup namespace is made so that its root is the sandbox's cgroup.
+    for (const int fd : a.attach_fds) {
+        if (fd >= 0) checked(a, step::cgroup_attach, SYS_write, fd, "0", 1);
+    }
     checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
 
     // Without setgroups the child would keep host gid 0 as a supplementary group.
@@ -293,8 +303,7 @@ int write_proc_file(pid_t pid, const char* file, const char* text) {
 }
 
 // Parent-side setup while the child waits for the release byte.
-int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy, sandbox_cgroups& group,
-                  bool best_effort, moat::errc& code, std::string& detail) {
+int prepare_child(pid_t pid, const uid_slot& slot, std::string& detail) {
     char map[64];
     std::snprintf(map, sizeof map, "0 %u %u\n", slot.uid_base, wire::uid_range_size);
     for (const char* file : {"uid_map", "gid_map"}) {
@@ -302,10 +311,6 @@ int prepare_child(pid_t pid, const uid_slot& slot, const cgroups& hierarchy, san
             detail = std::string("write ") + file + ": " + errno_name(err);
             return err;
         }
-    }
-    if (const int err = hierarchy.attach(group, pid, best_effort, detail)) {
-        code = moat::errc::layer_unavailable;
-        return err;
     }
     // Sandbox processes are the host OOM killer's preferred victims, never protected from it:
     // raising the score is always allowed, and where the helper holds CAP_SYS_RESOURCE the write
@@ -448,6 +453,26 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.envp[0] = "PATH=/usr/bin:/bin";
     args.envp[1] = nullptr;
 
+    std::array<int, controller_count> attach_fds{};
+    {
+        std::string attach_detail;
+        if (const int err =
+                hierarchy.open_self_attach(group, attach_fds, request.best_effort, attach_detail)) {
+            for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
+                           exec_write}) {
+                ::close(fd);
+            }
+            return fail(moat::errc::layer_unavailable, err, std::move(attach_detail));
+        }
+    }
+    std::copy(attach_fds.begin(), attach_fds.end(), args.attach_fds);
+    const auto close_attach_fds = [&attach_fds] {
+        for (int& fd : attach_fds) {
+            if (fd >= 0) ::close(fd);
+            fd = -1;
+        }
+    };
+
     int pidfd = -1;
     char* stack_top = static_cast<char*>(stack_) + guard_bytes + stack_bytes;
     // The new user namespace is owned by the creator's effective uid, and the kernel charges its
@@ -465,6 +490,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     if (::syscall(SYS_setresuid, -1, 0, -1) != 0 || ::syscall(SYS_setresgid, -1, 0, -1) != 0) {
         ::abort();  // a helper that cannot become root again must not go on
     }
+    close_attach_fds();  // the child has its own copies
     errno = clone_errno;
     ::close(exec_write);
     ::close(release_read);
@@ -476,7 +502,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
 
     moat::errc code = moat::errc::backend_failure;
     std::string detail;
-    int err = prepare_child(pid, slot, hierarchy, group, request.best_effort, code, detail);
+    int err = prepare_child(pid, slot, detail);
     if (err == 0 && ::write(release_write, "x", 1) != 1) {
         err = errno;
         detail = std::string("release child: ") + errno_name(err);
