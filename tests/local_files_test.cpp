@@ -10,7 +10,9 @@
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <unistd.h>
+#include <csignal>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -88,7 +90,8 @@ bool code_is(const moat::error& e, std::initializer_list<errc> codes) {
     return false;
 }
 
-// The lines of /proc/thread-self/status that hold this thread's credentials.
+// The lines of /proc/thread-self/status that hold this thread's credentials, plus the state a
+// change of fsuid resets as a side effect (the dumpable flag, this thread's parent-death signal).
 std::string thread_credentials() {
     std::istringstream in(moat::test::read_file("/proc/thread-self/status"));
     std::string line;
@@ -98,6 +101,10 @@ std::string thread_credentials() {
             if (line.rfind(key, 0) == 0) out += line + "\n";
         }
     }
+    int pdeath_signal = 0;
+    ::prctl(PR_GET_PDEATHSIG, &pdeath_signal, 0, 0, 0);
+    out += "dumpable " + std::to_string(::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)) + "\n";
+    out += "pdeathsig " + std::to_string(pdeath_signal) + "\n";
     return out;
 }
 
@@ -162,6 +169,9 @@ TEST_CASE("split_path separates the parent directory from the last component") {
 TEST_CASE_FIXTURE(local_fixture, "files written by the API are seen by commands and back") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
+    // A parent-death signal the application set must survive file operations (an fsuid change
+    // clears it). SIGCONT is harmless if the test runner does exit.
+    ::prctl(PR_SET_PDEATHSIG, SIGCONT, 0, 0, 0);
     const std::string before = thread_credentials();
     REQUIRE(before.find("CapEff:") != std::string::npos);
 

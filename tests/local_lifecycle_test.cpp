@@ -223,8 +223,8 @@ TEST_CASE_FIXTURE(local_fixture, "running out of descriptors fails one request, 
     const auto first = create();
     rlimit saved{};
     REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
-    // Room for exactly one more descriptor: a create needs two (pidfd, control socket) and an exec
-    // three (its pipes and stdin socket).
+    // Room for exactly one more descriptor: a create needs three (pidfd, control socket, the
+    // root for file access) and an exec three (its pipes and stdin socket).
     int highest = 0;
     for (int fd = 0; fd < 4096; ++fd) {
         if (::fcntl(fd, F_GETFD) >= 0) highest = fd;

@@ -14,11 +14,14 @@
 // while stdin bytes are being written. When the application process exits, every sandbox it
 // created without survive_owner dies with it.
 //
-// File operations (write_files, read_files, stat, list_dir) run inline on the calling thread and
-// take microseconds. While one runs, that thread alone has the sandbox user's filesystem identity
-// (fsuid/fsgid, no supplementary groups, no effective capabilities); it is restored before the
-// operation returns. A signal handler of the application that touches files on that thread during
-// that window would do so with the sandbox user's rights.
+// File operations (write_files, read_files, stat, list_dir) run inline on the calling thread:
+// microseconds per small file, bounded by file_limits (a full batch copies up to 100 MiB, tens of
+// milliseconds, during which the executor serves nothing else). While one runs, that thread alone
+// has the sandbox user's filesystem identity (fsuid/fsgid, no supplementary groups, no effective
+// capabilities); it is restored before the operation returns, together with the dumpable flag and
+// the thread's parent-death signal that a change of fsuid resets. A signal handler of the
+// application that touches files on that thread during that window would do so with the sandbox
+// user's rights.
 //
 // Host requirements: root (the helper writes uid maps and cgroups), user namespaces, and cgroup
 // v1 memory, pids and cpu controllers (hybrid hierarchy). cgroup v2-only hosts (stock Debian 12

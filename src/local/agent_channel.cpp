@@ -59,18 +59,19 @@ asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::millisec
     auto confirmed = std::make_shared<async_event>(executor_);
     ttl_requests_[message.request_id] = confirmed;
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    auto sent = co_await channel_.async_send(bytes, {}, limit);
-    if (sent) {
-        const auto outcome = co_await confirmed->async_wait(limit);
-        if (outcome == async_event::wait_outcome::cancelled) {
-            sent = make_error(errc::cancelled, "cancelled before the agent confirmed the TTL");
-        }
+    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
+    // Once sent, the change happens whatever the caller does: wait for its confirmation (not
+    // cancellable) so the answer says what the sandbox will do.
+    while (sent && !confirmed->is_set() && !limit.has_expired()) {
+        co_await confirmed->async_wait(limit);
     }
     ttl_requests_.erase(message.request_id);
-    if (!sent) co_return sent;
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    if (!sent) co_return sent;
     if (!confirmed->is_set()) {
-        co_return make_error(errc::backend_failure, "the sandbox agent did not confirm the TTL");
+        co_return make_error(errc::backend_failure,
+                             "the TTL change was sent but the sandbox agent did not confirm it");
     }
     co_return result<void>{};
 }

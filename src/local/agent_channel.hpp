@@ -48,7 +48,8 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
         deadline limit);
 
     // Moves the sandbox's end (its pid 1 enforces it) to `ttl` from now and waits for the agent to
-    // confirm, until `limit`.
+    // confirm, until `limit`. Cancellation: none once the request is sent (the change happens
+    // anyway). backend_failure if unconfirmed: the sandbox may end at either time.
     asio::awaitable<result<void>> async_set_ttl(std::chrono::milliseconds ttl, deadline limit);
 
     // Sends `signal` to the command's process group without waiting (small record).

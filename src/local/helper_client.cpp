@@ -88,7 +88,8 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
     pending->sandbox_id = std::string(wire::read_field(request.sandbox_id));
     creates_[request.request_id] = pending;
     const auto bytes = std::as_bytes(std::span(&request, 1));
-    auto sent = co_await channel_->async_send(bytes, {}, limit);
+    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    auto sent = co_await channel_->async_send(bytes, no_descriptors, limit);
     if (!sent) {
         creates_.erase(request.request_id);
         co_return std::move(sent).error();
@@ -113,7 +114,8 @@ asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_i
     auto message = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
     wire::copy_field(message.sandbox_id, sandbox_id);
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    co_return co_await channel_->async_send(bytes, {}, limit);
+    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    co_return co_await channel_->async_send(bytes, no_descriptors, limit);
 }
 
 asio::awaitable<void> helper_client::read_loop() {
@@ -167,7 +169,7 @@ void helper_client::dispatch(received_record& record) {
                     it->second->outcome.emplace(make_error(
                         errc::limit_exceeded,
                         "the application is out of file descriptors (RLIMIT_NOFILE): each "
-                        "sandbox needs 2 and each running command 3"));
+                        "sandbox needs 3 and each running command 3"));
                     it->second->done.set();
                 }
                 creates_.erase(it);

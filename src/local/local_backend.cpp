@@ -316,8 +316,15 @@ class local_backend final : public backend {
         auto agent = sandbox->agent;  // the sandbox may end while we wait
         const auto limit = deadline::after(control_timeout);
         auto set = co_await agent->async_set_ttl(ttl, limit);
-        if (!set) co_return std::move(set).error();
-        sandbox->info.expires_at = std::chrono::system_clock::now() + ttl;
+        const auto requested = std::chrono::system_clock::now() + ttl;
+        if (!set) {
+            // Sent but unconfirmed: plan for the earlier of the two ends.
+            if (set.error().code == errc::backend_failure) {
+                sandbox->info.expires_at = std::min(sandbox->info.expires_at, requested);
+            }
+            co_return std::move(set).error();
+        }
+        sandbox->info.expires_at = requested;
         co_return sandbox->info;
     }
 

@@ -7,6 +7,7 @@
 #include <linux/capability.h>
 #include <linux/openat2.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -61,6 +62,10 @@ error errno_error(int err, std::string_view path) {
         case ENOSPC:
         case EDQUOT:
             return path_error(errc::too_large, path, "no space left in the sandbox");
+        case EMFILE:
+        case ENFILE:
+            return path_error(errc::limit_exceeded, path,
+                              "the application is out of file descriptors (RLIMIT_NOFILE)");
         default: {
             const char* name = ::strerrorname_np(err);
             return path_error(errc::backend_failure, path, name != nullptr ? name : "E?");
@@ -112,6 +117,10 @@ class sandbox_identity {
         restored = restored && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == saved_uid_ &&
                    static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == saved_gid_;
         restored = restored && ::syscall(SYS_capset, &header_, saved_caps_) == 0;
+        // A change of fsuid also resets process-wide state the application may rely on: the
+        // dumpable flag (whole process) and this thread's parent-death signal.
+        restored = restored && ::prctl(PR_SET_DUMPABLE, saved_dumpable_, 0, 0, 0) == 0;
+        restored = restored && ::prctl(PR_SET_PDEATHSIG, saved_pdeath_signal_, 0, 0, 0) == 0;
         if (!restored) {
             detail::log(log_level::error, "local",
                         "cannot restore the thread's credentials after a sandbox file operation");
@@ -141,9 +150,15 @@ class sandbox_identity {
             return fail("getgroups");
         header_.version = _LINUX_CAPABILITY_VERSION_3;
         if (::syscall(SYS_capget, &header_, saved_caps_) != 0) return fail("capget");
+        saved_dumpable_ = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+        if (saved_dumpable_ < 0) return fail("PR_GET_DUMPABLE");
+        if (::prctl(PR_GET_PDEATHSIG, &saved_pdeath_signal_, 0, 0, 0) != 0) {
+            return fail("PR_GET_PDEATHSIG");
+        }
 
-        changed_ = true;
+        // Nothing has changed until setgroups succeeds: a failure here needs no undoing.
         if (::syscall(SYS_setgroups, 0, nullptr) != 0) return fail("setgroups");
+        changed_ = true;
         ::syscall(SYS_setfsgid, gid);
         ::syscall(SYS_setfsuid, uid);
         // setfs*id reports no errors: read the ids back.
@@ -167,6 +182,8 @@ class sandbox_identity {
 
     uid_t saved_uid_ = 0;
     gid_t saved_gid_ = 0;
+    int saved_dumpable_ = 1;
+    int saved_pdeath_signal_ = 0;
     std::vector<gid_t> saved_groups_;
     __user_cap_header_struct header_{};
     __user_cap_data_struct saved_caps_[2]{};
@@ -334,7 +351,13 @@ result<unique_fd> open_sandbox_root(int host_pid, int pidfd) {
     const std::string proc = "/proc/" + std::to_string(host_pid) + "/root";
     unique_fd root(::open(proc.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root.is_open()) {
-        return make_error(errc::backend_failure, "open " + proc + ": " + std::strerror(errno));
+        const int err = errno;
+        if (err == EMFILE || err == ENFILE) {
+            return make_error(errc::limit_exceeded,
+                              "the application is out of file descriptors (RLIMIT_NOFILE): each "
+                              "sandbox needs 3");
+        }
+        return make_error(errc::backend_failure, "open " + proc + ": " + std::strerror(err));
     }
     if (has_exited(pidfd)) {
         return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");

@@ -18,7 +18,8 @@
 
 namespace moat::wire {
 
-inline constexpr std::uint32_t protocol_version = 1;
+// 2: set_ttl / ttl_set; exec requests the agent cannot run are answered.
+inline constexpr std::uint32_t protocol_version = 2;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
