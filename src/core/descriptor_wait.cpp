@@ -22,7 +22,8 @@ asio::awaitable<void> wait_for(asio::steady_timer& timer) {
 
 asio::awaitable<wait_result> async_wait_until(asio::posix::stream_descriptor& descriptor,
                                               asio::posix::descriptor_base::wait_type what,
-                                              deadline limit) {
+                                              deadline limit,
+                                              asio::posix::stream_descriptor* other) {
     using namespace asio::experimental::awaitable_operators;
     if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
         co_await asio::this_coro::reset_cancellation_state();
@@ -33,6 +34,12 @@ asio::awaitable<wait_result> async_wait_until(asio::posix::stream_descriptor& de
     try {
         auto ready = wait_for(descriptor, what);
         auto expired = wait_for(timer);
+        if (other != nullptr) {
+            auto other_ready = wait_for(*other, what);
+            const auto which =
+                co_await (std::move(ready) || std::move(other_ready) || std::move(expired));
+            co_return which.index() == 2 ? wait_result::deadline_passed : wait_result::ready;
+        }
         const auto which = co_await (std::move(ready) || std::move(expired));
         co_return which.index() == 0 ? wait_result::ready : wait_result::deadline_passed;
     } catch (const std::exception&) {

@@ -1,13 +1,11 @@
 #include "local/local_exec_stream.hpp"
 
 #include "core/cancellation.hpp"
+#include "core/descriptor_wait.hpp"
 #include "core/exception_boundary.hpp"
 #include "local/cgroup_stats.hpp"
 
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
-#include "core/asio_compat.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,22 +18,11 @@ namespace {
 
 constexpr std::size_t chunk_bytes = 64 * 1024;
 
-asio::awaitable<void> wait_readable(asio::posix::stream_descriptor& pipe) {
-    co_await pipe.async_wait(asio::posix::descriptor_base::wait_read, asio::use_awaitable);
-}
-
-asio::awaitable<void> wait_timer(asio::steady_timer& timer) {
-    co_await timer.async_wait(asio::use_awaitable);
-}
-
 }  // namespace
 
 local_exec_stream::local_exec_stream(const asio::any_io_executor& executor, local_command command,
                                      unique_fd out, unique_fd err)
-    : command_(std::move(command)),
-      out_(executor, out.release()),
-      err_(executor, err.release()),
-      timer_(executor) {}
+    : command_(std::move(command)), out_(executor, out.release()), err_(executor, err.release()) {}
 
 local_exec_stream::~local_exec_stream() {
     if (!finished_ && !command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
@@ -57,27 +44,18 @@ bool local_exec_stream::try_read(asio::posix::stream_descriptor& pipe, std::stri
 }
 
 asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_output() {
-    using namespace asio::experimental::awaitable_operators;
-    timer_.expires_at(command_.backstop.when());
-    try {
-        if (out_.is_open() && err_.is_open()) {
-            auto out_ready = wait_readable(out_);
-            auto err_ready = wait_readable(err_);
-            auto expired = wait_timer(timer_);
-            auto which =
-                co_await (std::move(out_ready) || std::move(err_ready) || std::move(expired));
-            co_return which.index() == 2 ? wait_outcome::timer : wait_outcome::readable;
-        }
-        auto& open = out_.is_open() ? out_ : err_;
-        auto ready = wait_readable(open);
-        auto expired = wait_timer(timer_);
-        auto which = co_await (std::move(ready) || std::move(expired));
-        co_return which.index() == 1 ? wait_outcome::timer : wait_outcome::readable;
-    } catch (const std::exception&) {
-        // Every branch failed (asio::multiple_exceptions when more than one did): the caller
-        // cancelled.
+    auto& first = out_.is_open() ? out_ : err_;
+    auto* second = out_.is_open() && err_.is_open() ? &err_ : nullptr;
+    const auto waited = co_await async_wait_until(first, asio::posix::descriptor_base::wait_read,
+                                                  command_.backstop, second);
+    switch (waited) {
+        case wait_result::ready:
+            co_return wait_outcome::readable;
+        case wait_result::deadline_passed:
+            co_return wait_outcome::timer;
+        case wait_result::cancelled:
+            break;  // the state is reset: stop() can await
     }
-    co_await asio::this_coro::reset_cancellation_state();  // let stop() await the confirmation
     co_return wait_outcome::cancelled;
 }
 

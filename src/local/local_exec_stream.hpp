@@ -8,7 +8,6 @@
 #include "local/agent_channel.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
-#include <asio/steady_timer.hpp>
 
 #include <chrono>
 #include <memory>
@@ -49,7 +48,6 @@ class local_exec_stream final : public exec_stream::impl {
     local_command command_;
     asio::posix::stream_descriptor out_;
     asio::posix::stream_descriptor err_;
-    asio::steady_timer timer_;
     bool read_err_first_ = false;
     bool spawn_message_sent_ = false;
     bool finished_ = false;
