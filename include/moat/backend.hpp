@@ -32,6 +32,16 @@ namespace moat {
 // A sandbox matches when every key in the filter has the same value in its labels.
 using label_filter = std::map<std::string, std::string>;
 
+// What a backend can enforce where it runs (for `moat doctor` and operators' checks).
+struct host_report {
+    // Isolation layers every sandbox can get, named as in sandbox_info::layers.
+    std::vector<std::string> layers;
+    // Why a layer is missing, or why the backend cannot create sandboxes at all; "" if neither.
+    std::string detail;
+    // Backend-specific facts, e.g. local: "state_dir", "owner_instance".
+    std::map<std::string, std::string> facts;
+};
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -45,12 +55,22 @@ class backend {
     // (a layer or limit this host cannot enforce, named), backend_failure.
     virtual asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) = 0;
 
-    // Attaches to a sandbox another process created with survive_owner.
+    // Attaches to a sandbox another process created with survive_owner, so that this backend can
+    // exec in it, copy files, extend its TTL and destroy it. Attaching twice returns the same
+    // info. Detaching (destroying this backend) leaves the sandbox running but kills the commands
+    // this backend started in it. Errors: sandbox_not_found, sandbox_unavailable (ended, or not
+    // created to survive its owner).
     virtual asio::awaitable<result<sandbox_info>> async_attach(std::string id) = 0;
 
-    // Current state of a sandbox known to this backend. sandbox_not_found if unknown.
+    // What this backend can enforce here. The default fails with not_supported.
+    virtual asio::awaitable<result<host_report>> async_host_report();
+
+    // Current state of a sandbox (local: any sandbox recorded on this host). sandbox_not_found if
+    // unknown.
     virtual asio::awaitable<result<sandbox_info>> async_inspect(std::string id) = 0;
 
+    // Sandboxes whose labels match (local: every sandbox recorded on this host, this backend's
+    // first; sandbox_info::owned tells them apart).
     virtual asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) = 0;
 
     // Moves the sandbox's end to `ttl` from now (1 ms to sandbox_spec::max_ttl), confirmed by the

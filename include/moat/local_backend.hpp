@@ -23,6 +23,17 @@
 // application that touches files on that thread during that window would do so with the sandbox
 // user's rights.
 //
+// Persistence: the backend records every sandbox in <state_dir>/sandboxes/<id>.json (0700
+// directory, atomic writes; the record holds the spec's environment). list() and inspect() see
+// every sandbox on the host that shares the state directory, whichever process created it (state
+// `exited` for a record whose pid 1 is gone: stale, kept for the janitor). destroy() works on any
+// of them: it kills pid 1 through a pidfd checked against the recorded start time, waits for its
+// end, removes the cgroups, the attach socket and the record. attach() connects to a sandbox
+// created with survive_owner by another process (its pid 1 listens on <id>.sock in the same
+// directory; each side checks the other with SO_PEERCRED); after that, exec, files and
+// extend_ttl work on it as on an owned one. Commands an attached process started die when it
+// detaches (its connection closes); the sandbox lives on until its TTL or a destroy.
+//
 // Host requirements: root (the helper writes uid maps and cgroups), user namespaces, and cgroup
 // v1 memory, pids and cpu controllers (hybrid hierarchy). cgroup v2-only hosts (stock Debian 12
 // with systemd) are not supported yet: create fails with layer_unavailable naming the memory
@@ -52,6 +63,9 @@ struct local_options {
     std::chrono::milliseconds destroy_timeout = std::chrono::seconds(10);
     // How long a killed command may take to report its end before moat stops waiting.
     std::chrono::milliseconds kill_grace = std::chrono::seconds(2);
+    // Names this backend instance in the records of the sandboxes it creates (sandbox_info::
+    // owner_instance). Default: "<hostname>/<pid>/<6 random hex digits>".
+    std::string owner_instance;
 };
 
 std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,

@@ -57,6 +57,12 @@ struct sandbox_info {
     std::optional<int> host_pid;
     std::vector<std::string> layers;
     resource_limits limits;
+    // The backend instance that created it (local: local_options::owner_instance) and whether it
+    // outlives that instance's process.
+    std::string owner_instance;
+    bool survive_owner = false;
+    // This backend created it (false: it was attached, or it is only known from the host's state).
+    bool owned = true;
 };
 
 // "running" or "exited".

@@ -40,4 +40,21 @@ std::optional<std::string> flag_value(std::string_view flag, int argc, char** ar
     return std::string(argv[i]);
 }
 
+std::pair<std::string, std::string> parse_key_value(std::string_view flag, std::string_view text) {
+    const auto eq = text.find('=');
+    if (eq == 0 || eq == std::string_view::npos) {
+        throw usage_error(std::string(flag) + ": expected K=V, got '" + std::string(text) + "'");
+    }
+    return {std::string(text.substr(0, eq)), std::string(text.substr(eq + 1))};
+}
+
+std::uint64_t parse_megabytes(std::string_view flag, std::string_view text) {
+    const auto mb = parse_unsigned(text);
+    if (!mb || *mb < 16 || *mb > (std::uint64_t{1} << 30)) {
+        throw usage_error(std::string(flag) + ": expected megabytes, at least 16, got '" +
+                          std::string(text) + "'");
+    }
+    return *mb << 20;
+}
+
 }  // namespace moat::cli

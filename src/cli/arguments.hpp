@@ -8,12 +8,15 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace moat::cli {
 
 // Exit codes of the CLI itself; a command's own exit code passes through unchanged.
-inline constexpr int exit_usage = 2;    // bad flags or values
-inline constexpr int exit_failure = 3;  // moat could not do what was asked
+inline constexpr int exit_usage = 2;       // bad flags or values
+inline constexpr int exit_failure = 3;     // moat could not do what was asked
+inline constexpr int exit_no_sandbox = 4;  // no such sandbox, or it has ended (expired, destroyed)
+inline constexpr int exit_interrupted = 130;  // Ctrl-C: the command was killed
 
 // A usage error: printed as "moat: <message>" with exit code exit_usage.
 struct usage_error : std::runtime_error {
@@ -24,6 +27,12 @@ std::optional<std::uint64_t> parse_unsigned(std::string_view text);
 
 // Decimal seconds ("2", "0.5"); strictly positive.
 std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text);
+
+// "K=V" with a non-empty K; throws usage_error naming `flag` otherwise.
+std::pair<std::string, std::string> parse_key_value(std::string_view flag, std::string_view text);
+
+// A sandbox limit in megabytes (at least 16) as bytes; throws usage_error naming `flag`.
+std::uint64_t parse_megabytes(std::string_view flag, std::string_view text);
 
 // "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
 // nullopt if argv[i] is not this flag; throws usage_error if the value is missing.

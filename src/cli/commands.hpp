@@ -1,9 +1,15 @@
 // The CLI's subcommands. Each takes the arguments after its name and returns the process exit
-// code.
+// code (see arguments.hpp for the CLI's own codes).
 #pragma once
 
 namespace moat::cli {
 
-int run_command(int argc, char** argv);
+int run_command(int argc, char** argv);      // moat run: one command in a fresh sandbox
+int create_command(int argc, char** argv);   // moat create: a sandbox that outlives the CLI
+int exec_command(int argc, char** argv);     // moat exec: a command in an existing sandbox
+int cp_command(int argc, char** argv);       // moat cp: files in and out
+int destroy_command(int argc, char** argv);  // moat destroy: end sandboxes, confirmed
+int ls_command(int argc, char** argv);       // moat ls: every sandbox on this host
+int doctor_command(int argc, char** argv);   // moat doctor: what this host can enforce
 
 }  // namespace moat::cli

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <string_view>
+#include <utility>
 
 namespace {
 
@@ -17,9 +18,22 @@ constexpr const char* usage_text =
     "CMD...\n"
     "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's "
     "code\n"
-    "      (124 when --timeout ended it)\n"
+    "  create [--ttl S] [--label K=V]... [--memory MB] [--env K=V]... [--workdir DIR] [--json]\n"
+    "      create a sandbox that outlives this command (until its TTL, default 1 h, or destroy);\n"
+    "      prints its id on the last line\n"
+    "  exec [--timeout S] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
+    "      run CMD in sandbox ID, stream its output, exit with CMD's code\n"
+    "  cp SRC DST\n"
+    "      copy one file in or out; one side is ID:/absolute/path, the other a host path or -\n"
+    "  destroy ID...\n"
+    "      end sandboxes and confirm they are gone\n"
+    "  ls [--label K=V]... [--json]\n"
+    "      list every sandbox on this host\n"
+    "  doctor\n"
+    "      show which isolation layers and limits this host can enforce, and run a live check\n"
     "\n"
-    "exit codes: 2 bad usage, 3 moat failed; otherwise the command's own code\n";
+    "exit codes: a command's own code for run and exec (124: its --timeout killed it, 130:\n"
+    "interrupted); 2 bad usage or path, 3 moat failed, 4 no such sandbox or it has ended\n";
 
 }  // namespace
 
@@ -34,7 +48,16 @@ int main(int argc, char** argv) {
         return 0;
     }
     try {
-        if (command == "run") return moat::cli::run_command(argc - 2, argv + 2);
+        using handler = int (*)(int, char**);
+        static constexpr std::pair<std::string_view, handler> commands[] = {
+            {"run", moat::cli::run_command},         {"create", moat::cli::create_command},
+            {"exec", moat::cli::exec_command},       {"cp", moat::cli::cp_command},
+            {"destroy", moat::cli::destroy_command}, {"ls", moat::cli::ls_command},
+            {"doctor", moat::cli::doctor_command},
+        };
+        for (const auto& [name, run] : commands) {
+            if (command == name) return run(argc - 2, argv + 2);
+        }
         std::fprintf(stderr, "moat: unknown command '%s' (see moat --help)\n", argv[1]);
         return moat::cli::exit_usage;
     } catch (const moat::cli::usage_error& e) {

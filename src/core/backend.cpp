@@ -46,6 +46,10 @@ asio::awaitable<result<exec_result>> backend::async_exec(std::string id, exec_re
     co_return co_await async_collect(std::move(*stream), limits);
 }
 
+asio::awaitable<result<host_report>> backend::async_host_report() {
+    co_return not_supported(name(), "host_report");
+}
+
 asio::awaitable<result<process>> backend::async_spawn(std::string, exec_request) {
     co_return not_supported(name(), "spawn");
 }

@@ -13,15 +13,19 @@
 #include "local/local_exec_stream.hpp"
 #include "local/sandbox_files.hpp"
 #include "local/sandbox_id.hpp"
+#include "local/sandbox_records.hpp"
 #include "local/spec_validation.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <cerrno>
 #include <csignal>
@@ -39,6 +43,8 @@ constexpr auto start_timeout = std::chrono::seconds(10);
 constexpr auto control_timeout = std::chrono::seconds(5);
 // How long past its wall limit a command may run before moat concludes the agent failed to kill it.
 constexpr auto wall_limit_slack = std::chrono::seconds(5);
+// How long an attach may take: connect, the agent's `ready`.
+constexpr auto attach_timeout = std::chrono::seconds(5);
 
 struct local_sandbox {
     explicit local_sandbox(const asio::any_io_executor& ex) : answered(ex), reaped(ex) {}
@@ -50,6 +56,8 @@ struct local_sandbox {
     std::string memory_cgroup;
     std::map<std::string, std::string> env;
     std::string workdir;
+    sandbox_record record;  // as written to the state directory
+    bool attached = false;  // created by another process; our helper does not know it
     async_event answered;   // the helper reported on this sandbox (reaped, or never knew it)
     async_event reaped;     // pid 1 is confirmed gone
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
@@ -76,6 +84,32 @@ std::vector<std::string> layer_names(std::uint32_t bits) {
         if ((bits & bit) != 0) out.emplace_back(name);
     }
     return out;
+}
+
+std::string default_owner_instance() {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::uint32_t random = 0;
+    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) random = 0;
+    char suffix[16];
+    std::snprintf(suffix, sizeof suffix, "%06x", random & 0xffffffu);
+    return std::string(host) + "/" + std::to_string(::getpid()) + "/" + suffix;
+}
+
+sandbox_info info_from_record(const sandbox_record& r) {
+    sandbox_info info;
+    info.id = r.id;
+    info.labels = r.labels;
+    info.created_at = r.created_at;
+    info.expires_at = r.expires_at;
+    if (r.init_pid > 0) info.host_pid = r.init_pid;
+    info.layers = r.layers;
+    info.limits = r.limits;
+    info.owner_instance = r.owner_instance;
+    info.survive_owner = r.survive_owner;
+    info.owned = false;
+    info.state = open_live_init(r) ? sandbox_state::running : sandbox_state::exited;
+    return info;
 }
 
 std::string default_state_dir() {
@@ -110,6 +144,8 @@ class local_backend final : public backend {
           options_(std::move(options)),
           tasks_(executor_, "local backend") {
         if (options_.state_dir.empty()) options_.state_dir = default_state_dir();
+        if (options_.owner_instance.empty()) options_.owner_instance = default_owner_instance();
+        records_ = sandbox_records(options_.state_dir);
         helper_ = std::make_shared<helper_client>(executor_, tasks_, options_);
         helper_->on_reaped = [this](const wire::reaped_message& m) { on_reaped(m); };
         helper_->on_helper_lost = [this](const std::string& reason) { on_helper_lost(reason); };
@@ -122,6 +158,10 @@ class local_backend final : public backend {
             if (sandbox->agent) sandbox->agent->close();
         }
         helper_->shutdown();
+        // The helper killed and reaped what does not survive us; survivors keep their records.
+        for (const auto& [id, sandbox] : sandboxes_) {
+            if (!sandbox->attached && !sandbox->info.survive_owner) records_.remove(id);
+        }
         tasks_.cancel_all();
     }
 
@@ -220,30 +260,64 @@ class local_backend final : public backend {
         request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
                         (spec.survive_owner ? wire::create_survive_owner : 0u);
 
+        // The record exists before the sandbox does, so a crash at any point leaves something
+        // for the janitor to find.
+        const auto now = std::chrono::system_clock::now();
+        sandbox_record record;
+        record.id = id;
+        record.labels = spec.labels;
+        record.owner_instance = options_.owner_instance;
+        record.owner_pid = static_cast<int>(::getpid());
+        record.created_at = now;
+        record.expires_at = now + spec.ttl;
+        record.survive_owner = spec.survive_owner;
+        record.env = spec.env;
+        record.workdir = spec.workdir;
+        record.limits = spec.limits;
+        record.limits.workspace_bytes = request.workspace_bytes;
+        if (auto written = records_.write(record); !written) co_return std::move(written).error();
+
         const auto create_limit = deadline::after(create_timeout);
         auto made = co_await helper_->async_create(request, create_limit);
-        if (!made) co_return std::move(made).error();
+        if (!made) {
+            records_.remove(id);
+            co_return std::move(made).error();
+        }
+        record.init_pid = made->message.host_pid;
+        record.init_start_ticks = made->message.start_time_ticks;
+        record.uid_base = made->message.uid_base;
+        record.memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
+        for (const auto* field : {&made->message.memory_cgroup, &made->message.pids_cgroup,
+                                  &made->message.cpu_cgroup}) {
+            const std::string_view dir = wire::read_field(*field);
+            if (!dir.empty() && std::find(record.cgroups.begin(), record.cgroups.end(), dir) ==
+                                    record.cgroups.end())
+                record.cgroups.emplace_back(dir);
+        }
+        record.layers = layer_names(made->message.applied_layers);
 
         auto sandbox = std::make_shared<local_sandbox>(executor_);
-        const auto now = std::chrono::system_clock::now();
         sandbox->info.id = id;
         sandbox->info.labels = spec.labels;
         sandbox->info.created_at = now;
-        sandbox->info.expires_at = now + spec.ttl;
+        sandbox->info.expires_at = record.expires_at;
         sandbox->info.host_pid = made->message.host_pid;
-        sandbox->info.layers = layer_names(made->message.applied_layers);
-        sandbox->info.limits = spec.limits;
-        sandbox->info.limits.workspace_bytes = request.workspace_bytes;
+        sandbox->info.layers = record.layers;
+        sandbox->info.limits = record.limits;
+        sandbox->info.owner_instance = options_.owner_instance;
+        sandbox->info.survive_owner = spec.survive_owner;
         sandbox->pidfd = std::move(made->pidfd);
         sandbox->uid_base = made->message.uid_base;
-        sandbox->memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
+        sandbox->memory_cgroup = record.memory_cgroup;
         sandbox->env = std::move(spec.env);
         sandbox->workdir = std::move(spec.workdir);
+        sandbox->record = std::move(record);
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(made->control), id);
         sandbox->agent->start(tasks_);
         sandboxes_[id] = sandbox;
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
+        if (ready) ready = records_.write(sandbox->record);
         if (ready) {
             auto root = open_sandbox_root(made->message.host_pid, sandbox->pidfd.get());
             if (root) {
@@ -269,28 +343,71 @@ class local_backend final : public backend {
     }
 
   public:
-    asio::awaitable<result<sandbox_info>> async_attach(std::string) override {
-        co_return make_error(errc::not_supported,
-                             "local backend does not implement attach yet (persistent sandboxes)");
+    asio::awaitable<result<sandbox_info>> async_attach(std::string id) override {
+        try {
+            co_return co_await attach(std::move(id));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
     }
 
     asio::awaitable<result<sandbox_info>> async_inspect(std::string id) override {
-        auto sandbox = find(id);
-        if (!sandbox) co_return std::move(sandbox).error();
-        co_return (*sandbox)->info;
+        try {
+            if (auto it = sandboxes_.find(id); it != sandboxes_.end()) {
+                refresh_state(*it->second);
+                co_return it->second->info;
+            }
+            auto record = records_.read(id);
+            if (!record) co_return std::move(record).error();
+            co_return info_from_record(*record);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
     }
 
-    asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
-        std::vector<sandbox_info> out;
-        for (const auto& [id, sandbox] : sandboxes_) {
-            bool matches = true;
-            for (const auto& [key, value] : filter) {
-                auto it = sandbox->info.labels.find(key);
-                matches = matches && it != sandbox->info.labels.end() && it->second == value;
-            }
-            if (matches) out.push_back(sandbox->info);
+    asio::awaitable<result<host_report>> async_host_report() override {
+        try {
+            auto started =
+                co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
+            if (!started) co_return std::move(started).error();
+            host_report report;
+            report.layers = layer_names(helper_->host_layers());
+            report.detail = helper_->layer_detail();
+            report.facts["state_dir"] = options_.state_dir;
+            report.facts["owner_instance"] = options_.owner_instance;
+            co_return report;
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
         }
-        co_return out;
+    }
+
+    // This backend's sandboxes, then every other one recorded in the state directory.
+    asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
+        try {
+            const auto matches = [&filter](const sandbox_info& info) {
+                for (const auto& [key, value] : filter) {
+                    auto it = info.labels.find(key);
+                    if (it == info.labels.end() || it->second != value) return false;
+                }
+                return true;
+            };
+            std::vector<sandbox_info> out;
+            for (const auto& [id, sandbox] : sandboxes_) {
+                refresh_state(*sandbox);
+                if (matches(sandbox->info)) out.push_back(sandbox->info);
+            }
+            for (const auto& id : records_.ids()) {
+                if (sandboxes_.contains(id)) continue;
+                // A record that vanished or is corrupt is skipped here; inspect reports it.
+                auto record = records_.read(id);
+                if (!record) continue;
+                auto info = info_from_record(*record);
+                if (matches(info)) out.push_back(std::move(info));
+            }
+            co_return out;
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
     }
 
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
@@ -325,25 +442,34 @@ class local_backend final : public backend {
             co_return std::move(set).error();
         }
         sandbox->info.expires_at = requested;
+        sandbox->record.expires_at = requested;
+        if (auto written = records_.write(sandbox->record); !written) {
+            detail::log(log_level::warning, "local", written.error().to_string(), id);
+        }
         co_return sandbox->info;
     }
 
     asio::awaitable<result<void>> destroy(std::string id) {
-        auto found = find(id);
-        if (!found) co_return std::move(found).error();
-        auto sandbox = *found;
         const auto limit = deadline::after(options_.destroy_timeout);
+        auto it = sandboxes_.find(id);
+        if (it == sandboxes_.end()) co_return co_await destroy_recorded(std::move(id), limit);
+        auto sandbox = it->second;
         if (!sandbox->reaped.is_set()) {
             if (sandbox->agent) sandbox->agent->close();
-            auto asked = co_await helper_->async_destroy(id, limit);
-            // Not cancellable: wait for the confirmation until the bound, whatever the caller does.
-            while (asked && !sandbox->answered.is_set() && !limit.has_expired()) {
-                co_await sandbox->answered.async_wait(limit);
-            }
-            // The helper is gone, or it did not know this sandbox (it was started after a helper
-            // that died): confirm through our own pidfd.
-            if (!asked || sandbox->cleanup_errno == ESRCH)
+            if (sandbox->attached) {
                 co_await kill_without_helper(*sandbox, limit);
+            } else {
+                auto asked = co_await helper_->async_destroy(id, limit);
+                // Not cancellable: wait for the confirmation until the bound, whatever the caller
+                // does.
+                while (asked && !sandbox->answered.is_set() && !limit.has_expired()) {
+                    co_await sandbox->answered.async_wait(limit);
+                }
+                // The helper is gone, or it did not know this sandbox (it was started after a
+                // helper that died): confirm through our own pidfd.
+                if (!asked || sandbox->cleanup_errno == ESRCH)
+                    co_await kill_without_helper(*sandbox, limit);
+            }
         }
         if (!sandbox->reaped.is_set()) {
             co_return make_error(errc::backend_failure,
@@ -351,14 +477,164 @@ class local_backend final : public backend {
                                      std::to_string(options_.destroy_timeout.count()) + " ms");
         }
         sandbox->root.reset();
+        // Our helper removes the cgroups of what it reaps; anything else is ours to remove.
+        int cleanup_errno = sandbox->cleanup_errno;
+        if (sandbox->attached || cleanup_errno == ESRCH)
+            cleanup_errno = co_await remove_cgroups_until(sandbox->record, limit);
+        records_.remove(id);
         sandboxes_.erase(id);
-        if (sandbox->cleanup_errno != 0 && sandbox->cleanup_errno != ESRCH) {
-            co_return make_error(errc::backend_failure,
-                                 "sandbox " + id + " is gone but its cgroups were not removed: " +
-                                     std::strerror(sandbox->cleanup_errno));
-        }
+        if (cleanup_errno != 0) co_return cgroups_left_error(id, cleanup_errno);
         detail::log(log_level::debug, "local", "destroyed", id);
         co_return result<void>{};
+    }
+
+    // A sandbox this backend has not attached: known only from its record. Its pid 1 is killed
+    // through a pidfd checked against the recorded start time; a stale record is cleaned up.
+    asio::awaitable<result<void>> destroy_recorded(std::string id, deadline limit) {
+        auto record = records_.read(id);
+        if (!record) co_return std::move(record).error();
+        if (record->init_pid == 0 && record->owner_pid > 0 && ::kill(record->owner_pid, 0) == 0 &&
+            std::chrono::system_clock::now() - record->created_at < create_timeout) {
+            co_return make_error(errc::sandbox_unavailable,
+                                 "sandbox " + id + " is still being created by process " +
+                                     std::to_string(record->owner_pid) + "; try again");
+        }
+        if (auto pidfd = open_live_init(*record)) {
+            const bool ended = co_await kill_and_wait(pidfd->get(), limit);
+            if (!ended) {
+                co_return make_error(errc::backend_failure,
+                                     "destroy of " + id + " was not confirmed within " +
+                                         std::to_string(options_.destroy_timeout.count()) + " ms");
+            }
+        }
+        const int cleanup_errno = co_await remove_cgroups_until(*record, limit);
+        records_.remove(id);
+        if (cleanup_errno != 0) co_return cgroups_left_error(id, cleanup_errno);
+        detail::log(log_level::debug, "local", "destroyed (recorded)", id);
+        co_return result<void>{};
+    }
+
+    static error cgroups_left_error(const std::string& id, int err) {
+        return make_error(
+            errc::backend_failure,
+            "sandbox " + id + " is gone but its cgroups were not removed: " + std::strerror(err));
+    }
+
+    // Removes the record's cgroups, retrying while the kernel still counts the exiting tasks.
+    asio::awaitable<int> remove_cgroups_until(const sandbox_record& record, deadline limit) {
+        asio::steady_timer timer(executor_);
+        for (;;) {
+            const int err = remove_cgroups(record);
+            if (err != EBUSY || limit.has_expired()) co_return err;
+            timer.expires_after(std::chrono::milliseconds(10));
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_await asio::this_coro::reset_cancellation_state();
+        }
+    }
+
+    asio::awaitable<result<sandbox_info>> attach(std::string id) {
+        if (auto it = sandboxes_.find(id); it != sandboxes_.end()) {
+            if (it->second->gone_reason)
+                co_return make_error(errc::sandbox_unavailable, *it->second->gone_reason);
+            co_return it->second->info;
+        }
+        auto record = records_.read(id);
+        if (!record) co_return std::move(record).error();
+        auto pidfd = open_live_init(*record);
+        if (!pidfd) co_return std::move(pidfd).error();
+        if (!record->survive_owner) {
+            co_return make_error(errc::sandbox_unavailable,
+                                 "sandbox " + id +
+                                     " was created without survive_owner: only its creator (" +
+                                     record->owner_instance + ") can use it");
+        }
+        auto control = connect_to_agent(*record);
+        if (!control) co_return std::move(control).error();
+
+        auto sandbox = std::make_shared<local_sandbox>(executor_);
+        sandbox->info = info_from_record(*record);
+        sandbox->info.state = sandbox_state::running;
+        sandbox->attached = true;
+        sandbox->pidfd = std::move(*pidfd);
+        sandbox->uid_base = record->uid_base;
+        sandbox->memory_cgroup = record->memory_cgroup;
+        sandbox->env = record->env;
+        sandbox->workdir = record->workdir;
+        sandbox->record = std::move(*record);
+        sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(*control), id);
+        sandbox->agent->start(tasks_);
+        sandboxes_[id] = sandbox;
+
+        auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(attach_timeout));
+        if (ready) {
+            auto root = open_sandbox_root(sandbox->record.init_pid, sandbox->pidfd.get());
+            if (root) {
+                sandbox->root = std::move(*root);
+            } else {
+                ready = std::move(root).error();
+            }
+        }
+        if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            ready = make_error(errc::cancelled, "attach was cancelled");
+        }
+        if (!ready) {
+            // Detach (the sandbox is not ours to end).
+            sandbox->agent->close();
+            sandboxes_.erase(id);
+            if (has_exited(sandbox->pidfd.get())) {
+                co_return make_error(errc::sandbox_unavailable,
+                                     "sandbox " + id + " ended while attaching");
+            }
+            co_return std::move(ready).error();
+        }
+        detail::log(log_level::debug, "local", "attached", id);
+        co_return sandbox->info;
+    }
+
+    // Connects to a survivor's attach socket and checks that its pid 1 is what listens there.
+    result<unique_fd> connect_to_agent(const sandbox_record& record) {
+        const std::string path = records_.socket_path(record.id);
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        if (path.size() >= sizeof address.sun_path) {
+            return make_error(errc::backend_failure, "attach socket path too long: " + path);
+        }
+        std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+        unique_fd socket(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+        if (!socket.is_open()) return stdio_error("socket");
+        if (::connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) !=
+            0) {
+            const int err = errno;
+            if (err == EAGAIN) {
+                return make_error(errc::limit_exceeded,
+                                  "sandbox " + record.id + " has too many pending attaches");
+            }
+            if (err == ENOENT || err == ECONNREFUSED) {
+                return make_error(errc::sandbox_unavailable, "sandbox " + record.id +
+                                                                 " does not accept attaches (" +
+                                                                 std::strerror(err) + ")");
+            }
+            return make_error(errc::backend_failure,
+                              "connect to " + path + ": " + std::strerror(err));
+        }
+        ucred peer{};
+        socklen_t length = sizeof peer;
+        if (::getsockopt(socket.get(), SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 ||
+            peer.pid != record.init_pid || peer.uid != record.uid_base) {
+            return make_error(errc::protocol_error, "the attach socket of " + record.id +
+                                                        " is not served by the sandbox's pid 1");
+        }
+        return socket;
+    }
+
+    // A sandbox whose pid 1 is gone (seen through the pidfd) reports `exited` even before the
+    // helper's report or the channel's end arrives.
+    static void refresh_state(local_sandbox& sandbox) {
+        if (sandbox.info.state == sandbox_state::running && sandbox.pidfd.is_open() &&
+            has_exited(sandbox.pidfd.get())) {
+            sandbox.info.state = sandbox_state::exited;
+        }
     }
 
     asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request) {
@@ -485,10 +761,14 @@ class local_backend final : public backend {
 
     result<std::shared_ptr<local_sandbox>> find(const std::string& id) {
         auto it = sandboxes_.find(id);
-        if (it == sandboxes_.end()) {
-            return make_error(errc::sandbox_not_found, "no sandbox with id '" + id + "'");
+        if (it != sandboxes_.end()) return it->second;
+        auto record = records_.read(id);
+        if (record) {
+            return make_error(
+                errc::sandbox_not_found,
+                "sandbox " + id + " belongs to " + record->owner_instance + "; attach to it first");
         }
-        return it->second;
+        return std::move(record).error();
     }
 
     // What the file functions need, once the sandbox is known to be alive.
@@ -508,17 +788,23 @@ class local_backend final : public backend {
                             sandbox.uid_base + wire::sandbox_group_id};
     }
 
-    // The helper cannot confirm (it is gone, or never knew this sandbox): kill pid 1 through our
-    // own pidfd and wait for it to report the exit. The kernel ends every process of the pid
-    // namespace before pid 1 can exit.
+    // The helper cannot confirm (it is gone, never knew this sandbox, or it was attached): kill
+    // pid 1 through our own pidfd and wait for it to report the exit. The kernel ends every
+    // process of the pid namespace before pid 1 can exit.
     asio::awaitable<void> kill_without_helper(local_sandbox& sandbox, deadline limit) {
         if (!sandbox.pidfd.is_open()) co_return;
-        ::syscall(SYS_pidfd_send_signal, sandbox.pidfd.get(), SIGKILL, nullptr, 0);
-        asio::posix::stream_descriptor pidfd(executor_, sandbox.pidfd.get());
+        const bool ended = co_await kill_and_wait(sandbox.pidfd.get(), limit);
+        if (ended) sandbox.reaped.set();
+    }
+
+    // SIGKILLs the process behind `pidfd` and waits until it has exited; false at `limit`.
+    asio::awaitable<bool> kill_and_wait(int pidfd, deadline limit) {
+        ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+        asio::posix::stream_descriptor descriptor(executor_, pidfd);
         const auto waited =
-            co_await async_wait_until(pidfd, asio::posix::descriptor_base::wait_read, limit);
-        pidfd.release();  // still owned by `sandbox`
-        if (waited == wait_result::ready) sandbox.reaped.set();
+            co_await async_wait_until(descriptor, asio::posix::descriptor_base::wait_read, limit);
+        descriptor.release();  // still owned by the caller
+        co_return waited == wait_result::ready;
     }
 
     void on_reaped(const wire::reaped_message& m) {
@@ -528,6 +814,9 @@ class local_backend final : public backend {
         sandbox.cleanup_errno = m.cleanup_errno;
         sandbox.answered.set();
         if (m.cleanup_errno == ESRCH) return;  // async_destroy confirms through the pidfd
+        // Confirmed gone and its cgroups removed: the record goes now, the entry (inspect says
+        // `exited`) when destroy releases it.
+        records_.remove(sandbox.info.id);
         sandbox.info.state = sandbox_state::exited;
         if (!sandbox.gone_reason) sandbox.gone_reason = "the sandbox's pid 1 exited";
         // Keep only the record (inspect says `exited`) until destroy releases it.
@@ -554,6 +843,7 @@ class local_backend final : public backend {
     local_options options_;
     task_group tasks_;
     std::shared_ptr<helper_client> helper_;
+    sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
     std::uint64_t next_exec_id_ = 1;
 };

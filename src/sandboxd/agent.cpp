@@ -27,6 +27,8 @@ namespace moat::sandboxd {
 namespace {
 
 constexpr int control_fd = 3;
+constexpr int listen_fd = 7;                 // survivors only: the attach socket the helper bound
+constexpr std::size_t max_connections = 32;  // the owner's plus attached processes
 constexpr std::size_t stack_bytes = 1024 * 1024;  // execvp may put a PATH-sized buffer on it
 constexpr std::size_t guard_bytes = 4096;
 
@@ -35,11 +37,6 @@ std::uint64_t now_us() {
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000 +
            static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
-}
-
-template <class Message>
-bool send(const Message& m) {
-    return wire::send_record(control_fd, std::as_bytes(std::span(&m, 1)), {}, 0) >= 0;
 }
 
 int read_cap_last_cap() {
@@ -128,28 +125,55 @@ class agent {
         pid_t pid;
         std::uint64_t start_us;
         std::uint64_t deadline_us;  // 0 = none
+        int connection;             // the control connection that started it, or -1 once gone
         bool timed_out = false;
+    };
+
+    struct connection {
+        int fd;
+        bool owner;  // fd 3, from the helper: its end means the owner is gone
+        bool closing = false;
     };
 
     bool setup();
     int poll_timeout_ms() const;
     void enforce_deadlines();
-    // False when the control socket is gone.
-    bool handle_control();
-    void handle_exec(std::span<const std::byte> record, std::span<int> fds, bool descriptors_lost);
-    void handle_kill(const wire::kill_message& m);
+    void accept_connection();
+    // False when the connection is gone.
+    bool handle_control(int fd);
+    void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
+                     bool descriptors_lost);
+    void handle_kill(int fd, const wire::kill_message& m);
+    // Closes connections marked `closing`; false if the owner's went and the sandbox must end.
+    bool close_connections();
     void reap();
-    void send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, int spawn_errno,
-                     std::uint64_t start_us);
+    void send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
+                     int spawn_errno, std::uint64_t start_us);
+
+    // Sends without blocking: a peer that stops reading is dropped rather than allowed to stall
+    // pid 1 (and every other connection) on a full socket buffer.
+    template <class Message>
+    void send(int fd, const Message& m) {
+        if (fd < 0) return;
+        const auto bytes = std::as_bytes(std::span(&m, 1));
+        if (wire::send_record(fd, bytes, {}, MSG_DONTWAIT) < 0) mark_closing(fd);
+    }
+    void mark_closing(int fd) {
+        for (auto& c : connections_) {
+            if (c.fd == fd) c.closing = true;
+        }
+    }
 
     bool survive_owner_;
     std::uint32_t max_processes_;
     std::uint64_t ttl_deadline_us_;
-    bool control_open_ = true;
+    int listen_fd_ = -1;
     int signal_fd_ = -1;
     int cap_last_cap_ = CAP_LAST_CAP;
     char* stack_top_ = nullptr;
+    std::vector<connection> connections_;
     std::vector<command> commands_;
+    std::vector<pollfd> poll_fds_;
     std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
 };
 
@@ -169,29 +193,80 @@ bool agent::setup() {
     if (stack == MAP_FAILED) return false;
     ::mprotect(stack, guard_bytes, PROT_NONE);
     stack_top_ = static_cast<char*>(stack) + guard_bytes + stack_bytes;
+    if (survive_owner_) {
+        // The helper bound this socket in its 0700 state directory; listening here makes this
+        // process the one a connecting library sees in SO_PEERCRED.
+        if (::fcntl(listen_fd, F_SETFD, FD_CLOEXEC) != 0) return false;
+        if (::listen(listen_fd, 16) != 0) return false;
+        listen_fd_ = listen_fd;
+    }
+    connections_.push_back({control_fd, true});
     auto ready = wire::make_message<wire::ready_message>(wire::message_type::ready);
     ready.version = wire::protocol_version;
-    return send(ready);
+    send(control_fd, ready);
+    return true;
 }
 
 int agent::run() {
     if (!setup()) return 1;
     for (;;) {
-        pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {control_fd, POLLIN, 0}};
-        const nfds_t count = control_open_ ? 2 : 1;
-        const int ready = ::poll(fds, count, poll_timeout_ms());
+        poll_fds_.clear();
+        poll_fds_.push_back({signal_fd_, POLLIN, 0});
+        poll_fds_.push_back({listen_fd_, POLLIN, 0});  // a negative fd is skipped by poll
+        for (const auto& c : connections_) poll_fds_.push_back({c.fd, POLLIN, 0});
+        const int ready = ::poll(poll_fds_.data(), poll_fds_.size(), poll_timeout_ms());
         if (ready < 0 && errno != EINTR) return 1;
         if (ttl_deadline_us_ != 0 && now_us() >= ttl_deadline_us_) return 0;
         // Reap first: a command that exited just as its wall limit came is not a timeout.
-        if (ready > 0 && fds[0].revents != 0) reap();
+        if (ready > 0 && poll_fds_[0].revents != 0) reap();
         enforce_deadlines();
         if (ready <= 0) continue;
-        if (control_open_ && fds[1].revents != 0 && !handle_control()) {
-            if (!survive_owner_) return 0;
-            ::close(control_fd);
-            control_open_ = false;
+        for (std::size_t i = 2; i < poll_fds_.size(); ++i) {
+            if (poll_fds_[i].revents != 0 && !handle_control(poll_fds_[i].fd)) {
+                mark_closing(poll_fds_[i].fd);
+            }
         }
+        if (poll_fds_[1].revents != 0) accept_connection();
+        if (!close_connections()) return 0;
     }
+}
+
+void agent::accept_connection() {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    // Only processes outside this sandbox may attach: a peer in this pid namespace (or one
+    // below it) has a pid here. The socket itself is reachable only through the host's 0700
+    // state directory.
+    ucred peer{};
+    socklen_t length = sizeof peer;
+    const bool outside = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
+                         length == sizeof peer && peer.pid == 0;
+    if (!outside || connections_.size() >= max_connections) {
+        ::close(fd);
+        return;
+    }
+    connections_.push_back({fd, false});
+    auto ready = wire::make_message<wire::ready_message>(wire::message_type::ready);
+    ready.version = wire::protocol_version;
+    send(fd, ready);
+}
+
+bool agent::close_connections() {
+    bool owner_gone = false;
+    for (std::size_t i = connections_.size(); i-- > 0;) {
+        const connection c = connections_[i];
+        if (!c.closing) continue;
+        // What a connection started dies with it: nobody is left to read its result.
+        for (auto& running : commands_) {
+            if (running.connection != c.fd) continue;
+            ::kill(-running.pid, SIGKILL);
+            running.connection = -1;
+        }
+        ::close(c.fd);
+        connections_.erase(connections_.begin() + static_cast<std::ptrdiff_t>(i));
+        owner_gone = owner_gone || c.owner;
+    }
+    return !owner_gone || survive_owner_;
 }
 
 int agent::poll_timeout_ms() const {
@@ -218,44 +293,44 @@ void agent::enforce_deadlines() {
     }
 }
 
-bool agent::handle_control() {
+bool agent::handle_control(int fd) {
     int fds[wire::max_fds_per_message];
     std::size_t fd_count = 0;
     bool descriptors_lost = false;
     const ssize_t n =
-        wire::receive_record(control_fd, buffer_, fds, fd_count, descriptors_lost, MSG_DONTWAIT);
+        wire::receive_record(fd, buffer_, fds, fd_count, descriptors_lost, MSG_DONTWAIT);
     if (n == 0) return false;
     if (n < 0) return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE;
     const std::span<const std::byte> record(buffer_.data(), static_cast<std::size_t>(n));
     wire::header h{};
     if (wire::read_header(record, h)) {
         if (h.type == static_cast<std::uint32_t>(wire::message_type::exec)) {
-            handle_exec(record, std::span(fds, fd_count), descriptors_lost);
+            handle_exec(fd, record, std::span(fds, fd_count), descriptors_lost);
             return true;
         }
         wire::kill_message kill{};
-        if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(kill);
+        if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(fd, kill);
         wire::set_ttl_message set_ttl{};
         if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {
             ttl_deadline_us_ = set_ttl.ttl_ms == 0 ? 0 : now_us() + set_ttl.ttl_ms * 1000;
             auto reply = wire::make_message<wire::ttl_set_message>(wire::message_type::ttl_set);
             reply.request_id = set_ttl.request_id;
-            send(reply);
+            send(fd, reply);
         }
     }
     for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
     return true;
 }
 
-void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds,
+void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                         bool descriptors_lost) {
     wire::exec_request_view request;
     const bool decoded = wire::decode_exec(record, request);
     if (!decoded || fds.size() != 3) {
-        for (const int fd : fds) ::close(fd);
+        for (const int f : fds) ::close(f);
         // A request that names its command is answered, so the library never waits in vain.
         if (decoded) {
-            send_exited(request.exec_id, 0, wire::exited_spawn_failed,
+            send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed,
                         descriptors_lost ? EMFILE : EBADF, now_us());
         }
         return;
@@ -282,7 +357,7 @@ void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds,
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
     const int clone_errno = errno;
     environ = saved_environ;
-    for (const int fd : fds) ::close(fd);
+    for (const int f : fds) ::close(f);
 
     if (pid < 0 || args.spawn_errno != 0) {
         int status = 0;
@@ -290,23 +365,24 @@ void agent::handle_exec(std::span<const std::byte> record, std::span<int> fds,
             while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
             }
         }
-        send_exited(request.exec_id, status, wire::exited_spawn_failed,
+        send_exited(fd, request.exec_id, status, wire::exited_spawn_failed,
                     pid < 0 ? clone_errno : args.spawn_errno, start);
         return;
     }
     const std::uint64_t deadline =
         request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
-    commands_.push_back({request.exec_id, pid, start, deadline});
+    commands_.push_back({request.exec_id, pid, start, deadline, fd});
     auto started = wire::make_message<wire::started_message>(wire::message_type::started);
     started.exec_id = request.exec_id;
     started.pid = pid;
-    send(started);
+    send(fd, started);
 }
 
-void agent::handle_kill(const wire::kill_message& m) {
+void agent::handle_kill(int fd, const wire::kill_message& m) {
     if (m.signal < 0 || m.signal >= NSIG) return;
+    // Exec ids are chosen by each connection: a connection signals only its own commands.
     for (const auto& c : commands_) {
-        if (c.exec_id == m.exec_id) ::kill(-c.pid, m.signal);
+        if (c.exec_id == m.exec_id && c.connection == fd) ::kill(-c.pid, m.signal);
     }
 }
 
@@ -325,7 +401,7 @@ void agent::reap() {
             ::kill(-c.pid, SIGKILL);
             commands_.erase(commands_.begin() + static_cast<std::ptrdiff_t>(i));
             const std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
-            send_exited(c.exec_id, status, flags, 0, c.start_us);
+            send_exited(c.connection, c.exec_id, status, flags, 0, c.start_us);
             command_ended = true;
             break;
         }
@@ -335,15 +411,15 @@ void agent::reap() {
     if (command_ended && commands_.empty()) ::kill(-1, SIGKILL);
 }
 
-void agent::send_exited(std::uint64_t exec_id, int status, std::uint32_t flags, int spawn_errno,
-                        std::uint64_t start_us) {
+void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
+                        int spawn_errno, std::uint64_t start_us) {
     auto m = wire::make_message<wire::exited_message>(wire::message_type::exited);
     m.exec_id = exec_id;
     m.wait_status = status;
     m.flags = flags;
     m.spawn_errno = spawn_errno;
     m.duration_us = now_us() - start_us;
-    send(m);
+    send(fd, m);
 }
 
 }  // namespace

@@ -14,6 +14,14 @@
 //
 // EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
 // unless --survive-owner was given; the TTL, when non-zero, ends it regardless.
+//
+// With --survive-owner, fd 7 is a unix SOCK_SEQPACKET socket the helper bound in its 0700 state
+// directory; the agent listens on it, so other host processes can attach. Each accepted
+// connection (at most 32 besides the owner's; the peer must be outside this sandbox's pid
+// namespace, checked with SO_PEERCRED) gets its own `ready` and speaks the same protocol. A
+// command belongs to the connection that started it: only that connection can signal it and hears
+// its exit, and it is killed when that connection closes. Replies never block pid 1: a peer whose
+// socket buffer is full is disconnected.
 #pragma once
 
 #include <cstdint>

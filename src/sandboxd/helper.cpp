@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cerrno>
@@ -24,6 +25,7 @@
 #include "sandboxd/uid_slots.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
+#include "wire/state_layout.hpp"
 
 namespace moat::sandboxd {
 namespace {
@@ -74,6 +76,33 @@ bool valid_sandbox_id(std::string_view id) {
         if (!ok) return false;
     }
     return true;
+}
+
+// A unix SOCK_SEQPACKET socket bound (not yet listening: the sandbox's pid 1 listens, so that
+// connecting peers see it in SO_PEERCRED) at `path`, mode 0600. Returns the descriptor or -errno.
+int bind_attach_socket(const std::string& path, std::string& detail) {
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    if (path.size() >= sizeof address.sun_path) {
+        detail = "attach socket path is longer than " +
+                 std::to_string(sizeof address.sun_path - 1) +
+                 " bytes (choose a shorter state directory): " + path;
+        return -ENAMETOOLONG;
+    }
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        detail = std::string("attach socket: ") + errno_name(errno);
+        return -errno;
+    }
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
+        ::chmod(path.c_str(), 0600) != 0) {
+        const int err = errno;
+        detail = "bind " + path + ": " + errno_name(err);
+        ::close(fd);
+        return -err;
+    }
+    return fd;
 }
 
 int to_wait_status(const siginfo_t& info) {
@@ -165,6 +194,14 @@ void helper::setup() {
                               " is unreachable for sandbox "
                               "uids: " +
                               closed + " is not searchable by others (chmod o+x)");
+    }
+    // Records and attach sockets: root only, whatever the state directory's mode.
+    const std::string sandboxes = wire::sandboxes_dir(state_dir_);
+    if (::mkdir(sandboxes.c_str(), 0700) != 0 && errno != EEXIST) {
+        return fail_setup(moat::errc::backend_failure, errno, "helper: mkdir " + sandboxes);
+    }
+    if (::chmod(sandboxes.c_str(), 0700) != 0) {
+        return fail_setup(moat::errc::backend_failure, errno, "helper: chmod " + sandboxes);
     }
     // Everything mounted from here on (the template root) stays inside this helper.
     if (::unshare(CLONE_NEWNS) != 0) {
@@ -311,8 +348,22 @@ void helper::handle_create(const wire::create_message& m) {
         ::close(slot.lock_fd);
         return send_create_failed(m.request_id, moat::errc::layer_unavailable, err, detail);
     }
+    int listen_socket = -1;
+    std::string socket_path;
+    if (survive_owner) {
+        socket_path = wire::attach_socket_path(state_dir_, id);
+        std::string bind_detail;
+        listen_socket = bind_attach_socket(socket_path, bind_detail);
+        if (listen_socket < 0) {
+            ::close(slot.lock_fd);
+            cgroups::remove(s.cgroups);
+            return send_create_failed(m.request_id, moat::errc::backend_failure, -listen_socket,
+                                      bind_detail);
+        }
+    }
     spawn_request request;
     request.sandbox_id = id;
+    request.listen_socket = listen_socket;
     request.workspace_bytes = m.workspace_bytes;
     request.tmp_bytes = m.tmp_bytes;
     request.ttl_ms = m.ttl_ms;
@@ -322,9 +373,11 @@ void helper::handle_create(const wire::create_message& m) {
     spawned_sandbox spawned;
     spawn_failure failure;
     const bool ok = spawner_.spawn(request, slot, cgroups_, s.cgroups, spawned, failure);
-    // pid 1 holds its own copy of the slot lock now; ours goes either way.
+    // pid 1 holds its own copies of the slot lock and the attach socket now; ours go either way.
     ::close(slot.lock_fd);
+    if (listen_socket >= 0) ::close(listen_socket);
     if (!ok) {
+        if (!socket_path.empty()) ::unlink(socket_path.c_str());
         cgroups::remove(s.cgroups);
         return send_create_failed(m.request_id, failure.code, failure.sys_errno, failure.detail);
     }
@@ -338,6 +391,7 @@ void helper::handle_create(const wire::create_message& m) {
     created.start_time_ticks = spawned.start_time_ticks;
     wire::copy_field(created.memory_cgroup, s.cgroups.paths[0]);
     wire::copy_field(created.pids_cgroup, s.cgroups.paths[1]);
+    wire::copy_field(created.cpu_cgroup, s.cgroups.paths[2]);
     const int passed[] = {spawned.pidfd, spawned.library_socket};
     send(created, passed);
     ::close(spawned.library_socket);

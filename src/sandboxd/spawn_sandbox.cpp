@@ -153,6 +153,7 @@ struct child_args {
     int control;
     int slot_lock;
     int agent_exe;
+    int listen_socket;  // survivors: the attach socket, else -1
     bool survive_owner;
     const char* template_path;
     char tmp_options[64];
@@ -197,10 +198,10 @@ void bring_up_loopback(child_args& a) {
 }
 
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
-// 6 exec pipe (close-on-exec). Sources may sit on any of the target numbers, so first move
-// them all above the targets.
+// 6 exec pipe (close-on-exec), 7 the attach socket (survivors only). Sources may sit on any of
+// the target numbers, so first move them all above the targets.
 void arrange_fds(child_args& a) {
-    constexpr int first_free = 7;
+    constexpr int first_free = 8;
     const long control =
         checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
     const long lock =
@@ -209,14 +210,19 @@ void arrange_fds(child_args& a) {
         checked(a, step::arrange_fds, SYS_fcntl, a.agent_exe, F_DUPFD_CLOEXEC, first_free);
     const long exec_pipe =
         checked(a, step::arrange_fds, SYS_fcntl, a.exec_pipe_write, F_DUPFD_CLOEXEC, first_free);
+    const long listen = a.listen_socket < 0 ? -1
+                                            : checked(a, step::arrange_fds, SYS_fcntl,
+                                                      a.listen_socket, F_DUPFD_CLOEXEC, first_free);
     checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
     checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
     checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
     checked(a, step::arrange_fds, SYS_dup3, exec_pipe, 6, O_CLOEXEC);
+    if (listen >= 0) checked(a, step::arrange_fds, SYS_dup3, listen, 7, 0);
     const long null = checked(a, step::open_dev_null, SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
     for (long fd = 0; fd < 3; ++fd) {
         if (fd != null) checked(a, step::arrange_fds, SYS_dup3, null, fd, 0);
     }
+    if (null > 2) raw(SYS_close, null);  // it may have landed on 7
     checked(a, step::close_range, SYS_close_range, first_free, ~0u, 0);
 }
 
@@ -428,6 +434,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.control = agent_socket;
     args.slot_lock = slot.lock_fd;
     args.agent_exe = agent_exe_fd_;
+    args.listen_socket = request.listen_socket;
     args.survive_owner = request.survive_owner;
     args.template_path = template_path_.c_str();
     format_options(args.tmp_options, sizeof args.tmp_options, request.tmp_bytes, "mode=1777");

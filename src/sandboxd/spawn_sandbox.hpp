@@ -14,6 +14,7 @@
 //   fd 0, 1, 2  /dev/null
 //   fd 3        the agent end of the control socket
 //   fd 4        the uid slot lock (held for the sandbox's lifetime)
+//   fd 7        survivors only: the bound attach socket the agent listens on
 //
 // A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
 #pragma once
@@ -38,6 +39,7 @@ struct spawn_request {
     std::uint64_t ttl_ms = 0;
     std::uint32_t max_processes = 0;  // RLIMIT_NPROC of commands (0 = none); see agent.hpp
     bool survive_owner = false;
+    int listen_socket = -1;    // survivors: the bound attach socket, passed to the agent as fd 7
     bool best_effort = false;  // for the cgroup attach
 };
 

@@ -19,7 +19,8 @@
 namespace moat::wire {
 
 // 2: set_ttl / ttl_set; exec requests the agent cannot run are answered.
-inline constexpr std::uint32_t protocol_version = 2;
+// 3: created carries the cpu cgroup; survivors' agents accept attach connections.
+inline constexpr std::uint32_t protocol_version = 3;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -114,6 +115,7 @@ struct created_message {
     std::uint64_t start_time_ticks;  // field 22 of /proc/<host_pid>/stat, for pid-reuse checks
     char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
     char pids_cgroup[path_bytes];    // absolute path of the sandbox's v1 pids cgroup, or ""
+    char cpu_cgroup[path_bytes];     // absolute path of the sandbox's v1 cpu cgroup, or ""
 };
 
 struct create_failed_message {

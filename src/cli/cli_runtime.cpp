@@ -1,0 +1,141 @@
+#include "cli/cli_runtime.hpp"
+
+#include <moat/local_backend.hpp>
+
+#include "core/json_writer.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+
+#include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+
+namespace moat::cli {
+namespace {
+
+struct store_exit_code {
+    int* code;
+    bool* done;
+    void operator()(const std::exception_ptr& failure, int value) const {
+        *code = failure ? exit_failure : value;
+        *done = true;
+    }
+};
+
+}  // namespace
+
+int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) {
+    // The CLI is the application: it may own signals. Ctrl-C cancels the work, which kills what
+    // it started before the command exits.
+    std::signal(SIGPIPE, SIG_IGN);
+    asio::io_context io;
+    auto local = make_local_backend(io.get_executor());
+    asio::cancellation_signal cancel;
+    asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+    signals.async_wait([&cancel](const std::error_code& ec, int) {
+        if (!ec) cancel.emit(asio::cancellation_type::terminal);
+    });
+    int code = exit_failure;
+    bool done = false;
+    asio::co_spawn(io, body(*local),
+                   asio::bind_cancellation_slot(cancel.slot(), store_exit_code{&code, &done}));
+    while (!done && io.run_one() > 0) {
+    }
+    // Shut down: the backend stops its helper; the remaining reader tasks end shortly after.
+    signals.cancel();
+    local.reset();
+    io.run_for(std::chrono::seconds(2));
+    return code;
+}
+
+int report_error(std::string_view command, const error& e) {
+    std::fprintf(stderr, "moat %.*s: %s\n", static_cast<int>(command.size()), command.data(),
+                 e.to_string().c_str());
+    if (e.code == errc::sandbox_not_found || e.code == errc::sandbox_unavailable)
+        return exit_no_sandbox;
+    if (e.code == errc::invalid_argument || e.code == errc::invalid_path) return exit_usage;
+    return exit_failure;
+}
+
+bool write_all(int fd, std::string_view data) {
+    while (!data.empty()) {
+        const ssize_t n = ::write(fd, data.data(), data.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return true;
+}
+
+asio::awaitable<result<exec_result>> stream_to_terminal(backend& b, std::string id,
+                                                        exec_request request) {
+    auto stream = co_await b.async_exec_stream(std::move(id), std::move(request));
+    if (!stream) co_return std::move(stream).error();
+    bool terminal_open = true;
+    for (;;) {
+        auto next = co_await stream->async_next();
+        if (!next) co_return std::move(next).error();
+        if (auto* chunk = std::get_if<output_chunk>(&*next)) {
+            const int fd = chunk->channel == output_channel::out ? STDOUT_FILENO : STDERR_FILENO;
+            if (terminal_open && !write_all(fd, chunk->data)) terminal_open = false;
+            continue;
+        }
+        co_return std::get<exec_result>(std::move(*next));
+    }
+}
+
+void print_exec_json(const std::string& id, const result<exec_result>& r) {
+    json_writer w;
+    w.begin_object().key("sandbox_id").value(id);
+    if (!r) {
+        w.key("error").value(to_string(static_cast<errc>(r.error().code.value())));
+        w.key("detail").value(r.error().detail);
+    } else {
+        w.key("exit_code").value(r->exit_code);
+        w.key("signal").value(r->signal);
+        w.key("timed_out").value(r->timed_out);
+        w.key("oom_killed").value(r->oom_killed);
+        w.key("duration_ms").value(static_cast<double>(r->duration.count()) / 1000.0);
+        w.key("stdout").value(r->out.text());
+        w.key("stderr").value(r->err.text());
+        w.key("stdout_omitted_bytes").value(r->out.omitted_bytes);
+        w.key("stderr_omitted_bytes").value(r->err.omitted_bytes);
+    }
+    w.end_object();
+    std::string text = w.take() + "\n";
+    write_all(STDOUT_FILENO, text);
+}
+
+void report_exec_end(const exec_result& r, std::chrono::milliseconds wall_limit) {
+    if (r.timed_out) {
+        std::fprintf(stderr, "moat: the command ran past its %.3g s wall limit and was killed\n",
+                     static_cast<double>(wall_limit.count()) / 1000.0);
+    } else if (r.oom_killed) {
+        std::fputs("moat: the command was killed: out of memory (the sandbox's memory limit)\n",
+                   stderr);
+    }
+}
+
+int exec_exit_code(std::string_view command, const result<exec_result>& outcome, bool json,
+                   std::chrono::milliseconds wall_limit) {
+    if (outcome) {
+        if (!json) report_exec_end(*outcome, wall_limit);
+        return outcome->exit_code;
+    }
+    if (outcome.error().code == errc::cancelled) {
+        if (!json) {
+            std::fprintf(stderr, "moat %.*s: interrupted; the command was killed\n",
+                         static_cast<int>(command.size()), command.data());
+        }
+        return exit_interrupted;
+    }
+    if (json) return exit_failure;
+    return report_error(command, outcome.error());
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,46 @@
+// What every sandbox subcommand of the CLI shares: running one coroutine against a local backend
+// with Ctrl-C wired to cancellation, streaming a command's output to the terminal, printing
+// results, and mapping moat errors to exit codes.
+#pragma once
+
+#include <moat/backend.hpp>
+
+#include "cli/arguments.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace moat::cli {
+
+// Runs `body` on a fresh io_context with a local backend (default state directory). SIGINT,
+// SIGTERM and SIGHUP cancel it (terminal cancellation), once. Returns its exit code, or
+// exit_failure if it threw. The backend is shut down before returning.
+int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body);
+
+// "moat <command>: <code>: <detail>" on stderr; returns the exit code for that error:
+// exit_no_sandbox for sandbox_not_found / sandbox_unavailable, exit_usage for invalid_argument
+// and invalid_path, exit_failure otherwise.
+int report_error(std::string_view command, const error& e);
+
+// Blocking write of a whole chunk; false if the reader went away.
+bool write_all(int fd, std::string_view data);
+
+// Streams a command's output to stdout/stderr as it arrives and returns its result.
+asio::awaitable<result<exec_result>> stream_to_terminal(backend& b, std::string id,
+                                                        exec_request request);
+
+// One JSON object with the sandbox id and the result (or the error), then a newline, on stdout.
+void print_exec_json(const std::string& id, const result<exec_result>& r);
+
+// A line on stderr when the command was killed at its wall limit or for memory.
+void report_exec_end(const exec_result& r, std::chrono::milliseconds wall_limit);
+
+// Exit code for a finished exec: the command's own, 130 if it was cancelled (Ctrl-C), or what
+// report_error gives (printed unless `json`).
+int exec_exit_code(std::string_view command, const result<exec_result>& outcome, bool json,
+                   std::chrono::milliseconds wall_limit);
+
+}  // namespace moat::cli

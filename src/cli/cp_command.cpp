@@ -1,0 +1,200 @@
+// moat cp SRC DST: copies one file into or out of a sandbox; exactly one side is ID:/abs/path.
+// Binary-safe. "-" is stdin (upload) or stdout (download). A destination that is a directory
+// (or, in the sandbox, a path ending in "/") receives the source's file name. Downloads are
+// written to a temporary file beside the destination and renamed over it once complete, so a
+// failed copy never leaves a partial file under the destination's name.
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+
+#include <moat/files.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+namespace moat::cli {
+namespace {
+
+struct remote_path {
+    std::string id;
+    std::string path;
+};
+
+struct cp_options {
+    std::string local;  // a host path, or "-"
+    remote_path remote;
+    bool upload = false;
+};
+
+// "ID:/path" when the text before the first ':' is non-empty and has no '/'.
+std::optional<remote_path> parse_remote(std::string_view text) {
+    const auto colon = text.find(':');
+    if (colon == 0 || colon == std::string_view::npos) return std::nullopt;
+    if (text.substr(0, colon).find('/') != std::string_view::npos) return std::nullopt;
+    return remote_path{std::string(text.substr(0, colon)), std::string(text.substr(colon + 1))};
+}
+
+cp_options parse_cp_options(int argc, char** argv) {
+    if (argc != 2) throw usage_error("expected SRC DST, one of them ID:/absolute/path");
+    auto source = parse_remote(argv[0]);
+    auto target = parse_remote(argv[1]);
+    if (source.has_value() == target.has_value()) {
+        throw usage_error("exactly one of SRC and DST must be a sandbox path (ID:/absolute/path)");
+    }
+    cp_options o;
+    o.upload = target.has_value();
+    o.remote = o.upload ? *target : *source;
+    o.local = o.upload ? argv[0] : argv[1];
+    if (o.remote.path.empty() || o.remote.path.front() != '/') {
+        throw usage_error("the sandbox path must be absolute, got '" + o.remote.path + "'");
+    }
+    if (o.local.empty()) throw usage_error("empty host path");
+    return o;
+}
+
+std::string base_name(std::string_view path) {
+    while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+    const auto slash = path.rfind('/');
+    return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+std::string join(std::string dir, std::string_view name) {
+    if (dir.empty() || dir.back() != '/') dir += '/';
+    return dir + std::string(name);
+}
+
+// Reads a host file (or stdin) of at most `limit` bytes. An error line is printed on failure.
+std::optional<std::string> read_host_file(const std::string& path, std::uint64_t limit,
+                                          std::uint32_t& mode) {
+    const bool is_stdin = path == "-";
+    const int fd = is_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(errno));
+        return std::nullopt;
+    }
+    mode = 0644;
+    struct stat st {};
+    if (!is_stdin) {
+        if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+            std::fprintf(stderr, "moat cp: %s: not a regular file (directories are not copied)\n",
+                         path.c_str());
+            ::close(fd);
+            return std::nullopt;
+        }
+        mode = st.st_mode & 0777;
+    }
+    std::string data;
+    char buffer[65536];
+    for (;;) {
+        const ssize_t n = ::read(fd, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            std::fprintf(stderr, "moat cp: read %s: %s\n", path.c_str(), std::strerror(errno));
+            if (!is_stdin) ::close(fd);
+            return std::nullopt;
+        }
+        if (n == 0) break;
+        if (data.size() + static_cast<std::size_t>(n) > limit) {
+            std::fprintf(stderr, "moat cp: %s: larger than the %llu MiB per-file limit\n",
+                         path.c_str(), static_cast<unsigned long long>(limit >> 20));
+            if (!is_stdin) ::close(fd);
+            return std::nullopt;
+        }
+        data.append(buffer, static_cast<std::size_t>(n));
+    }
+    if (!is_stdin) ::close(fd);
+    return data;
+}
+
+// Writes `data` to a temporary file beside `path`, then renames it over `path`.
+bool write_host_file_atomically(const std::string& path, std::string_view data) {
+    const auto slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    std::string temporary = join(dir, "." + base_name(path) + ".moat-XXXXXX");
+    const int fd = ::mkostemp(temporary.data(), O_CLOEXEC);
+    if (fd < 0) {
+        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(errno));
+        return false;
+    }
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    const bool written = write_all(fd, data);
+    const int write_errno = errno;
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed || ::rename(temporary.c_str(), path.c_str()) != 0) {
+        const int err = written && closed ? errno : write_errno;
+        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(err));
+        ::unlink(temporary.c_str());
+        return false;
+    }
+    return true;
+}
+
+asio::awaitable<int> upload(backend& b, cp_options o) {
+    const file_limits limits;
+    std::uint32_t mode = 0644;
+    auto data = read_host_file(o.local, limits.max_file_bytes, mode);
+    if (!data) co_return exit_failure;
+    auto attached = co_await b.async_attach(o.remote.id);
+    if (!attached) co_return report_error("cp", attached.error());
+    std::string target = o.remote.path;
+    const bool names_directory = target.back() == '/';
+    bool is_directory = names_directory;
+    if (!names_directory) {
+        auto st = co_await b.async_stat(o.remote.id, target);
+        is_directory = st && st->type == file_type::directory;
+    }
+    if (is_directory) {
+        if (o.local == "-") {
+            co_return report_error("cp", make_error(errc::invalid_path,
+                                                    "copying stdin needs a file name, not the "
+                                                    "directory " +
+                                                        target));
+        }
+        target = join(target, base_name(o.local));
+    }
+    std::vector<file_write> files(1);
+    files[0].path = target;
+    files[0].content = std::move(*data);
+    files[0].mode = mode;
+    auto written = co_await b.async_write_files(o.remote.id, std::move(files));
+    if (!written) co_return report_error("cp", written.error());
+    if (!written->front().outcome) co_return report_error("cp", written->front().outcome.error());
+    co_return 0;
+}
+
+asio::awaitable<int> download(backend& b, cp_options o) {
+    auto attached = co_await b.async_attach(o.remote.id);
+    if (!attached) co_return report_error("cp", attached.error());
+    std::vector<std::string> paths{o.remote.path};
+    auto read = co_await b.async_read_files(o.remote.id, std::move(paths));
+    if (!read) co_return report_error("cp", read.error());
+    auto& content = read->front().content;
+    if (!content) co_return report_error("cp", content.error());
+    if (o.local == "-") co_return write_all(STDOUT_FILENO, *content) ? 0 : exit_failure;
+    std::string target = o.local;
+    struct stat st {};
+    if (::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        target = join(target, base_name(o.remote.path));
+    }
+    co_return write_host_file_atomically(target, *content) ? 0 : exit_failure;
+}
+
+}  // namespace
+
+int cp_command(int argc, char** argv) {
+    cp_options options = parse_cp_options(argc, argv);
+    return run_with_backend([&options](backend& b) {
+        if (options.upload) return upload(b, std::move(options));
+        return download(b, std::move(options));
+    });
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,193 @@
+// moat doctor: which isolation layers and limits moat can enforce on this host, why any cannot,
+// and a live create / exec / destroy. Exits 0 when every layer is available and the live check
+// passed; otherwise exit_failure, with one line per problem.
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace moat::cli {
+namespace {
+
+struct layer_description {
+    const char* name;
+    const char* provides;
+};
+
+constexpr layer_description all_layers[] = {
+    {"user_ns", "a private uid range per sandbox, never host root"},
+    {"pid_ns", "sandbox processes see only each other; pid 1 ends them all"},
+    {"mount_ns", "read-only root from a template, private /tmp and /workspace"},
+    {"net_ns", "no network but loopback"},
+    {"ipc_ns", "private System V IPC and POSIX message queues"},
+    {"uts_ns", "its own hostname"},
+    {"cgroup_ns", "its own cgroup view"},
+    {"seccomp", "dangerous system calls refused (mount, ptrace, bpf, io_uring, ...)"},
+    {"no_new_privs", "setuid binaries gain nothing"},
+    {"cgroup_memory", "memory limit (tmpfs included), OOM kills contained"},
+    {"cgroup_pids", "process limit (fork bombs)"},
+    {"cgroup_cpu", "CPU quota"},
+};
+
+std::string read_line(const char* path) {
+    std::ifstream in(path);
+    std::string line;
+    if (!in || !std::getline(in, line)) return "";
+    return line;
+}
+
+// cgroup v1 controllers mounted on this host, from /proc/self/mountinfo, and whether a v2
+// hierarchy is mounted.
+void cgroup_layout(std::vector<std::string>& v1, bool& v2) {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        const auto dash = line.find(" - ");
+        if (dash == std::string::npos) continue;
+        std::istringstream rest(line.substr(dash + 3));
+        std::string type, source, options;
+        rest >> type >> source >> options;
+        if (type == "cgroup2") v2 = true;
+        if (type != "cgroup") continue;
+        std::istringstream opts(options);
+        std::string option;
+        while (std::getline(opts, option, ',')) {
+            if (option == "memory" || option == "pids" || option == "cpu") v1.push_back(option);
+        }
+    }
+}
+
+void print_row(const char* name, const std::string& value) {
+    std::printf("  %-18s %s\n", name, value.c_str());
+}
+
+asio::awaitable<int> diagnose(backend& b) {
+    std::vector<std::string> problems;
+    std::printf("host\n");
+    utsname host{};
+    ::uname(&host);
+    print_row("kernel", std::string(host.release) + " " + host.machine);
+    print_row("running as", "uid " + std::to_string(::geteuid()) +
+                                (::geteuid() == 0 ? "" : " (the local backend needs root)"));
+    const std::string max_userns = read_line("/proc/sys/user/max_user_namespaces");
+    if (max_userns == "0") {
+        problems.push_back("user namespaces are disabled (sysctl user.max_user_namespaces=0)");
+    }
+    print_row("user namespaces",
+              max_userns.empty() ? "unknown" : "max_user_namespaces " + max_userns);
+    const std::string apparmor =
+        read_line("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
+    if (!apparmor.empty()) {
+        print_row("apparmor userns",
+                  apparmor == "1"
+                      ? "restricted (unprivileged user namespaces need a profile; root is fine)"
+                      : "not restricted");
+    }
+    std::vector<std::string> v1;
+    bool v2 = false;
+    cgroup_layout(v1, v2);
+    std::string layout = v1.empty() ? "no v1 controllers" : "v1:";
+    for (const auto& c : v1) layout += " " + c;
+    if (v2) layout += v1.empty() ? "; v2 only (not supported yet)" : "; v2 also mounted (hybrid)";
+    print_row("cgroups", layout);
+
+    auto report = co_await b.async_host_report();
+    if (!report) {
+        problems.push_back("the local backend cannot start: " + report.error().to_string());
+    } else {
+        for (const auto& [key, value] : report->facts) print_row(key.c_str(), value);
+        std::printf("\nisolation layers\n");
+        for (const auto& layer : all_layers) {
+            const bool available = std::find(report->layers.begin(), report->layers.end(),
+                                             layer.name) != report->layers.end();
+            std::printf("  %-18s %-8s %s\n", layer.name, available ? "ok" : "MISSING",
+                        layer.provides);
+            if (!available) problems.push_back(std::string("layer ") + layer.name + " is missing");
+        }
+        if (!report->detail.empty()) {
+            std::printf("  why: %s\n", report->detail.c_str());
+            problems.push_back(report->detail);
+        }
+    }
+
+    const sandbox_spec defaults;
+    const exec_request exec_defaults;
+    std::printf("\ndefault limits (per sandbox)\n");
+    print_row("memory",
+              std::to_string(defaults.limits.memory_bytes >> 20) + " MiB (tmpfs included)");
+    print_row("processes", std::to_string(defaults.limits.pids));
+    print_row("cpu", std::to_string(defaults.limits.cpu_millicores) + " millicores");
+    print_row("/workspace", std::to_string(defaults.limits.workspace_bytes >> 20) + " MiB");
+    print_row("/tmp", std::to_string(defaults.limits.tmp_bytes >> 20) + " MiB");
+    print_row("exec wall time", std::to_string(exec_defaults.wall_limit.count() / 1000) + " s");
+    print_row("ttl", std::to_string(
+                         std::chrono::duration_cast<std::chrono::seconds>(defaults.ttl).count()) +
+                         " s");
+
+    std::printf("\nlive check\n");
+    using clock = std::chrono::steady_clock;
+    const auto ms = [](clock::duration d) {
+        return std::to_string(std::chrono::duration<double, std::milli>(d).count()).substr(0, 5) +
+               " ms";
+    };
+    sandbox_spec spec;
+    spec.labels["moat.cli"] = "doctor";
+    spec.ttl = std::chrono::minutes(1);
+    const auto t0 = clock::now();
+    auto created = co_await b.async_create(spec);
+    const auto t1 = clock::now();
+    if (!created) {
+        print_row("create", "FAILED: " + created.error().to_string());
+        problems.push_back("create failed: " + created.error().to_string());
+    } else {
+        print_row("create", "ok, " + ms(t1 - t0) + " (" + created->id + ")");
+        exec_request request;
+        request.argv = {"/bin/sh", "-c", "id -u"};
+        const auto t2 = clock::now();
+        auto ran = co_await b.async_exec(created->id, request);
+        const auto t3 = clock::now();
+        if (!ran || ran->exit_code != 0 || ran->out.text() != "1000\n") {
+            const std::string why = ran ? "exit " + std::to_string(ran->exit_code) + ", output '" +
+                                              ran->out.text() + "'"
+                                        : ran.error().to_string();
+            print_row("exec", "FAILED: " + why);
+            problems.push_back("exec failed: " + why);
+        } else {
+            print_row("exec", "ok, " + ms(t3 - t2) + " (runs as uid 1000)");
+        }
+        const auto t4 = clock::now();
+        auto destroyed = co_await b.async_destroy(created->id);
+        const auto t5 = clock::now();
+        if (!destroyed) {
+            print_row("destroy", "FAILED: " + destroyed.error().to_string());
+            problems.push_back("destroy failed: " + destroyed.error().to_string());
+        } else {
+            print_row("destroy", "ok, " + ms(t5 - t4) + " (confirmed gone)");
+        }
+    }
+    std::fflush(stdout);
+    if (problems.empty()) {
+        std::printf("\nmoat doctor: everything moat needs is here\n");
+        co_return 0;
+    }
+    std::printf("\n");
+    for (const auto& p : problems) std::fprintf(stderr, "moat doctor: %s\n", p.c_str());
+    co_return exit_failure;
+}
+
+}  // namespace
+
+int doctor_command(int argc, char** argv) {
+    if (argc != 0) throw usage_error("unexpected argument '" + std::string(argv[0]) + "'");
+    return run_with_backend([](backend& b) { return diagnose(b); });
+}
+
+}  // namespace moat::cli

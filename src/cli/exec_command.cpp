@@ -1,0 +1,74 @@
+// moat exec: runs a command in an existing sandbox (attached by id), streams its output and exits
+// with its code; 124 when --timeout killed it, 130 on Ctrl-C (the command is killed).
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+
+namespace moat::cli {
+namespace {
+
+struct exec_options {
+    std::string id;
+    exec_request request;
+    bool json = false;
+};
+
+exec_options parse_exec_options(int argc, char** argv) {
+    exec_options o;
+    int i = 0;
+    for (; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--json") {
+            o.json = true;
+        } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
+            const auto t = parse_seconds(*seconds);
+            if (!t || *t > exec_request::max_wall_limit) {
+                throw usage_error("--timeout: expected seconds between 0.001 and 600, got '" +
+                                  *seconds + "'");
+            }
+            o.request.wall_limit = *t;
+        } else if (auto pair = flag_value("--env", argc, argv, i)) {
+            auto [key, value] = parse_key_value("--env", *pair);
+            o.request.env[key] = value;
+        } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
+            if (dir->empty() || dir->front() != '/') {
+                throw usage_error("--workdir: expected an absolute path, got '" + *dir + "'");
+            }
+            o.request.cwd = *dir;
+        } else if (arg.starts_with("-")) {
+            throw usage_error("unknown option '" + std::string(arg) + "'");
+        } else {
+            break;
+        }
+    }
+    if (i == argc) throw usage_error("missing sandbox id (moat exec [options] ID -- CMD...)");
+    o.id = argv[i++];
+    if (i < argc && std::string_view(argv[i]) == "--") ++i;
+    for (; i < argc; ++i) o.request.argv.emplace_back(argv[i]);
+    if (o.request.argv.empty())
+        throw usage_error("missing command (moat exec [options] ID -- CMD...)");
+    return o;
+}
+
+asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
+    auto attached = co_await b.async_attach(o.id);
+    if (!attached) co_return report_error("exec", attached.error());
+    result<exec_result> outcome = make_error(errc::cancelled, "not started");
+    if (o.json) {
+        outcome = co_await b.async_exec(o.id, o.request);
+        print_exec_json(o.id, outcome);
+    } else {
+        outcome = co_await stream_to_terminal(b, o.id, o.request);
+    }
+    co_return exec_exit_code("exec", outcome, o.json, o.request.wall_limit);
+}
+
+}  // namespace
+
+int exec_command(int argc, char** argv) {
+    exec_options options = parse_exec_options(argc, argv);
+    return run_with_backend(
+        [&options](backend& b) { return exec_in_sandbox(b, std::move(options)); });
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,77 @@
+// moat ls: every sandbox recorded on this host (the shared state directory), whichever process
+// created it: a table for people, or a JSON array with --json. A sandbox whose pid 1 is gone but
+// whose record remains (its creator died; the janitor removes it) shows as `exited`.
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+#include "cli/sandbox_report.hpp"
+
+#include <unistd.h>
+#include <cstdio>
+
+namespace moat::cli {
+namespace {
+
+struct ls_options {
+    label_filter filter;
+    bool json = false;
+};
+
+std::string labels_text(const std::map<std::string, std::string>& labels) {
+    std::string text;
+    for (const auto& [k, v] : labels) {
+        if (!text.empty()) text += ',';
+        text += k + "=" + v;
+    }
+    return text.empty() ? "-" : text;
+}
+
+asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
+    auto listed = co_await b.async_list(o.filter);
+    if (!listed) co_return report_error("ls", listed.error());
+    std::string out;
+    if (o.json) {
+        json_writer w;
+        w.begin_array();
+        for (const auto& info : *listed) write_sandbox_json(w, info);
+        w.end_array();
+        out = w.take() + "\n";
+    } else {
+        const auto now = std::chrono::system_clock::now();
+        char line[512];
+        std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-8s %s\n", "ID", "STATE", "AGE",
+                      "EXPIRES", "PID", "LABELS");
+        out = line;
+        for (const auto& info : *listed) {
+            const std::string pid = info.host_pid ? std::to_string(*info.host_pid) : "-";
+            std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-8s %s\n", info.id.c_str(),
+                          to_string(info.state), format_span(now - info.created_at).c_str(),
+                          format_span(info.expires_at - now).c_str(), pid.c_str(),
+                          labels_text(info.labels).c_str());
+            out += line;
+        }
+    }
+    write_all(STDOUT_FILENO, out);
+    co_return 0;
+}
+
+}  // namespace
+
+int ls_command(int argc, char** argv) {
+    ls_options options;
+    for (int i = 0; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--json") {
+            options.json = true;
+        } else if (auto label = flag_value("--label", argc, argv, i)) {
+            auto [key, value] = parse_key_value("--label", *label);
+            options.filter[key] = value;
+        } else {
+            throw usage_error("unexpected argument '" + std::string(arg) + "'");
+        }
+    }
+    return run_with_backend(
+        [&options](backend& b) { return list_sandboxes(b, std::move(options)); });
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,64 @@
+#include "cli/sandbox_report.hpp"
+
+#include <cstdio>
+#include <ctime>
+
+namespace moat::cli {
+
+std::string format_utc(std::chrono::system_clock::time_point t) {
+    const std::time_t seconds = std::chrono::system_clock::to_time_t(t);
+    std::tm utc{};
+    ::gmtime_r(&seconds, &utc);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    return text;
+}
+
+std::string format_span(std::chrono::system_clock::duration d) {
+    const bool negative = d < d.zero();
+    long long s = std::chrono::duration_cast<std::chrono::seconds>(negative ? -d : d).count();
+    char text[40];
+    if (s < 60) {
+        std::snprintf(text, sizeof text, "%llds", s);
+    } else if (s < 3600) {
+        std::snprintf(text, sizeof text, "%lldm%02llds", s / 60, s % 60);
+    } else if (s < 86400) {
+        std::snprintf(text, sizeof text, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+    } else {
+        std::snprintf(text, sizeof text, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
+    }
+    return (negative ? "-" : "") + std::string(text);
+}
+
+void write_sandbox_json(json_writer& w, const sandbox_info& info) {
+    w.begin_object();
+    w.key("id").value(info.id);
+    w.key("state").value(to_string(info.state));
+    w.key("created_at").value(format_utc(info.created_at));
+    w.key("expires_at").value(format_utc(info.expires_at));
+    w.key("host_pid");
+    if (info.host_pid) {
+        w.value(*info.host_pid);
+    } else {
+        w.null();
+    }
+    w.key("owned").value(info.owned);
+    w.key("survive_owner").value(info.survive_owner);
+    w.key("owner_instance").value(info.owner_instance);
+    w.key("labels").begin_object();
+    for (const auto& [k, v] : info.labels) w.key(k).value(v);
+    w.end_object();
+    w.key("layers").begin_array();
+    for (const auto& layer : info.layers) w.value(layer);
+    w.end_array();
+    w.key("limits").begin_object();
+    w.key("memory_bytes").value(info.limits.memory_bytes);
+    w.key("pids").value(static_cast<std::uint64_t>(info.limits.pids));
+    w.key("cpu_millicores").value(static_cast<std::uint64_t>(info.limits.cpu_millicores));
+    w.key("workspace_bytes").value(info.limits.workspace_bytes);
+    w.key("tmp_bytes").value(info.limits.tmp_bytes);
+    w.end_object();
+    w.end_object();
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,340 @@
+#include "local/sandbox_records.hpp"
+
+#include "core/json_writer.hpp"
+#include "wire/state_layout.hpp"
+
+#include <simdjson.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+namespace moat {
+namespace {
+
+constexpr std::int64_t record_format = 1;
+
+std::int64_t to_unix_ms(std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+std::chrono::system_clock::time_point from_unix_ms(std::int64_t ms) {
+    return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+}
+
+void write_string_map(json_writer& w, const std::map<std::string, std::string>& map) {
+    w.begin_object();
+    for (const auto& [k, v] : map) w.key(k).value(v);
+    w.end_object();
+}
+
+void write_string_list(json_writer& w, const std::vector<std::string>& list) {
+    w.begin_array();
+    for (const auto& s : list) w.value(s);
+    w.end_array();
+}
+
+error bad_field(std::string_view name) {
+    return make_error(errc::invalid_argument,
+                      "sandbox record: field '" + std::string(name) + "' is missing or malformed");
+}
+
+// Readers for one field each; false when the field is missing or of another type.
+bool read_string(simdjson::dom::object& o, std::string_view name, std::string& out) {
+    std::string_view v;
+    if (o[name].get_string().get(v) != simdjson::SUCCESS) return false;
+    out.assign(v);
+    return true;
+}
+
+template <class Int>
+bool read_int(simdjson::dom::object& o, std::string_view name, Int& out) {
+    std::int64_t v = 0;
+    if (o[name].get_int64().get(v) != simdjson::SUCCESS) return false;
+    if (v < static_cast<std::int64_t>(std::numeric_limits<Int>::min()) ||
+        static_cast<std::uint64_t>(v) > static_cast<std::uint64_t>(std::numeric_limits<Int>::max()))
+        return false;
+    out = static_cast<Int>(v);
+    return true;
+}
+
+bool read_uint64(simdjson::dom::object& o, std::string_view name, std::uint64_t& out) {
+    return o[name].get_uint64().get(out) == simdjson::SUCCESS;
+}
+
+bool read_string_map(simdjson::dom::object& o, std::string_view name,
+                     std::map<std::string, std::string>& out) {
+    simdjson::dom::object map;
+    if (o[name].get_object().get(map) != simdjson::SUCCESS) return false;
+    for (auto field : map) {
+        std::string_view value;
+        if (field.value.get_string().get(value) != simdjson::SUCCESS) return false;
+        out[std::string(field.key)] = std::string(value);
+    }
+    return true;
+}
+
+bool read_string_list(simdjson::dom::object& o, std::string_view name,
+                      std::vector<std::string>& out) {
+    simdjson::dom::array list;
+    if (o[name].get_array().get(list) != simdjson::SUCCESS) return false;
+    for (auto element : list) {
+        std::string_view value;
+        if (element.get_string().get(value) != simdjson::SUCCESS) return false;
+        out.emplace_back(value);
+    }
+    return true;
+}
+
+bool valid_record_id(std::string_view id) {
+    if (id.size() != 23 || !id.starts_with("sb-")) return false;
+    return std::all_of(id.begin() + 3, id.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+result<void> write_all(int fd, std::string_view data) {
+    while (!data.empty()) {
+        const ssize_t n = ::write(fd, data.data(), data.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return make_error(errc::backend_failure, std::string("write: ") + std::strerror(errno));
+        data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return {};
+}
+
+}  // namespace
+
+std::string to_json(const sandbox_record& r) {
+    json_writer w;
+    w.begin_object();
+    w.key("format").value(record_format);
+    w.key("id").value(r.id);
+    w.key("owner_instance").value(r.owner_instance);
+    w.key("owner_pid").value(r.owner_pid);
+    w.key("created_at_ms").value(to_unix_ms(r.created_at));
+    w.key("expires_at_ms").value(to_unix_ms(r.expires_at));
+    w.key("survive_owner").value(r.survive_owner);
+    w.key("init_pid").value(r.init_pid);
+    w.key("init_start_ticks").value(r.init_start_ticks);
+    w.key("uid_base").value(static_cast<std::uint64_t>(r.uid_base));
+    w.key("cgroups");
+    write_string_list(w, r.cgroups);
+    w.key("memory_cgroup").value(r.memory_cgroup);
+    w.key("labels");
+    write_string_map(w, r.labels);
+    w.key("env");
+    write_string_map(w, r.env);
+    w.key("workdir").value(r.workdir);
+    w.key("limits").begin_object();
+    w.key("memory_bytes").value(r.limits.memory_bytes);
+    w.key("pids").value(static_cast<std::uint64_t>(r.limits.pids));
+    w.key("cpu_millicores").value(static_cast<std::uint64_t>(r.limits.cpu_millicores));
+    w.key("workspace_bytes").value(r.limits.workspace_bytes);
+    w.key("tmp_bytes").value(r.limits.tmp_bytes);
+    w.end_object();
+    w.key("layers");
+    write_string_list(w, r.layers);
+    w.end_object();
+    return w.take() + "\n";
+}
+
+result<sandbox_record> record_from_json(std::string_view json) {
+    if (json.size() > max_record_bytes) {
+        return make_error(errc::invalid_argument, "sandbox record is larger than 1 MiB");
+    }
+    const simdjson::padded_string padded(json);
+    simdjson::dom::parser parser;
+    simdjson::dom::element document;
+    if (parser.parse(padded).get(document) != simdjson::SUCCESS) {
+        return make_error(errc::invalid_argument, "sandbox record is not valid JSON");
+    }
+    simdjson::dom::object o;
+    if (document.get_object().get(o) != simdjson::SUCCESS) return bad_field("(top level)");
+    std::int64_t format = 0;
+    if (!read_int(o, "format", format) || format != record_format) return bad_field("format");
+    sandbox_record r;
+    if (!read_string(o, "id", r.id) || !valid_record_id(r.id)) return bad_field("id");
+    if (!read_string(o, "owner_instance", r.owner_instance)) return bad_field("owner_instance");
+    if (!read_int(o, "owner_pid", r.owner_pid)) return bad_field("owner_pid");
+    std::int64_t created = 0;
+    std::int64_t expires = 0;
+    if (!read_int(o, "created_at_ms", created)) return bad_field("created_at_ms");
+    if (!read_int(o, "expires_at_ms", expires)) return bad_field("expires_at_ms");
+    r.created_at = from_unix_ms(created);
+    r.expires_at = from_unix_ms(expires);
+    if (o["survive_owner"].get_bool().get(r.survive_owner) != simdjson::SUCCESS)
+        return bad_field("survive_owner");
+    if (!read_int(o, "init_pid", r.init_pid) || r.init_pid < 0) return bad_field("init_pid");
+    if (!read_uint64(o, "init_start_ticks", r.init_start_ticks))
+        return bad_field("init_start_ticks");
+    if (!read_int(o, "uid_base", r.uid_base)) return bad_field("uid_base");
+    if (!read_string_list(o, "cgroups", r.cgroups)) return bad_field("cgroups");
+    if (!read_string(o, "memory_cgroup", r.memory_cgroup)) return bad_field("memory_cgroup");
+    for (const auto& dir : r.cgroups) {
+        // Only ever a moat cgroup of this sandbox: a corrupt record must not steer an rmdir.
+        if (!dir.starts_with("/") || !dir.ends_with("/moat/" + r.id) ||
+            dir.find("/..") != std::string::npos)
+            return bad_field("cgroups");
+    }
+    if (!read_string_map(o, "labels", r.labels)) return bad_field("labels");
+    if (!read_string_map(o, "env", r.env)) return bad_field("env");
+    if (!read_string(o, "workdir", r.workdir)) return bad_field("workdir");
+    simdjson::dom::object limits;
+    if (o["limits"].get_object().get(limits) != simdjson::SUCCESS) return bad_field("limits");
+    if (!read_uint64(limits, "memory_bytes", r.limits.memory_bytes) ||
+        !read_int(limits, "pids", r.limits.pids) ||
+        !read_int(limits, "cpu_millicores", r.limits.cpu_millicores) ||
+        !read_uint64(limits, "workspace_bytes", r.limits.workspace_bytes) ||
+        !read_uint64(limits, "tmp_bytes", r.limits.tmp_bytes))
+        return bad_field("limits");
+    if (!read_string_list(o, "layers", r.layers)) return bad_field("layers");
+    return r;
+}
+
+std::string sandbox_records::socket_path(std::string_view id) const {
+    return wire::attach_socket_path(state_dir_, id);
+}
+
+result<void> sandbox_records::write(const sandbox_record& record) const {
+    static std::atomic<std::uint64_t> counter{0};
+    const std::string path = wire::record_path(state_dir_, record.id);
+    const std::string temporary =
+        path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+    unique_fd fd(
+        ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd.is_open()) {
+        return make_error(errc::backend_failure,
+                          "sandbox record: create " + temporary + ": " + std::strerror(errno));
+    }
+    auto written = write_all(fd.get(), to_json(record));
+    fd.reset();
+    if (written && ::rename(temporary.c_str(), path.c_str()) != 0) {
+        written = make_error(errc::backend_failure,
+                             "sandbox record: rename to " + path + ": " + std::strerror(errno));
+    }
+    if (!written) ::unlink(temporary.c_str());
+    return written;
+}
+
+result<sandbox_record> sandbox_records::read(std::string_view id) const {
+    if (!valid_record_id(id)) {
+        return make_error(errc::sandbox_not_found,
+                          "'" + std::string(id) + "' is not a sandbox id (sb- and 20 hex digits)");
+    }
+    const std::string path = wire::record_path(state_dir_, id);
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.is_open()) {
+        if (errno == ENOENT) {
+            return make_error(errc::sandbox_not_found,
+                              "no sandbox with id '" + std::string(id) + "' on this host");
+        }
+        return make_error(errc::backend_failure,
+                          "sandbox record: open " + path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<std::size_t>(st.st_size) > max_record_bytes) {
+        return make_error(errc::backend_failure,
+                          "sandbox record " + path + " is not a regular file of at most 1 MiB");
+    }
+    std::string text(static_cast<std::size_t>(st.st_size), '\0');
+    std::size_t got = 0;
+    while (got < text.size()) {
+        const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<std::size_t>(n);
+    }
+    text.resize(got);
+    auto record = record_from_json(text);
+    if (!record)
+        return make_error(errc::backend_failure, record.error().detail + " (" + path + ")");
+    if (record->id != id) {
+        return make_error(errc::backend_failure, "sandbox record " + path + " names another id");
+    }
+    return record;
+}
+
+std::vector<std::string> sandbox_records::ids(std::size_t limit) const {
+    std::vector<std::string> out;
+    const std::string dir = wire::sandboxes_dir(state_dir_);
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return out;
+    while (dirent* entry = ::readdir(d)) {
+        const std::string_view name = entry->d_name;
+        if (!name.ends_with(".json")) continue;
+        const std::string_view id = name.substr(0, name.size() - 5);
+        if (!valid_record_id(id)) continue;
+        out.emplace_back(id);
+        if (out.size() >= limit) break;
+    }
+    ::closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+void sandbox_records::remove(std::string_view id) const {
+    if (!valid_record_id(id)) return;
+    ::unlink(socket_path(id).c_str());
+    ::unlink(wire::record_path(state_dir_, id).c_str());
+}
+
+std::uint64_t process_start_ticks(int pid) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    unique_fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+    if (!fd.is_open()) return 0;
+    char text[1024];
+    const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
+    if (n <= 0) return 0;
+    text[n] = '\0';
+    const char* p = std::strrchr(text, ')');
+    // The state follows the command name: a zombie has exited.
+    if (p == nullptr || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X') return 0;
+    for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+    std::uint64_t ticks = 0;
+    if (p != nullptr) std::from_chars(p + 1, text + n, ticks);
+    return ticks;
+}
+
+result<unique_fd> open_live_init(const sandbox_record& record) {
+    if (record.init_pid <= 0) {
+        return make_error(errc::sandbox_unavailable,
+                          "sandbox " + record.id +
+                              " is still being created (or its creator died "
+                              "mid-create)");
+    }
+    // The pidfd first, the start time second: if the start time still matches afterwards, the
+    // pidfd refers to the sandbox's pid 1, whatever happens to the pid later.
+    unique_fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, record.init_pid, 0)));
+    const bool same_process =
+        pidfd.is_open() && process_start_ticks(record.init_pid) == record.init_start_ticks;
+    pollfd exited{pidfd.get(), POLLIN, 0};
+    if (!same_process || ::poll(&exited, 1, 0) != 0) {
+        const bool expired = std::chrono::system_clock::now() >= record.expires_at;
+        return make_error(
+            errc::sandbox_unavailable,
+            "sandbox " + record.id +
+                (expired ? " has ended: its TTL expired" : " has ended: its pid 1 exited"));
+    }
+    return pidfd;
+}
+
+int remove_cgroups(const sandbox_record& record) {
+    int first = 0;
+    for (const auto& dir : record.cgroups) {
+        if (::rmdir(dir.c_str()) != 0 && errno != ENOENT && first == 0) first = errno;
+    }
+    return first;
+}
+
+}  // namespace moat

@@ -1,0 +1,90 @@
+// The state directory's record of each local sandbox (<state_dir>/sandboxes/<id>.json, see
+// wire/state_layout.hpp): what another moat process needs to find, attach to, inspect, list or
+// destroy a sandbox it did not create, and what a janitor needs after a crash.
+//
+// Records are written atomically (a temporary file in the same directory, renamed over the
+// record), 0600 in a 0700 directory: the record holds the sandbox's environment, which may carry
+// secrets. The creating backend writes a record before it asks the helper for the sandbox (init
+// pid 0: "creating") and again once pid 1 exists, so no sandbox ever lacks one; whoever confirms
+// the sandbox gone removes it. Last writer wins (extend_ttl from two processes at once is fine:
+// both wrote a valid record). Not fsync'd: records describe processes, which do not survive a
+// power loss either.
+//
+// A record's pid is trusted only together with its start time (field 22 of /proc/<pid>/stat):
+// open_live_init() returns a pidfd only if the process with that pid started at that time, so a
+// reused pid is never mistaken for the sandbox.
+#pragma once
+
+#include <moat/result.hpp>
+#include <moat/sandbox_spec.hpp>
+
+#include "core/unique_fd.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moat {
+
+struct sandbox_record {
+    std::string id;
+    std::map<std::string, std::string> labels;
+    std::string owner_instance;  // the creating backend (local_options::owner_instance)
+    int owner_pid = 0;           // the creating process
+    std::chrono::system_clock::time_point created_at;
+    std::chrono::system_clock::time_point expires_at;
+    bool survive_owner = false;
+    int init_pid = 0;                    // pid 1 as the host sees it; 0 while the create runs
+    std::uint64_t init_start_ticks = 0;  // its start time, for pid-reuse checks
+    std::uint32_t uid_base = 0;          // host uid of sandbox uid 0
+    std::vector<std::string> cgroups;    // absolute cgroup directories, removed once it is gone
+    std::string memory_cgroup;           // the memory one (OOM accounting), or ""
+    std::map<std::string, std::string> env;
+    std::string workdir;
+    resource_limits limits;
+    std::vector<std::string> layers;
+};
+
+// Largest record file read (labels and environment are bounded by the spec's validation).
+inline constexpr std::size_t max_record_bytes = 1024 * 1024;
+
+std::string to_json(const sandbox_record& record);
+// invalid_argument naming the first field that is missing or malformed.
+result<sandbox_record> record_from_json(std::string_view json);
+
+class sandbox_records {
+  public:
+    explicit sandbox_records(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+
+    const std::string& state_dir() const noexcept { return state_dir_; }
+    std::string socket_path(std::string_view id) const;
+
+    // Atomic replace. backend_failure naming the step if it cannot.
+    result<void> write(const sandbox_record& record) const;
+    // sandbox_not_found if there is no record; backend_failure if it is unreadable or corrupt.
+    result<sandbox_record> read(std::string_view id) const;
+    // Ids with a record, sorted; at most `limit`.
+    std::vector<std::string> ids(std::size_t limit = 100'000) const;
+    // Removes the record and the attach socket (missing files are fine).
+    void remove(std::string_view id) const;
+
+  private:
+    std::string state_dir_;
+};
+
+// A pidfd of the record's pid 1 if it is alive and is the process the record names (same start
+// time); sandbox_unavailable saying why not (still being created, exited, pid reused).
+result<unique_fd> open_live_init(const sandbox_record& record);
+
+// Start time (field 22 of /proc/<pid>/stat) of a live process, or 0.
+std::uint64_t process_start_ticks(int pid);
+
+// One attempt to remove the record's cgroup directories (ENOENT counts as removed). Returns 0 or
+// the first errno; EBUSY while the kernel still counts exiting tasks, so callers retry for a
+// bounded time.
+int remove_cgroups(const sandbox_record& record);
+
+}  // namespace moat
