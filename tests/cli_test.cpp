@@ -5,9 +5,14 @@
 #include "support/local_fixture.hpp"
 
 #include <sys/wait.h>
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -71,4 +76,161 @@ TEST_CASE("moat run rejects bad input with one line and an exit code below 124")
                       args << ": " << o.output);
         CHECK_MESSAGE(o.output.rfind("moat", 0) == 0, args);
     }
+}
+
+namespace {
+
+// Runs the CLI with stdout alone captured (stderr passes through to the test's log).
+cli_outcome moat_stdout(const std::string& args) {
+    return moat_cli(args + " 2>/dev/null");
+}
+
+std::string last_line(const std::string& text) {
+    std::string trimmed = text;
+    while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
+    const auto newline = trimmed.rfind('\n');
+    return newline == std::string::npos ? trimmed : trimmed.substr(newline + 1);
+}
+
+// The host pid `moat ls --json` reports for `id`, or -1.
+int listed_pid(const std::string& id) {
+    const auto listed = moat_stdout("ls --json");
+    const auto at = listed.output.find("\"id\":\"" + id + "\"");
+    if (at == std::string::npos) return -1;
+    const auto pid_at = listed.output.find("\"host_pid\":", at);
+    if (pid_at == std::string::npos) return -1;
+    return std::atoi(listed.output.c_str() + pid_at + 11);
+}
+
+std::string temporary_dir() {
+    char name[] = "/tmp/moat-cli-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    return name;
+}
+
+void write_host_file(const std::string& path, const std::string& data) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+}  // namespace
+
+TEST_CASE("moat create, exec, cp and destroy work on one sandbox from separate processes") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto created = moat_stdout("create --ttl 600 --label test=cli --env GREETING=hi");
+    REQUIRE(created.exit_code == 0);
+    const std::string id = last_line(created.output);
+    REQUIRE(id.rfind("sb-", 0) == 0);
+    const int pid = listed_pid(id);
+    REQUIRE(pid > 0);
+    CHECK(moat::test::is_running(pid));
+
+    // Files persist across exec calls from separate processes; the spec's environment too.
+    CHECK(moat_cli("exec " + id + " -- sh -c 'echo $GREETING > /workspace/note'").exit_code == 0);
+    auto o = moat_cli("exec " + id + " -- cat /workspace/note");
+    CHECK(o.exit_code == 0);
+    CHECK(o.output == "hi\n");
+    CHECK(moat_cli("exec " + id + " -- sh -c 'exit 9'").exit_code == 9);
+
+    // Binary-safe copies in both directions: every byte value, then 300 KB of random data.
+    const std::string dir = temporary_dir();
+    std::string all_bytes;
+    for (int b = 0; b < 256; ++b) all_bytes.push_back(static_cast<char>(b));
+    std::string random(300 * 1024, '\0');
+    std::ifstream("/dev/urandom", std::ios::binary).read(random.data(), 300 * 1024);
+    for (const auto& [name, data] : {std::pair{std::string("bytes.bin"), all_bytes},
+                                     std::pair{std::string("random.bin"), random}}) {
+        write_host_file(dir + "/" + name, data);
+        CHECK(moat_cli("cp " + dir + "/" + name + " " + id + ":/workspace/").exit_code == 0);
+        o = moat_cli("exec " + id + " -- sha256sum /workspace/" + name);
+        CHECK(o.output.find("/workspace/" + name) != std::string::npos);
+        CHECK(
+            moat_cli("cp " + id + ":/workspace/" + name + " " + dir + "/back-" + name).exit_code ==
+            0);
+        CHECK(moat::test::read_file(dir + "/back-" + name) == data);
+    }
+    // Into a host directory: the file keeps its name.
+    CHECK(moat_cli("cp " + id + ":/workspace/note " + dir).exit_code == 0);
+    CHECK(moat::test::read_file(dir + "/note") == "hi\n");
+    std::filesystem::remove_all(dir);
+
+    o = moat_stdout("ls");
+    CHECK(o.output.find(id) != std::string::npos);
+    CHECK(o.output.find("test=cli") != std::string::npos);
+
+    o = moat_cli("destroy " + id);
+    CHECK(o.exit_code == 0);
+    CHECK(o.output == "destroyed " + id + "\n");
+    CHECK_FALSE(moat::test::is_running(pid));
+    CHECK(moat_stdout("ls").output.find(id) == std::string::npos);
+
+    // Gone for good: one line, an exit code below 124.
+    for (const std::string& args :
+         {"exec " + id + " -- true", "destroy " + id, "cp " + id + ":/workspace/note -"}) {
+        o = moat_cli(args);
+        CHECK_MESSAGE(o.exit_code == 4, args);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1, o.output);
+        CHECK(o.output.find("no sandbox with id") != std::string::npos);
+    }
+}
+
+TEST_CASE("a sandbox from moat create ends at its TTL with no moat process alive") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto created = moat_stdout("create --ttl 1 --label test=cli-ttl");
+    REQUIRE(created.exit_code == 0);
+    const std::string id = last_line(created.output);
+    const int pid = listed_pid(id);
+    REQUIRE(pid > 0);
+    // The CLI and its helper have exited; only the sandbox's pid 1 keeps the time.
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(pid); }));
+    auto o = moat_cli("exec " + id + " -- true");
+    CHECK(o.exit_code == 4);
+    CHECK(o.output.find("TTL expired") != std::string::npos);
+    o = moat_stdout("ls --label test=cli-ttl");
+    CHECK(o.output.find(id) != std::string::npos);
+    CHECK(o.output.find("exited") != std::string::npos);
+    // Destroy cleans up the stale record.
+    CHECK(moat_cli("destroy " + id).exit_code == 0);
+    CHECK(moat_stdout("ls --label test=cli-ttl").output.find(id) == std::string::npos);
+}
+
+TEST_CASE("moat exec, cp and destroy reject bad ids and paths with one line below 124") {
+    MOAT_REQUIRE_NAMESPACES();
+    const struct {
+        const char* args;
+        int code;
+    } cases[] = {
+        {"exec sb-00000000000000000000 -- true", 4},
+        {"exec not-an-id -- true", 4},
+        {"exec", 2},
+        {"exec sb-00000000000000000000", 2},
+        {"cp sb-00000000000000000000:relative/path /tmp/x", 2},
+        {"cp /tmp/a /tmp/b", 2},
+        {"cp sb-00000000000000000000:/a sb-00000000000000000000:/b", 2},
+        {"cp /nonexistent/file sb-00000000000000000000:/workspace/x", 3},
+        {"destroy", 2},
+        {"destroy sb-00000000000000000000", 4},
+        {"create --ttl 0", 2},
+        {"create --label novalue", 2},
+        {"ls --bogus", 2},
+    };
+    for (const auto& c : cases) {
+        const auto o = moat_cli(c.args);
+        CHECK_MESSAGE(o.exit_code == c.code, c.args << ": " << o.output);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1,
+                      c.args << ": " << o.output);
+        CHECK_MESSAGE(o.output.rfind("moat", 0) == 0, c.args);
+    }
+}
+
+TEST_CASE("moat doctor reports every isolation layer and passes its live check") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto o = moat_cli("doctor");
+    CHECK_MESSAGE(o.exit_code == 0, o.output);
+    for (const char* layer :
+         {"user_ns", "pid_ns", "net_ns", "seccomp", "cgroup_memory", "cgroup_pids", "cgroup_cpu"}) {
+        CHECK_MESSAGE(o.output.find(std::string(layer)) != std::string::npos, layer);
+    }
+    CHECK(o.output.find("MISSING") == std::string::npos);
+    CHECK(o.output.find("destroy            ok") != std::string::npos);
 }

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <csignal>
 
 using moat::test::local_fixture;
@@ -99,12 +100,35 @@ TEST_CASE("kill -9 of the creating process leaves no sandbox process") {
     REQUIRE(family.size() >= 3);  // helper, the sandbox's pid 1, sleep
     for (const pid_t p : family) CHECK(moat::test::is_running(p));
 
+    // The sandbox's record, found through its pid 1 before the crash.
+    local_fixture survivor;
+    std::string id;
+    std::vector<std::string> cgroups;
+    auto listed = survivor.run(survivor.local->async_list({{"moat.cli", "run"}}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) {
+        if (!info.host_pid ||
+            std::find(family.begin(), family.end(), *info.host_pid) == family.end())
+            continue;
+        id = info.id;
+        for (const char* controller : {"memory", "pids", "cpu"})
+            cgroups.push_back(moat::test::cgroup_dir(*info.host_pid, controller));
+    }
+    REQUIRE_FALSE(id.empty());
+
     ::kill(creator, SIGKILL);
     int status = 0;
     ::waitpid(creator, &status, 0);
     for (const pid_t p : family) {
         CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
     }
+    // Nobody removed the record: it is recognised as stale, and destroy releases what is left.
+    auto info = survivor.run(survivor.local->async_inspect(id));
+    REQUIRE(info);
+    CHECK(info->state == moat::sandbox_state::exited);
+    REQUIRE(survivor.run(survivor.local->async_destroy(id)));
+    for (const auto& dir : cgroups) CHECK_MESSAGE(::access(dir.c_str(), F_OK) != 0, dir);
+    CHECK_FALSE(survivor.run(survivor.local->async_inspect(id)));
 }
 
 TEST_CASE_FIXTURE(local_fixture, "a bad spec fails create with invalid_argument naming the field") {

@@ -682,7 +682,14 @@ class local_backend final : public backend {
         pipes.stdin_theirs.reset();
         pipes.out_theirs.reset();
         pipes.err_theirs.reset();
-        if (!state) co_return std::move(state).error();
+        if (!state) {
+            // A send that failed because pid 1 is gone (destroyed by another process, TTL) says
+            // so, even before the helper's report arrives.
+            if (sandbox->pidfd.is_open() && has_exited(sandbox->pidfd.get())) {
+                co_return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
+            }
+            co_return std::move(state).error();
+        }
         command.state = *state;
 
         if (!request.stdin_data.empty()) {

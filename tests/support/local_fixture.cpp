@@ -41,6 +41,10 @@ bool namespaces_available() {
 local_fixture::local_fixture() : local(make_local_backend(io.get_executor())) {}
 
 local_fixture::~local_fixture() {
+    shut_down();
+}
+
+void local_fixture::shut_down() {
     local.reset();
     io.run_for(std::chrono::seconds(2));
 }

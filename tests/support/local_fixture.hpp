@@ -39,6 +39,9 @@ struct local_fixture {
     exec_result sh(const std::string& id, const std::string& shell,
                    std::chrono::milliseconds wall_limit = std::chrono::seconds(60));
     void destroy(const std::string& id);
+    // Destroys the backend (as when its process exits): its helper stops, sandboxes that do not
+    // survive their owner die with it, attached ones are detached.
+    void shut_down();
 
     asio::io_context io;
     std::unique_ptr<backend> local;
