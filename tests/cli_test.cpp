@@ -149,6 +149,10 @@ TEST_CASE("moat create, exec, cp and destroy work on one sandbox from separate p
             0);
         CHECK(moat::test::read_file(dir + "/back-" + name) == data);
     }
+    // --stdin feeds the CLI's stdin to the command.
+    o = moat_cli("exec --stdin " + id + " -- wc -c < " + dir + "/bytes.bin");
+    CHECK(o.exit_code == 0);
+    CHECK(o.output == "256\n");
     // Into a host directory: the file keeps its name.
     CHECK(moat_cli("cp " + id + ":/workspace/note " + dir).exit_code == 0);
     CHECK(moat::test::read_file(dir + "/note") == "hi\n");

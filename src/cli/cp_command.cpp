@@ -6,16 +6,12 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/host_files.hpp"
 
 #include <moat/files.hpp>
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 
 namespace moat::cli {
@@ -69,79 +65,11 @@ std::string join(std::string dir, std::string_view name) {
     return dir + std::string(name);
 }
 
-// Reads a host file (or stdin) of at most `limit` bytes. An error line is printed on failure.
-std::optional<std::string> read_host_file(const std::string& path, std::uint64_t limit,
-                                          std::uint32_t& mode) {
-    const bool is_stdin = path == "-";
-    const int fd = is_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(errno));
-        return std::nullopt;
-    }
-    mode = 0644;
-    struct stat st {};
-    if (!is_stdin) {
-        if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            std::fprintf(stderr, "moat cp: %s: not a regular file (directories are not copied)\n",
-                         path.c_str());
-            ::close(fd);
-            return std::nullopt;
-        }
-        mode = st.st_mode & 0777;
-    }
-    std::string data;
-    char buffer[65536];
-    for (;;) {
-        const ssize_t n = ::read(fd, buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            std::fprintf(stderr, "moat cp: read %s: %s\n", path.c_str(), std::strerror(errno));
-            if (!is_stdin) ::close(fd);
-            return std::nullopt;
-        }
-        if (n == 0) break;
-        if (data.size() + static_cast<std::size_t>(n) > limit) {
-            std::fprintf(stderr, "moat cp: %s: larger than the %llu MiB per-file limit\n",
-                         path.c_str(), static_cast<unsigned long long>(limit >> 20));
-            if (!is_stdin) ::close(fd);
-            return std::nullopt;
-        }
-        data.append(buffer, static_cast<std::size_t>(n));
-    }
-    if (!is_stdin) ::close(fd);
-    return data;
-}
-
-// Writes `data` to a temporary file beside `path`, then renames it over `path`.
-bool write_host_file_atomically(const std::string& path, std::string_view data) {
-    const auto slash = path.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-    std::string temporary = join(dir, "." + base_name(path) + ".moat-XXXXXX");
-    const int fd = ::mkostemp(temporary.data(), O_CLOEXEC);
-    if (fd < 0) {
-        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(errno));
-        return false;
-    }
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    ::fchmod(fd, 0666 & ~mask);
-    const bool written = write_all(fd, data);
-    const int write_errno = errno;
-    const bool closed = ::close(fd) == 0;
-    if (!written || !closed || ::rename(temporary.c_str(), path.c_str()) != 0) {
-        const int err = written && closed ? errno : write_errno;
-        std::fprintf(stderr, "moat cp: %s: %s\n", path.c_str(), std::strerror(err));
-        ::unlink(temporary.c_str());
-        return false;
-    }
-    return true;
-}
-
 asio::awaitable<int> upload(backend& b, cp_options o) {
     const file_limits limits;
     std::uint32_t mode = 0644;
-    auto data = read_host_file(o.local, limits.max_file_bytes, mode);
-    if (!data) co_return exit_failure;
+    auto data = read_host_input(o.local, limits.max_file_bytes, mode);
+    if (!data) co_return report_error("cp", data.error());
     auto attached = co_await b.async_attach(o.remote.id);
     if (!attached) co_return report_error("cp", attached.error());
     std::string target = o.remote.path;
@@ -184,7 +112,9 @@ asio::awaitable<int> download(backend& b, cp_options o) {
     if (::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
         target = join(target, base_name(o.remote.path));
     }
-    co_return write_host_file_atomically(target, *content) ? 0 : exit_failure;
+    auto saved = write_host_file_atomically(target, *content);
+    if (!saved) co_return report_error("cp", saved.error());
+    co_return 0;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/host_files.hpp"
 
 namespace moat::cli {
 namespace {
@@ -11,6 +12,7 @@ struct exec_options {
     std::string id;
     exec_request request;
     bool json = false;
+    bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
 };
 
 exec_options parse_exec_options(int argc, char** argv) {
@@ -20,6 +22,8 @@ exec_options parse_exec_options(int argc, char** argv) {
         const std::string_view arg = argv[i];
         if (arg == "--json") {
             o.json = true;
+        } else if (arg == "--stdin") {
+            o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
             const auto t = parse_seconds(*seconds);
             if (!t || *t > exec_request::max_wall_limit) {
@@ -67,6 +71,12 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
 
 int exec_command(int argc, char** argv) {
     exec_options options = parse_exec_options(argc, argv);
+    if (options.read_stdin) {
+        std::uint32_t mode = 0;
+        auto input = read_host_input("-", std::uint64_t{10} << 20, mode);
+        if (!input) return report_error("exec", input.error());
+        options.request.stdin_data = std::move(*input);
+    }
     return run_with_backend(
         [&options](backend& b) { return exec_in_sandbox(b, std::move(options)); });
 }

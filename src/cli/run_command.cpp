@@ -4,6 +4,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/host_files.hpp"
 
 #include <asio/this_coro.hpp>
 
@@ -16,6 +17,7 @@ struct run_options {
     sandbox_spec spec;
     exec_request request;
     bool json = false;
+    bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
 };
 
 run_options parse_run_options(int argc, char** argv) {
@@ -29,6 +31,8 @@ run_options parse_run_options(int argc, char** argv) {
         }
         if (arg == "--json") {
             o.json = true;
+        } else if (arg == "--stdin") {
+            o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
             const auto t = parse_seconds(*seconds);
             if (!t || *t > exec_request::max_wall_limit) {
@@ -97,6 +101,12 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
 
 int run_command(int argc, char** argv) {
     run_options options = parse_run_options(argc, argv);
+    if (options.read_stdin) {
+        std::uint32_t mode = 0;
+        auto input = read_host_input("-", std::uint64_t{10} << 20, mode);
+        if (!input) return report_error("run", input.error());
+        options.request.stdin_data = std::move(*input);
+    }
     return run_with_backend(
         [&options](backend& b) { return run_in_sandbox(b, std::move(options)); });
 }
