@@ -13,6 +13,7 @@
 #include <asio/cancellation_type.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -26,9 +27,14 @@ class task_group {
     // Emits terminal cancellation to tasks still running; they finish on their own afterwards.
     ~task_group();
 
-    // Starts `task`. Pass a named coroutine function's awaitable, not a capturing lambda (g++ 12
-    // miscompiles those; see STYLE.md). Tasks spawned after cancel_all() are cancelled at once.
-    void spawn(asio::awaitable<void> task);
+    // Starts `task` and returns its id (for cancel()). Pass a named coroutine function's
+    // awaitable, not a capturing lambda (g++ 12 miscompiles those; see STYLE.md). Tasks spawned
+    // after cancel_all() are cancelled at once.
+    std::uint64_t spawn(asio::awaitable<void> task);
+
+    // Asks one task to stop; false if it has already finished.
+    bool cancel(std::uint64_t task_id,
+                asio::cancellation_type type = asio::cancellation_type::terminal);
 
     // Asks every running task to stop (Asio per-operation cancellation of the given type).
     void cancel_all(asio::cancellation_type type = asio::cancellation_type::terminal);

@@ -64,12 +64,20 @@ task_group::~task_group() {
     if (!state_->tasks.empty()) cancel_all(asio::cancellation_type::terminal);
 }
 
-void task_group::spawn(asio::awaitable<void> task) {
+std::uint64_t task_group::spawn(asio::awaitable<void> task) {
     const std::uint64_t id = state_->next_id++;
     auto& signal = state_->tasks[id];
     asio::co_spawn(state_->executor, std::move(task),
                    asio::bind_cancellation_slot(signal.slot(), task_done{state_, id}));
     if (state_->cancelled) signal.emit(*state_->cancelled);
+    return id;
+}
+
+bool task_group::cancel(std::uint64_t task_id, asio::cancellation_type type) {
+    auto it = state_->tasks.find(task_id);
+    if (it == state_->tasks.end()) return false;
+    it->second.emit(type);
+    return true;
 }
 
 void task_group::cancel_all(asio::cancellation_type type) {

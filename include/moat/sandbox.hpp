@@ -1,0 +1,103 @@
+// moat::sandbox: the handle to one sandbox, made by moat::runtime (runtime.hpp). This is what
+// code above the backend uses: it orders operations, enforces deadlines, and stops vouching for a
+// sandbox the moment it cannot.
+//
+// Ordering: operations on one handle run one at a time in arrival order (FIFO); different handles
+// run in parallel. A caller's deadline counts from the call, time spent queued included; an
+// operation whose deadline passes or whose caller cancels it while queued leaves the queue without
+// running (errc::deadline_exceeded / errc::cancelled).
+//
+// Stopping a running operation (Asio per-operation cancellation, or its deadline): the handle
+// tells the backend to stop it (an exec's process group is killed), waits up to
+// handle_options::kill_grace for the stop to be confirmed, and completes with errc::cancelled or
+// errc::deadline_exceeded. A confirmed stop leaves the sandbox ready.
+//
+// States (docs/lifecycle.md):
+//
+//   ready <-> busy                 one operation at a time
+//   ready/busy -> quarantined      the handle can no longer vouch for the sandbox
+//   quarantined -> destroying      at once, by the handle itself
+//   ready/busy -> destroying       async_destroy()
+//   destroying -> destroyed        absence confirmed by the backend
+//   destroying -> destroy_failed   not confirmed; the sandbox's record stays for the janitor
+//
+// Quarantine causes: a backend or transport failure in the middle of an operation
+// (backend_failure, protocol_error), the sandbox ending or vanishing underneath the handle
+// (sandbox_unavailable, sandbox_not_found: pid 1 died, its helper died, someone else destroyed
+// it), a stop that was not confirmed within the kill grace, an operation that outlived its
+// deadline by the kill grace. Afterwards every operation fails at once with
+// errc::sandbox_unavailable whose detail names the original cause. A program that exits non-zero,
+// hits its wall limit or runs out of memory, truncated output, caller errors (invalid_argument,
+// per-path file errors) and limit_exceeded never quarantine.
+//
+// Confined to the runtime's executor. The runtime and its backend must outlive every handle.
+#pragma once
+
+#include <moat/backend.hpp>
+#include <moat/deadline.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moat {
+
+enum class handle_state { ready, busy, quarantined, destroying, destroyed, destroy_failed };
+
+// "ready", "busy", "quarantined", "destroying", "destroyed", "destroy_failed".
+const char* to_string(handle_state state) noexcept;
+
+struct handle_options {
+    // How long a cancelled or timed-out operation may take to confirm that it stopped before the
+    // handle quarantines the sandbox.
+    std::chrono::milliseconds kill_grace = std::chrono::seconds(2);
+};
+
+class sandbox {
+  public:
+    struct impl;
+    explicit sandbox(std::shared_ptr<impl> state) : impl_(std::move(state)) {}
+    // Dropping the last copy of a handle that was not destroyed destroys the sandbox in the
+    // background (confirmed through the backend).
+    ~sandbox();
+    sandbox(const sandbox&) = delete;
+    sandbox& operator=(const sandbox&) = delete;
+
+    const std::string& id() const noexcept;
+    // What create or attach reported.
+    const sandbox_info& info() const noexcept;
+    handle_state state() const noexcept;
+    // Why the handle was quarantined; nullopt if it was not.
+    const std::optional<error>& quarantine_cause() const noexcept;
+    // Operations waiting for their turn (not counting the one running).
+    std::size_t queued() const noexcept;
+
+    // The backend's operations (backend.hpp), ordered and bounded as above. A default deadline
+    // never passes: the operation is then bounded by its own limits (an exec by its wall limit).
+    asio::awaitable<result<exec_result>> async_exec(exec_request request, deadline limit = {});
+    asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::vector<file_write> files, deadline limit = {});
+    asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::vector<std::string> paths, deadline limit = {});
+    asio::awaitable<result<file_stat>> async_stat(std::string path, deadline limit = {});
+    asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string path,
+                                                                   deadline limit = {});
+    asio::awaitable<result<sandbox_info>> async_extend_ttl(std::chrono::milliseconds ttl,
+                                                           deadline limit = {});
+
+    // Ends the sandbox and returns once the backend confirmed it gone. Queued operations fail with
+    // sandbox_unavailable; a running one is stopped first. Idempotent: a handle that is already
+    // destroyed (or being destroyed after a quarantine) returns that destroy's outcome.
+    // Cancellation: none; the destroy runs to its confirmation or the backend's bound.
+    asio::awaitable<result<void>> async_destroy();
+
+  private:
+    std::shared_ptr<impl> impl_;
+};
+
+}  // namespace moat

@@ -1,0 +1,51 @@
+// One sandbox's queue of operations: one at a time, in arrival order. A caller waits for its turn
+// until its deadline (time queued counts against it) or its cancellation, and then leaves the
+// queue without running. Confined to one executor.
+#pragma once
+
+#include <moat/deadline.hpp>
+
+#include "core/async_event.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <deque>
+#include <memory>
+
+namespace moat {
+
+class operation_queue {
+  public:
+    enum class turn { granted, deadline_passed, cancelled, refused };
+
+    explicit operation_queue(asio::any_io_executor executor) : executor_(std::move(executor)) {}
+
+    // Waits for the caller's turn. `granted`: the caller holds the queue and must release() it.
+    // `refused`: refuse_all() emptied the queue. Cancellation: reports `cancelled` and resets the
+    // coroutine's cancellation state (see async_event).
+    asio::awaitable<turn> async_acquire(deadline limit);
+
+    // Hands the queue to the next waiter, or frees it.
+    void release();
+
+    // Wakes every waiter with `refused` (the sandbox can no longer run anything).
+    void refuse_all();
+
+    // Waiters, not counting the operation that holds the queue.
+    std::size_t waiting() const noexcept { return waiters_.size(); }
+    bool busy() const noexcept { return busy_; }
+
+  private:
+    struct waiter {
+        explicit waiter(const asio::any_io_executor& ex) : event(ex) {}
+        async_event event;
+        bool granted = false;
+    };
+
+    asio::any_io_executor executor_;
+    std::deque<std::shared_ptr<waiter>> waiters_;
+    bool busy_ = false;
+};
+
+}  // namespace moat

@@ -1,0 +1,262 @@
+#include <moat/log.hpp>
+#include <moat/sandbox.hpp>
+#include <moat/task_group.hpp>
+
+#include "core/async_event.hpp"
+#include "core/exception_boundary.hpp"
+#include "handle/operation_queue.hpp"
+#include "handle/sandbox_impl.hpp"
+
+#include <asio/this_coro.hpp>
+
+namespace moat {
+namespace {
+
+// The failures after which a handle can no longer vouch for its sandbox.
+bool is_quarantine_cause(const error& e) {
+    return e.code == errc::backend_failure || e.code == errc::protocol_error ||
+           e.code == errc::sandbox_unavailable || e.code == errc::sandbox_not_found;
+}
+
+template <class T>
+struct operation_state {
+    explicit operation_state(const asio::any_io_executor& ex) : done(ex) {}
+    async_event done;
+    std::optional<result<T>> outcome;
+};
+
+template <class T>
+asio::awaitable<void> run_backend_operation(std::shared_ptr<operation_state<T>> op,
+                                            asio::awaitable<result<T>> operation) {
+    try {
+        op->outcome = co_await std::move(operation);
+    } catch (...) {
+        op->outcome = error_from_exception(std::current_exception());
+    }
+    op->done.set();
+}
+
+asio::awaitable<void> destroy_in_background(std::shared_ptr<sandbox::impl> self) {
+    co_await asio::this_coro::reset_cancellation_state();
+    auto destroyed = co_await self->destroy_now();
+    if (!destroyed) {
+        detail::log(log_level::error, "sandbox", destroyed.error().to_string(), self->info.id);
+    }
+}
+
+}  // namespace
+
+const char* to_string(handle_state state) noexcept {
+    switch (state) {
+        case handle_state::ready:
+            return "ready";
+        case handle_state::busy:
+            return "busy";
+        case handle_state::quarantined:
+            return "quarantined";
+        case handle_state::destroying:
+            return "destroying";
+        case handle_state::destroyed:
+            return "destroyed";
+        case handle_state::destroy_failed:
+            return "destroy_failed";
+    }
+    return "unknown";
+}
+
+sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook)
+    : sandboxes(b),
+      executor(b.get_executor()),
+      info(std::move(i)),
+      options(o),
+      queue(executor),
+      tasks(executor, "sandbox " + info.id),
+      ended(executor),
+      on_end(std::move(ended_hook)) {}
+
+std::optional<error> sandbox::impl::refusal() const {
+    if (state == handle_state::ready || state == handle_state::busy) return std::nullopt;
+    if (cause) {
+        return make_error(errc::sandbox_unavailable,
+                          "sandbox " + info.id + " is quarantined: " + cause->to_string());
+    }
+    return make_error(errc::sandbox_unavailable, "sandbox " + info.id + " was destroyed");
+}
+
+void sandbox::impl::quarantine(const error& why) {
+    if (state != handle_state::ready && state != handle_state::busy) return;
+    detail::log(log_level::warning, "sandbox", "quarantined: " + why.to_string(), info.id);
+    state = handle_state::quarantined;
+    cause = why;
+    queue.refuse_all();
+    tasks.spawn(destroy_in_background(shared_from_this()));
+}
+
+template <class T>
+asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
+                                              std::function<asio::awaitable<result<T>>()> start) {
+    if (auto refused = refusal()) co_return std::move(*refused);
+    auto self = shared_from_this();
+    const auto turn = co_await queue.async_acquire(limit);
+    if (turn == operation_queue::turn::cancelled) {
+        co_return make_error(errc::cancelled, std::string(what) + " was cancelled while queued");
+    }
+    if (turn == operation_queue::turn::deadline_passed) {
+        co_return make_error(errc::deadline_exceeded,
+                             std::string(what) + ": the deadline passed while it was queued");
+    }
+    if (turn == operation_queue::turn::refused) {
+        if (auto refused = refusal()) co_return std::move(*refused);
+        co_return make_error(errc::sandbox_unavailable, "sandbox " + info.id + " was destroyed");
+    }
+    // This operation holds the queue from here on; every path below releases it.
+    if (auto refused = refusal()) {
+        queue.release();
+        co_return std::move(*refused);
+    }
+    state = handle_state::busy;
+    auto op = std::make_shared<operation_state<T>>(executor);
+    auto operation = start();
+    const std::uint64_t task = tasks.spawn(run_backend_operation<T>(op, std::move(operation)));
+    running_task = task;
+    const auto waited = co_await op->done.async_wait(limit);
+    std::optional<errc> stopped_by;
+    if (waited == async_event::wait_outcome::cancelled) stopped_by = errc::cancelled;
+    if (waited == async_event::wait_outcome::deadline_passed) stopped_by = errc::deadline_exceeded;
+    if (stopped_by) {
+        // Stop it and wait (not cancellable) for the stop to be confirmed, within the grace.
+        tasks.cancel(task);
+        const auto grace = deadline::after(options.kill_grace);
+        while (!op->done.is_set() && !grace.has_expired()) co_await op->done.async_wait(grace);
+    }
+    running_task.reset();
+    queue.release();
+    const char* stop_name = stopped_by == errc::cancelled ? "cancellation" : "deadline";
+    if (!op->done.is_set()) {
+        quarantine(
+            make_error(errc::backend_failure, std::string(what) + " did not stop within " +
+                                                  std::to_string(options.kill_grace.count()) +
+                                                  " ms of its " + stop_name));
+        co_return make_error(*stopped_by, std::string(what) + " was stopped (unconfirmed)");
+    }
+    result<T> outcome = std::move(*op->outcome);
+    if (!outcome && is_quarantine_cause(outcome.error())) quarantine(outcome.error());
+    if (state == handle_state::busy) state = handle_state::ready;
+    if (stopped_by && !outcome && outcome.error().code == errc::cancelled) {
+        co_return make_error(*stopped_by, std::string(what) + " was stopped by its " + stop_name +
+                                              "; " + outcome.error().detail);
+    }
+    co_return outcome;
+}
+
+asio::awaitable<result<void>> sandbox::impl::destroy_now() {
+    auto self = shared_from_this();
+    if (state == handle_state::destroying) {
+        while (!ended.is_set()) co_await ended.async_wait(deadline::never());
+    }
+    if (ended.is_set()) co_return *destroy_outcome;
+    state = handle_state::destroying;
+    queue.refuse_all();
+    if (running_task) tasks.cancel(*running_task);
+    auto destroyed = co_await sandboxes.async_destroy(info.id);
+    // Gone from the backend already (someone else destroyed it and the record went): absence is
+    // what was asked for.
+    if (!destroyed && destroyed.error().code == errc::sandbox_not_found) destroyed = {};
+    state = destroyed ? handle_state::destroyed : handle_state::destroy_failed;
+    destroy_outcome = destroyed;
+    ended.set();
+    if (on_end) on_end();
+    co_return destroyed;
+}
+
+sandbox::~sandbox() {
+    if (!impl_) return;
+    if (impl_->state == handle_state::ready || impl_->state == handle_state::busy) {
+        impl_->tasks.spawn(destroy_in_background(impl_));
+    }
+}
+
+const std::string& sandbox::id() const noexcept {
+    return impl_->info.id;
+}
+const sandbox_info& sandbox::info() const noexcept {
+    return impl_->info;
+}
+handle_state sandbox::state() const noexcept {
+    return impl_->state;
+}
+const std::optional<error>& sandbox::quarantine_cause() const noexcept {
+    return impl_->cause;
+}
+std::size_t sandbox::queued() const noexcept {
+    return impl_->queue.waiting();
+}
+
+asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<exec_result>>()> start = [state, request]() mutable {
+        return state->sandboxes.async_exec(state->info.id, std::move(request));
+    };
+    co_return co_await state->run<exec_result>("exec", limit, start);
+}
+
+asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
+    std::vector<file_write> files, deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<std::vector<file_write_result>>>()> start =
+        [state, files]() mutable {
+            return state->sandboxes.async_write_files(state->info.id, std::move(files));
+        };
+    co_return co_await state->run<std::vector<file_write_result>>("write_files", limit, start);
+}
+
+asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
+    std::vector<std::string> paths, deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<std::vector<file_read_result>>>()> start =
+        [state, paths]() mutable {
+            return state->sandboxes.async_read_files(state->info.id, std::move(paths));
+        };
+    co_return co_await state->run<std::vector<file_read_result>>("read_files", limit, start);
+}
+
+asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
+        return state->sandboxes.async_stat(state->info.id, std::move(path));
+    };
+    co_return co_await state->run<file_stat>("stat", limit, start);
+}
+
+asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
+                                                                        deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<std::vector<dir_entry>>>()> start = [state,
+                                                                              path]() mutable {
+        return state->sandboxes.async_list_dir(state->info.id, std::move(path));
+    };
+    co_return co_await state->run<std::vector<dir_entry>>("list_dir", limit, start);
+}
+
+asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
+                                                                deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<sandbox_info>>()> start = [state, ttl]() mutable {
+        return state->sandboxes.async_extend_ttl(state->info.id, ttl);
+    };
+    co_return co_await state->run<sandbox_info>("extend_ttl", limit, start);
+}
+
+asio::awaitable<result<void>> sandbox::async_destroy() {
+    auto state = impl_;
+    co_await asio::this_coro::reset_cancellation_state();
+    co_return co_await state->destroy_now();
+}
+
+}  // namespace moat

@@ -1,0 +1,46 @@
+// The shared state behind a moat::sandbox handle (see sandbox.hpp for the contract). Background
+// work (the destroy after a quarantine, running backend operations) holds it alive.
+#pragma once
+
+#include <moat/sandbox.hpp>
+#include <moat/task_group.hpp>
+
+#include "core/async_event.hpp"
+#include "handle/operation_queue.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace moat {
+
+struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
+    impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook);
+
+    // sandbox_unavailable with the cause if no operation may start; nullopt if one may.
+    std::optional<error> refusal() const;
+    // ready/busy -> quarantined, then a background destroy.
+    void quarantine(const error& why);
+    // Runs one backend operation in its turn, under the caller's deadline and cancellation.
+    // `start` makes the backend's awaitable (a plain lambda, not a coroutine).
+    template <class T>
+    asio::awaitable<result<T>> run(const char* what, deadline limit,
+                                   std::function<asio::awaitable<result<T>>()> start);
+    // Destroys the sandbox (or waits for the destroy under way) and returns its outcome.
+    asio::awaitable<result<void>> destroy_now();
+
+    backend& sandboxes;
+    asio::any_io_executor executor;
+    sandbox_info info;
+    handle_options options;
+    handle_state state = handle_state::ready;
+    std::optional<error> cause;
+    operation_queue queue;
+    task_group tasks;
+    async_event ended;  // destroyed or destroy_failed
+    std::optional<result<void>> destroy_outcome;
+    std::optional<std::uint64_t> running_task;
+    std::function<void()> on_end;  // the runtime's live count
+};
+
+}  // namespace moat

@@ -1,0 +1,347 @@
+// The sandbox handle and the runtime on the real local backend: FIFO order, deadlines and
+// cancellation (queued and running), quarantine from real faults, admission control. Absence is
+// checked from the host, never through the backend under test.
+#include <doctest/doctest.h>
+
+#include <moat/runtime.hpp>
+
+#include "support/host_inspect.hpp"
+#include "support/local_fixture.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using moat::test::local_fixture;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Waits (on the executor, so other coroutines run) until `condition` holds or `bound` passes.
+template <class Predicate>
+asio::awaitable<bool> until(Predicate condition, std::chrono::milliseconds bound = 20s) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    const auto limit = std::chrono::steady_clock::now() + bound;
+    while (!condition()) {
+        if (std::chrono::steady_clock::now() > limit) co_return false;
+        timer.expires_after(10ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    co_return true;
+}
+
+moat::exec_request shell(const std::string& command) {
+    moat::exec_request request;
+    request.shell = command;
+    return request;
+}
+
+// A command that waits until /workspace/go exists (created from outside the handle's queue).
+const std::string wait_for_go = "while [ ! -e /workspace/go ]; do sleep 0.01; done";
+
+struct exec_outcome {
+    std::optional<moat::result<moat::exec_result>> value;
+};
+
+asio::awaitable<void> exec_into(std::shared_ptr<moat::sandbox> box, moat::exec_request request,
+                                moat::deadline limit, std::shared_ptr<exec_outcome> out) {
+    out->value = co_await box->async_exec(std::move(request), limit);
+}
+
+void start_exec(local_fixture& f, const std::shared_ptr<moat::sandbox>& box,
+                const std::string& command, std::shared_ptr<exec_outcome> out,
+                moat::deadline limit = {}, asio::cancellation_signal* cancel = nullptr) {
+    auto task = exec_into(box, shell(command), limit, std::move(out));
+    if (cancel != nullptr) {
+        asio::co_spawn(f.io, std::move(task),
+                       asio::bind_cancellation_slot(cancel->slot(), asio::detached));
+    } else {
+        asio::co_spawn(f.io, std::move(task), asio::detached);
+    }
+}
+
+// Releases every wait_for_go command by writing the file through the backend directly.
+void release_go(local_fixture& f, const std::string& id) {
+    std::vector<moat::file_write> files(1);
+    files[0].path = "/workspace/go";
+    auto written = f.run(f.local->async_write_files(id, files));
+    REQUIRE(written);
+    REQUIRE(written->front().outcome);
+}
+
+bool file_exists(local_fixture& f, const std::string& id, const std::string& path) {
+    auto st = f.run(f.local->async_stat(id, path));
+    return st.has_value();
+}
+
+std::shared_ptr<moat::sandbox> create_handle(local_fixture& f, moat::runtime& rt,
+                                             moat::sandbox_spec spec = {}) {
+    auto box = f.run(rt.async_create(std::move(spec)));
+    if (!box) FAIL("create failed: " << box.error().to_string());
+    return *box;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "operations on one sandbox run one at a time in arrival order") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    constexpr int count = 100;
+    std::vector<std::shared_ptr<exec_outcome>> outcomes;
+    for (int i = 0; i < count; ++i) {
+        outcomes.push_back(std::make_shared<exec_outcome>());
+        std::string command = "echo " + std::to_string(i) + " >> /workspace/order";
+        if (i == 0) command += "; " + wait_for_go;
+        start_exec(*this, box, command, outcomes.back());
+    }
+    // All 100 are submitted before the first completes: one runs, 99 wait.
+    REQUIRE(run(until([&] { return box->queued() == count - 1; })));
+    CHECK(box->state() == moat::handle_state::busy);
+    CHECK_FALSE(outcomes.front()->value.has_value());
+    release_go(*this, box->id());
+    REQUIRE(run(until([&] {
+        for (const auto& o : outcomes)
+            if (!o->value) return false;
+        return true;
+    })));
+    for (const auto& o : outcomes) {
+        REQUIRE(*o->value);
+        CHECK((*o->value)->exit_code == 0);
+    }
+    std::string expected;
+    for (int i = 0; i < count; ++i) expected += std::to_string(i) + "\n";
+    auto read = run(box->async_read_files({"/workspace/order"}));
+    REQUIRE(read);
+    REQUIRE(read->front().content);
+    CHECK(*read->front().content == expected);
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_destroy()));
+    CHECK(box->state() == moat::handle_state::destroyed);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a deadline that passes while queued fails without running") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    auto blocker = std::make_shared<exec_outcome>();
+    start_exec(*this, box, wait_for_go, blocker);
+    REQUIRE(run(until([&] { return box->state() == moat::handle_state::busy; })));
+
+    auto late = std::make_shared<exec_outcome>();
+    start_exec(*this, box, "touch /workspace/late-ran", late, moat::deadline::after(300ms));
+    auto cancelled = std::make_shared<exec_outcome>();
+    asio::cancellation_signal cancel;
+    start_exec(*this, box, "touch /workspace/cancelled-ran", cancelled, {}, &cancel);
+    REQUIRE(run(until([&] { return box->queued() == 2; })));
+    cancel.emit(asio::cancellation_type::terminal);
+
+    REQUIRE(run(until([&] { return late->value && cancelled->value; })));
+    REQUIRE_FALSE(*late->value);
+    CHECK(late->value->error().code == moat::errc::deadline_exceeded);
+    CHECK(late->value->error().detail.find("queued") != std::string::npos);
+    REQUIRE_FALSE(*cancelled->value);
+    CHECK(cancelled->value->error().code == moat::errc::cancelled);
+    CHECK(box->queued() == 0);
+    CHECK_FALSE(blocker->value.has_value());
+
+    release_go(*this, box->id());
+    REQUIRE(run(until([&] { return blocker->value.has_value(); })));
+    CHECK(*blocker->value);
+    CHECK_FALSE(file_exists(*this, box->id(), "/workspace/late-ran"));
+    CHECK_FALSE(file_exists(*this, box->id(), "/workspace/cancelled-ran"));
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "cancelling a running exec kills its process; the sandbox stays ready") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    auto out = std::make_shared<exec_outcome>();
+    asio::cancellation_signal cancel;
+    start_exec(*this, box, "sleep 100", out, {}, &cancel);
+    pid_t sleeper = -1;
+    REQUIRE(run(until([&] {
+        sleeper = moat::test::find_descendant(init, "sleep 100");
+        return sleeper > 0;
+    })));
+    CHECK(moat::test::is_running(sleeper));
+    cancel.emit(asio::cancellation_type::terminal);
+    REQUIRE(run(until([&] { return out->value.has_value(); })));
+    REQUIRE_FALSE(*out->value);
+    CHECK(out->value->error().code == moat::errc::cancelled);
+    CHECK_FALSE(moat::test::is_running(sleeper));
+    CHECK(box->state() == moat::handle_state::ready);
+    CHECK_FALSE(box->quarantine_cause());
+    auto again = run(box->async_exec(shell("echo still here")));
+    REQUIRE(again);
+    CHECK(again->out.text() == "still here\n");
+    REQUIRE(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a deadline on a running exec kills it and reports deadline_exceeded") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    auto r = run(box->async_exec(shell("sleep 100"), moat::deadline::after(500ms)));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == moat::errc::deadline_exceeded);
+    CHECK(moat::test::find_descendant(init, "sleep 100") < 0);
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_exec(shell("true"))));
+    REQUIRE(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox destroyed underneath its handle quarantines it") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    {
+        local_fixture other;
+        REQUIRE(other.run(other.local->async_destroy(box->id())));
+    }
+    auto r = run(box->async_exec(shell("true")));
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == moat::errc::sandbox_unavailable);
+    REQUIRE(box->quarantine_cause());
+    // The handle destroys what is left and confirms it; later operations fail at once.
+    REQUIRE(run(until([&] { return box->state() == moat::handle_state::destroyed; })));
+    CHECK_FALSE(moat::test::is_running(init));
+    auto later = run(box->async_stat("/workspace"));
+    REQUIRE_FALSE(later);
+    CHECK(later.error().code == moat::errc::sandbox_unavailable);
+    CHECK(later.error().detail.find("quarantined") != std::string::npos);
+    CHECK(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the helper dying quarantines every handle and each is destroyed") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto first = create_handle(*this, rt);
+    auto second = create_handle(*this, rt);
+    const pid_t helper = moat::test::find_descendant(::getpid(), "helper --state-dir");
+    REQUIRE(helper > 0);
+    REQUIRE(::kill(helper, SIGKILL) == 0);
+    for (const auto& box : {first, second}) {
+        auto r = run(box->async_exec(shell("true")));
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code == moat::errc::sandbox_unavailable);
+        REQUIRE(run(until([&] { return box->state() == moat::handle_state::destroyed; })));
+        CHECK(
+            moat::test::eventually([&] { return !moat::test::is_running(*box->info().host_pid); }));
+    }
+    CHECK(rt.stats().live_sandboxes == 0);
+    // A new helper serves the next create.
+    auto third = create_handle(*this, rt);
+    REQUIRE(run(third->async_exec(shell("true"))));
+    REQUIRE(run(third->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture, "dropping the last reference to a handle destroys its sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    box.reset();
+    REQUIRE(run(until([&] { return !moat::test::is_running(init); })));
+    REQUIRE(run(until([&] { return rt.stats().live_sandboxes == 0; })));
+}
+
+namespace {
+
+asio::awaitable<void> create_into(
+    moat::runtime& rt, moat::sandbox_spec spec,
+    std::shared_ptr<std::optional<moat::result<std::shared_ptr<moat::sandbox>>>> out) {
+    *out = co_await rt.async_create(std::move(spec));
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "admission caps creates in flight and live sandboxes") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime_options options;
+    options.admission.max_concurrent_creates = 4;
+    options.admission.create_burst = 1000;
+    options.admission.creates_per_second = 1e6;
+    moat::runtime rt(*local, options);
+    constexpr int burst = 200;
+    using created_slot = std::optional<moat::result<std::shared_ptr<moat::sandbox>>>;
+    std::vector<std::shared_ptr<created_slot>> made;
+    for (int i = 0; i < burst; ++i) {
+        made.push_back(std::make_shared<created_slot>());
+        moat::sandbox_spec spec;
+        spec.labels["test"] = "admission";
+        asio::co_spawn(io, create_into(rt, spec, made.back()), asio::detached);
+    }
+    REQUIRE(run(until(
+        [&] {
+            for (const auto& m : made)
+                if (!m->has_value()) return false;
+            return true;
+        },
+        120s)));
+    std::vector<std::shared_ptr<moat::sandbox>> boxes;
+    for (const auto& m : made) {
+        REQUIRE(**m);
+        boxes.push_back(***m);
+    }
+    CHECK(rt.stats().peak_creates_in_flight == 4);
+    CHECK(rt.stats().live_sandboxes == burst);
+
+    // Distinct sandboxes still run in parallel: four sleeps are alive at once.
+    std::vector<std::shared_ptr<exec_outcome>> sleeps;
+    for (int i = 0; i < 4; ++i) {
+        sleeps.push_back(std::make_shared<exec_outcome>());
+        start_exec(*this, boxes[i], "sleep 3", sleeps.back());
+    }
+    REQUIRE(run(until([&] {
+        int alive = 0;
+        for (int i = 0; i < 4; ++i)
+            if (moat::test::find_descendant(*boxes[i]->info().host_pid, "sleep 3") > 0) ++alive;
+        return alive == 4;
+    })));
+    REQUIRE(run(until([&] {
+        for (const auto& s : sleeps)
+            if (!s->value) return false;
+        return true;
+    })));
+    for (auto& box : boxes) REQUIRE(run(box->async_destroy()));
+    CHECK(rt.stats().live_sandboxes == 0);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a create over max_live_sandboxes waits for room, then fails by name") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime_options options;
+    options.admission.max_live_sandboxes = 2;
+    moat::runtime rt(*local, options);
+    auto first = create_handle(*this, rt);
+    auto second = create_handle(*this, rt);
+    auto refused = run(rt.async_create({}, moat::deadline::after(200ms)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::limit_exceeded);
+    CHECK(refused.error().detail.find("max_live_sandboxes") != std::string::npos);
+    CHECK(rt.stats().refused == 1);
+    REQUIRE(run(first->async_destroy()));
+    auto third = create_handle(*this, rt);
+    REQUIRE(run(second->async_destroy()));
+    REQUIRE(run(third->async_destroy()));
+}
