@@ -5,6 +5,7 @@
 
 #include <moat/runtime.hpp>
 
+#include "support/fault_injecting_backend.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
@@ -17,6 +18,7 @@
 
 #include <signal.h>
 #include <unistd.h>
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -344,4 +346,201 @@ TEST_CASE_FIXTURE(local_fixture,
     auto third = create_handle(*this, rt);
     REQUIRE(run(second->async_destroy()));
     REQUIRE(run(third->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(
+    local_fixture,
+    "a stop that is never confirmed quarantines the sandbox, which is then destroyed") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::fault_injecting_backend faulty(*local);
+    faulty.lose_kills = true;
+    moat::runtime_options options;
+    options.handle.kill_grace = 300ms;
+    moat::runtime rt(faulty, options);
+    for (const bool by_deadline : {true, false}) {
+        CAPTURE(by_deadline);
+        auto box = create_handle(*this, rt);
+        const pid_t init = *box->info().host_pid;
+        auto out = std::make_shared<exec_outcome>();
+        asio::cancellation_signal cancel;
+        if (by_deadline) {
+            start_exec(*this, box, "sleep 100", out, moat::deadline::after(300ms));
+        } else {
+            start_exec(*this, box, "sleep 100", out, {}, &cancel);
+        }
+        pid_t sleeper = -1;
+        REQUIRE(run(until([&] {
+            sleeper = moat::test::find_descendant(init, "sleep 100");
+            return sleeper > 0;
+        })));
+        if (!by_deadline) cancel.emit(asio::cancellation_type::terminal);
+        REQUIRE(run(until([&] { return out->value.has_value(); })));
+        REQUIRE_FALSE(*out->value);
+        CHECK(out->value->error().code ==
+              (by_deadline ? moat::errc::deadline_exceeded : moat::errc::cancelled));
+        REQUIRE(box->quarantine_cause());
+        CHECK(box->quarantine_cause()->detail.find("did not stop") != std::string::npos);
+        // The handle's own destroy ends what the lost kill could not.
+        REQUIRE(run(until([&] { return box->state() == moat::handle_state::destroyed; })));
+        CHECK_FALSE(moat::test::is_running(sleeper));
+        CHECK_FALSE(moat::test::is_running(init));
+    }
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a protocol violation or backend failure mid-operation quarantines") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::fault_injecting_backend faulty(*local);
+    moat::runtime rt(faulty);
+    for (const auto code : {moat::errc::protocol_error, moat::errc::backend_failure}) {
+        auto box = create_handle(*this, rt);
+        const pid_t init = *box->info().host_pid;
+        faulty.fail_next_exec = moat::make_error(code, "injected");
+        auto r = run(box->async_exec(shell("true")));
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code == code);
+        REQUIRE(box->quarantine_cause());
+        CHECK(box->quarantine_cause()->code == code);
+        auto later = run(box->async_exec(shell("true")));
+        REQUIRE_FALSE(later);
+        CHECK(later.error().code == moat::errc::sandbox_unavailable);
+        CHECK(later.error().detail.find("injected") != std::string::npos);
+        REQUIRE(run(until([&] { return box->state() == moat::handle_state::destroyed; })));
+        CHECK_FALSE(moat::test::is_running(init));
+    }
+    // Output caps and failing programs never quarantine.
+    auto box = create_handle(*this, rt);
+    auto big = shell("head -c 3000000 /dev/zero; exit 3");
+    auto r = run(box->async_exec(big));
+    REQUIRE(r);
+    CHECK(r->exit_code == 3);
+    CHECK(r->out.is_truncated());
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_destroy()));
+}
+
+namespace {
+
+asio::awaitable<moat::result<std::string>> drain(moat::process& p, int& exit_code, int& signal) {
+    std::string out;
+    for (;;) {
+        auto next = co_await p.async_next();
+        if (!next) co_return std::move(next).error();
+        if (auto* chunk = std::get_if<moat::output_chunk>(&*next)) {
+            out += chunk->data;
+            continue;
+        }
+        exit_code = std::get<moat::exec_result>(*next).exit_code;
+        signal = std::get<moat::exec_result>(*next).signal;
+        co_return out;
+    }
+}
+
+asio::awaitable<moat::result<void>> talk(moat::process& p, std::string text) {
+    auto written = co_await p.async_write_stdin(std::move(text));
+    if (!written) co_return written;
+    co_return co_await p.async_close_stdin();
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(
+    local_fixture,
+    "a spawned process runs beside queued operations; stdin, output and signals work") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    moat::exec_request cat;
+    cat.argv = {"cat"};
+    auto spawned = run(box->async_spawn(cat));
+    REQUIRE(spawned);
+    CHECK(spawned->pid() > 1);
+    CHECK(moat::test::find_descendant(init, "cat") > 0);
+    // It does not hold the queue.
+    auto quick = run(box->async_exec(shell("echo beside")));
+    REQUIRE(quick);
+    CHECK(quick->out.text() == "beside\n");
+    REQUIRE(run(talk(*spawned, "hello through stdin\n")));
+    int code = -1, signal = -1;
+    auto out = run(drain(*spawned, code, signal));
+    REQUIRE(out);
+    CHECK(*out == "hello through stdin\n");
+    CHECK(code == 0);
+
+    moat::exec_request sleeper;
+    sleeper.argv = {"sleep", "100"};
+    auto second = run(box->async_spawn(sleeper));
+    REQUIRE(second);
+    REQUIRE(run(second->async_signal(SIGTERM)));
+    out = run(drain(*second, code, signal));
+    REQUIRE(out);
+    CHECK(signal == SIGTERM);
+
+    // Destroying the sandbox kills what it still runs.
+    auto third = run(box->async_spawn(sleeper));
+    REQUIRE(third);
+    pid_t host_sleeper = -1;
+    REQUIRE(run(until([&] {
+        host_sleeper = moat::test::find_descendant(init, "sleep 100");
+        return host_sleeper > 0;
+    })));
+    REQUIRE(run(box->async_destroy()));
+    CHECK_FALSE(moat::test::is_running(host_sleeper));
+}
+
+namespace {
+
+asio::awaitable<moat::result<std::string>> read_stream(moat::exec_stream stream) {
+    std::string out;
+    for (;;) {
+        auto next = co_await stream.async_next();
+        if (!next) co_return std::move(next).error();
+        if (auto* chunk = std::get_if<moat::output_chunk>(&*next)) {
+            out += chunk->data;
+            continue;
+        }
+        co_return out;
+    }
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a stream holds its sandbox's turn until it ends, under its deadline") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    auto stream = run(box->async_exec_stream(shell("echo a; " + wait_for_go + "; echo b")));
+    REQUIRE(stream);
+    auto queued = std::make_shared<exec_outcome>();
+    start_exec(*this, box, "echo after", queued);
+    REQUIRE(run(until([&] { return box->queued() == 1; })));
+    release_go(*this, box->id());
+    auto text = run(read_stream(std::move(*stream)));
+    REQUIRE(text);
+    CHECK(*text == "a\nb\n");
+    REQUIRE(run(until([&] { return queued->value.has_value(); })));
+    REQUIRE(*queued->value);
+    CHECK((*queued->value)->out.text() == "after\n");
+
+    // Past the stream's deadline the next pull stops the program.
+    auto slow = run(box->async_exec_stream(shell("sleep 100"), moat::deadline::after(300ms)));
+    REQUIRE(slow);
+    auto stopped = run(read_stream(std::move(*slow)));
+    REQUIRE_FALSE(stopped);
+    CHECK(stopped.error().code == moat::errc::deadline_exceeded);
+    CHECK(moat::test::find_descendant(init, "sleep 100") < 0);
+    CHECK(box->state() == moat::handle_state::ready);
+
+    // Dropping a stream kills its program and frees the turn.
+    auto dropped = run(box->async_exec_stream(shell("sleep 100")));
+    REQUIRE(dropped);
+    REQUIRE(run(until([&] { return moat::test::find_descendant(init, "sleep 100") > 0; })));
+    *dropped = moat::exec_stream();
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_exec(shell("true"))));
+    REQUIRE(run(until([&] { return moat::test::find_descendant(init, "sleep 100") < 0; })));
+    REQUIRE(run(box->async_destroy()));
 }

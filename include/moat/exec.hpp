@@ -105,13 +105,21 @@ class exec_stream {
     std::unique_ptr<impl> impl_;
 };
 
-// A background process started by backend::async_spawn: it does not hold the sandbox's operation
-// queue. Output is pulled like an exec_stream; stdin stays open until closed.
+// A background process started by backend::async_spawn (or sandbox::async_spawn): it does not
+// hold the sandbox's operation queue. Output is pulled like an exec_stream (the last item is the
+// exec_result; an unread pipe pushes back on the program); stdin stays open until closed or the
+// process ends. The request's wall limit still applies. Destroying the handle before the end
+// kills the process, as does destroying its sandbox.
+//
+// async_write_stdin: writes all of `data`, waiting while the program does not read (terminal
+// cancellation stops the wait: errc::cancelled); errc::invalid_argument once stdin was closed or
+// the program stopped reading it for good. async_signal sends a signal to the process group.
 class process {
   public:
     struct impl {
         virtual ~impl() = default;
         virtual std::uint64_t id() const = 0;
+        virtual int pid() const = 0;
         virtual asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() = 0;
         virtual asio::awaitable<result<void>> async_write_stdin(std::string data) = 0;
         virtual asio::awaitable<result<void>> async_close_stdin() = 0;
@@ -121,7 +129,10 @@ class process {
     process() = default;
     explicit process(std::unique_ptr<impl> i) : impl_(std::move(i)) {}
 
+    // The backend's id for it (for backend::async_signal) and its pid inside the sandbox.
     std::uint64_t id() const { return impl_->id(); }
+    int pid() const { return impl_->pid(); }
+    explicit operator bool() const noexcept { return impl_ != nullptr; }
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() {
         return impl_->async_next();
     }

@@ -80,6 +80,14 @@ class sandbox {
     // The backend's operations (backend.hpp), ordered and bounded as above. A default deadline
     // never passes: the operation is then bounded by its own limits (an exec by its wall limit).
     asio::awaitable<result<exec_result>> async_exec(exec_request request, deadline limit = {});
+    // The stream holds the sandbox's turn until it ends or is dropped (dropping kills the
+    // program); `limit` bounds the whole stream: past it the next pull stops the program and
+    // fails with deadline_exceeded.
+    asio::awaitable<result<exec_stream>> async_exec_stream(exec_request request,
+                                                           deadline limit = {});
+    // Starts a background process and returns once it runs; it does not hold the turn (exec.hpp,
+    // moat::process). `limit` bounds the start only.
+    asio::awaitable<result<process>> async_spawn(exec_request request, deadline limit = {});
     asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
         std::vector<file_write> files, deadline limit = {});
     asio::awaitable<result<std::vector<file_read_result>>> async_read_files(

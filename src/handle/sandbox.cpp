@@ -1,6 +1,7 @@
 #include <moat/log.hpp>
 #include <moat/sandbox.hpp>
 #include <moat/task_group.hpp>
+#include <moat/with_timeout.hpp>
 
 #include "core/async_event.hpp"
 #include "core/exception_boundary.hpp"
@@ -35,6 +36,43 @@ asio::awaitable<void> run_backend_operation(std::shared_ptr<operation_state<T>> 
     }
     op->done.set();
 }
+
+// An exec_stream that holds its sandbox's turn until the stream ends or is dropped, under the
+// caller's deadline.
+class handle_stream final : public exec_stream::impl {
+  public:
+    handle_stream(std::shared_ptr<sandbox::impl> owner, exec_stream inner, deadline limit)
+        : owner_(std::move(owner)), inner_(std::move(inner)), limit_(limit) {}
+    ~handle_stream() override {
+        if (finished_) return;
+        inner_ = exec_stream();  // kills the program
+        owner_->end_turn();
+    }
+
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override {
+        if (finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+        auto pull = inner_.async_next();
+        auto next = co_await with_timeout(std::move(pull), limit_);
+        if (!next) {
+            finish();
+            if (is_quarantine_cause(next.error())) owner_->quarantine(next.error());
+            co_return next;
+        }
+        if (std::holds_alternative<exec_result>(*next)) finish();
+        co_return next;
+    }
+
+  private:
+    void finish() {
+        finished_ = true;
+        owner_->end_turn();
+    }
+
+    std::shared_ptr<sandbox::impl> owner_;
+    exec_stream inner_;
+    deadline limit_;
+    bool finished_ = false;
+};
 
 asio::awaitable<void> destroy_in_background(std::shared_ptr<sandbox::impl> self) {
     co_await asio::this_coro::reset_cancellation_state();
@@ -92,11 +130,9 @@ void sandbox::impl::quarantine(const error& why) {
     tasks.spawn(destroy_in_background(shared_from_this()));
 }
 
-template <class T>
-asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
-                                              std::function<asio::awaitable<result<T>>()> start) {
-    if (auto refused = refusal()) co_return std::move(*refused);
-    auto self = shared_from_this();
+asio::awaitable<std::optional<error>> sandbox::impl::acquire_turn(const char* what,
+                                                                  deadline limit) {
+    if (auto refused = refusal()) co_return refused;
     const auto turn = co_await queue.async_acquire(limit);
     if (turn == operation_queue::turn::cancelled) {
         co_return make_error(errc::cancelled, std::string(what) + " was cancelled while queued");
@@ -106,15 +142,26 @@ asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
                              std::string(what) + ": the deadline passed while it was queued");
     }
     if (turn == operation_queue::turn::refused) {
-        if (auto refused = refusal()) co_return std::move(*refused);
+        if (auto refused = refusal()) co_return refused;
         co_return make_error(errc::sandbox_unavailable, "sandbox " + info.id + " was destroyed");
     }
-    // This operation holds the queue from here on; every path below releases it.
     if (auto refused = refusal()) {
         queue.release();
-        co_return std::move(*refused);
+        co_return refused;
     }
     state = handle_state::busy;
+    co_return std::nullopt;
+}
+
+void sandbox::impl::end_turn() {
+    queue.release();
+    if (state == handle_state::busy) state = handle_state::ready;
+}
+
+template <class T>
+asio::awaitable<result<T>> sandbox::impl::run_in_turn(
+    const char* what, deadline limit, std::function<asio::awaitable<result<T>>()> start) {
+    auto self = shared_from_this();
     auto op = std::make_shared<operation_state<T>>(executor);
     auto operation = start();
     const std::uint64_t task = tasks.spawn(run_backend_operation<T>(op, std::move(operation)));
@@ -130,7 +177,6 @@ asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
         while (!op->done.is_set() && !grace.has_expired()) co_await op->done.async_wait(grace);
     }
     running_task.reset();
-    queue.release();
     const char* stop_name = stopped_by == errc::cancelled ? "cancellation" : "deadline";
     if (!op->done.is_set()) {
         quarantine(
@@ -141,11 +187,21 @@ asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
     }
     result<T> outcome = std::move(*op->outcome);
     if (!outcome && is_quarantine_cause(outcome.error())) quarantine(outcome.error());
-    if (state == handle_state::busy) state = handle_state::ready;
     if (stopped_by && !outcome && outcome.error().code == errc::cancelled) {
         co_return make_error(*stopped_by, std::string(what) + " was stopped by its " + stop_name +
                                               "; " + outcome.error().detail);
     }
+    co_return outcome;
+}
+
+template <class T>
+asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
+                                              std::function<asio::awaitable<result<T>>()> start) {
+    auto self = shared_from_this();
+    auto refused = co_await acquire_turn(what, limit);
+    if (refused) co_return std::move(*refused);
+    auto outcome = co_await run_in_turn<T>(what, limit, start);
+    end_turn();
     co_return outcome;
 }
 
@@ -251,6 +307,34 @@ asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::mil
         return state->sandboxes.async_extend_ttl(state->info.id, ttl);
     };
     co_return co_await state->run<sandbox_info>("extend_ttl", limit, start);
+}
+
+asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
+                                                                deadline limit) {
+    auto state = impl_;
+    auto refused = co_await state->acquire_turn("exec_stream", limit);
+    if (refused) co_return std::move(*refused);
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<exec_stream>>()> start = [state, request]() mutable {
+        return state->sandboxes.async_exec_stream(state->info.id, std::move(request));
+    };
+    auto started = co_await state->run_in_turn<exec_stream>("exec_stream", limit, start);
+    if (!started) {
+        state->end_turn();
+        co_return std::move(started).error();
+    }
+    // The stream holds the turn from here until it ends or is dropped.
+    auto wrapped = std::make_unique<handle_stream>(state, std::move(*started), limit);
+    co_return exec_stream(std::move(wrapped));
+}
+
+asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit) {
+    auto state = impl_;
+    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    std::function<asio::awaitable<result<process>>()> start = [state, request]() mutable {
+        return state->sandboxes.async_spawn(state->info.id, std::move(request));
+    };
+    co_return co_await state->run<process>("spawn", limit, start);
 }
 
 asio::awaitable<result<void>> sandbox::async_destroy() {

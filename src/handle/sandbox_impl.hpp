@@ -21,8 +21,18 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     std::optional<error> refusal() const;
     // ready/busy -> quarantined, then a background destroy.
     void quarantine(const error& why);
-    // Runs one backend operation in its turn, under the caller's deadline and cancellation.
-    // `start` makes the backend's awaitable (a plain lambda, not a coroutine).
+    // Waits for this caller's turn (FIFO). nullopt: the caller holds the turn and must call
+    // end_turn(); otherwise the error (cancelled, deadline_exceeded, sandbox_unavailable).
+    asio::awaitable<std::optional<error>> acquire_turn(const char* what, deadline limit);
+    // Gives the turn to the next operation.
+    void end_turn();
+    // Runs one backend operation while holding the turn, under the caller's deadline and
+    // cancellation (stopped and confirmed within the kill grace, or quarantine). `start` makes
+    // the backend's awaitable (a plain lambda, not a coroutine).
+    template <class T>
+    asio::awaitable<result<T>> run_in_turn(const char* what, deadline limit,
+                                           std::function<asio::awaitable<result<T>>()> start);
+    // acquire_turn + run_in_turn + end_turn.
     template <class T>
     asio::awaitable<result<T>> run(const char* what, deadline limit,
                                    std::function<asio::awaitable<result<T>>()> start);

@@ -11,6 +11,7 @@
 #include "local/cgroup_stats.hpp"
 #include "local/helper_client.hpp"
 #include "local/local_exec_stream.hpp"
+#include "local/local_process.hpp"
 #include "local/sandbox_files.hpp"
 #include "local/sandbox_id.hpp"
 #include "local/sandbox_records.hpp"
@@ -191,6 +192,29 @@ class local_backend final : public backend {
         } catch (...) {
             co_return error_from_exception(std::current_exception());
         }
+    }
+
+    asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
+        try {
+            co_return co_await spawn(std::move(id), std::move(request));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                               int signal) override {
+        auto found = find(id);
+        if (!found) co_return std::move(found).error();
+        if ((*found)->gone_reason)
+            co_return make_error(errc::sandbox_unavailable, *(*found)->gone_reason);
+        if (!(*found)->agent)
+            co_return make_error(errc::sandbox_unavailable, "the sandbox has ended");
+        if (signal <= 0 || signal >= 65) {
+            co_return make_error(errc::invalid_argument,
+                                 "signal must be between 1 and 64, got " + std::to_string(signal));
+        }
+        co_return (*found)->agent->kill(process_id, signal);
     }
 
     // File access runs inline: a few system calls per file, bounded by file_limits. No co_await,
@@ -637,7 +661,43 @@ class local_backend final : public backend {
         }
     }
 
+    // A command the agent has started: its output stream (which owns it: dropping the stream
+    // kills it) and, for spawn, our end of its stdin.
+    struct started_command {
+        std::unique_ptr<local_exec_stream> stream;
+        unique_fd stdin_socket;
+        std::shared_ptr<agent_channel> agent;
+        std::uint64_t exec_id = 0;
+        int pid = 0;
+    };
+
     asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request) {
+        std::string stdin_data = std::move(request.stdin_data);
+        auto started = co_await start_command(std::move(id), std::move(request));
+        if (!started) co_return std::move(started).error();
+        if (!stdin_data.empty()) {
+            auto socket = std::make_shared<asio::posix::stream_descriptor>(
+                executor_, started->stdin_socket.release());
+            tasks_.spawn(feed_stdin(std::move(socket), std::move(stdin_data)));
+        }
+        co_return exec_stream(std::move(started->stream));
+    }
+
+    asio::awaitable<result<process>> spawn(std::string id, exec_request request) {
+        if (!request.stdin_data.empty()) {
+            co_return make_error(errc::invalid_argument,
+                                 "spawn keeps stdin open: write it with process::async_write_stdin "
+                                 "instead of exec_request::stdin_data");
+        }
+        auto started = co_await start_command(std::move(id), std::move(request));
+        if (!started) co_return std::move(started).error();
+        auto handle = std::make_unique<local_process>(
+            executor_, std::move(started->stream), std::move(started->stdin_socket),
+            std::move(started->agent), started->exec_id, started->pid);
+        co_return process(std::move(handle));
+    }
+
+    asio::awaitable<result<started_command>> start_command(std::string id, exec_request request) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
@@ -692,15 +752,12 @@ class local_backend final : public backend {
         }
         command.state = *state;
 
-        if (!request.stdin_data.empty()) {
-            auto socket = std::make_shared<asio::posix::stream_descriptor>(
-                executor_, pipes.stdin_ours.release());
-            tasks_.spawn(feed_stdin(std::move(socket), std::move(request.stdin_data)));
-        }
-        pipes.stdin_ours.reset();
-
+        started_command started;
+        started.agent = sandbox->agent;
+        started.exec_id = exec_id;
+        started.stdin_socket = std::move(pipes.stdin_ours);
         // The stream owns the command from here: dropping it (cancellation included) kills it.
-        auto stream = std::make_unique<local_exec_stream>(
+        started.stream = std::make_unique<local_exec_stream>(
             executor_, std::move(command), std::move(pipes.out_ours), std::move(pipes.err_ours));
         const auto outcome = co_await (*state)->started.async_wait(start_limit);
         // A cancellation that raced the start is honoured too, so the caller's next co_await does
@@ -708,7 +765,7 @@ class local_backend final : public backend {
         const bool raced = is_cancelled(co_await asio::this_coro::cancellation_state);
         if (raced) co_await asio::this_coro::reset_cancellation_state();
         if (outcome == async_event::wait_outcome::cancelled || raced) {
-            stream.reset();  // kills it
+            started.stream.reset();  // kills it
             co_return make_error(errc::cancelled, "exec was cancelled before the command started");
         }
         if (!(*state)->start && !(*state)->exit) {
@@ -718,7 +775,8 @@ class local_backend final : public backend {
             co_return make_error(errc::backend_failure,
                                  "the sandbox agent did not start the command");
         }
-        co_return exec_stream(std::move(stream));
+        if ((*state)->start) started.pid = (*state)->start->pid;
+        co_return started;
     }
 
   private:

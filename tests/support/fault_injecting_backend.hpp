@@ -1,0 +1,67 @@
+// A backend decorator for the faults the real local backend cannot produce on demand: a kill
+// request that is lost (the operation never learns it was cancelled), and a transport or protocol
+// failure in the middle of an operation. Everything else goes to the real backend it wraps.
+#pragma once
+
+#include <moat/backend.hpp>
+
+#include <optional>
+
+namespace moat::test {
+
+class fault_injecting_backend final : public backend {
+  public:
+    explicit fault_injecting_backend(backend& real) : real_(real) {}
+
+    // The next exec fails with this error (after the real command ran to completion), once.
+    std::optional<error> fail_next_exec;
+    // Execs ignore their caller's cancellation and deadline: the real command runs on until it
+    // ends on its own or its sandbox is destroyed.
+    bool lose_kills = false;
+
+    asio::any_io_executor get_executor() const override { return real_.get_executor(); }
+    std::string name() const override { return "fault-injecting " + real_.name(); }
+    asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
+        return real_.async_create(std::move(spec));
+    }
+    asio::awaitable<result<sandbox_info>> async_attach(std::string id) override {
+        return real_.async_attach(std::move(id));
+    }
+    asio::awaitable<result<sandbox_info>> async_inspect(std::string id) override {
+        return real_.async_inspect(std::move(id));
+    }
+    asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
+        return real_.async_list(std::move(filter));
+    }
+    asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
+                                                           std::chrono::milliseconds ttl) override {
+        return real_.async_extend_ttl(std::move(id), ttl);
+    }
+    asio::awaitable<result<void>> async_destroy(std::string id) override {
+        return real_.async_destroy(std::move(id));
+    }
+    asio::awaitable<result<exec_result>> async_exec(std::string id, exec_request request) override;
+    asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
+                                                           exec_request request) override {
+        return real_.async_exec_stream(std::move(id), std::move(request));
+    }
+    asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
+        return real_.async_spawn(std::move(id), std::move(request));
+    }
+    asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::string id, std::vector<file_write> files) override {
+        return real_.async_write_files(std::move(id), std::move(files));
+    }
+    asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths) override {
+        return real_.async_read_files(std::move(id), std::move(paths));
+    }
+    asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
+        return real_.async_stat(std::move(id), std::move(path));
+    }
+
+  private:
+    backend& real_;
+};
+
+}  // namespace moat::test
