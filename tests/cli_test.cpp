@@ -4,9 +4,12 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -237,4 +240,31 @@ TEST_CASE("moat doctor reports every isolation layer and passes its live check")
     }
     CHECK(o.output.find("MISSING") == std::string::npos);
     CHECK(o.output.find("destroy            ok") != std::string::npos);
+}
+
+TEST_CASE("SIGINT or SIGTERM to moat run kills the command, destroys the sandbox and exits 128+N") {
+    MOAT_REQUIRE_NAMESPACES();
+    for (const int sig : {SIGINT, SIGTERM}) {
+        CAPTURE(sig);
+        char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
+        char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
+        pid_t cli = -1;
+        REQUIRE(::posix_spawn(&cli, MOAT_CLI_PATH, nullptr, nullptr, argv, environ) == 0);
+        pid_t sleeper = -1;
+        REQUIRE(moat::test::eventually(
+            [&] {
+                sleeper = moat::test::find_descendant(cli, "sleep 1000");
+                return sleeper > 0;
+            },
+            std::chrono::seconds(20)));
+        const auto family = moat::test::descendants(cli);
+        REQUIRE(::kill(cli, sig) == 0);
+        int status = 0;
+        REQUIRE(::waitpid(cli, &status, 0) == cli);
+        REQUIRE(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 128 + sig);
+        for (const pid_t p : family) {
+            CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
+        }
+    }
 }

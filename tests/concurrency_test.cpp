@@ -8,6 +8,7 @@
 // asserts on time.
 #include <moat/local_backend.hpp>
 #include <moat/log.hpp>
+#include <moat/runtime.hpp>
 #include <moat/task_group.hpp>
 
 #include "support/local_fixture.hpp"
@@ -278,4 +279,67 @@ TEST_CASE("a backend on a strand of an io_context that two threads run serves 20
         CHECK_NOTHROW(std::rethrow_exception(failure));
     }
     check_outcomes(outcomes);
+}
+
+namespace {
+
+// One sandbox's life through a handle: create, a command and a file round trip, destroy.
+asio::awaitable<void> one_handle(moat::runtime& rt, int number, sandbox_outcome& outcome) {
+    moat::sandbox_spec spec;
+    spec.labels["test"] = run_label();
+    auto created = co_await rt.async_create(spec);
+    if (!created) {
+        outcome.failure = "create: " + created.error().to_string();
+        outcome.is_done = true;
+        co_return;
+    }
+    auto box = std::move(*created);
+    moat::exec_request request;
+    request.shell = "echo " + std::to_string(number);
+    auto ran = co_await box->async_exec(request);
+    std::vector<moat::file_write> files(1);
+    files[0].path = "/workspace/n";
+    files[0].content = std::to_string(number);
+    auto written = co_await box->async_write_files(files);
+    std::vector<std::string> paths{"/workspace/n"};
+    auto read = co_await box->async_read_files(paths);
+    auto destroyed = co_await box->async_destroy();
+    if (!ran || ran->out.text() != std::to_string(number) + "\n") {
+        outcome.failure = "exec: " + (ran ? ran->out.text() : ran.error().to_string());
+    } else if (!written || !written->front().outcome) {
+        outcome.failure = "write_files failed";
+    } else if (!read || !read->front().content ||
+               *read->front().content != std::to_string(number)) {
+        outcome.failure = "read_files failed";
+    } else if (!destroyed) {
+        outcome.failure = "destroy: " + destroyed.error().to_string();
+    }
+    outcome.is_done = true;
+}
+
+asio::awaitable<void> run_handles(moat::runtime& rt, std::vector<sandbox_outcome>& outcomes) {
+    moat::task_group group(co_await asio::this_coro::executor, "handles");
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+        group.spawn(one_handle(rt, static_cast<int>(i), outcomes[i]));
+    }
+    co_await group.async_wait_all();
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(moat::test::local_fixture,
+                  "1000 sandboxes with concurrent operations through handles on one thread") {
+    MOAT_REQUIRE_NAMESPACES();
+    raise_descriptor_limit();
+    moat::runtime rt(*local);
+    std::vector<sandbox_outcome> outcomes(1000);
+    run(run_handles(rt, outcomes), 600s);
+    check_outcomes(outcomes);
+    CHECK(rt.stats().live_sandboxes == 0);
+    CHECK(rt.stats().refused == 0);
+    moat::label_filter ours;
+    ours["test"] = run_label();
+    auto left = run(local->async_list(ours));
+    REQUIRE(left);
+    CHECK(left->empty());
 }

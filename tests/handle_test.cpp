@@ -544,3 +544,48 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE(run(until([&] { return moat::test::find_descendant(init, "sleep 100") < 0; })));
     REQUIRE(run(box->async_destroy()));
 }
+
+namespace {
+
+asio::awaitable<void> cancel_after(asio::cancellation_signal& signal,
+                                   std::chrono::microseconds delay) {
+    asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+    co_await timer.async_wait(asio::use_awaitable);
+    signal.emit(asio::cancellation_type::terminal);
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "a create cancelled at any point leaves nothing behind") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    create_handle(*this, rt).reset();  // the helper is running and warm
+    const pid_t helper = moat::test::find_descendant(::getpid(), "helper --state-dir");
+    REQUIRE(helper > 0);
+    int cancelled = 0;
+    for (int step = 0; step < 16; ++step) {
+        CAPTURE(step);
+        moat::sandbox_spec spec;
+        spec.labels["test"] = "cancelled-create";
+        auto out = std::make_shared<std::optional<moat::result<std::shared_ptr<moat::sandbox>>>>();
+        asio::cancellation_signal cancel;
+        asio::co_spawn(io, create_into(rt, spec, out),
+                       asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+        asio::co_spawn(io, cancel_after(cancel, std::chrono::microseconds(step * 250)),
+                       asio::detached);
+        REQUIRE(run(until([&] { return out->has_value(); })));
+        if (**out) {
+            REQUIRE(run((***out)->async_destroy()));
+        } else {
+            CHECK((*out)->error().code == moat::errc::cancelled);
+            ++cancelled;
+        }
+        // Whatever the timing: no sandbox process under the helper, no record.
+        REQUIRE(run(until([&] { return moat::test::descendants(helper).empty(); })));
+        auto listed = run(local->async_list({{"test", "cancelled-create"}}));
+        REQUIRE(listed);
+        CHECK(listed->empty());
+    }
+    CHECK(cancelled > 0);
+    CHECK(rt.stats().live_sandboxes == 0);
+}

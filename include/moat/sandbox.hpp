@@ -62,8 +62,9 @@ class sandbox {
   public:
     struct impl;
     explicit sandbox(std::shared_ptr<impl> state) : impl_(std::move(state)) {}
-    // Dropping the last copy of a handle that was not destroyed destroys the sandbox in the
-    // background (confirmed through the backend).
+    // Dropping the handle without destroying it destroys the sandbox in the background
+    // (confirmed through the backend), unless the handle was attached or its sandbox was
+    // created with survive_owner: those are detached, and the sandbox lives on.
     ~sandbox();
     sandbox(const sandbox&) = delete;
     sandbox& operator=(const sandbox&) = delete;

@@ -18,6 +18,8 @@
 namespace moat::cli {
 namespace {
 
+int signal_received = 0;
+
 struct store_exit_code {
     int* code;
     bool* done;
@@ -37,8 +39,10 @@ int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) 
     auto local = make_local_backend(io.get_executor());
     asio::cancellation_signal cancel;
     asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
-    signals.async_wait([&cancel](const std::error_code& ec, int) {
-        if (!ec) cancel.emit(asio::cancellation_type::terminal);
+    signals.async_wait([&cancel](const std::error_code& ec, int number) {
+        if (ec) return;
+        signal_received = number;
+        cancel.emit(asio::cancellation_type::terminal);
     });
     int code = exit_failure;
     bool done = false;
@@ -72,13 +76,14 @@ bool write_all(int fd, std::string_view data) {
     return true;
 }
 
-asio::awaitable<result<exec_result>> stream_to_terminal(backend& b, std::string id,
-                                                        exec_request request) {
-    auto stream = co_await b.async_exec_stream(std::move(id), std::move(request));
-    if (!stream) co_return std::move(stream).error();
+int interrupting_signal() noexcept {
+    return signal_received;
+}
+
+asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream) {
     bool terminal_open = true;
     for (;;) {
-        auto next = co_await stream->async_next();
+        auto next = co_await stream.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
             const int fd = chunk->channel == output_channel::out ? STDOUT_FILENO : STDERR_FILENO;
@@ -132,7 +137,7 @@ int exec_exit_code(std::string_view command, const result<exec_result>& outcome,
             std::fprintf(stderr, "moat %.*s: interrupted; the command was killed\n",
                          static_cast<int>(command.size()), command.data());
         }
-        return exit_interrupted;
+        return signal_received != 0 ? 128 + signal_received : exit_interrupted;
     }
     if (json) return exit_failure;
     return report_error(command, outcome.error());

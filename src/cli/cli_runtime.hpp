@@ -4,6 +4,7 @@
 #pragma once
 
 #include <moat/backend.hpp>
+#include <moat/sandbox.hpp>
 
 #include "cli/arguments.hpp"
 
@@ -29,8 +30,10 @@ int report_error(std::string_view command, const error& e);
 bool write_all(int fd, std::string_view data);
 
 // Streams a command's output to stdout/stderr as it arrives and returns its result.
-asio::awaitable<result<exec_result>> stream_to_terminal(backend& b, std::string id,
-                                                        exec_request request);
+asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream);
+
+// The signal (SIGINT, SIGTERM, SIGHUP) that cancelled run_with_backend's work, or 0.
+int interrupting_signal() noexcept;
 
 // One JSON object with the sandbox id and the result (or the error), then a newline, on stdout.
 void print_exec_json(const std::string& id, const result<exec_result>& r);
@@ -38,8 +41,8 @@ void print_exec_json(const std::string& id, const result<exec_result>& r);
 // A line on stderr when the command was killed at its wall limit or for memory.
 void report_exec_end(const exec_result& r, std::chrono::milliseconds wall_limit);
 
-// Exit code for a finished exec: the command's own, 130 if it was cancelled (Ctrl-C), or what
-// report_error gives (printed unless `json`).
+// Exit code for a finished exec: the command's own, 128 + the signal if a signal cancelled it
+// (130 for Ctrl-C, 143 for SIGTERM), or what report_error gives (printed unless `json`).
 int exec_exit_code(std::string_view command, const result<exec_result>& outcome, bool json,
                    std::chrono::milliseconds wall_limit);
 

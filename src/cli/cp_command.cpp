@@ -3,6 +3,8 @@
 // (or, in the sandbox, a path ending in "/") receives the source's file name. Downloads are
 // written to a temporary file beside the destination and renamed over it once complete, so a
 // failed copy never leaves a partial file under the destination's name.
+#include <moat/runtime.hpp>
+
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -70,13 +72,15 @@ asio::awaitable<int> upload(backend& b, cp_options o) {
     std::uint32_t mode = 0644;
     auto data = read_host_input(o.local, limits.max_file_bytes, mode);
     if (!data) co_return report_error("cp", data.error());
-    auto attached = co_await b.async_attach(o.remote.id);
+    runtime sandboxes(b);
+    auto attached = co_await sandboxes.async_attach(o.remote.id);
     if (!attached) co_return report_error("cp", attached.error());
+    auto box = std::move(*attached);
     std::string target = o.remote.path;
     const bool names_directory = target.back() == '/';
     bool is_directory = names_directory;
     if (!names_directory) {
-        auto st = co_await b.async_stat(o.remote.id, target);
+        auto st = co_await box->async_stat(target);
         is_directory = st && st->type == file_type::directory;
     }
     if (is_directory) {
@@ -92,17 +96,19 @@ asio::awaitable<int> upload(backend& b, cp_options o) {
     files[0].path = target;
     files[0].content = std::move(*data);
     files[0].mode = mode;
-    auto written = co_await b.async_write_files(o.remote.id, std::move(files));
+    auto written = co_await box->async_write_files(std::move(files));
     if (!written) co_return report_error("cp", written.error());
     if (!written->front().outcome) co_return report_error("cp", written->front().outcome.error());
     co_return 0;
 }
 
 asio::awaitable<int> download(backend& b, cp_options o) {
-    auto attached = co_await b.async_attach(o.remote.id);
+    runtime sandboxes(b);
+    auto attached = co_await sandboxes.async_attach(o.remote.id);
     if (!attached) co_return report_error("cp", attached.error());
+    auto box = std::move(*attached);
     std::vector<std::string> paths{o.remote.path};
-    auto read = co_await b.async_read_files(o.remote.id, std::move(paths));
+    auto read = co_await box->async_read_files(std::move(paths));
     if (!read) co_return report_error("cp", read.error());
     auto& content = read->front().content;
     if (!content) co_return report_error("cp", content.error());

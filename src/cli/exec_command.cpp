@@ -1,5 +1,7 @@
 // moat exec: runs a command in an existing sandbox (attached by id), streams its output and exits
 // with its code; 124 when --timeout killed it, 130 on Ctrl-C (the command is killed).
+#include <moat/runtime.hpp>
+
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -55,14 +57,21 @@ exec_options parse_exec_options(int argc, char** argv) {
 }
 
 asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
-    auto attached = co_await b.async_attach(o.id);
+    runtime sandboxes(b);
+    auto attached = co_await sandboxes.async_attach(o.id);
     if (!attached) co_return report_error("exec", attached.error());
+    auto box = std::move(*attached);
     result<exec_result> outcome = make_error(errc::cancelled, "not started");
     if (o.json) {
-        outcome = co_await b.async_exec(o.id, o.request);
+        outcome = co_await box->async_exec(o.request);
         print_exec_json(o.id, outcome);
     } else {
-        outcome = co_await stream_to_terminal(b, o.id, o.request);
+        auto stream = co_await box->async_exec_stream(o.request);
+        if (stream) {
+            outcome = co_await stream_to_terminal(std::move(*stream));
+        } else {
+            outcome = std::move(stream).error();
+        }
     }
     co_return exec_exit_code("exec", outcome, o.json, o.request.wall_limit);
 }

@@ -1,5 +1,6 @@
 // moat run: one command in a fresh sandbox, output streamed live, sandbox destroyed after.
 #include <moat/local_backend.hpp>
+#include <moat/runtime.hpp>
 
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
@@ -70,27 +71,34 @@ run_options parse_run_options(int argc, char** argv) {
 }
 
 asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
-    auto created = co_await b.async_create(o.spec);
+    runtime sandboxes(b);
+    auto created = co_await sandboxes.async_create(o.spec);
     if (!created) {
+        if (created.error().code == errc::cancelled) co_return 128 + interrupting_signal();
         std::fprintf(stderr, "moat run: cannot create a sandbox: %s\n",
                      created.error().to_string().c_str());
         co_return exit_failure;
     }
-    const std::string id = created->id;
+    auto box = std::move(*created);
     result<exec_result> outcome = make_error(errc::cancelled, "not started");
     if (o.json) {
-        outcome = co_await b.async_exec(id, o.request);
+        outcome = co_await box->async_exec(o.request);
     } else {
-        outcome = co_await stream_to_terminal(b, id, o.request);
+        auto stream = co_await box->async_exec_stream(o.request);
+        if (stream) {
+            outcome = co_await stream_to_terminal(std::move(*stream));
+        } else {
+            outcome = std::move(stream).error();
+        }
     }
     // Destroy whatever happened, cancellation included, and confirm it.
     co_await asio::this_coro::reset_cancellation_state();
-    auto destroyed = co_await b.async_destroy(id);
+    auto destroyed = co_await box->async_destroy();
 
-    if (o.json) print_exec_json(id, outcome);
+    if (o.json) print_exec_json(box->id(), outcome);
     int code = exec_exit_code("run", outcome, o.json, o.request.wall_limit);
     if (!destroyed) {
-        std::fprintf(stderr, "moat run: destroy of %s failed: %s\n", id.c_str(),
+        std::fprintf(stderr, "moat run: destroy of %s failed: %s\n", box->id().c_str(),
                      destroyed.error().to_string().c_str());
         if (code == 0) code = exit_failure;
     }

@@ -49,8 +49,10 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_
     auto created = co_await with_timeout(std::move(creating), limit);
     s->gate.create_finished(created.has_value());
     if (!created) co_return std::move(created).error();
+    const bool survivor = created->survive_owner;
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*created),
                                                   s->options.handle, end_hook(s));
+    shared->detach_on_drop = survivor;
     co_return std::make_shared<sandbox>(std::move(shared));
 }
 
@@ -63,6 +65,7 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::str
     s->gate.sandbox_attached();
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*attached),
                                                   s->options.handle, end_hook(s));
+    shared->detach_on_drop = true;
     co_return std::make_shared<sandbox>(std::move(shared));
 }
 

@@ -227,9 +227,13 @@ asio::awaitable<result<void>> sandbox::impl::destroy_now() {
 
 sandbox::~sandbox() {
     if (!impl_) return;
-    if (impl_->state == handle_state::ready || impl_->state == handle_state::busy) {
-        impl_->tasks.spawn(destroy_in_background(impl_));
+    if (impl_->state != handle_state::ready && impl_->state != handle_state::busy) return;
+    if (impl_->detach_on_drop) {
+        if (impl_->on_end) impl_->on_end();
+        impl_->on_end = nullptr;
+        return;
     }
+    impl_->tasks.spawn(destroy_in_background(impl_));
 }
 
 const std::string& sandbox::id() const noexcept {

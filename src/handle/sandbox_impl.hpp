@@ -51,6 +51,9 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     std::optional<result<void>> destroy_outcome;
     std::optional<std::uint64_t> running_task;
     std::function<void()> on_end;  // the runtime's live count
+    // Dropping the last reference detaches instead of destroying: the sandbox was attached, or
+    // created to survive its owner.
+    bool detach_on_drop = false;
 };
 
 }  // namespace moat
