@@ -1,5 +1,7 @@
 #include "cli/arguments.hpp"
 
+#include <moat/exec.hpp>
+
 #include <charconv>
 
 namespace moat::cli {
@@ -46,6 +48,22 @@ std::pair<std::string, std::string> parse_key_value(std::string_view flag, std::
         throw usage_error(std::string(flag) + ": expected K=V, got '" + std::string(text) + "'");
     }
     return {std::string(text.substr(0, eq)), std::string(text.substr(eq + 1))};
+}
+
+std::chrono::milliseconds parse_wall_limit(std::string_view flag, const std::string& text) {
+    const auto t = parse_seconds(text);
+    if (!t || *t > exec_request::max_wall_limit) {
+        throw usage_error(std::string(flag) + ": expected seconds between 0.001 and 600, got '" +
+                          text + "'");
+    }
+    return *t;
+}
+
+std::string parse_absolute_path(std::string_view flag, const std::string& text) {
+    if (text.empty() || text.front() != '/') {
+        throw usage_error(std::string(flag) + ": expected an absolute path, got '" + text + "'");
+    }
+    return text;
 }
 
 std::uint64_t parse_megabytes(std::string_view flag, std::string_view text) {

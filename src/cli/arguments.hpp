@@ -34,6 +34,12 @@ std::pair<std::string, std::string> parse_key_value(std::string_view flag, std::
 // A sandbox limit in megabytes (at least 16) as bytes; throws usage_error naming `flag`.
 std::uint64_t parse_megabytes(std::string_view flag, std::string_view text);
 
+// A command's wall limit in seconds (0.001 to 600); throws usage_error naming `flag` otherwise.
+std::chrono::milliseconds parse_wall_limit(std::string_view flag, const std::string& text);
+
+// An absolute path for `flag` (--workdir); throws usage_error naming `flag` otherwise.
+std::string parse_absolute_path(std::string_view flag, const std::string& text);
+
 // "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
 // nullopt if argv[i] is not this flag; throws usage_error if the value is missing.
 std::optional<std::string> flag_value(std::string_view flag, int argc, char** argv, int& i);

@@ -2,6 +2,7 @@
 
 #include <moat/local_backend.hpp>
 
+#include "cli/host_files.hpp"
 #include "core/json_writer.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -80,6 +81,8 @@ int interrupting_signal() noexcept {
     return signal_received;
 }
 
+namespace {
+
 asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream) {
     bool terminal_open = true;
     for (;;) {
@@ -92,6 +95,24 @@ asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream) {
         }
         co_return std::get<exec_result>(std::move(*next));
     }
+}
+
+}  // namespace
+
+asio::awaitable<result<exec_result>> exec_for_terminal(std::shared_ptr<sandbox> box,
+                                                       exec_request request, bool json) {
+    if (json) co_return co_await box->async_exec(std::move(request));
+    auto stream = co_await box->async_exec_stream(std::move(request));
+    if (!stream) co_return std::move(stream).error();
+    co_return co_await stream_to_terminal(std::move(*stream));
+}
+
+std::optional<int> read_stdin_into(std::string_view command, exec_request& request) {
+    std::uint32_t mode = 0;
+    auto input = read_host_input("-", file_limits{}.max_file_bytes, mode);
+    if (!input) return report_error(command, input.error());
+    request.stdin_data = std::move(*input);
+    return std::nullopt;
 }
 
 void print_exec_json(const std::string& id, const result<exec_result>& r) {

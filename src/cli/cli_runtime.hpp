@@ -11,6 +11,8 @@
 #include <asio/awaitable.hpp>
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,8 +31,14 @@ int report_error(std::string_view command, const error& e);
 // Blocking write of a whole chunk; false if the reader went away.
 bool write_all(int fd, std::string_view data);
 
-// Streams a command's output to stdout/stderr as it arrives and returns its result.
-asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream);
+// Runs a command in `box`: streamed live to stdout/stderr, or with `json` collected (and printed
+// by the caller with print_exec_json).
+asio::awaitable<result<exec_result>> exec_for_terminal(std::shared_ptr<sandbox> box,
+                                                       exec_request request, bool json);
+
+// For --stdin: reads this process's stdin (up to 10 MiB) into the request. Returns an exit code
+// (the error was printed) if it cannot.
+std::optional<int> read_stdin_into(std::string_view command, exec_request& request);
 
 // The signal (SIGINT, SIGTERM, SIGHUP) that cancelled run_with_backend's work, or 0.
 int interrupting_signal() noexcept;

@@ -40,10 +40,7 @@ create_options parse_create_options(int argc, char** argv) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            if (dir->empty() || dir->front() != '/') {
-                throw usage_error("--workdir: expected an absolute path, got '" + *dir + "'");
-            }
-            o.spec.workdir = *dir;
+            o.spec.workdir = parse_absolute_path("--workdir", *dir);
         } else {
             throw usage_error("unexpected argument '" + std::string(arg) + "'");
         }

@@ -5,7 +5,6 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
-#include "cli/host_files.hpp"
 
 namespace moat::cli {
 namespace {
@@ -27,20 +26,12 @@ exec_options parse_exec_options(int argc, char** argv) {
         } else if (arg == "--stdin") {
             o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
-            const auto t = parse_seconds(*seconds);
-            if (!t || *t > exec_request::max_wall_limit) {
-                throw usage_error("--timeout: expected seconds between 0.001 and 600, got '" +
-                                  *seconds + "'");
-            }
-            o.request.wall_limit = *t;
+            o.request.wall_limit = parse_wall_limit("--timeout", *seconds);
         } else if (auto pair = flag_value("--env", argc, argv, i)) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.request.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            if (dir->empty() || dir->front() != '/') {
-                throw usage_error("--workdir: expected an absolute path, got '" + *dir + "'");
-            }
-            o.request.cwd = *dir;
+            o.request.cwd = parse_absolute_path("--workdir", *dir);
         } else if (arg.starts_with("-")) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         } else {
@@ -61,18 +52,8 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
     auto attached = co_await sandboxes.async_attach(o.id);
     if (!attached) co_return report_error("exec", attached.error());
     auto box = std::move(*attached);
-    result<exec_result> outcome = make_error(errc::cancelled, "not started");
-    if (o.json) {
-        outcome = co_await box->async_exec(o.request);
-        print_exec_json(o.id, outcome);
-    } else {
-        auto stream = co_await box->async_exec_stream(o.request);
-        if (stream) {
-            outcome = co_await stream_to_terminal(std::move(*stream));
-        } else {
-            outcome = std::move(stream).error();
-        }
-    }
+    auto outcome = co_await exec_for_terminal(box, o.request, o.json);
+    if (o.json) print_exec_json(o.id, outcome);
     co_return exec_exit_code("exec", outcome, o.json, o.request.wall_limit);
 }
 
@@ -81,10 +62,7 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
 int exec_command(int argc, char** argv) {
     exec_options options = parse_exec_options(argc, argv);
     if (options.read_stdin) {
-        std::uint32_t mode = 0;
-        auto input = read_host_input("-", std::uint64_t{10} << 20, mode);
-        if (!input) return report_error("exec", input.error());
-        options.request.stdin_data = std::move(*input);
+        if (auto failed = read_stdin_into("exec", options.request)) return *failed;
     }
     return run_with_backend(
         [&options](backend& b) { return exec_in_sandbox(b, std::move(options)); });

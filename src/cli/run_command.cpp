@@ -5,7 +5,6 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
-#include "cli/host_files.hpp"
 
 #include <asio/this_coro.hpp>
 
@@ -35,12 +34,7 @@ run_options parse_run_options(int argc, char** argv) {
         } else if (arg == "--stdin") {
             o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
-            const auto t = parse_seconds(*seconds);
-            if (!t || *t > exec_request::max_wall_limit) {
-                throw usage_error("--timeout: expected seconds between 0.001 and 600, got '" +
-                                  *seconds + "'");
-            }
-            o.request.wall_limit = *t;
+            o.request.wall_limit = parse_wall_limit("--timeout", *seconds);
         } else if (auto megabytes = flag_value("--memory", argc, argv, i)) {
             o.spec.limits.memory_bytes = parse_megabytes("--memory", *megabytes);
         } else if (auto count = flag_value("--pids", argc, argv, i)) {
@@ -54,10 +48,7 @@ run_options parse_run_options(int argc, char** argv) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            if (dir->empty() || dir->front() != '/') {
-                throw usage_error("--workdir: expected an absolute path, got '" + *dir + "'");
-            }
-            o.spec.workdir = *dir;
+            o.spec.workdir = parse_absolute_path("--workdir", *dir);
         } else if (arg.starts_with("-")) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         } else {
@@ -80,17 +71,7 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
         co_return exit_failure;
     }
     auto box = std::move(*created);
-    result<exec_result> outcome = make_error(errc::cancelled, "not started");
-    if (o.json) {
-        outcome = co_await box->async_exec(o.request);
-    } else {
-        auto stream = co_await box->async_exec_stream(o.request);
-        if (stream) {
-            outcome = co_await stream_to_terminal(std::move(*stream));
-        } else {
-            outcome = std::move(stream).error();
-        }
-    }
+    auto outcome = co_await exec_for_terminal(box, o.request, o.json);
     // Destroy whatever happened, cancellation included, and confirm it.
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await box->async_destroy();
@@ -110,10 +91,7 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
 int run_command(int argc, char** argv) {
     run_options options = parse_run_options(argc, argv);
     if (options.read_stdin) {
-        std::uint32_t mode = 0;
-        auto input = read_host_input("-", std::uint64_t{10} << 20, mode);
-        if (!input) return report_error("run", input.error());
-        options.request.stdin_data = std::move(*input);
+        if (auto failed = read_stdin_into("run", options.request)) return *failed;
     }
     return run_with_backend(
         [&options](backend& b) { return run_in_sandbox(b, std::move(options)); });

@@ -342,14 +342,7 @@ class local_backend final : public backend {
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
         if (ready) ready = records_.write(sandbox->record);
-        if (ready) {
-            auto root = open_sandbox_root(made->message.host_pid, sandbox->pidfd.get());
-            if (root) {
-                sandbox->root = std::move(*root);
-            } else {
-                ready = std::move(root).error();
-            }
-        }
+        if (ready) ready = open_root(*sandbox);
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
             co_await asio::this_coro::reset_cancellation_state();
             ready = make_error(errc::cancelled, "create was cancelled");
@@ -590,14 +583,7 @@ class local_backend final : public backend {
         sandboxes_[id] = sandbox;
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(attach_timeout));
-        if (ready) {
-            auto root = open_sandbox_root(sandbox->record.init_pid, sandbox->pidfd.get());
-            if (root) {
-                sandbox->root = std::move(*root);
-            } else {
-                ready = std::move(root).error();
-            }
-        }
+        if (ready) ready = open_root(*sandbox);
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
             co_await asio::this_coro::reset_cancellation_state();
             ready = make_error(errc::cancelled, "attach was cancelled");
@@ -650,6 +636,14 @@ class local_backend final : public backend {
                                                         " is not served by the sandbox's pid 1");
         }
         return socket;
+    }
+
+    // The O_PATH root the file operations resolve under, opened once pid 1 is ready.
+    static result<void> open_root(local_sandbox& sandbox) {
+        auto root = open_sandbox_root(sandbox.record.init_pid, sandbox.pidfd.get());
+        if (!root) return std::move(root).error();
+        sandbox.root = std::move(*root);
+        return {};
     }
 
     // A sandbox whose pid 1 is gone (seen through the pidfd) reports `exited` even before the
