@@ -563,7 +563,7 @@ TEST_CASE_FIXTURE(local_fixture, "a create cancelled at any point leaves nothing
     const pid_t helper = moat::test::find_descendant(::getpid(), "helper --state-dir");
     REQUIRE(helper > 0);
     int cancelled = 0;
-    for (int step = 0; step < 16; ++step) {
+    for (int step = 0; step < 40; ++step) {
         CAPTURE(step);
         moat::sandbox_spec spec;
         spec.labels["test"] = "cancelled-create";
@@ -571,7 +571,7 @@ TEST_CASE_FIXTURE(local_fixture, "a create cancelled at any point leaves nothing
         asio::cancellation_signal cancel;
         asio::co_spawn(io, create_into(rt, spec, out),
                        asio::bind_cancellation_slot(cancel.slot(), asio::detached));
-        asio::co_spawn(io, cancel_after(cancel, std::chrono::microseconds(step * 250)),
+        asio::co_spawn(io, cancel_after(cancel, std::chrono::microseconds(step * 100)),
                        asio::detached);
         REQUIRE(run(until([&] { return out->has_value(); })));
         if (**out) {

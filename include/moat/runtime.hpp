@@ -46,6 +46,9 @@ struct admission_stats {
 class runtime {
   public:
     explicit runtime(backend& sandboxes, runtime_options options = {});
+    // Handles still alive are cut off from the backend: their operations fail with
+    // sandbox_unavailable and their background destroys stop (the backend ends its own sandboxes
+    // when it is destroyed).
     ~runtime();
     runtime(const runtime&) = delete;
     runtime& operator=(const runtime&) = delete;

@@ -11,9 +11,17 @@ namespace moat {
 struct runtime::state {
     state(backend& b, runtime_options o)
         : sandboxes(b), options(o), gate(b.get_executor(), o.admission) {}
+    // Hands out a handle and remembers it, so that ~runtime can cut it off from the backend.
+    std::shared_ptr<sandbox> adopt(std::shared_ptr<sandbox::impl> impl) {
+        std::erase_if(handles, [](const std::weak_ptr<sandbox::impl>& h) { return h.expired(); });
+        handles.push_back(impl);
+        return std::make_shared<sandbox>(std::move(impl));
+    }
+
     backend& sandboxes;
     runtime_options options;
     admission gate;
+    std::vector<std::weak_ptr<sandbox::impl>> handles;
 };
 
 namespace {
@@ -30,7 +38,14 @@ std::function<void()> end_hook(const std::shared_ptr<runtime::state>& s) {
 runtime::runtime(backend& sandboxes, runtime_options options)
     : state_(std::make_shared<state>(sandboxes, options)) {}
 
-runtime::~runtime() = default;
+runtime::~runtime() {
+    for (auto& weak : state_->handles) {
+        if (auto handle = weak.lock()) {
+            handle->backend_gone = true;
+            handle->tasks.cancel_all();
+        }
+    }
+}
 
 admission_stats runtime::stats() const noexcept {
     return state_->gate.stats();
@@ -53,7 +68,7 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*created),
                                                   s->options.handle, end_hook(s));
     shared->detach_on_drop = survivor;
-    co_return std::make_shared<sandbox>(std::move(shared));
+    co_return s->adopt(std::move(shared));
 }
 
 asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::string id,
@@ -66,7 +81,7 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::str
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*attached),
                                                   s->options.handle, end_hook(s));
     shared->detach_on_drop = true;
-    co_return std::make_shared<sandbox>(std::move(shared));
+    co_return s->adopt(std::move(shared));
 }
 
 }  // namespace moat

@@ -113,6 +113,10 @@ sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<
       on_end(std::move(ended_hook)) {}
 
 std::optional<error> sandbox::impl::refusal() const {
+    if (backend_gone) {
+        return make_error(errc::sandbox_unavailable,
+                          "sandbox " + info.id + ": its runtime was destroyed");
+    }
     if (state == handle_state::ready || state == handle_state::busy) return std::nullopt;
     if (cause) {
         return make_error(errc::sandbox_unavailable,
@@ -211,6 +215,13 @@ asio::awaitable<result<void>> sandbox::impl::destroy_now() {
         while (!ended.is_set()) co_await ended.async_wait(deadline::never());
     }
     if (ended.is_set()) co_return *destroy_outcome;
+    if (backend_gone) {
+        state = handle_state::destroy_failed;
+        destroy_outcome = make_error(errc::sandbox_unavailable,
+                                     "sandbox " + info.id + ": its runtime was destroyed first");
+        ended.set();
+        co_return *destroy_outcome;
+    }
     state = handle_state::destroying;
     queue.refuse_all();
     if (running_task) tasks.cancel(*running_task);

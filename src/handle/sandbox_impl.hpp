@@ -54,6 +54,9 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     // Dropping the last reference detaches instead of destroying: the sandbox was attached, or
     // created to survive its owner.
     bool detach_on_drop = false;
+    // The runtime (and with it, by contract, the backend) is being destroyed: nothing may call
+    // the backend any more. Background work left on the executor finds this and stops.
+    bool backend_gone = false;
 };
 
 }  // namespace moat

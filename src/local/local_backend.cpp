@@ -307,6 +307,12 @@ class local_backend final : public backend {
             records_.remove(id);
             co_return std::move(made).error();
         }
+        // A cancellation that arrived just as the helper answered: the sandbox exists, so it is
+        // registered below and then destroyed like any half-made one. (Left pending, it would make
+        // the next co_await throw and leak the sandbox.)
+        const bool cancelled_while_made =
+            is_cancelled(co_await asio::this_coro::cancellation_state);
+        if (cancelled_while_made) co_await asio::this_coro::reset_cancellation_state();
         record.init_pid = made->message.host_pid;
         record.init_start_ticks = made->message.start_time_ticks;
         record.uid_base = made->message.uid_base;
@@ -340,7 +346,10 @@ class local_backend final : public backend {
         sandbox->agent->start(tasks_);
         sandboxes_[id] = sandbox;
 
-        auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
+        result<void> ready = make_error(errc::cancelled, "create was cancelled");
+        if (!cancelled_while_made) {
+            ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
+        }
         if (ready) ready = records_.write(sandbox->record);
         if (ready) ready = open_root(*sandbox);
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {

@@ -1,0 +1,141 @@
+// moat::session_manager: what an agent server uses directly. It maps the server's conversations
+// to sandboxes under one of three policies (docs/policies.md) and keeps them within their time
+// limits:
+//
+// - per call (async_run_once): one request in a fresh sandbox, destroyed and confirmed whatever
+//   happens (success, error, cancellation, deadline);
+// - per session (async_acquire): the server's key (a conversation or thread id, never something a
+//   model chose) maps to one sandbox. A live sandbox is reused; one that is gone, expired or
+//   quarantined is replaced, the seed hook runs again, and the lease says `rebuilt` so the tool
+//   layer can tell the model its earlier state is gone. Concurrent first use of one key creates
+//   exactly one sandbox; distinct keys proceed in parallel. The session store holds ids, not
+//   objects; when it and the backend disagree, the backend is the truth;
+// - pooled (async_take_warm): warm sandboxes handed out once each and never returned; refilled in
+//   the background through the runtime's admission control; none is handed out near its TTL.
+//
+// Time limits: a session idle for idle_timeout (no lease held, none taken) ends; a session older
+// than max_lifetime ends even in use. While a lease is held the manager extends the sandbox's TTL
+// every heartbeat_interval. Every end is reported with its reason through on_event.
+//
+// Confined to the runtime's executor. The runtime outlives the manager; call async_shutdown()
+// before destroying the manager.
+#pragma once
+
+#include <moat/deadline.hpp>
+#include <moat/runtime.hpp>
+#include <moat/sandbox.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moat {
+
+enum class end_reason { user_request, idle_timeout, max_lifetime, ttl, shutdown, error };
+
+// "user_request", "idle_timeout", "max_lifetime", "ttl", "shutdown", "error".
+const char* to_string(end_reason reason) noexcept;
+
+// Where session keys map to sandbox ids. The default keeps them in memory (this process only);
+// a shared store (several server workers) implements the same interface.
+class session_store {
+  public:
+    virtual ~session_store() = default;
+    virtual asio::awaitable<result<std::optional<std::string>>> async_get(std::string key) = 0;
+    virtual asio::awaitable<result<void>> async_put(std::string key, std::string sandbox_id) = 0;
+    virtual asio::awaitable<result<void>> async_erase(std::string key) = 0;
+};
+
+std::unique_ptr<session_store> make_memory_session_store();
+
+// What happened, for logs and metrics. Carries no secrets (no environment, no output).
+struct manager_event {
+    enum class kind { created, attached, rebuilt, ended, pool_refilled, pool_discarded };
+    kind what = kind::created;
+    std::string session_key;  // "" outside sessions
+    std::string sandbox_id;
+    std::optional<end_reason> reason;  // for `ended`
+    std::string detail;
+};
+
+// "created", "attached", "rebuilt", "ended", "pool_refilled", "pool_discarded".
+const char* to_string(manager_event::kind kind) noexcept;
+
+struct manager_options {
+    // The spec of every sandbox the manager creates. The manager adds ownership labels
+    // (moat.owner, moat.created, moat.policy, moat.session for printable keys).
+    sandbox_spec spec;
+    std::chrono::milliseconds idle_timeout = std::chrono::minutes(10);
+    std::optional<std::chrono::milliseconds> max_lifetime;
+    // While a lease is held, the sandbox's TTL is moved to spec.ttl from now this often.
+    std::chrono::milliseconds heartbeat_interval = std::chrono::minutes(1);
+    // Runs on every sandbox a session gets (rebuilt: it replaces one that was lost), before the
+    // lease is handed out: upload inputs, install things. A failure fails the acquire and
+    // destroys the new sandbox.
+    std::function<asio::awaitable<result<void>>(std::shared_ptr<sandbox> box, bool rebuilt)> seed;
+    // Warm sandboxes kept for async_take_warm; 0 disables the pool.
+    std::size_t pool_size = 0;
+    // A warm sandbox with less TTL left than this is destroyed instead of handed out.
+    std::chrono::milliseconds pool_min_remaining_ttl = std::chrono::minutes(5);
+    // Called for every event (on the executor); must not block.
+    std::function<void(const manager_event&)> on_event;
+};
+
+// A session's sandbox while the caller uses it. Holding it keeps the session from idling out and
+// keeps its TTL extended; dropping it touches the session.
+struct session_lease {
+    std::shared_ptr<sandbox> box;
+    bool rebuilt = false;  // a previous sandbox of this key was lost: its state is gone
+    std::shared_ptr<void> hold;
+};
+
+struct shutdown_report {
+    std::size_t destroyed = 0;
+    std::vector<std::string> left;  // sandbox ids whose destroy was not confirmed
+};
+
+class session_manager {
+  public:
+    session_manager(runtime& sandboxes, manager_options options,
+                    std::unique_ptr<session_store> store = make_memory_session_store());
+    ~session_manager();
+    session_manager(const session_manager&) = delete;
+    session_manager& operator=(const session_manager&) = delete;
+
+    // Per call: `inputs` are written first (any failure fails the call), then `request` runs.
+    asio::awaitable<result<exec_result>> async_run_once(exec_request request,
+                                                        std::vector<file_write> inputs = {},
+                                                        deadline limit = {});
+
+    // Per session: attach-or-create for `key`.
+    asio::awaitable<result<session_lease>> async_acquire(std::string key, deadline limit = {});
+
+    // Ends a session (reason user_request unless given) and confirms its sandbox is gone.
+    asio::awaitable<result<void>> async_end(std::string key,
+                                            end_reason reason = end_reason::user_request);
+
+    // Pooled: a warm sandbox if one is ready (a queue pop), else a fresh one. The caller owns it;
+    // it is never handed out again.
+    asio::awaitable<result<std::shared_ptr<sandbox>>> async_take_warm(deadline limit = {});
+
+    // Stops admitting work, destroys every session and pooled sandbox (reason shutdown; running
+    // operations on them fail), and confirms within `grace`.
+    asio::awaitable<shutdown_report> async_shutdown(
+        std::chrono::milliseconds grace = std::chrono::seconds(10));
+
+    std::size_t sessions() const noexcept;
+    std::size_t warm() const noexcept;
+
+    struct state;
+
+  private:
+    std::shared_ptr<state> state_;
+};
+
+}  // namespace moat

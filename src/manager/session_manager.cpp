@@ -1,0 +1,534 @@
+#include <moat/log.hpp>
+#include <moat/session_manager.hpp>
+#include <moat/task_group.hpp>
+
+#include "core/async_event.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+
+#include "core/asio_compat.hpp"
+
+namespace moat {
+
+const char* to_string(end_reason reason) noexcept {
+    switch (reason) {
+        case end_reason::user_request:
+            return "user_request";
+        case end_reason::idle_timeout:
+            return "idle_timeout";
+        case end_reason::max_lifetime:
+            return "max_lifetime";
+        case end_reason::ttl:
+            return "ttl";
+        case end_reason::shutdown:
+            return "shutdown";
+        case end_reason::error:
+            return "error";
+    }
+    return "unknown";
+}
+
+const char* to_string(manager_event::kind kind) noexcept {
+    switch (kind) {
+        case manager_event::kind::created:
+            return "created";
+        case manager_event::kind::attached:
+            return "attached";
+        case manager_event::kind::rebuilt:
+            return "rebuilt";
+        case manager_event::kind::ended:
+            return "ended";
+        case manager_event::kind::pool_refilled:
+            return "pool_refilled";
+        case manager_event::kind::pool_discarded:
+            return "pool_discarded";
+    }
+    return "unknown";
+}
+
+namespace {
+
+class memory_session_store final : public session_store {
+  public:
+    asio::awaitable<result<std::optional<std::string>>> async_get(std::string key) override {
+        auto it = ids_.find(key);
+        if (it == ids_.end()) co_return std::optional<std::string>();
+        co_return std::optional<std::string>(it->second);
+    }
+    asio::awaitable<result<void>> async_put(std::string key, std::string sandbox_id) override {
+        ids_[std::move(key)] = std::move(sandbox_id);
+        co_return result<void>{};
+    }
+    asio::awaitable<result<void>> async_erase(std::string key) override {
+        ids_.erase(key);
+        co_return result<void>{};
+    }
+
+  private:
+    std::map<std::string, std::string> ids_;
+};
+
+using clock = std::chrono::steady_clock;
+
+bool usable(const sandbox& box) {
+    return box.state() == handle_state::ready || box.state() == handle_state::busy;
+}
+
+// Label values are printable ASCII (sandbox_spec); other keys are simply not labelled.
+bool printable_label(const std::string& text) {
+    return !text.empty() && text.size() <= 200 &&
+           std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+}  // namespace
+
+std::unique_ptr<session_store> make_memory_session_store() {
+    return std::make_unique<memory_session_store>();
+}
+
+struct session_manager::state : std::enable_shared_from_this<session_manager::state> {
+    struct session {
+        std::string key;
+        std::shared_ptr<sandbox> box;
+        clock::time_point created;
+        clock::time_point last_used;
+        clock::time_point last_heartbeat;
+        std::size_t holds = 0;
+    };
+
+    struct opened_session {
+        std::shared_ptr<session> s;
+        bool rebuilt = false;
+    };
+
+    // Concurrent first users of one key wait for the one create.
+    struct pending {
+        explicit pending(const asio::any_io_executor& ex) : done(ex) {}
+        async_event done;
+        std::optional<result<opened_session>> outcome;
+    };
+
+    // Dropped with the lease: the session is no longer in use.
+    struct hold {
+        std::weak_ptr<session> s;
+        ~hold() {
+            if (auto alive = s.lock()) {
+                --alive->holds;
+                alive->last_used = clock::now();
+            }
+        }
+    };
+
+    state(runtime& rt, manager_options o, std::unique_ptr<session_store> st)
+        : sandboxes(rt),
+          executor(rt.get_backend().get_executor()),
+          options(std::move(o)),
+          store(std::move(st)),
+          tasks(executor, "session manager") {}
+
+    void emit(manager_event::kind what, const std::string& key, const std::string& id,
+              std::optional<end_reason> reason = std::nullopt, std::string detail = {}) {
+        if (reason) {
+            detail::log(log_level::info, "manager",
+                        std::string("ended (") + to_string(*reason) + ")" +
+                            (key.empty() ? "" : " session " + key),
+                        id);
+        }
+        if (!options.on_event) return;
+        manager_event e;
+        e.what = what;
+        e.session_key = key;
+        e.sandbox_id = id;
+        e.reason = reason;
+        e.detail = std::move(detail);
+        options.on_event(e);
+    }
+
+    sandbox_spec spec_for(const char* policy, const std::string& key) const {
+        sandbox_spec spec = options.spec;
+        spec.labels["moat.policy"] = policy;
+        if (printable_label(key)) spec.labels["moat.session"] = key;
+        return spec;
+    }
+
+    session_lease lease(const std::shared_ptr<session>& s, bool rebuilt) {
+        ++s->holds;
+        s->last_used = clock::now();
+        auto h = std::make_shared<hold>();
+        h->s = s;
+        return session_lease{s->box, rebuilt, std::move(h)};
+    }
+
+    // Why a session whose sandbox is no longer usable ended.
+    static end_reason lost_reason(const sandbox& box) {
+        return std::chrono::system_clock::now() >= box.info().expires_at ? end_reason::ttl
+                                                                         : end_reason::error;
+    }
+
+    asio::awaitable<result<opened_session>> open_session(std::string key, deadline limit,
+                                                         bool lost) {
+        bool rebuilt = lost;
+        auto stored = co_await store->async_get(key);
+        if (!stored) co_return std::move(stored).error();
+        if (*stored) {
+            // The backend is the truth: a stored id that cannot be attached is replaced.
+            auto attached = co_await sandboxes.async_attach(**stored, limit);
+            if (attached) {
+                auto s = std::make_shared<session>();
+                s->key = key;
+                s->box = std::move(*attached);
+                s->created = s->last_used = s->last_heartbeat = clock::now();
+                emit(manager_event::kind::attached, key, s->box->id());
+                co_return opened_session{s, lost};
+            }
+            rebuilt = true;
+        }
+        const sandbox_spec spec = spec_for("session", key);
+        auto created = co_await sandboxes.async_create(spec, limit);
+        if (!created) co_return std::move(created).error();
+        auto box = std::move(*created);
+        if (options.seed) {
+            auto seeding = options.seed(box, rebuilt);
+            auto seeded = co_await std::move(seeding);
+            if (!seeded) {
+                co_await box->async_destroy();
+                co_return std::move(seeded).error();
+            }
+        }
+        auto put = co_await store->async_put(key, box->id());
+        if (!put) {
+            co_await box->async_destroy();
+            co_return std::move(put).error();
+        }
+        auto s = std::make_shared<session>();
+        s->key = key;
+        s->box = std::move(box);
+        s->created = s->last_used = s->last_heartbeat = clock::now();
+        emit(rebuilt ? manager_event::kind::rebuilt : manager_event::kind::created, key,
+             s->box->id());
+        co_return opened_session{s, rebuilt};
+    }
+
+    asio::awaitable<result<session_lease>> acquire(std::string key, deadline limit) {
+        if (shutting_down)
+            co_return make_error(errc::shutting_down, "the manager is shutting down");
+        if (key.empty()) co_return make_error(errc::invalid_argument, "empty session key");
+        auto self = shared_from_this();
+        bool lost = false;
+        if (auto it = sessions.find(key); it != sessions.end()) {
+            auto existing = it->second;
+            // The backend is the truth: the sandbox may have ended without the handle noticing yet.
+            if (usable(*existing->box)) {
+                auto seen = co_await sandboxes.get_backend().async_inspect(existing->box->id());
+                if (seen && seen->state == sandbox_state::running) co_return lease(existing, false);
+            }
+            it = sessions.find(key);
+            if (it == sessions.end() || it->second != existing)
+                co_return co_await acquire(key, limit);
+            lost = true;
+            auto gone = it->second;
+            sessions.erase(it);
+            co_await end_session(gone, lost_reason(*gone->box));
+        }
+        if (auto it = inflight.find(key); it != inflight.end()) {
+            auto p = it->second;
+            while (!p->done.is_set()) {
+                const auto waited = co_await p->done.async_wait(limit);
+                if (waited == async_event::wait_outcome::cancelled) {
+                    co_return make_error(errc::cancelled, "acquire was cancelled");
+                }
+                if (waited == async_event::wait_outcome::deadline_passed) {
+                    co_return make_error(errc::deadline_exceeded,
+                                         "acquire: the deadline passed while the session's "
+                                         "sandbox was being created");
+                }
+            }
+            if (!*p->outcome) co_return p->outcome->error();
+            co_return lease((*p->outcome)->s, (*p->outcome)->rebuilt);
+        }
+        auto p = std::make_shared<pending>(executor);
+        inflight[key] = p;
+        auto opened = co_await open_session(key, limit, lost);
+        inflight.erase(key);
+        if (opened && shutting_down) {
+            co_await opened->s->box->async_destroy();
+            opened = make_error(errc::shutting_down, "the manager is shutting down");
+        }
+        if (opened) sessions[key] = opened->s;
+        p->outcome = opened;
+        p->done.set();
+        if (!opened) co_return std::move(opened).error();
+        co_return lease(opened->s, opened->rebuilt);
+    }
+
+    asio::awaitable<result<void>> end_session(std::shared_ptr<session> s, end_reason reason) {
+        auto self = shared_from_this();
+        if (auto it = sessions.find(s->key); it != sessions.end() && it->second == s) {
+            sessions.erase(it);
+        }
+        co_await store->async_erase(s->key);
+        auto destroyed = co_await s->box->async_destroy();
+        emit(manager_event::kind::ended, s->key, s->box->id(), reason,
+             destroyed ? "" : destroyed.error().to_string());
+        co_return destroyed;
+    }
+
+    asio::awaitable<result<exec_result>> run_once(exec_request request,
+                                                  std::vector<file_write> inputs, deadline limit) {
+        if (shutting_down)
+            co_return make_error(errc::shutting_down, "the manager is shutting down");
+        auto self = shared_from_this();
+        const sandbox_spec spec = spec_for("call", "");
+        auto created = co_await sandboxes.async_create(spec, limit);
+        if (!created) co_return std::move(created).error();
+        auto box = std::move(*created);
+        one_shots.push_back(box);
+        emit(manager_event::kind::created, "", box->id());
+        result<exec_result> outcome = make_error(errc::cancelled, "not run");
+        bool ready = true;
+        if (!inputs.empty()) {
+            auto written = co_await box->async_write_files(std::move(inputs), limit);
+            if (!written) {
+                outcome = std::move(written).error();
+                ready = false;
+            } else {
+                for (auto& w : *written) {
+                    if (!w.outcome) {
+                        outcome = std::move(w.outcome).error();
+                        ready = false;
+                        break;
+                    }
+                }
+            }
+        }
+        if (ready) outcome = co_await box->async_exec(std::move(request), limit);
+        // Whatever happened (cancellation included), the sandbox goes, confirmed.
+        co_await asio::this_coro::reset_cancellation_state();
+        auto destroyed = co_await box->async_destroy();
+        std::erase(one_shots, box);
+        const end_reason reason = outcome ? end_reason::user_request : end_reason::error;
+        emit(manager_event::kind::ended, "", box->id(), reason,
+             destroyed ? "" : destroyed.error().to_string());
+        co_return outcome;
+    }
+
+    asio::awaitable<result<std::shared_ptr<sandbox>>> take_warm(deadline limit) {
+        if (shutting_down)
+            co_return make_error(errc::shutting_down, "the manager is shutting down");
+        auto self = shared_from_this();
+        while (!pool.empty()) {
+            auto box = pool.front();
+            pool.pop_front();
+            const auto left = box->info().expires_at - std::chrono::system_clock::now();
+            if (usable(*box) && left >= options.pool_min_remaining_ttl) {
+                start_refill();
+                co_return box;
+            }
+            emit(manager_event::kind::pool_discarded, "", box->id(), std::nullopt,
+                 usable(*box) ? "too close to its TTL" : "no longer usable");
+            tasks.spawn(destroy_quietly(box));
+        }
+        start_refill();
+        const sandbox_spec spec = spec_for("pool", "");
+        auto created = co_await sandboxes.async_create(spec, limit);
+        if (!created) co_return std::move(created).error();
+        emit(manager_event::kind::created, "", (*created)->id(), std::nullopt, "pool miss");
+        co_return std::move(*created);
+    }
+
+    static asio::awaitable<void> destroy_quietly(std::shared_ptr<sandbox> box) {
+        co_await asio::this_coro::reset_cancellation_state();
+        (void)co_await box->async_destroy();
+    }
+
+    void start_refill() {
+        if (options.pool_size == 0 || refilling || shutting_down) return;
+        refilling = true;
+        tasks.spawn(refill(shared_from_this()));
+    }
+
+    static asio::awaitable<void> refill(std::shared_ptr<state> self) {
+        while (!self->shutting_down && self->pool.size() < self->options.pool_size) {
+            const sandbox_spec spec = self->spec_for("pool", "");
+            auto created = co_await self->sandboxes.async_create(spec);
+            if (!created) {
+                detail::log(log_level::warning, "manager",
+                            "pool refill failed: " + created.error().to_string());
+                break;
+            }
+            if (self->shutting_down) {
+                co_await (*created)->async_destroy();
+                break;
+            }
+            self->emit(manager_event::kind::pool_refilled, "", (*created)->id());
+            self->pool.push_back(std::move(*created));
+        }
+        self->refilling = false;
+    }
+
+    clock::duration tick() const {
+        auto shortest = std::min(options.idle_timeout, options.heartbeat_interval);
+        if (options.max_lifetime) shortest = std::min(shortest, *options.max_lifetime);
+        const auto quarter = std::chrono::duration_cast<clock::duration>(shortest) / 4;
+        return std::clamp<clock::duration>(quarter, std::chrono::milliseconds(10),
+                                           std::chrono::seconds(1));
+    }
+
+    // Idle and lifetime limits, heartbeats, lost sandboxes; the pool's TTL margin.
+    static asio::awaitable<void> watch(std::shared_ptr<state> self) {
+        asio::steady_timer timer(self->executor);
+        while (!self->shutting_down) {
+            timer.expires_after(self->tick());
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec || self->shutting_down) co_return;
+            const auto now = clock::now();
+            std::vector<std::pair<std::shared_ptr<session>, end_reason>> ending;
+            for (auto& [key, s] : self->sessions) {
+                if (!usable(*s->box)) {
+                    ending.emplace_back(s, lost_reason(*s->box));
+                } else if (self->options.max_lifetime &&
+                           now - s->created >= *self->options.max_lifetime) {
+                    ending.emplace_back(s, end_reason::max_lifetime);
+                } else if (s->holds == 0 && now - s->last_used >= self->options.idle_timeout) {
+                    ending.emplace_back(s, end_reason::idle_timeout);
+                } else if (s->holds > 0 &&
+                           now - s->last_heartbeat >= self->options.heartbeat_interval) {
+                    s->last_heartbeat = now;
+                    self->tasks.spawn(heartbeat(self, s->box));
+                }
+            }
+            for (auto& [s, reason] : ending) {
+                self->sessions.erase(s->key);
+                self->tasks.spawn(end_in_background(self, s, reason));
+            }
+        }
+    }
+
+    // Heartbeats go to the backend directly: they must not queue behind the very commands that
+    // keep the session in use.
+    static asio::awaitable<void> heartbeat(std::shared_ptr<state> self,
+                                           std::shared_ptr<sandbox> box) {
+        if (self->shutting_down) co_return;
+        auto extended = co_await self->sandboxes.get_backend().async_extend_ttl(
+            box->id(), self->options.spec.ttl);
+        if (!extended) {
+            detail::log(log_level::warning, "manager",
+                        "heartbeat failed: " + extended.error().to_string(), box->id());
+        }
+    }
+
+    static asio::awaitable<void> end_in_background(std::shared_ptr<state> self,
+                                                   std::shared_ptr<session> s, end_reason reason) {
+        if (self->shutting_down) co_return;
+        co_await self->end_session(std::move(s), reason);
+    }
+
+    static asio::awaitable<void> destroy_into(std::shared_ptr<sandbox> box, std::string key,
+                                              std::shared_ptr<state> self,
+                                              std::shared_ptr<std::size_t> remaining) {
+        co_await asio::this_coro::reset_cancellation_state();
+        auto destroyed = co_await box->async_destroy();
+        if (destroyed) ++self->shutdown_destroyed;
+        self->emit(manager_event::kind::ended, key, box->id(), end_reason::shutdown,
+                   destroyed ? "" : destroyed.error().to_string());
+        if (--*remaining == 0) self->drained.set();
+    }
+
+    asio::awaitable<shutdown_report> shutdown(std::chrono::milliseconds grace) {
+        auto self = shared_from_this();
+        shutting_down = true;
+        const auto limit = deadline::after(grace);
+        std::vector<std::pair<std::shared_ptr<sandbox>, std::string>> all;
+        for (auto& [key, s] : sessions) all.emplace_back(s->box, key);
+        sessions.clear();
+        for (auto& box : pool) all.emplace_back(box, "");
+        pool.clear();
+        for (auto& box : one_shots) all.emplace_back(box, "");
+        shutdown_report report;
+        auto remaining = std::make_shared<std::size_t>(all.size());
+        if (!all.empty()) {
+            for (auto& [box, key] : all) tasks.spawn(destroy_into(box, key, self, remaining));
+            while (!drained.is_set() && !limit.has_expired()) co_await drained.async_wait(limit);
+        }
+        for (auto& [box, key] : all) {
+            if (box->state() != handle_state::destroyed) report.left.push_back(box->id());
+        }
+        report.destroyed = shutdown_destroyed;
+        co_return report;
+    }
+
+    runtime& sandboxes;
+    asio::any_io_executor executor;
+    manager_options options;
+    std::unique_ptr<session_store> store;
+    task_group tasks;
+    std::map<std::string, std::shared_ptr<session>> sessions;
+    std::map<std::string, std::shared_ptr<pending>> inflight;
+    std::deque<std::shared_ptr<sandbox>> pool;
+    std::vector<std::shared_ptr<sandbox>> one_shots;
+    bool refilling = false;
+    bool shutting_down = false;
+    std::size_t shutdown_destroyed = 0;
+    async_event drained{executor};
+};
+
+session_manager::session_manager(runtime& sandboxes, manager_options options,
+                                 std::unique_ptr<session_store> store)
+    : state_(std::make_shared<state>(sandboxes, std::move(options), std::move(store))) {
+    state_->tasks.spawn(state::watch(state_));
+    state_->start_refill();
+}
+
+session_manager::~session_manager() {
+    state_->shutting_down = true;
+    state_->tasks.cancel_all();
+}
+
+asio::awaitable<result<exec_result>> session_manager::async_run_once(exec_request request,
+                                                                     std::vector<file_write> inputs,
+                                                                     deadline limit) {
+    auto s = state_;
+    co_return co_await s->run_once(std::move(request), std::move(inputs), limit);
+}
+
+asio::awaitable<result<session_lease>> session_manager::async_acquire(std::string key,
+                                                                      deadline limit) {
+    auto s = state_;
+    co_return co_await s->acquire(std::move(key), limit);
+}
+
+asio::awaitable<result<void>> session_manager::async_end(std::string key, end_reason reason) {
+    auto s = state_;
+    auto it = s->sessions.find(key);
+    if (it == s->sessions.end()) {
+        co_return make_error(errc::sandbox_not_found, "no session with key '" + key + "'");
+    }
+    auto session = it->second;
+    co_return co_await s->end_session(std::move(session), reason);
+}
+
+asio::awaitable<result<std::shared_ptr<sandbox>>> session_manager::async_take_warm(deadline limit) {
+    auto s = state_;
+    co_return co_await s->take_warm(limit);
+}
+
+asio::awaitable<shutdown_report> session_manager::async_shutdown(std::chrono::milliseconds grace) {
+    auto s = state_;
+    co_return co_await s->shutdown(grace);
+}
+
+std::size_t session_manager::sessions() const noexcept {
+    return state_->sessions.size();
+}
+
+std::size_t session_manager::warm() const noexcept {
+    return state_->pool.size();
+}
+
+}  // namespace moat
