@@ -5,6 +5,7 @@
 #include "support/local_fixture.hpp"
 
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
@@ -267,4 +268,77 @@ TEST_CASE("SIGINT or SIGTERM to moat run kills the command, destroys the sandbox
             CHECK(moat::test::eventually([&] { return !moat::test::is_running(p); }));
         }
     }
+}
+
+TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpired sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    // A process holding a sandbox is killed with -9: its record and cgroups stay behind.
+    char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
+    char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
+    pid_t crashed = -1;
+    REQUIRE(::posix_spawn(&crashed, MOAT_CLI_PATH, nullptr, nullptr, argv, environ) == 0);
+    REQUIRE(moat::test::eventually(
+        [&] { return moat::test::find_descendant(crashed, "sleep 1000") > 0; },
+        std::chrono::seconds(20)));
+    const auto listed_before = moat_stdout("ls --json --label moat.cli=run").output;
+    const auto id_at = listed_before.find("\"id\":\"");
+    REQUIRE(id_at != std::string::npos);
+    const std::string stale = listed_before.substr(id_at + 6, 23);
+    ::kill(crashed, SIGKILL);
+    int status = 0;
+    ::waitpid(crashed, &status, 0);
+
+    // Survivors: one live for ten minutes, one whose TTL passes.
+    const std::string live = last_line(moat_stdout("create --ttl 600 --label test=janitor").output);
+    const std::string expired =
+        last_line(moat_stdout("create --ttl 1 --label test=janitor").output);
+    const int live_pid = listed_pid(live);
+    const int expired_pid = listed_pid(expired);
+    REQUIRE(live_pid > 0);
+    REQUIRE(expired_pid > 0);
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(expired_pid); }));
+    // An orphaned sandbox cgroup (a helper killed between mkdir and the record).
+    const std::string live_cgroup = moat::test::cgroup_dir(live_pid, "pids");
+    const std::string orphan =
+        live_cgroup.substr(0, live_cgroup.rfind('/')) + "/sb-00000000000000000001";
+    REQUIRE(::mkdir(orphan.c_str(), 0755) == 0);
+
+    // A dry run says what it would do and changes nothing.
+    auto dry = moat_cli("janitor --dry-run");
+    CHECK(dry.exit_code == 0);
+    CHECK(dry.output.find("would destroy " + stale) != std::string::npos);
+    CHECK(dry.output.find("would destroy " + expired) != std::string::npos);
+    CHECK(dry.output.find(live) == std::string::npos);
+    CHECK(dry.output.find("would remove_cgroup " + orphan) != std::string::npos);
+    CHECK(moat_stdout("ls").output.find(stale) != std::string::npos);
+    CHECK(::access(orphan.c_str(), F_OK) == 0);
+
+    auto done = moat_cli("janitor");
+    CHECK_MESSAGE(done.exit_code == 0, done.output);
+    CHECK(done.output.find("destroy: done " + stale) != std::string::npos);
+    CHECK(done.output.find("destroy: done " + expired) != std::string::npos);
+    const auto after = moat_stdout("ls").output;
+    CHECK(after.find(stale) == std::string::npos);
+    CHECK(after.find(expired) == std::string::npos);
+    CHECK(after.find(live) != std::string::npos);
+    CHECK(moat::test::is_running(live_pid));
+    CHECK(::access(orphan.c_str(), F_OK) != 0);
+    // Nothing left to do.
+    CHECK(moat_cli("janitor").output.find(stale) == std::string::npos);
+    CHECK(moat_cli("destroy " + live).exit_code == 0);
+}
+
+TEST_CASE("moat inventory shows usage and moat smoke passes") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string id = last_line(moat_stdout("create --ttl 60 --label test=inventory").output);
+    auto o = moat_stdout("inventory --json --label test=inventory");
+    CHECK(o.exit_code == 0);
+    CHECK(o.output.find(id) != std::string::npos);
+    CHECK(o.output.find("\"memory_used_bytes\":null") == std::string::npos);
+    CHECK(o.output.find("\"pids_current\":1") != std::string::npos);
+    CHECK(o.output.find("\"owner_instance\":\"") != std::string::npos);
+    CHECK(moat_cli("destroy " + id).exit_code == 0);
+    const auto smoke = moat_cli("smoke");
+    CHECK_MESSAGE(smoke.exit_code == 0, smoke.output);
+    CHECK(smoke.output.find("all checks passed") != std::string::npos);
 }

@@ -42,6 +42,15 @@ struct host_report {
     std::map<std::string, std::string> facts;
 };
 
+// One thing the janitor did (or, in a dry run, would do).
+struct janitor_action {
+    std::string action;  // "destroy", "remove_record", "remove_cgroup", "remove_file", "report"
+    std::string target;  // a sandbox id or a path
+    std::string reason;  // why
+    bool done = false;   // carried out and confirmed (always false in a dry run)
+    std::string error;   // why it could not be done, if it was tried
+};
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -64,6 +73,12 @@ class backend {
 
     // What this backend can enforce here. The default fails with not_supported.
     virtual asio::awaitable<result<host_report>> async_host_report();
+
+    // Cleans up what crashes left behind (local: stale records, sandboxes past their TTL or
+    // whose destroy was never confirmed, orphaned cgroups and files), confirming each. Never
+    // touches a live, unexpired sandbox, nor one this backend holds. With dry_run, only reports.
+    // The default fails with not_supported.
+    virtual asio::awaitable<result<std::vector<janitor_action>>> async_janitor(bool dry_run);
 
     // Current state of a sandbox (local: any sandbox recorded on this host). sandbox_not_found if
     // unknown.

@@ -4,12 +4,15 @@
 
 namespace moat::cli {
 
-int run_command(int argc, char** argv);      // moat run: one command in a fresh sandbox
-int create_command(int argc, char** argv);   // moat create: a sandbox that outlives the CLI
-int exec_command(int argc, char** argv);     // moat exec: a command in an existing sandbox
-int cp_command(int argc, char** argv);       // moat cp: files in and out
-int destroy_command(int argc, char** argv);  // moat destroy: end sandboxes, confirmed
-int ls_command(int argc, char** argv);       // moat ls: every sandbox on this host
-int doctor_command(int argc, char** argv);   // moat doctor: what this host can enforce
+int run_command(int argc, char** argv);        // moat run: one command in a fresh sandbox
+int create_command(int argc, char** argv);     // moat create: a sandbox that outlives the CLI
+int exec_command(int argc, char** argv);       // moat exec: a command in an existing sandbox
+int cp_command(int argc, char** argv);         // moat cp: files in and out
+int destroy_command(int argc, char** argv);    // moat destroy: end sandboxes, confirmed
+int ls_command(int argc, char** argv);         // moat ls: every sandbox on this host
+int doctor_command(int argc, char** argv);     // moat doctor: what this host can enforce
+int inventory_command(int argc, char** argv);  // moat inventory: every sandbox and its usage
+int janitor_command(int argc, char** argv);    // moat janitor: clean up after crashes
+int smoke_command(int argc, char** argv);      // moat smoke: a deployment check
 
 }  // namespace moat::cli

@@ -1,6 +1,7 @@
-// moat ls: every sandbox recorded on this host (the shared state directory), whichever process
-// created it: a table for people, or a JSON array with --json. A sandbox whose pid 1 is gone but
-// whose record remains (its creator died; the janitor removes it) shows as `exited`.
+// moat ls and moat inventory: every sandbox recorded on this host (the shared state directory),
+// whichever process created it: a table for people, or a JSON array with --json. A sandbox whose
+// pid 1 is gone but whose record remains (its creator died; the janitor removes it) shows as
+// `exited`. The inventory adds the owner instance and current memory and pids usage.
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -15,7 +16,15 @@ namespace {
 struct ls_options {
     label_filter filter;
     bool json = false;
+    bool inventory = false;
 };
+
+std::string megabytes(const std::optional<std::uint64_t>& bytes) {
+    if (!bytes) return "-";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1fM", static_cast<double>(*bytes) / (1 << 20));
+    return text;
+}
 
 std::string labels_text(const std::map<std::string, std::string>& labels) {
     std::string text;
@@ -28,7 +37,7 @@ std::string labels_text(const std::map<std::string, std::string>& labels) {
 
 asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
     auto listed = co_await b.async_list(o.filter);
-    if (!listed) co_return report_error("ls", listed.error());
+    if (!listed) co_return report_error(o.inventory ? "inventory" : "ls", listed.error());
     std::string out;
     if (o.json) {
         json_writer w;
@@ -36,6 +45,22 @@ asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
         for (const auto& info : *listed) write_sandbox_json(w, info);
         w.end_array();
         out = w.take() + "\n";
+    } else if (o.inventory) {
+        const auto now = std::chrono::system_clock::now();
+        char line[768];
+        std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-28s %s\n", "ID",
+                      "STATE", "AGE", "EXPIRES", "MEMORY", "PIDS", "OWNER", "LABELS");
+        out = line;
+        for (const auto& info : *listed) {
+            const std::string pids = info.pids_current ? std::to_string(*info.pids_current) : "-";
+            std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-28s %s\n",
+                          info.id.c_str(), to_string(info.state),
+                          format_span(now - info.created_at).c_str(),
+                          format_span(info.expires_at - now).c_str(),
+                          megabytes(info.memory_used_bytes).c_str(), pids.c_str(),
+                          info.owner_instance.c_str(), labels_text(info.labels).c_str());
+            out += line;
+        }
     } else {
         const auto now = std::chrono::system_clock::now();
         char line[512];
@@ -57,8 +82,11 @@ asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
 
 }  // namespace
 
-int ls_command(int argc, char** argv) {
+namespace {
+
+int list_command(int argc, char** argv, bool inventory) {
     ls_options options;
+    options.inventory = inventory;
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--json") {
@@ -72,6 +100,16 @@ int ls_command(int argc, char** argv) {
     }
     return run_with_backend(
         [&options](backend& b) { return list_sandboxes(b, std::move(options)); });
+}
+
+}  // namespace
+
+int ls_command(int argc, char** argv) {
+    return list_command(argc, argv, false);
+}
+
+int inventory_command(int argc, char** argv) {
+    return list_command(argc, argv, true);
 }
 
 }  // namespace moat::cli

@@ -30,6 +30,12 @@ constexpr const char* usage_text =
     "      end sandboxes and confirm they are gone\n"
     "  ls [--label K=V]... [--json]\n"
     "      list every sandbox on this host\n"
+    "  inventory [--label K=V]... [--json]\n"
+    "      every sandbox with its state, age, expiry, owner, labels and memory and pids usage\n"
+    "  janitor [--dry-run]\n"
+    "      clean up what crashes left behind (stale records, expired sandboxes, orphaned cgroups)\n"
+    "  smoke\n"
+    "      check this deployment: create, sh, python3, a byte-exact file, a wall limit, destroy\n"
     "  doctor\n"
     "      show which isolation layers and limits this host can enforce, and run a live check\n"
     "\n"
@@ -54,7 +60,8 @@ int main(int argc, char** argv) {
             {"run", moat::cli::run_command},         {"create", moat::cli::create_command},
             {"exec", moat::cli::exec_command},       {"cp", moat::cli::cp_command},
             {"destroy", moat::cli::destroy_command}, {"ls", moat::cli::ls_command},
-            {"doctor", moat::cli::doctor_command},
+            {"doctor", moat::cli::doctor_command},   {"inventory", moat::cli::inventory_command},
+            {"janitor", moat::cli::janitor_command}, {"smoke", moat::cli::smoke_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

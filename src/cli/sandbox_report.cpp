@@ -48,6 +48,18 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.key("labels").begin_object();
     for (const auto& [k, v] : info.labels) w.key(k).value(v);
     w.end_object();
+    w.key("memory_used_bytes");
+    if (info.memory_used_bytes) {
+        w.value(*info.memory_used_bytes);
+    } else {
+        w.null();
+    }
+    w.key("pids_current");
+    if (info.pids_current) {
+        w.value(*info.pids_current);
+    } else {
+        w.null();
+    }
     w.key("layers").begin_array();
     for (const auto& layer : info.layers) w.value(layer);
     w.end_array();

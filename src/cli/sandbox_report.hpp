@@ -12,7 +12,8 @@
 namespace moat::cli {
 
 // {"id", "state", "created_at", "expires_at" (RFC 3339 UTC), "host_pid" (or null), "owned",
-//  "survive_owner", "owner_instance", "labels": {...}, "layers": [...], "limits": {...}}
+//  "survive_owner", "owner_instance", "labels": {...}, "memory_used_bytes", "pids_current"
+//  (or null), "layers": [...], "limits": {...}}
 void write_sandbox_json(json_writer& w, const sandbox_info& info);
 
 // "2026-11-30T10:34:00Z"

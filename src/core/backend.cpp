@@ -50,6 +50,10 @@ asio::awaitable<result<host_report>> backend::async_host_report() {
     co_return not_supported(name(), "host_report");
 }
 
+asio::awaitable<result<std::vector<janitor_action>>> backend::async_janitor(bool) {
+    co_return not_supported(name(), "janitor");
+}
+
 asio::awaitable<result<process>> backend::async_spawn(std::string, exec_request) {
     co_return not_supported(name(), "spawn");
 }

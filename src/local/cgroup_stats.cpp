@@ -15,4 +15,14 @@ std::optional<std::uint64_t> read_oom_kill_count(const std::string& memory_cgrou
     return std::nullopt;
 }
 
+std::optional<std::uint64_t> read_cgroup_number(const std::vector<std::string>& dirs,
+                                                const char* file) {
+    for (const auto& dir : dirs) {
+        std::ifstream in(dir + "/" + file);
+        std::uint64_t value = 0;
+        if (in >> value) return value;
+    }
+    return std::nullopt;
+}
+
 }  // namespace moat

@@ -10,12 +10,14 @@
 #include "local/agent_channel.hpp"
 #include "local/cgroup_stats.hpp"
 #include "local/helper_client.hpp"
+#include "local/janitor_rules.hpp"
 #include "local/local_exec_stream.hpp"
 #include "local/local_process.hpp"
 #include "local/sandbox_files.hpp"
 #include "local/sandbox_id.hpp"
 #include "local/sandbox_records.hpp"
 #include "local/spec_validation.hpp"
+#include "wire/state_layout.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
@@ -32,6 +34,7 @@
 #include <csignal>
 #include <cstring>
 #include <map>
+#include <set>
 
 namespace moat {
 namespace {
@@ -97,6 +100,14 @@ std::string default_owner_instance() {
     return std::string(host) + "/" + std::to_string(::getpid()) + "/" + suffix;
 }
 
+void add_usage(sandbox_info& info, const sandbox_record& r) {
+    info.memory_used_bytes.reset();
+    info.pids_current.reset();
+    if (info.state != sandbox_state::running) return;
+    info.memory_used_bytes = read_cgroup_number(r.cgroups, "memory.usage_in_bytes");
+    info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
+}
+
 sandbox_info info_from_record(const sandbox_record& r) {
     sandbox_info info;
     info.id = r.id;
@@ -110,6 +121,7 @@ sandbox_info info_from_record(const sandbox_record& r) {
     info.survive_owner = r.survive_owner;
     info.owned = false;
     info.state = open_live_init(r) ? sandbox_state::running : sandbox_state::exited;
+    add_usage(info, r);
     return info;
 }
 
@@ -391,6 +403,14 @@ class local_backend final : public backend {
         }
     }
 
+    asio::awaitable<result<std::vector<janitor_action>>> async_janitor(bool dry_run) override {
+        try {
+            co_return co_await janitor(dry_run);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
     asio::awaitable<result<host_report>> async_host_report() override {
         try {
             auto started =
@@ -498,6 +518,9 @@ class local_backend final : public backend {
             }
         }
         if (!sandbox->reaped.is_set()) {
+            // The janitor finishes what this destroy could not confirm.
+            sandbox->record.condemned = true;
+            (void)records_.write(sandbox->record);
             co_return make_error(errc::backend_failure,
                                  "destroy of " + id + " was not confirmed within " +
                                      std::to_string(options_.destroy_timeout.count()) + " ms");
@@ -528,6 +551,8 @@ class local_backend final : public backend {
         if (auto pidfd = open_live_init(*record)) {
             const bool ended = co_await kill_and_wait(pidfd->get(), limit);
             if (!ended) {
+                record->condemned = true;
+                (void)records_.write(*record);
                 co_return make_error(errc::backend_failure,
                                      "destroy of " + id + " was not confirmed within " +
                                          std::to_string(options_.destroy_timeout.count()) + " ms");
@@ -556,6 +581,57 @@ class local_backend final : public backend {
             auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
             if (ec) co_await asio::this_coro::reset_cancellation_state();
         }
+    }
+
+    // The rules are in janitor_rules.hpp; this walks the state directory and the cgroup tree.
+    asio::awaitable<result<std::vector<janitor_action>>> janitor(bool dry_run) {
+        std::vector<janitor_action> actions;
+        std::set<std::string> recorded;
+        std::vector<sandbox_record> records;
+        const auto now = std::chrono::system_clock::now();
+        for (const auto& id : records_.ids()) {
+            recorded.insert(id);
+            auto record = records_.read(id);
+            if (!record) {
+                actions.push_back({"report", id, record.error().detail, false, ""});
+                continue;
+            }
+            records.push_back(*record);
+            if (sandboxes_.contains(id)) continue;  // held here: its handle's business
+            const std::string reason = janitor_reason(*record, now);
+            if (reason.empty()) continue;
+            janitor_action a{record->init_pid == 0 ? "remove_record" : "destroy", id, reason, false,
+                             ""};
+            if (!dry_run) {
+                if (record->init_pid == 0) {
+                    records_.remove(id);
+                    a.done = true;
+                } else {
+                    auto destroyed =
+                        co_await destroy_recorded(id, deadline::after(options_.destroy_timeout));
+                    a.done = destroyed.has_value();
+                    if (!destroyed) a.error = destroyed.error().to_string();
+                }
+            }
+            actions.push_back(std::move(a));
+        }
+        for (const auto& dir : orphaned_cgroups(moat_cgroup_parents(records), recorded)) {
+            janitor_action a{"remove_cgroup", dir, "no sandbox records it", false, ""};
+            if (!dry_run) {
+                a.done = ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
+                if (!a.done) a.error = std::strerror(errno);
+            }
+            actions.push_back(std::move(a));
+        }
+        for (const auto& file : orphaned_files(wire::sandboxes_dir(options_.state_dir), recorded)) {
+            janitor_action a{"remove_file", file, "no sandbox records it", false, ""};
+            if (!dry_run) {
+                a.done = ::unlink(file.c_str()) == 0 || errno == ENOENT;
+                if (!a.done) a.error = std::strerror(errno);
+            }
+            actions.push_back(std::move(a));
+        }
+        co_return actions;
     }
 
     asio::awaitable<result<sandbox_info>> attach(std::string id) {
@@ -662,6 +738,7 @@ class local_backend final : public backend {
             has_exited(sandbox.pidfd.get())) {
             sandbox.info.state = sandbox_state::exited;
         }
+        add_usage(sandbox.info, sandbox.record);
     }
 
     // A command the agent has started: its output stream (which owns it: dropping the stream

@@ -143,6 +143,7 @@ std::string to_json(const sandbox_record& r) {
     w.end_object();
     w.key("layers");
     write_string_list(w, r.layers);
+    w.key("condemned").value(r.condemned);
     w.end_object();
     return w.take() + "\n";
 }
@@ -197,6 +198,8 @@ result<sandbox_record> record_from_json(std::string_view json) {
         !read_uint64(limits, "tmp_bytes", r.limits.tmp_bytes))
         return bad_field("limits");
     if (!read_string_list(o, "layers", r.layers)) return bad_field("layers");
+    if (o["condemned"].get_bool().get(r.condemned) != simdjson::SUCCESS)
+        return bad_field("condemned");
     return r;
 }
 

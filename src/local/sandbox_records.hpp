@@ -46,6 +46,8 @@ struct sandbox_record {
     std::string workdir;
     resource_limits limits;
     std::vector<std::string> layers;
+    // A destroy was asked for and not confirmed: the janitor finishes it.
+    bool condemned = false;
 };
 
 // Largest record file read (labels and environment are bounded by the spec's validation).

@@ -1,0 +1,116 @@
+#include "local/janitor_rules.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+namespace moat {
+namespace {
+
+// A record's id shape (sandbox_id.hpp): "sb-" and 20 hex digits.
+bool looks_like_id(std::string_view name) {
+    if (name.size() != 23 || !name.starts_with("sb-")) return false;
+    for (const char c : name.substr(3)) {
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+    return true;
+}
+
+bool process_exists(int pid) {
+    return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
+}
+
+constexpr auto ttl_slack = std::chrono::seconds(30);
+constexpr auto unfinished_create = std::chrono::minutes(10);
+
+}  // namespace
+
+std::string janitor_reason(const sandbox_record& r, std::chrono::system_clock::time_point now) {
+    if (r.init_pid == 0) {
+        if (!process_exists(r.owner_pid))
+            return "its creation never finished (its creator is gone)";
+        if (now - r.created_at > unfinished_create) return "its creation never finished";
+        return "";
+    }
+    if (!open_live_init(r)) return "its pid 1 is gone (stale record)";
+    if (r.condemned) return "an earlier destroy was not confirmed";
+    if (now > r.expires_at + ttl_slack) return "it is past its TTL";
+    if (!r.survive_owner && !process_exists(r.owner_pid)) return "its owner process is gone";
+    return "";
+}
+
+std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records) {
+    std::set<std::string> parents;
+    for (const auto& r : records) {
+        for (const auto& dir : r.cgroups) {
+            const auto slash = dir.rfind('/');
+            if (slash != std::string::npos && slash > 0) parents.insert(dir.substr(0, slash));
+        }
+    }
+    // This process's own cgroup in each v1 hierarchy (a helper started here puts its sandboxes
+    // under <own>/moat).
+    std::ifstream self("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(self, line)) {
+        // "4:memory:/path" (v1) or "0::/path" (v2, skipped)
+        const auto first = line.find(':');
+        const auto second = line.find(':', first + 1);
+        if (first == std::string::npos || second == std::string::npos) continue;
+        const std::string controllers = line.substr(first + 1, second - first - 1);
+        const std::string path = line.substr(second + 1);
+        std::stringstream list(controllers);
+        std::string controller;
+        while (std::getline(list, controller, ',')) {
+            if (controller != "memory" && controller != "pids" && controller != "cpu") continue;
+            std::string mount = "/sys/fs/cgroup/" + controllers;
+            struct stat st {};
+            if (::stat(mount.c_str(), &st) != 0) mount = "/sys/fs/cgroup/" + controller;
+            parents.insert(mount + (path == "/" ? "" : path) + "/moat");
+        }
+    }
+    return parents;
+}
+
+std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
+                                          const std::set<std::string>& recorded_ids) {
+    std::vector<std::string> out;
+    for (const auto& parent : parents) {
+        DIR* d = ::opendir(parent.c_str());
+        if (d == nullptr) continue;
+        while (dirent* entry = ::readdir(d)) {
+            const std::string name = entry->d_name;
+            if (!looks_like_id(name) || recorded_ids.contains(name)) continue;
+            out.push_back(parent + "/" + name);
+        }
+        ::closedir(d);
+    }
+    return out;
+}
+
+std::vector<std::string> orphaned_files(const std::string& sandboxes_dir,
+                                        const std::set<std::string>& recorded_ids) {
+    std::vector<std::string> out;
+    DIR* d = ::opendir(sandboxes_dir.c_str());
+    if (d == nullptr) return out;
+    const auto now = std::chrono::system_clock::now();
+    while (dirent* entry = ::readdir(d)) {
+        const std::string_view name = entry->d_name;
+        const std::string path = sandboxes_dir + "/" + std::string(name);
+        if (name.ends_with(".sock")) {
+            const auto id = name.substr(0, name.size() - 5);
+            if (looks_like_id(id) && !recorded_ids.contains(std::string(id))) out.push_back(path);
+        } else if (name.find(".json.tmp-") != std::string_view::npos) {
+            struct stat st {};
+            if (::lstat(path.c_str(), &st) == 0 &&
+                now - std::chrono::system_clock::from_time_t(st.st_mtime) > std::chrono::minutes(1))
+                out.push_back(path);
+        }
+    }
+    ::closedir(d);
+    return out;
+}
+
+}  // namespace moat

@@ -1,0 +1,31 @@
+// What the local janitor decides from the state directory and the cgroup tree: pure functions,
+// so the rules are testable without a crash to clean up after.
+#pragma once
+
+#include "local/sandbox_records.hpp"
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace moat {
+
+// Why a recorded sandbox must go, or "" if the janitor must leave it alone (alive, unexpired,
+// and its owner alive or it survives its owner).
+std::string janitor_reason(const sandbox_record& record, std::chrono::system_clock::time_point now);
+
+// The `moat` cgroup directories sandbox cgroups live in: the parents of the recorded ones, and
+// this process's own (<own cgroup>/moat in each v1 hierarchy).
+std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records);
+
+// Sandbox cgroup directories (moat/sb-...) under `parents` whose id has no record.
+std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
+                                          const std::set<std::string>& recorded_ids);
+
+// Files in the sandboxes directory that belong to no record: attach sockets of sandboxes
+// without a record, and temporary record files older than a minute.
+std::vector<std::string> orphaned_files(const std::string& sandboxes_dir,
+                                        const std::set<std::string>& recorded_ids);
+
+}  // namespace moat
