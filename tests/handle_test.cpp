@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -588,4 +589,44 @@ TEST_CASE_FIXTURE(local_fixture, "a create cancelled at any point leaves nothing
     }
     CHECK(cancelled > 0);
     CHECK(rt.stats().live_sandboxes == 0);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the runtime counts operations, times them and reports each as an event") {
+    MOAT_REQUIRE_NAMESPACES();
+    std::vector<moat::operation_event> events;
+    moat::runtime_options options;
+    options.on_operation = [&events](const moat::operation_event& e) { events.push_back(e); };
+    moat::runtime rt(*local, options);
+    auto box = create_handle(*this, rt);
+    REQUIRE(run(box->async_exec(shell("true"))));
+    REQUIRE(run(box->async_exec(shell("true"))));
+    REQUIRE_FALSE(run(box->async_stat("relative/path")));
+    REQUIRE(run(box->async_destroy()));
+
+    const auto m = rt.metrics();
+    CHECK(m.operations.at("create") == 1);
+    CHECK(m.operations.at("exec") == 2);
+    CHECK(m.operations.at("stat") == 1);
+    CHECK(m.failures.at("stat") == 1);
+    CHECK(m.operations.at("destroy") == 1);
+    CHECK(m.latency.at("exec").count() == 2);
+    CHECK(m.latency.at("exec").quantile_ms(0.5) > 0);
+    REQUIRE(events.size() == 5);
+    std::set<std::uint64_t> ids;
+    for (const auto& e : events) {
+        CHECK(e.sandbox_id == box->id());
+        ids.insert(e.operation_id);
+    }
+    CHECK(ids.size() == 5);
+    CHECK(events[3].operation == "stat");
+    CHECK(events[3].error == moat::errc::invalid_path);
+
+    const std::string text = moat::to_prometheus(m);
+    CHECK(text.find("moat_operations_total{operation=\"exec\"} 2\n") != std::string::npos);
+    CHECK(text.find("moat_operation_failures_total{operation=\"stat\"} 1\n") != std::string::npos);
+    CHECK(text.find("moat_operation_duration_seconds_bucket{operation=\"exec\",le=\"+Inf\"} 2\n") !=
+          std::string::npos);
+    CHECK(text.find("# TYPE moat_queue_wait_seconds histogram") != std::string::npos);
+    CHECK(text.find("moat_live_sandboxes 0\n") != std::string::npos);
 }

@@ -10,12 +10,14 @@
 
 #include <moat/backend.hpp>
 #include <moat/deadline.hpp>
+#include <moat/metrics.hpp>
 #include <moat/sandbox.hpp>
 
 #include <asio/awaitable.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +35,9 @@ struct admission_limits {
 struct runtime_options {
     admission_limits admission;
     handle_options handle;
+    // Called (on the executor) when any create, handle operation or destroy finishes; must not
+    // block. The event names the sandbox, the operation and its id, the error and the timings.
+    std::function<void(const operation_event&)> on_operation;
 };
 
 // What admission has seen, for operators and tests.
@@ -63,6 +68,8 @@ class runtime {
                                                                    deadline limit = {});
 
     admission_stats stats() const noexcept;
+    // Counters and latency histograms since the runtime was made (to_prometheus() for text).
+    runtime_metrics metrics() const;
     backend& get_backend() const noexcept;
 
     struct state;

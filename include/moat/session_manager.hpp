@@ -68,8 +68,10 @@ struct manager_event {
 const char* to_string(manager_event::kind kind) noexcept;
 
 struct manager_options {
-    // The spec of every sandbox the manager creates. The manager adds ownership labels
-    // (moat.owner, moat.created, moat.policy, moat.session for printable keys).
+    // The spec of every sandbox the manager creates. The manager adds labels moat.policy
+    // (session, call, pool), moat.created (RFC 3339) and moat.session (the key, when printable).
+    // The owner instance and the expiry are sandbox_info fields (and in the local records): the
+    // expiry moves with every heartbeat, so a label would go stale.
     sandbox_spec spec;
     std::chrono::milliseconds idle_timeout = std::chrono::minutes(10);
     std::optional<std::chrono::milliseconds> max_lifetime;

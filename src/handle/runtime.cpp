@@ -10,7 +10,25 @@ namespace moat {
 
 struct runtime::state {
     state(backend& b, runtime_options o)
-        : sandboxes(b), options(o), gate(b.get_executor(), o.admission) {}
+        : sandboxes(b),
+          options(o),
+          gate(b.get_executor(), o.admission),
+          telemetry(std::make_shared<moat::telemetry>()) {
+        telemetry->sink = options.on_operation;
+    }
+    void report_create(const std::string& id, const std::optional<error>& failure,
+                       std::chrono::steady_clock::time_point called,
+                       std::chrono::steady_clock::time_point granted) {
+        operation_event e;
+        e.sandbox_id = id;
+        e.operation = "create";
+        e.operation_id = telemetry->next_operation_id++;
+        if (failure) e.error = static_cast<errc>(failure->code.value());
+        e.queued = granted - called;
+        e.ran = std::chrono::steady_clock::now() - granted;
+        telemetry->record(e);
+    }
+
     // Hands out a handle and remembers it, so that ~runtime can cut it off from the backend.
     std::shared_ptr<sandbox> adopt(std::shared_ptr<sandbox::impl> impl) {
         std::erase_if(handles, [](const std::weak_ptr<sandbox::impl>& h) { return h.expired(); });
@@ -22,6 +40,7 @@ struct runtime::state {
     runtime_options options;
     admission gate;
     std::vector<std::weak_ptr<sandbox::impl>> handles;
+    std::shared_ptr<moat::telemetry> telemetry;
 };
 
 namespace {
@@ -51,6 +70,13 @@ admission_stats runtime::stats() const noexcept {
     return state_->gate.stats();
 }
 
+runtime_metrics runtime::metrics() const {
+    runtime_metrics m = state_->telemetry->metrics;
+    m.admission_refused = state_->gate.stats().refused;
+    m.live_sandboxes = state_->gate.stats().live_sandboxes;
+    return m;
+}
+
 backend& runtime::get_backend() const noexcept {
     return state_->sandboxes;
 }
@@ -58,15 +84,24 @@ backend& runtime::get_backend() const noexcept {
 asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_spec spec,
                                                                         deadline limit) {
     auto s = state_;
+    const auto called = std::chrono::steady_clock::now();
     auto admitted = co_await s->gate.async_admit(limit);
-    if (!admitted) co_return std::move(admitted).error();
+    const auto granted = std::chrono::steady_clock::now();
+    if (!admitted) {
+        s->report_create("", admitted.error(), called, granted);
+        co_return std::move(admitted).error();
+    }
     auto creating = s->sandboxes.async_create(std::move(spec));
     auto created = co_await with_timeout(std::move(creating), limit);
     s->gate.create_finished(created.has_value());
-    if (!created) co_return std::move(created).error();
+    if (!created) {
+        s->report_create("", created.error(), called, granted);
+        co_return std::move(created).error();
+    }
+    s->report_create(created->id, std::nullopt, called, granted);
     const bool survivor = created->survive_owner;
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*created),
-                                                  s->options.handle, end_hook(s));
+                                                  s->options.handle, end_hook(s), s->telemetry);
     shared->detach_on_drop = survivor;
     co_return s->adopt(std::move(shared));
 }
@@ -79,7 +114,7 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::str
     if (!attached) co_return std::move(attached).error();
     s->gate.sandbox_attached();
     auto shared = std::make_shared<sandbox::impl>(s->sandboxes, std::move(*attached),
-                                                  s->options.handle, end_hook(s));
+                                                  s->options.handle, end_hook(s), s->telemetry);
     shared->detach_on_drop = true;
     co_return s->adopt(std::move(shared));
 }

@@ -102,7 +102,8 @@ const char* to_string(handle_state state) noexcept {
     return "unknown";
 }
 
-sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook)
+sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook,
+                    std::shared_ptr<moat::telemetry> t)
     : sandboxes(b),
       executor(b.get_executor()),
       info(std::move(i)),
@@ -110,7 +111,23 @@ sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<
       queue(executor),
       tasks(executor, "sandbox " + info.id),
       ended(executor),
-      on_end(std::move(ended_hook)) {}
+      on_end(std::move(ended_hook)),
+      telemetry(std::move(t)) {}
+
+void sandbox::impl::report(const char* what, std::optional<errc> failure,
+                           std::chrono::steady_clock::time_point called,
+                           std::chrono::steady_clock::time_point granted) {
+    if (!telemetry) return;
+    operation_event e;
+    e.sandbox_id = info.id;
+    e.operation = what;
+    e.operation_id = telemetry->next_operation_id++;
+    e.error = failure;
+    e.queued = granted - called;
+    e.ran = std::chrono::steady_clock::now() - granted;
+    if (e.queued.count() > 0) telemetry->metrics.queue_wait.record(e.queued);
+    telemetry->record(e);
+}
 
 std::optional<error> sandbox::impl::refusal() const {
     if (backend_gone) {
@@ -130,6 +147,7 @@ void sandbox::impl::quarantine(const error& why) {
     detail::log(log_level::warning, "sandbox", "quarantined: " + why.to_string(), info.id);
     state = handle_state::quarantined;
     cause = why;
+    if (telemetry) ++telemetry->metrics.quarantines;
     queue.refuse_all();
     tasks.spawn(destroy_in_background(shared_from_this()));
 }
@@ -202,10 +220,18 @@ template <class T>
 asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
                                               std::function<asio::awaitable<result<T>>()> start) {
     auto self = shared_from_this();
+    const auto called = std::chrono::steady_clock::now();
     auto refused = co_await acquire_turn(what, limit);
-    if (refused) co_return std::move(*refused);
+    const auto granted = std::chrono::steady_clock::now();
+    if (refused) {
+        report(what, static_cast<errc>(refused->code.value()), called, granted);
+        co_return std::move(*refused);
+    }
     auto outcome = co_await run_in_turn<T>(what, limit, start);
     end_turn();
+    std::optional<errc> failure;
+    if (!outcome) failure = static_cast<errc>(outcome.error().code.value());
+    report(what, failure, called, granted);
     co_return outcome;
 }
 
@@ -225,12 +251,16 @@ asio::awaitable<result<void>> sandbox::impl::destroy_now() {
     state = handle_state::destroying;
     queue.refuse_all();
     if (running_task) tasks.cancel(*running_task);
+    const auto started = std::chrono::steady_clock::now();
     auto destroyed = co_await sandboxes.async_destroy(info.id);
     // Gone from the backend already (someone else destroyed it and the record went): absence is
     // what was asked for.
     if (!destroyed && destroyed.error().code == errc::sandbox_not_found) destroyed = {};
     state = destroyed ? handle_state::destroyed : handle_state::destroy_failed;
     destroy_outcome = destroyed;
+    std::optional<errc> failure;
+    if (!destroyed) failure = static_cast<errc>(destroyed.error().code.value());
+    report("destroy", failure, started, started);
     ended.set();
     if (on_end) on_end();
     co_return destroyed;
@@ -327,13 +357,21 @@ asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::mil
 asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
                                                                 deadline limit) {
     auto state = impl_;
+    const auto called = std::chrono::steady_clock::now();
     auto refused = co_await state->acquire_turn("exec_stream", limit);
-    if (refused) co_return std::move(*refused);
+    const auto granted = std::chrono::steady_clock::now();
+    if (refused) {
+        state->report("exec_stream", static_cast<errc>(refused->code.value()), called, granted);
+        co_return std::move(*refused);
+    }
     // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
     std::function<asio::awaitable<result<exec_stream>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec_stream(state->info.id, std::move(request));
     };
     auto started = co_await state->run_in_turn<exec_stream>("exec_stream", limit, start);
+    std::optional<errc> failure;
+    if (!started) failure = static_cast<errc>(started.error().code.value());
+    state->report("exec_stream", failure, called, granted);  // the start; the stream runs on
     if (!started) {
         state->end_turn();
         co_return std::move(started).error();

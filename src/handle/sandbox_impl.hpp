@@ -7,6 +7,7 @@
 
 #include "core/async_event.hpp"
 #include "handle/operation_queue.hpp"
+#include "handle/telemetry.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -15,7 +16,8 @@
 namespace moat {
 
 struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
-    impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook);
+    impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook,
+         std::shared_ptr<moat::telemetry> t);
 
     // sandbox_unavailable with the cause if no operation may start; nullopt if one may.
     std::optional<error> refusal() const;
@@ -57,6 +59,12 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     // The runtime (and with it, by contract, the backend) is being destroyed: nothing may call
     // the backend any more. Background work left on the executor finds this and stops.
     bool backend_gone = false;
+    std::shared_ptr<moat::telemetry> telemetry;
+
+    // Reports one finished operation (metrics and the runtime's on_operation).
+    void report(const char* what, std::optional<errc> failure,
+                std::chrono::steady_clock::time_point called,
+                std::chrono::steady_clock::time_point granted);
 };
 
 }  // namespace moat

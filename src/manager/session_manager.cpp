@@ -9,6 +9,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <ctime>
 #include <deque>
 #include <map>
 
@@ -86,6 +87,16 @@ bool printable_label(const std::string& text) {
            std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
+// RFC 3339, seconds.
+std::string utc_now() {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    ::gmtime_r(&now, &utc);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    return text;
+}
+
 }  // namespace
 
 std::unique_ptr<session_store> make_memory_session_store() {
@@ -153,6 +164,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     sandbox_spec spec_for(const char* policy, const std::string& key) const {
         sandbox_spec spec = options.spec;
         spec.labels["moat.policy"] = policy;
+        spec.labels["moat.created"] = utc_now();
         if (printable_label(key)) spec.labels["moat.session"] = key;
         return spec;
     }
