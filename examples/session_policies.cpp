@@ -63,7 +63,7 @@ asio::awaitable<int> demo(moat::session_manager& manager) {
         auto warm = co_await manager.async_take_warm();
         if (!warm) co_return 1;
         std::printf("  took %s\n", (*warm)->id().c_str());
-        co_await (*warm)->async_destroy();
+        (void)co_await (*warm)->async_destroy();
     }
 
     auto report = co_await manager.async_shutdown();

@@ -297,6 +297,22 @@ TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpi
     REQUIRE(live_pid > 0);
     REQUIRE(expired_pid > 0);
     CHECK(moat::test::eventually([&] { return !moat::test::is_running(expired_pid); }));
+    // A process holding the live survivor (a command in it) is killed with -9: its command dies
+    // with its connection, the survivor stays.
+    std::string exec_id = live;
+    char e0[] = "moat", e1[] = "exec", e3[] = "--", e4[] = "sleep", e5[] = "999";
+    char* exec_argv[] = {e0, e1, exec_id.data(), e3, e4, e5, nullptr};
+    pid_t holder = -1;
+    REQUIRE(::posix_spawn(&holder, MOAT_CLI_PATH, nullptr, nullptr, exec_argv, environ) == 0);
+    pid_t held = -1;
+    REQUIRE(moat::test::eventually([&] {
+        held = moat::test::find_descendant(live_pid, "sleep 999");
+        return held > 0;
+    }));
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, &status, 0);
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(held); }));
+    CHECK(moat::test::is_running(live_pid));
     // An orphaned sandbox cgroup (a helper killed between mkdir and the record).
     const std::string live_cgroup = moat::test::cgroup_dir(live_pid, "pids");
     const std::string orphan =

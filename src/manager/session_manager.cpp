@@ -209,13 +209,13 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             auto seeding = options.seed(box, rebuilt);
             auto seeded = co_await std::move(seeding);
             if (!seeded) {
-                co_await box->async_destroy();
+                (void)co_await box->async_destroy();
                 co_return std::move(seeded).error();
             }
         }
         auto put = co_await store->async_put(key, box->id());
         if (!put) {
-            co_await box->async_destroy();
+            (void)co_await box->async_destroy();
             co_return std::move(put).error();
         }
         auto s = std::make_shared<session>();
@@ -246,7 +246,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             lost = true;
             auto gone = it->second;
             sessions.erase(it);
-            co_await end_session(gone, lost_reason(*gone->box));
+            (void)co_await end_session(gone, lost_reason(*gone->box));
         }
         if (auto it = inflight.find(key); it != inflight.end()) {
             auto p = it->second;
@@ -269,7 +269,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         auto opened = co_await open_session(key, limit, lost);
         inflight.erase(key);
         if (opened && shutting_down) {
-            co_await opened->s->box->async_destroy();
+            (void)co_await opened->s->box->async_destroy();
             opened = make_error(errc::shutting_down, "the manager is shutting down");
         }
         if (opened) sessions[key] = opened->s;
@@ -284,7 +284,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (auto it = sessions.find(s->key); it != sessions.end() && it->second == s) {
             sessions.erase(it);
         }
-        co_await store->async_erase(s->key);
+        (void)co_await store->async_erase(s->key);
         auto destroyed = co_await s->box->async_destroy();
         emit(manager_event::kind::ended, s->key, s->box->id(), reason,
              destroyed ? "" : destroyed.error().to_string());
@@ -375,7 +375,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                 break;
             }
             if (self->shutting_down) {
-                co_await (*created)->async_destroy();
+                (void)co_await (*created)->async_destroy();
                 break;
             }
             self->emit(manager_event::kind::pool_refilled, "", (*created)->id());
@@ -438,7 +438,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     static asio::awaitable<void> end_in_background(std::shared_ptr<state> self,
                                                    std::shared_ptr<session> s, end_reason reason) {
         if (self->shutting_down) co_return;
-        co_await self->end_session(std::move(s), reason);
+        (void)co_await self->end_session(std::move(s), reason);
     }
 
     static asio::awaitable<void> destroy_into(std::shared_ptr<sandbox> box, std::string key,
