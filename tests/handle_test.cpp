@@ -5,6 +5,7 @@
 
 #include <moat/runtime.hpp>
 
+#include "support/async_wait.hpp"
 #include "support/fault_injecting_backend.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
@@ -27,22 +28,10 @@
 #include <vector>
 
 using moat::test::local_fixture;
+using moat::test::until;
 using namespace std::chrono_literals;
 
 namespace {
-
-// Waits (on the executor, so other coroutines run) until `condition` holds or `bound` passes.
-template <class Predicate>
-asio::awaitable<bool> until(Predicate condition, std::chrono::milliseconds bound = 20s) {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    const auto limit = std::chrono::steady_clock::now() + bound;
-    while (!condition()) {
-        if (std::chrono::steady_clock::now() > limit) co_return false;
-        timer.expires_after(10ms);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-    co_return true;
-}
 
 moat::exec_request shell(const std::string& command) {
     moat::exec_request request;

@@ -4,6 +4,7 @@
 
 #include <moat/session_manager.hpp>
 
+#include "support/async_wait.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
@@ -21,26 +22,11 @@
 #include <vector>
 
 using moat::test::local_fixture;
+using moat::test::pause;
+using moat::test::until;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class Predicate>
-asio::awaitable<bool> until(Predicate condition, std::chrono::milliseconds bound = 20s) {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    const auto limit = std::chrono::steady_clock::now() + bound;
-    while (!condition()) {
-        if (std::chrono::steady_clock::now() > limit) co_return false;
-        timer.expires_after(10ms);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-    co_return true;
-}
-
-asio::awaitable<void> pause(std::chrono::milliseconds d) {
-    asio::steady_timer timer(co_await asio::this_coro::executor, d);
-    co_await timer.async_wait(asio::use_awaitable);
-}
 
 moat::exec_request shell(const std::string& command) {
     moat::exec_request request;
