@@ -14,5 +14,6 @@ int doctor_command(int argc, char** argv);     // moat doctor: what this host ca
 int inventory_command(int argc, char** argv);  // moat inventory: every sandbox and its usage
 int janitor_command(int argc, char** argv);    // moat janitor: clean up after crashes
 int smoke_command(int argc, char** argv);      // moat smoke: a deployment check
+int bench_command(int argc, char** argv);      // moat bench create|advise: latency, pooling
 
 }  // namespace moat::cli

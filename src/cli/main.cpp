@@ -36,6 +36,12 @@ constexpr const char* usage_text =
     "      clean up what crashes left behind (stale records, expired sandboxes, orphaned cgroups)\n"
     "  smoke\n"
     "      check this deployment: create, sh, python3, a byte-exact file, a wall limit, destroy\n"
+    "  bench create [--n N] [--concurrency C] [--mode sequential|staggered|burst] [--json FILE]\n"
+    "               [--plot FILE.svg]\n"
+    "      create / first exec / destroy latency beside the raw isolation, bwrap and posix_spawn\n"
+    "  bench advise [--from FILE | --create-p99-ms MS] --first-token-ms MS --arrivals-per-s R\n"
+    "               [--create-rate R]\n"
+    "      whether to pool, and how many, with the reasoning\n"
     "  doctor\n"
     "      show which isolation layers and limits this host can enforce, and run a live check\n"
     "\n"
@@ -62,6 +68,7 @@ int main(int argc, char** argv) {
             {"destroy", moat::cli::destroy_command}, {"ls", moat::cli::ls_command},
             {"doctor", moat::cli::doctor_command},   {"inventory", moat::cli::inventory_command},
             {"janitor", moat::cli::janitor_command}, {"smoke", moat::cli::smoke_command},
+            {"bench", moat::cli::bench_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

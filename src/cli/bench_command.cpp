@@ -1,0 +1,405 @@
+// moat bench create [--n N] [--concurrency C] [--mode sequential|staggered|burst]
+//                   [--interval-ms MS] [--json FILE] [--plot FILE.svg] [--raw PATH]
+//   Each iteration creates a sandbox through the public runtime (until pid 1 is ready), runs a
+//   first exec of /bin/true and destroys it (until confirmed). Rounds of C iterations start
+//   together (burst), spaced by --interval-ms (staggered), or one at a time (sequential, C = 1);
+//   after each round the baselines run once each, round-robin, so background load falls on all
+//   alike: the raw isolation program (bench/raw_isolation.cpp), bwrap with comparable flags, and a
+//   host posix_spawn of /bin/true. Prints n, success rate, p50, p90, p99, p999 and max per series
+//   and the ratios to the baselines; --json writes them, --plot draws their CDFs.
+//
+// moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
+//                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
+//   Recommends creating on demand or a pool, and its size, with the reasoning (bench/advisor.hpp).
+#include <moat/local_backend.hpp>
+#include <moat/runtime.hpp>
+
+#include "cli/arguments.hpp"
+#include "cli/bench/advisor.hpp"
+#include "cli/bench/baselines.hpp"
+#include "cli/bench/latency_summary.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+#include "cli/host_files.hpp"
+
+#include <simdjson.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "core/asio_compat.hpp"
+
+namespace moat::cli {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+enum class arrival { sequential, staggered, burst };
+
+struct bench_options {
+    std::size_t n = 500;
+    std::size_t concurrency = 1;
+    arrival mode = arrival::sequential;
+    std::chrono::milliseconds interval{10};
+    std::string json_path;
+    std::string plot_path;
+    std::string raw_path;
+};
+
+struct bench_results {
+    latency_samples create{"create", {}, 0};
+    latency_samples exec{"exec", {}, 0};
+    latency_samples destroy{"destroy", {}, 0};
+    latency_samples baseline_create{"baseline_create", {}, 0};
+    latency_samples baseline_exec{"baseline_exec", {}, 0};  // host posix_spawn
+    latency_samples raw_exec{"raw_exec", {}, 0};
+    latency_samples baseline_destroy{"baseline_destroy", {}, 0};
+    latency_samples bwrap_create{"bwrap_create", {}, 0};
+    bool have_raw = false;
+    bool have_bwrap = false;
+    std::string raw_note;
+    std::string bwrap_note;
+};
+
+struct iteration_outcome {
+    bool done = false;
+    bool ok = false;
+    double create_ms = 0, exec_ms = 0, destroy_ms = 0;
+};
+
+asio::awaitable<void> one_iteration(runtime& sandboxes, std::chrono::milliseconds delay,
+                                    std::shared_ptr<iteration_outcome> out) {
+    if (delay.count() > 0) {
+        asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    sandbox_spec spec;
+    spec.labels["moat.cli"] = "bench";
+    auto start = clock_type::now();
+    auto created = co_await sandboxes.async_create(spec);
+    out->create_ms = ms_since(start);
+    if (created) {
+        auto box = std::move(*created);
+        exec_request request;
+        request.argv = {"/bin/true"};
+        start = clock_type::now();
+        auto ran = co_await box->async_exec(request);
+        out->exec_ms = ms_since(start);
+        start = clock_type::now();
+        auto destroyed = co_await box->async_destroy();
+        out->destroy_ms = ms_since(start);
+        out->ok = ran && ran->exit_code == 0 && destroyed;
+    }
+    out->done = true;
+}
+
+asio::awaitable<void> wait_round(std::vector<std::shared_ptr<iteration_outcome>>& round) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (;;) {
+        bool all = true;
+        for (const auto& o : round) all = all && o->done;
+        if (all) co_return;
+        timer.expires_after(std::chrono::microseconds(200));
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+}
+
+asio::awaitable<int> run_bench(backend& b, bench_options o, bench_results* r) {
+    runtime_options options;
+    // The bench measures the backend, not admission: let every round through at once.
+    options.admission.max_concurrent_creates = o.concurrency;
+    options.admission.creates_per_second = 1e9;
+    options.admission.create_burst = o.n + o.concurrency;
+    options.admission.max_live_sandboxes = o.n + o.concurrency;
+    runtime sandboxes(b, options);
+
+    std::unique_ptr<raw_baseline> raw;
+    const std::string raw_path = find_raw_baseline(o.raw_path);
+    if (raw_path.empty()) {
+        r->raw_note = "moat-bench-raw not found (pass --raw PATH)";
+    } else {
+        raw = raw_baseline::start(raw_path, "/run/moat", r->raw_note);
+    }
+    r->have_raw = raw != nullptr;
+    const std::string bwrap = find_bwrap();
+    r->have_bwrap = !bwrap.empty();
+    if (bwrap.empty()) r->bwrap_note = "bwrap is not installed (apt-get install bubblewrap)";
+
+    // Warm up the helper, the template and the caches before measuring.
+    for (int i = 0; i < 5; ++i) {
+        auto warm = std::make_shared<iteration_outcome>();
+        co_await one_iteration(sandboxes, std::chrono::milliseconds(0), warm);
+    }
+    const std::size_t per_round = o.mode == arrival::sequential ? 1 : o.concurrency;
+    const auto executor = co_await asio::this_coro::executor;
+    const bool interactive = ::isatty(STDERR_FILENO) != 0;
+    std::size_t finished = 0;
+    while (finished < o.n) {
+        const std::size_t count = std::min(per_round, o.n - finished);
+        std::vector<std::shared_ptr<iteration_outcome>> round;
+        for (std::size_t i = 0; i < count; ++i) {
+            round.push_back(std::make_shared<iteration_outcome>());
+            const auto delay = o.mode == arrival::staggered ? o.interval * static_cast<int>(i)
+                                                            : std::chrono::milliseconds(0);
+            asio::co_spawn(executor, one_iteration(sandboxes, delay, round.back()), asio::detached);
+        }
+        co_await wait_round(round);
+        for (const auto& it : round) {
+            if (!it->ok) {
+                ++r->create.failures;
+                continue;
+            }
+            r->create.ms.push_back(it->create_ms);
+            r->exec.ms.push_back(it->exec_ms);
+            r->destroy.ms.push_back(it->destroy_ms);
+        }
+        finished += count;
+        // The baselines, once each per round (blocking, while nothing of moat's runs).
+        if (raw) {
+            std::string why;
+            if (auto s = raw->run(why)) {
+                r->baseline_create.ms.push_back(s->create_ms);
+                r->raw_exec.ms.push_back(s->exec_ms);
+                r->baseline_destroy.ms.push_back(s->destroy_ms);
+            } else {
+                ++r->baseline_create.failures;
+                r->raw_note = why;
+            }
+        }
+        if (r->have_bwrap) {
+            if (auto ms = bwrap_run_true(bwrap)) {
+                r->bwrap_create.ms.push_back(*ms);
+            } else {
+                ++r->bwrap_create.failures;
+            }
+        }
+        r->baseline_exec.ms.push_back(host_spawn_true());
+        // A progress line for people; nothing for logs and pipes.
+        if (interactive && (finished % 25 == 0 || finished == o.n))
+            std::fprintf(stderr, "\rmoat bench create: %zu/%zu", finished, o.n);
+    }
+    if (interactive) std::fprintf(stderr, "\n");
+    co_return 0;
+}
+
+void write_json_file(const std::string& path, const bench_options& o, const bench_results& r) {
+    json_writer w;
+    w.begin_object();
+    w.key("mode").value(o.mode == arrival::sequential ? "sequential"
+                        : o.mode == arrival::burst    ? "burst"
+                                                      : "staggered");
+    w.key("concurrency").value(static_cast<std::uint64_t>(o.concurrency));
+    utsname host{};
+    ::uname(&host);
+    w.key("host").begin_object();
+    w.key("kernel").value(host.release);
+    w.key("cpus").value(static_cast<std::int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)));
+    double load[3] = {0, 0, 0};
+    ::getloadavg(load, 3);
+    w.key("loadavg_1m").value(load[0]);
+    w.end_object();
+    const auto series = [&w](const char* key, const latency_samples& s, bool present) {
+        w.key(key);
+        if (present) {
+            write_summary(w, s);
+        } else {
+            w.null();
+        }
+    };
+    series("create", r.create, true);
+    series("exec", r.exec, true);
+    series("destroy", r.destroy, true);
+    series("baseline_create", r.baseline_create, r.have_raw);
+    series("raw_exec", r.raw_exec, r.have_raw);
+    series("baseline_destroy", r.baseline_destroy, r.have_raw);
+    series("baseline_exec", r.baseline_exec, true);
+    series("bwrap_create", r.bwrap_create, r.have_bwrap);
+    w.end_object();
+    std::ofstream(path) << w.take() << "\n";
+}
+
+int bench_create(int argc, char** argv) {
+    bench_options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (auto v = flag_value("--n", argc, argv, i)) {
+            auto n = parse_unsigned(*v);
+            if (!n || *n < 1 || *n > 1'000'000) throw usage_error("--n: expected 1 to 1000000");
+            o.n = *n;
+        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
+            auto n = parse_unsigned(*c);
+            if (!n || *n < 1 || *n > 1000) throw usage_error("--concurrency: expected 1 to 1000");
+            o.concurrency = *n;
+        } else if (auto m = flag_value("--mode", argc, argv, i)) {
+            if (*m == "sequential") {
+                o.mode = arrival::sequential;
+            } else if (*m == "staggered") {
+                o.mode = arrival::staggered;
+            } else if (*m == "burst") {
+                o.mode = arrival::burst;
+            } else {
+                throw usage_error("--mode: expected sequential, staggered or burst, got '" + *m +
+                                  "'");
+            }
+        } else if (auto ms = flag_value("--interval-ms", argc, argv, i)) {
+            auto n = parse_unsigned(*ms);
+            if (!n || *n > 60'000) throw usage_error("--interval-ms: expected 0 to 60000");
+            o.interval = std::chrono::milliseconds(*n);
+        } else if (auto f = flag_value("--json", argc, argv, i)) {
+            o.json_path = *f;
+        } else if (auto p = flag_value("--plot", argc, argv, i)) {
+            o.plot_path = *p;
+        } else if (auto raw = flag_value("--raw", argc, argv, i)) {
+            o.raw_path = *raw;
+        } else {
+            throw usage_error("unexpected argument '" + std::string(arg) + "'");
+        }
+    }
+    if (o.mode == arrival::sequential) o.concurrency = 1;
+    bench_results r;
+    const int code = run_with_backend([&o, &r](backend& b) { return run_bench(b, o, &r); });
+    if (code != 0) return code;
+
+    std::string out = summary_header();
+    for (const latency_samples* s : {&r.create, &r.exec, &r.destroy}) out += summary_line(*s);
+    if (r.have_raw) {
+        for (const latency_samples* s : {&r.baseline_create, &r.raw_exec, &r.baseline_destroy})
+            out += summary_line(*s);
+    }
+    out += summary_line(r.baseline_exec);
+    if (r.have_bwrap) out += summary_line(r.bwrap_create);
+    char line[256];
+    if (r.have_raw && !r.baseline_create.ms.empty()) {
+        std::snprintf(
+            line, sizeof line,
+            "create / raw isolation: p50 %.2fx, p99 %.2fx (target: p50 <= 1.3x, p99 <= 2x)\n",
+            r.create.percentile(0.5) / r.baseline_create.percentile(0.5),
+            r.create.percentile(0.99) / r.baseline_create.percentile(0.99));
+        out += line;
+    }
+    std::snprintf(line, sizeof line,
+                  "exec / host posix_spawn: p50 %.2fx, p99 %.2fx (target: p50 <= 1.3x)\n",
+                  r.exec.percentile(0.5) / r.baseline_exec.percentile(0.5),
+                  r.exec.percentile(0.99) / r.baseline_exec.percentile(0.99));
+    out += line;
+    if (r.have_bwrap && !r.bwrap_create.ms.empty()) {
+        std::snprintf(line, sizeof line,
+                      "bwrap (start to exit of /bin/true) / moat create: p50 %.1fx\n",
+                      r.bwrap_create.percentile(0.5) / r.create.percentile(0.5));
+        out += line;
+    }
+    if (!r.have_raw) out += "no raw baseline: " + r.raw_note + "\n";
+    if (!r.have_bwrap) out += "no bwrap baseline: " + r.bwrap_note + "\n";
+    write_all(STDOUT_FILENO, out);
+    if (!o.json_path.empty()) write_json_file(o.json_path, o, r);
+    if (!o.plot_path.empty()) {
+        std::vector<const latency_samples*> series{&r.create};
+        if (r.have_raw) series.push_back(&r.baseline_create);
+        if (r.have_bwrap) series.push_back(&r.bwrap_create);
+        series.push_back(&r.exec);
+        series.push_back(&r.baseline_exec);
+        std::ofstream(o.plot_path) << cdf_svg(series, "moat bench create: latency CDF");
+    }
+    return r.create.failures == 0 ? 0 : exit_failure;
+}
+
+int bench_advise(int argc, char** argv) {
+    advisor_input in;
+    std::string from;
+    bool have_p50 = false, have_p99 = false, have_budget = false, have_arrivals = false;
+    const auto number = [](const std::string& flag, const std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || !(v >= 0)) {
+            throw usage_error(flag + ": expected a non-negative number, got '" + text + "'");
+        }
+        return v;
+    };
+    for (int i = 0; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (auto f = flag_value("--from", argc, argv, i)) {
+            from = *f;
+        } else if (auto v = flag_value("--create-p50-ms", argc, argv, i)) {
+            in.create_p50_ms = number("--create-p50-ms", *v);
+            have_p50 = true;
+        } else if (auto v2 = flag_value("--create-p99-ms", argc, argv, i)) {
+            in.create_p99_ms = number("--create-p99-ms", *v2);
+            have_p99 = true;
+        } else if (auto v3 = flag_value("--first-token-ms", argc, argv, i)) {
+            in.first_token_ms = number("--first-token-ms", *v3);
+            have_budget = true;
+        } else if (auto v4 = flag_value("--arrivals-per-s", argc, argv, i)) {
+            in.arrivals_per_s = number("--arrivals-per-s", *v4);
+            have_arrivals = true;
+        } else if (auto v5 = flag_value("--create-rate", argc, argv, i)) {
+            in.create_rate_cap = number("--create-rate", *v5);
+        } else if (auto v6 = flag_value("--miss-probability", argc, argv, i)) {
+            in.miss_probability = number("--miss-probability", *v6);
+            if (in.miss_probability <= 0 || in.miss_probability >= 1)
+                throw usage_error("--miss-probability: expected a number between 0 and 1");
+        } else {
+            throw usage_error("unexpected argument '" + std::string(arg) + "'");
+        }
+    }
+    if (!from.empty()) {
+        std::uint32_t mode = 0;
+        auto text = read_host_input(from, 16u << 20, mode);
+        if (!text) return report_error("bench advise", text.error());
+        simdjson::dom::parser parser;
+        const simdjson::padded_string padded(*text);
+        simdjson::dom::element doc;
+        double p50 = 0, p99 = 0;
+        if (parser.parse(padded).get(doc) != simdjson::SUCCESS ||
+            doc["create"]["p50_ms"].get_double().get(p50) != simdjson::SUCCESS ||
+            doc["create"]["p99_ms"].get_double().get(p99) != simdjson::SUCCESS) {
+            return report_error(
+                "bench advise",
+                make_error(errc::invalid_argument,
+                           from + ": not a moat bench JSON (create.p50_ms, create.p99_ms)"));
+        }
+        if (!have_p50) in.create_p50_ms = p50;
+        if (!have_p99) in.create_p99_ms = p99;
+        have_p50 = have_p99 = true;
+    }
+    if (!have_p99) throw usage_error("give --from FILE or --create-p99-ms (and --create-p50-ms)");
+    if (!have_p50) in.create_p50_ms = in.create_p99_ms;
+    if (!have_budget) throw usage_error("missing --first-token-ms");
+    if (!have_arrivals) throw usage_error("missing --arrivals-per-s");
+    const advice a = advise(in);
+    std::string out;
+    if (!a.use_pool) {
+        out = "recommendation: create on demand (no pool)\n";
+    } else {
+        out = "recommendation: a warm pool of " + std::to_string(a.pool_size) +
+              (a.cannot_keep_up ? " (it cannot keep up: see below)\n" : "\n");
+    }
+    for (const auto& reason : a.reasoning) out += "  - " + reason + "\n";
+    write_all(STDOUT_FILENO, out);
+    return 0;
+}
+
+}  // namespace
+
+int bench_command(int argc, char** argv) {
+    if (argc < 1) throw usage_error("expected 'create' or 'advise' (moat bench create|advise ...)");
+    const std::string_view what = argv[0];
+    if (what == "create") return bench_create(argc - 1, argv + 1);
+    if (what == "advise") return bench_advise(argc - 1, argv + 1);
+    throw usage_error("expected 'create' or 'advise', got '" + std::string(what) + "'");
+}
+
+}  // namespace moat::cli

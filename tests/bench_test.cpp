@@ -1,0 +1,86 @@
+// `moat bench`: the pooling advisor's arithmetic, and a short real run with its JSON and plot.
+#include <doctest/doctest.h>
+
+#include "cli/bench/advisor.hpp"
+#include "support/host_inspect.hpp"
+#include "support/local_fixture.hpp"
+
+#include <cstdio>
+#include <string>
+
+TEST_CASE("the advisor creates on demand when a create fits the budget") {
+    moat::cli::advisor_input in;
+    in.create_p50_ms = 2;
+    in.create_p99_ms = 4;
+    in.first_token_ms = 500;
+    in.arrivals_per_s = 50;
+    const auto a = moat::cli::advise(in);
+    CHECK_FALSE(a.use_pool);
+    CHECK(a.pool_size == 0);
+    REQUIRE(a.reasoning.size() >= 2);
+    CHECK(a.reasoning[1].find("on demand") != std::string::npos);
+}
+
+TEST_CASE("the advisor sizes a pool from arrivals over the refill time") {
+    CHECK(moat::cli::poisson_quantile(0, 0.01) == 0);
+    // Poisson(1): P(X > 3) = 1.9%, P(X > 4) = 0.37%.
+    CHECK(moat::cli::poisson_quantile(1, 0.01) == 4);
+    moat::cli::advisor_input in;
+    in.create_p50_ms = 900;
+    in.create_p99_ms = 2500;
+    in.first_token_ms = 800;
+    in.arrivals_per_s = 5;
+    const auto a = moat::cli::advise(in);
+    CHECK(a.use_pool);
+    CHECK(a.pool_size == moat::cli::poisson_quantile(12.5, 0.01));
+    CHECK_FALSE(a.cannot_keep_up);
+    // A create-rate cap below the arrival rate: no pool size keeps up, and the advice says so.
+    in.create_rate_cap = 4;
+    const auto capped = moat::cli::advise(in);
+    CHECK(capped.cannot_keep_up);
+}
+
+namespace {
+
+std::string run_shell(const std::string& command, int& code) {
+    FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string out;
+    char buffer[4096];
+    std::size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+    const int status = ::pclose(pipe);
+    code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("moat bench create measures moat beside its baselines and writes JSON and a plot") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string json = "/tmp/moat-bench-test.json";
+    const std::string svg = "/tmp/moat-bench-test.svg";
+    int code = -1;
+    const auto out = run_shell(std::string(MOAT_CLI_PATH) +
+                                   " bench create --n 20 --mode burst "
+                                   "--concurrency 4 --json " +
+                                   json + " --plot " + svg + " 2>&1",
+                               code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK(out.find("create / raw isolation") != std::string::npos);
+    const std::string report = moat::test::read_file(json);
+    CHECK(report.find("\"create\":{\"n\":20,\"failures\":0") != std::string::npos);
+    CHECK(report.find("\"baseline_create\":{") != std::string::npos);
+    CHECK(report.find("\"baseline_exec\":{") != std::string::npos);
+    CHECK(report.find("\"p99_ms\"") != std::string::npos);
+    CHECK(report.find("\"mode\":\"burst\"") != std::string::npos);
+    CHECK(moat::test::read_file(svg).find("<polyline") != std::string::npos);
+    // The advisor reads the measured file.
+    const auto advice = run_shell(std::string(MOAT_CLI_PATH) + " bench advise --from " + json +
+                                      " --first-token-ms 400 --arrivals-per-s 10 2>&1",
+                                  code);
+    CHECK(code == 0);
+    CHECK(advice.find("recommendation: create on demand") != std::string::npos);
+    std::remove(json.c_str());
+    std::remove(svg.c_str());
+}
