@@ -84,3 +84,20 @@ TEST_CASE("moat bench create measures moat beside its baselines and writes JSON 
     std::remove(json.c_str());
     std::remove(svg.c_str());
 }
+
+TEST_CASE("moat bench memory, pool and sweep run and report what they measured") {
+    MOAT_REQUIRE_NAMESPACES();
+    int code = -1;
+    auto out = run_shell(std::string(MOAT_CLI_PATH) + " bench memory --count 30 2>&1", code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK(out.find(
+              "held 30 idle sandboxes at once; live pid-1 agents under the helper in /proc: 30") !=
+          std::string::npos);
+    out = run_shell(std::string(MOAT_CLI_PATH) + " bench pool --n 20 2>&1", code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK(out.find("pool hand-out (async_take_warm, every take a hit), n 20") != std::string::npos);
+    out = run_shell(std::string(MOAT_CLI_PATH) + " bench sweep --n 8 2>/dev/null", code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK(out.find("       64    128") != std::string::npos);
+    CHECK(out.find("(failures)") == std::string::npos);
+}

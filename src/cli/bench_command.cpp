@@ -17,6 +17,8 @@
 #include "cli/arguments.hpp"
 #include "cli/bench/advisor.hpp"
 #include "cli/bench/baselines.hpp"
+#include "cli/bench/fleet_benches.hpp"
+#include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -24,11 +26,7 @@
 
 #include <simdjson.h>
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -37,16 +35,8 @@
 #include <fstream>
 #include <memory>
 
-#include "core/asio_compat.hpp"
-
 namespace moat::cli {
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-double ms_since(clock_type::time_point t) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
-}
 
 enum class arrival { sequential, staggered, burst };
 
@@ -75,57 +65,8 @@ struct bench_results {
     std::string bwrap_note;
 };
 
-struct iteration_outcome {
-    bool done = false;
-    bool ok = false;
-    double create_ms = 0, exec_ms = 0, destroy_ms = 0;
-};
-
-asio::awaitable<void> one_iteration(runtime& sandboxes, std::chrono::milliseconds delay,
-                                    std::shared_ptr<iteration_outcome> out) {
-    if (delay.count() > 0) {
-        asio::steady_timer timer(co_await asio::this_coro::executor, delay);
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-    sandbox_spec spec;
-    spec.labels["moat.cli"] = "bench";
-    auto start = clock_type::now();
-    auto created = co_await sandboxes.async_create(spec);
-    out->create_ms = ms_since(start);
-    if (created) {
-        auto box = std::move(*created);
-        exec_request request;
-        request.argv = {"/bin/true"};
-        start = clock_type::now();
-        auto ran = co_await box->async_exec(request);
-        out->exec_ms = ms_since(start);
-        start = clock_type::now();
-        auto destroyed = co_await box->async_destroy();
-        out->destroy_ms = ms_since(start);
-        out->ok = ran && ran->exit_code == 0 && destroyed;
-    }
-    out->done = true;
-}
-
-asio::awaitable<void> wait_round(std::vector<std::shared_ptr<iteration_outcome>>& round) {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    for (;;) {
-        bool all = true;
-        for (const auto& o : round) all = all && o->done;
-        if (all) co_return;
-        timer.expires_after(std::chrono::microseconds(200));
-        co_await timer.async_wait(asio::use_awaitable);
-    }
-}
-
 asio::awaitable<int> run_bench(backend& b, bench_options o, bench_results* r) {
-    runtime_options options;
-    // The bench measures the backend, not admission: let every round through at once.
-    options.admission.max_concurrent_creates = o.concurrency;
-    options.admission.creates_per_second = 1e9;
-    options.admission.create_burst = o.n + o.concurrency;
-    options.admission.max_live_sandboxes = o.n + o.concurrency;
-    runtime sandboxes(b, options);
+    runtime sandboxes(b, bench_runtime_options(o.n, o.concurrency));
 
     std::unique_ptr<raw_baseline> raw;
     const std::string raw_path = find_raw_baseline(o.raw_path);
@@ -145,19 +86,13 @@ asio::awaitable<int> run_bench(backend& b, bench_options o, bench_results* r) {
         co_await one_iteration(sandboxes, std::chrono::milliseconds(0), warm);
     }
     const std::size_t per_round = o.mode == arrival::sequential ? 1 : o.concurrency;
-    const auto executor = co_await asio::this_coro::executor;
     const bool interactive = ::isatty(STDERR_FILENO) != 0;
+    std::chrono::milliseconds spacing(0);
+    if (o.mode == arrival::staggered) spacing = o.interval;
     std::size_t finished = 0;
     while (finished < o.n) {
         const std::size_t count = std::min(per_round, o.n - finished);
-        std::vector<std::shared_ptr<iteration_outcome>> round;
-        for (std::size_t i = 0; i < count; ++i) {
-            round.push_back(std::make_shared<iteration_outcome>());
-            const auto delay = o.mode == arrival::staggered ? o.interval * static_cast<int>(i)
-                                                            : std::chrono::milliseconds(0);
-            asio::co_spawn(executor, one_iteration(sandboxes, delay, round.back()), asio::detached);
-        }
-        co_await wait_round(round);
+        auto round = co_await run_round(sandboxes, count, spacing);
         for (const auto& it : round) {
             if (!it->ok) {
                 ++r->create.failures;
@@ -395,11 +330,19 @@ int bench_advise(int argc, char** argv) {
 }  // namespace
 
 int bench_command(int argc, char** argv) {
-    if (argc < 1) throw usage_error("expected 'create' or 'advise' (moat bench create|advise ...)");
+    if (argc < 1) {
+        throw usage_error(
+            "expected create, advise, sweep, memory, pool or hostsize (see moat --help)");
+    }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
     if (what == "advise") return bench_advise(argc - 1, argv + 1);
-    throw usage_error("expected 'create' or 'advise', got '" + std::string(what) + "'");
+    if (what == "sweep") return bench_sweep(argc - 1, argv + 1);
+    if (what == "memory") return bench_memory(argc - 1, argv + 1);
+    if (what == "pool") return bench_pool(argc - 1, argv + 1);
+    if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
+    throw usage_error("expected create, advise, sweep, memory, pool or hostsize, got '" +
+                      std::string(what) + "'");
 }
 
 }  // namespace moat::cli

@@ -1,0 +1,20 @@
+// The `moat bench` runs beyond single creates (the create bench is in bench_command.cpp):
+//
+//   sweep     creates in flight 1, 2, 4, 8, 16, 64: throughput and tail at each level
+//   memory    N idle sandboxes held at once: host-side and kernel-side memory per sandbox, and
+//             the live pid-1 processes counted in /proc
+//   pool      warm hand-out latency through session_manager::async_take_warm
+//   hostsize  create latency while this process holds 2 GiB resident and 8 extra threads,
+//             against the same run without them
+//
+// Each takes the arguments after its name and returns the exit code.
+#pragma once
+
+namespace moat::cli {
+
+int bench_sweep(int argc, char** argv);
+int bench_memory(int argc, char** argv);
+int bench_pool(int argc, char** argv);
+int bench_hostsize(int argc, char** argv);
+
+}  // namespace moat::cli
