@@ -61,7 +61,10 @@ task_group::task_group(asio::any_io_executor executor, std::string name)
     : state_(std::make_shared<state>(std::move(executor), std::move(name))) {}
 
 task_group::~task_group() {
-    if (!state_->tasks.empty()) cancel_all(asio::cancellation_type::terminal);
+    // Once only: after cancel_all() the tasks' pending operations may already have been torn down
+    // (an io_context being destroyed destroys suspended frames, which can release the last owner
+    // of this group); emitting to them again would touch freed operations.
+    if (!state_->tasks.empty() && !state_->cancelled) cancel_all(asio::cancellation_type::terminal);
 }
 
 std::uint64_t task_group::spawn(asio::awaitable<void> task) {

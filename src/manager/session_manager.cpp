@@ -395,6 +395,11 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     // Idle and lifetime limits, heartbeats, lost sandboxes; the pool's TTL margin.
     static asio::awaitable<void> watch(std::shared_ptr<state> self) {
         asio::steady_timer timer(self->executor);
+        self->watch_timer = &timer;
+        struct forget_timer {
+            state* s;
+            ~forget_timer() { s->watch_timer = nullptr; }
+        } forget{self.get()};
         while (!self->shutting_down) {
             timer.expires_after(self->tick());
             auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
@@ -455,6 +460,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     asio::awaitable<shutdown_report> shutdown(std::chrono::milliseconds grace) {
         auto self = shared_from_this();
         shutting_down = true;
+        if (watch_timer != nullptr) watch_timer->cancel();  // the watcher ends now, not at its tick
         const auto limit = deadline::after(grace);
         std::vector<std::pair<std::shared_ptr<sandbox>, std::string>> all;
         for (auto& [key, s] : sessions) all.emplace_back(s->box, key);
@@ -472,6 +478,15 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             if (box->state() != handle_state::destroyed) report.left.push_back(box->id());
         }
         report.destroyed = shutdown_destroyed;
+        // Let the manager's own work end too (the watcher within a tick, a refill after its
+        // current create), so nothing of it is left suspended when the caller moves on.
+        asio::steady_timer timer(executor);
+        const auto drained_by = deadline::after(grace + std::chrono::seconds(1));
+        while (tasks.size() > 0 && !drained_by.has_expired()) {
+            timer.expires_after(std::chrono::milliseconds(10));
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_await asio::this_coro::reset_cancellation_state();
+        }
         co_return report;
     }
 
@@ -486,6 +501,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     std::vector<std::shared_ptr<sandbox>> one_shots;
     bool refilling = false;
     bool shutting_down = false;
+    asio::steady_timer* watch_timer = nullptr;  // the watcher's, while it runs
     std::size_t shutdown_destroyed = 0;
     async_event drained{executor};
 };
