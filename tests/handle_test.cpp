@@ -28,16 +28,11 @@
 #include <vector>
 
 using moat::test::local_fixture;
+using moat::test::shell;
 using moat::test::until;
 using namespace std::chrono_literals;
 
 namespace {
-
-moat::exec_request shell(const std::string& command) {
-    moat::exec_request request;
-    request.shell = command;
-    return request;
-}
 
 // A command that waits until /workspace/go exists (created from outside the handle's queue).
 const std::string wait_for_go = "while [ ! -e /workspace/go ]; do sleep 0.01; done";

@@ -23,16 +23,11 @@
 
 using moat::test::local_fixture;
 using moat::test::pause;
+using moat::test::shell;
 using moat::test::until;
 using namespace std::chrono_literals;
 
 namespace {
-
-moat::exec_request shell(const std::string& command) {
-    moat::exec_request request;
-    request.shell = command;
-    return request;
-}
 
 // Records every manager event.
 struct event_log {

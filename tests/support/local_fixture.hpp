@@ -24,6 +24,13 @@ bool namespaces_available();
         }                                                                             \
     } while (false)
 
+// An exec request that runs `command` through /bin/sh -c.
+inline exec_request shell(const std::string& command) {
+    exec_request request;
+    request.shell = command;
+    return request;
+}
+
 struct local_fixture {
     local_fixture();
     ~local_fixture();
