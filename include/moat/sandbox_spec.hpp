@@ -63,7 +63,8 @@ struct sandbox_info {
     bool survive_owner = false;
     // This backend created it (false: it was attached, or it is only known from the host's state).
     bool owned = true;
-    // Current usage where the backend can see it (local: the sandbox's cgroups), as of the call.
+    // Current usage where the backend can see it (local: the sandbox's cgroups), filled by
+    // backend::async_list (not by inspect, which stays cheap), as of the call.
     std::optional<std::uint64_t> memory_used_bytes;
     std::optional<std::uint64_t> pids_current;
 };

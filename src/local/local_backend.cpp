@@ -55,12 +55,8 @@ struct local_sandbox {
     sandbox_info info;
     std::shared_ptr<agent_channel> agent;
     unique_fd pidfd;
-    unique_fd root;              // O_PATH of its "/" (/proc/<pid>/root), for host-side file access
-    std::uint32_t uid_base = 0;  // host uid (and gid) of sandbox uid 0
-    std::string memory_cgroup;
-    std::map<std::string, std::string> env;
-    std::string workdir;
-    sandbox_record record;  // as written to the state directory
+    unique_fd root;         // O_PATH of its "/" (/proc/<pid>/root), for host-side file access
+    sandbox_record record;  // as written to the state directory: uid base, cgroups, env, workdir
     bool attached = false;  // created by another process; our helper does not know it
     async_event answered;   // the helper reported on this sandbox (reaped, or never knew it)
     async_event reaped;     // pid 1 is confirmed gone
@@ -100,6 +96,7 @@ std::string default_owner_instance() {
     return std::string(host) + "/" + std::to_string(::getpid()) + "/" + suffix;
 }
 
+// Current cgroup usage: read by list() only (the inventory), never on per-operation paths.
 void add_usage(sandbox_info& info, const sandbox_record& r) {
     info.memory_used_bytes.reset();
     info.pids_current.reset();
@@ -108,7 +105,8 @@ void add_usage(sandbox_info& info, const sandbox_record& r) {
     info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
 }
 
-sandbox_info info_from_record(const sandbox_record& r) {
+// What a record says of its sandbox, without looking at the process (state running).
+sandbox_info describe(const sandbox_record& r) {
     sandbox_info info;
     info.id = r.id;
     info.labels = r.labels;
@@ -120,8 +118,13 @@ sandbox_info info_from_record(const sandbox_record& r) {
     info.owner_instance = r.owner_instance;
     info.survive_owner = r.survive_owner;
     info.owned = false;
+    return info;
+}
+
+// A recorded sandbox another process holds: its state checked through a pidfd.
+sandbox_info info_from_record(const sandbox_record& r) {
+    sandbox_info info = describe(r);
     info.state = open_live_init(r) ? sandbox_state::running : sandbox_state::exited;
-    add_usage(info, r);
     return info;
 }
 
@@ -339,20 +342,9 @@ class local_backend final : public backend {
         record.layers = layer_names(made->message.applied_layers);
 
         auto sandbox = std::make_shared<local_sandbox>(executor_);
-        sandbox->info.id = id;
-        sandbox->info.labels = spec.labels;
-        sandbox->info.created_at = now;
-        sandbox->info.expires_at = record.expires_at;
-        sandbox->info.host_pid = made->message.host_pid;
-        sandbox->info.layers = record.layers;
-        sandbox->info.limits = record.limits;
-        sandbox->info.owner_instance = options_.owner_instance;
-        sandbox->info.survive_owner = spec.survive_owner;
+        sandbox->info = describe(record);
+        sandbox->info.owned = true;
         sandbox->pidfd = std::move(made->pidfd);
-        sandbox->uid_base = made->message.uid_base;
-        sandbox->memory_cgroup = record.memory_cgroup;
-        sandbox->env = std::move(spec.env);
-        sandbox->workdir = std::move(spec.workdir);
         sandbox->record = std::move(record);
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(made->control), id);
         sandbox->agent->start(tasks_);
@@ -440,7 +432,9 @@ class local_backend final : public backend {
             std::vector<sandbox_info> out;
             for (const auto& [id, sandbox] : sandboxes_) {
                 refresh_state(*sandbox);
-                if (matches(sandbox->info)) out.push_back(sandbox->info);
+                if (!matches(sandbox->info)) continue;
+                out.push_back(sandbox->info);
+                add_usage(out.back(), sandbox->record);
             }
             for (const auto& id : records_.ids()) {
                 if (sandboxes_.contains(id)) continue;
@@ -448,7 +442,9 @@ class local_backend final : public backend {
                 auto record = records_.read(id);
                 if (!record) continue;
                 auto info = info_from_record(*record);
-                if (matches(info)) out.push_back(std::move(info));
+                if (!matches(info)) continue;
+                add_usage(info, *record);
+                out.push_back(std::move(info));
             }
             co_return out;
         } catch (...) {
@@ -654,14 +650,9 @@ class local_backend final : public backend {
         if (!control) co_return std::move(control).error();
 
         auto sandbox = std::make_shared<local_sandbox>(executor_);
-        sandbox->info = info_from_record(*record);
-        sandbox->info.state = sandbox_state::running;
+        sandbox->info = describe(*record);  // running: checked through the pidfd above
         sandbox->attached = true;
         sandbox->pidfd = std::move(*pidfd);
-        sandbox->uid_base = record->uid_base;
-        sandbox->memory_cgroup = record->memory_cgroup;
-        sandbox->env = record->env;
-        sandbox->workdir = record->workdir;
         sandbox->record = std::move(*record);
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(*control), id);
         sandbox->agent->start(tasks_);
@@ -738,7 +729,6 @@ class local_backend final : public backend {
             has_exited(sandbox.pidfd.get())) {
             sandbox.info.state = sandbox_state::exited;
         }
-        add_usage(sandbox.info, sandbox.record);
     }
 
     // A command the agent has started: its output stream (which owns it: dropping the stream
@@ -788,11 +778,11 @@ class local_backend final : public backend {
         std::vector<std::string> argv = std::move(request.argv);
         if (argv.empty()) argv = {"/bin/sh", "-c", request.shell};
         std::map<std::string, std::string> env = base_environment();
-        for (const auto& [k, v] : sandbox->env) env[k] = v;
+        for (const auto& [k, v] : sandbox->record.env) env[k] = v;
         for (const auto& [k, v] : request.env) env[k] = v;
         std::vector<std::string> env_list;
         for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
-        const std::string cwd = request.cwd.empty() ? sandbox->workdir : request.cwd;
+        const std::string cwd = request.cwd.empty() ? sandbox->record.workdir : request.cwd;
 
         const std::uint64_t exec_id = next_exec_id_++;
         std::vector<std::byte> record;
@@ -810,8 +800,8 @@ class local_backend final : public backend {
         command.agent = sandbox->agent;
         command.exec_id = exec_id;
         command.program = argv.front();
-        command.memory_cgroup = sandbox->memory_cgroup;
-        command.oom_kills_before = read_oom_kill_count(sandbox->memory_cgroup);
+        command.memory_cgroup = sandbox->record.memory_cgroup;
+        command.oom_kills_before = read_oom_kill_count(sandbox->record.memory_cgroup);
         command.kill_grace = options_.kill_grace;
         command.backstop = deadline::after(request.wall_limit + wall_limit_slack);
 
@@ -929,8 +919,9 @@ class local_backend final : public backend {
         // The helper's `reaped` report may still be on its way.
         if (!sandbox.pidfd.is_open() || has_exited(sandbox.pidfd.get()))
             return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
-        return sandbox_root{sandbox.root.get(), sandbox.uid_base + wire::sandbox_user_id,
-                            sandbox.uid_base + wire::sandbox_group_id};
+        const std::uint32_t uid_base = sandbox.record.uid_base;
+        return sandbox_root{sandbox.root.get(), uid_base + wire::sandbox_user_id,
+                            uid_base + wire::sandbox_group_id};
     }
 
     // The helper cannot confirm (it is gone, never knew this sandbox, or it was attached): kill
