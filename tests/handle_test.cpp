@@ -10,10 +10,6 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -46,16 +42,11 @@ asio::awaitable<void> exec_into(std::shared_ptr<moat::sandbox> box, moat::exec_r
     out->value = co_await box->async_exec(std::move(request), limit);
 }
 
-void start_exec(local_fixture& f, const std::shared_ptr<moat::sandbox>& box,
-                const std::string& command, std::shared_ptr<exec_outcome> out,
-                moat::deadline limit = {}, asio::cancellation_signal* cancel = nullptr) {
-    auto task = exec_into(box, shell(command), limit, std::move(out));
-    if (cancel != nullptr) {
-        asio::co_spawn(f.io, std::move(task),
-                       asio::bind_cancellation_slot(cancel->slot(), asio::detached));
-    } else {
-        asio::co_spawn(f.io, std::move(task), asio::detached);
-    }
+// Starts an exec beside the test's coroutine; returns its task id (f.tasks.cancel(id) cancels it).
+std::uint64_t start_exec(local_fixture& f, const std::shared_ptr<moat::sandbox>& box,
+                         const std::string& command, std::shared_ptr<exec_outcome> out,
+                         moat::deadline limit = {}) {
+    return f.tasks.spawn(exec_into(box, shell(command), limit, std::move(out)));
 }
 
 // Releases every wait_for_go command by writing the file through the backend directly.
@@ -129,10 +120,9 @@ TEST_CASE_FIXTURE(local_fixture, "a deadline that passes while queued fails with
     auto late = std::make_shared<exec_outcome>();
     start_exec(*this, box, "touch /workspace/late-ran", late, moat::deadline::after(300ms));
     auto cancelled = std::make_shared<exec_outcome>();
-    asio::cancellation_signal cancel;
-    start_exec(*this, box, "touch /workspace/cancelled-ran", cancelled, {}, &cancel);
+    const auto cancelled_task = start_exec(*this, box, "touch /workspace/cancelled-ran", cancelled);
     REQUIRE(run(until([&] { return box->queued() == 2; })));
-    cancel.emit(asio::cancellation_type::terminal);
+    tasks.cancel(cancelled_task);
 
     REQUIRE(run(until([&] { return late->value && cancelled->value; })));
     REQUIRE_FALSE(*late->value);
@@ -159,15 +149,14 @@ TEST_CASE_FIXTURE(local_fixture,
     auto box = create_handle(*this, rt);
     const pid_t init = *box->info().host_pid;
     auto out = std::make_shared<exec_outcome>();
-    asio::cancellation_signal cancel;
-    start_exec(*this, box, "sleep 100", out, {}, &cancel);
+    const auto task = start_exec(*this, box, "sleep 100", out);
     pid_t sleeper = -1;
     REQUIRE(run(until([&] {
         sleeper = moat::test::find_descendant(init, "sleep 100");
         return sleeper > 0;
     })));
     CHECK(moat::test::is_running(sleeper));
-    cancel.emit(asio::cancellation_type::terminal);
+    tasks.cancel(task);
     REQUIRE(run(until([&] { return out->value.has_value(); })));
     REQUIRE_FALSE(*out->value);
     CHECK(out->value->error().code == moat::errc::cancelled);
@@ -276,7 +265,7 @@ TEST_CASE_FIXTURE(local_fixture, "admission caps creates in flight and live sand
         made.push_back(std::make_shared<created_slot>());
         moat::sandbox_spec spec;
         spec.labels["test"] = "admission";
-        asio::co_spawn(io, create_into(rt, spec, made.back()), asio::detached);
+        tasks.spawn(create_into(rt, spec, made.back()));
     }
     REQUIRE(run(until(
         [&] {
@@ -347,18 +336,18 @@ TEST_CASE_FIXTURE(
         auto box = create_handle(*this, rt);
         const pid_t init = *box->info().host_pid;
         auto out = std::make_shared<exec_outcome>();
-        asio::cancellation_signal cancel;
+        std::uint64_t task = 0;
         if (by_deadline) {
             start_exec(*this, box, "sleep 100", out, moat::deadline::after(300ms));
         } else {
-            start_exec(*this, box, "sleep 100", out, {}, &cancel);
+            task = start_exec(*this, box, "sleep 100", out);
         }
         pid_t sleeper = -1;
         REQUIRE(run(until([&] {
             sleeper = moat::test::find_descendant(init, "sleep 100");
             return sleeper > 0;
         })));
-        if (!by_deadline) cancel.emit(asio::cancellation_type::terminal);
+        if (!by_deadline) tasks.cancel(task);
         REQUIRE(run(until([&] { return out->value.has_value(); })));
         REQUIRE_FALSE(*out->value);
         CHECK(out->value->error().code ==
@@ -532,11 +521,12 @@ TEST_CASE_FIXTURE(local_fixture,
 
 namespace {
 
-asio::awaitable<void> cancel_after(asio::cancellation_signal& signal,
+// Cancels task `id` of `group` after `delay`.
+asio::awaitable<void> cancel_after(moat::task_group& group, std::uint64_t id,
                                    std::chrono::microseconds delay) {
     asio::steady_timer timer(co_await asio::this_coro::executor, delay);
     co_await timer.async_wait(asio::use_awaitable);
-    signal.emit(asio::cancellation_type::terminal);
+    group.cancel(id);
 }
 
 }  // namespace
@@ -553,11 +543,8 @@ TEST_CASE_FIXTURE(local_fixture, "a create cancelled at any point leaves nothing
         moat::sandbox_spec spec;
         spec.labels["test"] = "cancelled-create";
         auto out = std::make_shared<std::optional<moat::result<std::shared_ptr<moat::sandbox>>>>();
-        asio::cancellation_signal cancel;
-        asio::co_spawn(io, create_into(rt, spec, out),
-                       asio::bind_cancellation_slot(cancel.slot(), asio::detached));
-        asio::co_spawn(io, cancel_after(cancel, std::chrono::microseconds(step * 100)),
-                       asio::detached);
+        const auto create = tasks.spawn(create_into(rt, spec, out));
+        tasks.spawn(cancel_after(tasks, create, std::chrono::microseconds(step * 100)));
         REQUIRE(run(until([&] { return out->has_value(); })));
         if (**out) {
             REQUIRE(run((***out)->async_destroy()));

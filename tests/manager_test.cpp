@@ -8,10 +8,6 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -92,7 +88,7 @@ TEST_CASE_FIXTURE(
     std::vector<std::shared_ptr<lease_slot>> same;
     for (int i = 0; i < 100; ++i) {
         same.push_back(std::make_shared<lease_slot>());
-        asio::co_spawn(io, acquire_into(manager, "conversation-1", same.back()), asio::detached);
+        tasks.spawn(acquire_into(manager, "conversation-1", same.back()));
     }
     REQUIRE(run(until([&] { return all_done(same); })));
     std::set<std::string> ids;
@@ -107,8 +103,7 @@ TEST_CASE_FIXTURE(
     std::vector<std::shared_ptr<lease_slot>> distinct;
     for (int i = 0; i < 100; ++i) {
         distinct.push_back(std::make_shared<lease_slot>());
-        asio::co_spawn(io, acquire_into(manager, "key-" + std::to_string(i), distinct.back()),
-                       asio::detached);
+        tasks.spawn(acquire_into(manager, "key-" + std::to_string(i), distinct.back()));
     }
     REQUIRE(run(until([&] { return all_done(distinct); }, 120s)));
     ids.clear();
@@ -203,12 +198,10 @@ TEST_CASE_FIXTURE(
     CHECK(none_left());
 
     exec_slot cancelled;
-    asio::cancellation_signal cancel;
-    asio::co_spawn(io, run_once_into(manager, "sleep 100", cancelled),
-                   asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    const auto task = tasks.spawn(run_once_into(manager, "sleep 100", cancelled));
     REQUIRE(run(until([&] { return log.count(moat::manager_event::kind::created) == 4; })));
     run(pause(200ms));
-    cancel.emit(asio::cancellation_type::terminal);
+    tasks.cancel(task);
     REQUIRE(run(until([&] { return cancelled.has_value(); })));
     REQUIRE_FALSE(*cancelled);
     CHECK(cancelled->error().code == moat::errc::cancelled);
@@ -302,9 +295,9 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE(lease);
     const pid_t session_pid = *lease->box->info().host_pid;
     exec_slot in_session;
-    asio::co_spawn(io, exec_into(lease->box, "sleep 100", in_session), asio::detached);
+    tasks.spawn(exec_into(lease->box, "sleep 100", in_session));
     exec_slot one_shot;
-    asio::co_spawn(io, run_once_into(manager, "sleep 100", one_shot), asio::detached);
+    tasks.spawn(run_once_into(manager, "sleep 100", one_shot));
     REQUIRE(run(until([&] { return moat::test::find_descendant(session_pid, "sleep 100") > 0; })));
     REQUIRE(run(until([&] { return log.count(moat::manager_event::kind::created) == 2; })));
     run(pause(200ms));

@@ -2,9 +2,6 @@
 
 #include "core/async_event.hpp"
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-
 #include <memory>
 
 namespace moat::test {
@@ -38,7 +35,7 @@ asio::awaitable<result<exec_result>> fault_injecting_backend::async_exec(std::st
     // The real exec runs where the caller's cancellation cannot reach it: the kill is "lost".
     auto state = std::make_shared<shielded_exec>(real_.get_executor());
     auto operation = real_.async_exec(std::move(id), std::move(request));
-    asio::co_spawn(real_.get_executor(), run_shielded(state, std::move(operation)), asio::detached);
+    shielded_.spawn(run_shielded(state, std::move(operation)));
     while (!state->done.is_set()) {
         // A cancellation is reported, and ignored: the wait starts again.
         co_await state->done.async_wait(deadline::never());

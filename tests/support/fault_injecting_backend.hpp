@@ -4,6 +4,7 @@
 #pragma once
 
 #include <moat/backend.hpp>
+#include <moat/task_group.hpp>
 
 #include <optional>
 
@@ -11,7 +12,8 @@ namespace moat::test {
 
 class fault_injecting_backend final : public backend {
   public:
-    explicit fault_injecting_backend(backend& real) : real_(real) {}
+    explicit fault_injecting_backend(backend& real)
+        : real_(real), shielded_(real.get_executor(), "fault injection") {}
 
     // The next exec fails with this error (after the real command ran to completion), once.
     std::optional<error> fail_next_exec;
@@ -62,6 +64,7 @@ class fault_injecting_backend final : public backend {
 
   private:
     backend& real_;
+    task_group shielded_;  // owns the execs whose kill is "lost"
 };
 
 }  // namespace moat::test

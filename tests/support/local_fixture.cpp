@@ -45,6 +45,13 @@ local_fixture::~local_fixture() {
 }
 
 void local_fixture::shut_down() {
+    if (tasks.size() > 0) {
+        tasks.cancel_all();
+        const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (tasks.size() > 0 && std::chrono::steady_clock::now() < limit) {
+            io.run_one_for(std::chrono::milliseconds(100));
+        }
+    }
     local.reset();
     io.run_for(std::chrono::seconds(2));
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <moat/local_backend.hpp>
+#include <moat/task_group.hpp>
 
 #include "support/async_test.hpp"
 
@@ -46,12 +47,16 @@ struct local_fixture {
     exec_result sh(const std::string& id, const std::string& shell,
                    std::chrono::milliseconds wall_limit = std::chrono::seconds(60));
     void destroy(const std::string& id);
-    // Destroys the backend (as when its process exits): its helper stops, sandboxes that do not
-    // survive their owner die with it, attached ones are detached.
+    // Stops the test's own tasks, then destroys the backend (as when its process exits): its
+    // helper stops, sandboxes that do not survive their owner die with it, attached ones are
+    // detached.
     void shut_down();
 
     asio::io_context io;
     std::unique_ptr<backend> local;
+    // Owner of the coroutines a test starts beside the one it runs (an exec that will be
+    // cancelled, a burst of creates): failures are logged, and shut_down() stops them first.
+    task_group tasks{io.get_executor(), "test"};
 };
 
 }  // namespace moat::test

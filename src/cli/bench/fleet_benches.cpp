@@ -8,8 +8,8 @@
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
+#include <moat/task_group.hpp>
+
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -206,7 +206,7 @@ asio::awaitable<int> hold_idle(backend& b, std::size_t count) {
 
 // --- pool ------------------------------------------------------------------------------------
 
-asio::awaitable<void> destroy_detached(std::shared_ptr<sandbox> box) {
+asio::awaitable<void> destroy_taken(std::shared_ptr<sandbox> box) {
     (void)co_await box->async_destroy();
 }
 
@@ -218,6 +218,7 @@ asio::awaitable<int> pool_handout(backend& b, std::size_t n) {
     session_manager manager(sandboxes, options);
     const auto executor = co_await asio::this_coro::executor;
     asio::steady_timer timer(executor);
+    task_group destroys(executor, "bench pool destroys");
     latency_samples handout{"pool hand-out", {}, 0};
     for (std::size_t i = 0; i < n; ++i) {
         // Every take is a hit: wait until the pool is full again.
@@ -235,8 +236,10 @@ asio::awaitable<int> pool_handout(backend& b, std::size_t n) {
             continue;
         }
         handout.ms.push_back(ms);
-        asio::co_spawn(executor, destroy_detached(std::move(*box)), asio::detached);
+        // Destroyed off the measured path; the next take waits for the refill anyway.
+        destroys.spawn(destroy_taken(std::move(*box)));
     }
+    co_await destroys.async_wait_all();
     (void)co_await manager.async_shutdown();
     char line[256];
     std::snprintf(line, sizeof line,

@@ -1,7 +1,7 @@
 #include "cli/bench/iteration.hpp"
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
+#include <moat/task_group.hpp>
+
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -45,21 +45,15 @@ asio::awaitable<void> one_iteration(runtime& sandboxes, std::chrono::millisecond
 
 asio::awaitable<std::vector<std::shared_ptr<iteration_outcome>>> run_round(
     runtime& sandboxes, std::size_t count, std::chrono::milliseconds spacing) {
-    const auto executor = co_await asio::this_coro::executor;
+    task_group round_tasks(co_await asio::this_coro::executor, "bench round");
     std::vector<std::shared_ptr<iteration_outcome>> round;
     for (std::size_t i = 0; i < count; ++i) {
         round.push_back(std::make_shared<iteration_outcome>());
         const auto delay = spacing * static_cast<int>(i);
-        asio::co_spawn(executor, one_iteration(sandboxes, delay, round.back()), asio::detached);
+        round_tasks.spawn(one_iteration(sandboxes, delay, round.back()));
     }
-    asio::steady_timer timer(executor);
-    for (;;) {
-        bool all = true;
-        for (const auto& o : round) all = all && o->done;
-        if (all) co_return round;
-        timer.expires_after(std::chrono::microseconds(200));
-        co_await timer.async_wait(asio::use_awaitable);
-    }
+    co_await round_tasks.async_wait_all();
+    co_return round;
 }
 
 runtime_options bench_runtime_options(std::size_t n, std::size_t concurrency) {
