@@ -57,7 +57,6 @@ struct local_sandbox {
     unique_fd pidfd;
     unique_fd root;         // O_PATH of its "/" (/proc/<pid>/root), for host-side file access
     sandbox_record record;  // as written to the state directory: uid base, cgroups, env, workdir
-    bool attached = false;  // created by another process; our helper does not know it
     async_event answered;   // the helper reported on this sandbox (reaped, or never knew it)
     async_event reaped;     // pid 1 is confirmed gone
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
@@ -176,7 +175,7 @@ class local_backend final : public backend {
         helper_->shutdown();
         // The helper killed and reaped what does not survive us; survivors keep their records.
         for (const auto& [id, sandbox] : sandboxes_) {
-            if (!sandbox->attached && !sandbox->info.survive_owner) records_.remove(id);
+            if (sandbox->info.owned && !sandbox->info.survive_owner) records_.remove(id);
         }
         tasks_.cancel_all();
     }
@@ -498,7 +497,7 @@ class local_backend final : public backend {
         auto sandbox = it->second;
         if (!sandbox->reaped.is_set()) {
             if (sandbox->agent) sandbox->agent->close();
-            if (sandbox->attached) {
+            if (!sandbox->info.owned) {  // attached: our helper does not know it
                 co_await kill_without_helper(*sandbox, limit);
             } else {
                 auto asked = co_await helper_->async_destroy(id, limit);
@@ -524,7 +523,7 @@ class local_backend final : public backend {
         sandbox->root.reset();
         // Our helper removes the cgroups of what it reaps; anything else is ours to remove.
         int cleanup_errno = sandbox->cleanup_errno;
-        if (sandbox->attached || cleanup_errno == ESRCH)
+        if (!sandbox->info.owned || cleanup_errno == ESRCH)
             cleanup_errno = co_await remove_cgroups_until(sandbox->record, limit);
         records_.remove(id);
         sandboxes_.erase(id);
@@ -651,7 +650,6 @@ class local_backend final : public backend {
 
         auto sandbox = std::make_shared<local_sandbox>(executor_);
         sandbox->info = describe(*record);  // running: checked through the pidfd above
-        sandbox->attached = true;
         sandbox->pidfd = std::move(*pidfd);
         sandbox->record = std::move(*record);
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(*control), id);
