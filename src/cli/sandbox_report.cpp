@@ -1,5 +1,7 @@
 #include "cli/sandbox_report.hpp"
 
+#include "core/limits_json.hpp"
+
 #include <cstdio>
 #include <ctime>
 
@@ -63,13 +65,8 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.key("layers").begin_array();
     for (const auto& layer : info.layers) w.value(layer);
     w.end_array();
-    w.key("limits").begin_object();
-    w.key("memory_bytes").value(info.limits.memory_bytes);
-    w.key("pids").value(static_cast<std::uint64_t>(info.limits.pids));
-    w.key("cpu_millicores").value(static_cast<std::uint64_t>(info.limits.cpu_millicores));
-    w.key("workspace_bytes").value(info.limits.workspace_bytes);
-    w.key("tmp_bytes").value(info.limits.tmp_bytes);
-    w.end_object();
+    w.key("limits");
+    write_limits_json(w, info.limits);
     w.end_object();
 }
 

@@ -1,6 +1,7 @@
 #include "local/sandbox_records.hpp"
 
 #include "core/json_writer.hpp"
+#include "core/limits_json.hpp"
 #include "wire/state_layout.hpp"
 
 #include <simdjson.h>
@@ -134,13 +135,8 @@ std::string to_json(const sandbox_record& r) {
     w.key("env");
     write_string_map(w, r.env);
     w.key("workdir").value(r.workdir);
-    w.key("limits").begin_object();
-    w.key("memory_bytes").value(r.limits.memory_bytes);
-    w.key("pids").value(static_cast<std::uint64_t>(r.limits.pids));
-    w.key("cpu_millicores").value(static_cast<std::uint64_t>(r.limits.cpu_millicores));
-    w.key("workspace_bytes").value(r.limits.workspace_bytes);
-    w.key("tmp_bytes").value(r.limits.tmp_bytes);
-    w.end_object();
+    w.key("limits");
+    write_limits_json(w, r.limits);
     w.key("layers");
     write_string_list(w, r.layers);
     w.key("condemned").value(r.condemned);
