@@ -37,11 +37,15 @@ struct exec_request {
     // Bytes written to the program's stdin, which is then closed.
     std::string stdin_data;
     // Program limit: the whole process group is killed this long after start and the result says
-    // timed_out with exit code 124. At most max_wall_limit.
+    // timed_out with exit code 124. At most max_wall_limit, or max_spawn_wall_limit for a
+    // spawned process (backend::async_spawn, sandbox::async_spawn).
     std::chrono::milliseconds wall_limit = std::chrono::seconds(60);
     output_limits output;
 
     static constexpr std::chrono::milliseconds max_wall_limit = std::chrono::seconds(600);
+    // A spawned process is a service that lives across calls (an interpreter kept per session):
+    // it may run this long, and it still ends with its sandbox (TTL, destroy).
+    static constexpr std::chrono::milliseconds max_spawn_wall_limit = std::chrono::hours(24);
 };
 
 // One stream's output as kept by exec(): everything if it fit, else head + tail.

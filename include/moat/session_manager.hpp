@@ -25,6 +25,7 @@
 #include <moat/runtime.hpp>
 #include <moat/sandbox.hpp>
 
+#include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 
 #include <chrono>
@@ -133,6 +134,9 @@ class session_manager {
 
     std::size_t sessions() const noexcept;
     std::size_t warm() const noexcept;
+
+    // The executor this manager (and its runtime's backend) is confined to.
+    asio::any_io_executor get_executor() const;
 
     struct state;
 

@@ -757,7 +757,8 @@ class local_backend final : public backend {
                                  "spawn keeps stdin open: write it with process::async_write_stdin "
                                  "instead of exec_request::stdin_data");
         }
-        auto started = co_await start_command(std::move(id), std::move(request));
+        const auto ceiling = exec_request::max_spawn_wall_limit;
+        auto started = co_await start_command(std::move(id), std::move(request), ceiling);
         if (!started) co_return std::move(started).error();
         auto handle = std::make_unique<local_process>(
             executor_, std::move(started->stream), std::move(started->stdin_socket),
@@ -765,13 +766,16 @@ class local_backend final : public backend {
         co_return process(std::move(handle));
     }
 
-    asio::awaitable<result<started_command>> start_command(std::string id, exec_request request) {
+    asio::awaitable<result<started_command>> start_command(
+        std::string id, exec_request request,
+        std::chrono::milliseconds ceiling = exec_request::max_wall_limit) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
         if (sandbox->gone_reason)
             co_return make_error(errc::sandbox_unavailable, *sandbox->gone_reason);
-        if (auto invalid = validate_exec(request); !invalid) co_return std::move(invalid).error();
+        if (auto invalid = validate_exec(request, ceiling); !invalid)
+            co_return std::move(invalid).error();
 
         std::vector<std::string> argv = std::move(request.argv);
         if (argv.empty()) argv = {"/bin/sh", "-c", request.shell};

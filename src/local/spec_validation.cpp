@@ -57,17 +57,17 @@ result<void> validate_spec(const sandbox_spec& spec) {
     return validate_env(spec.env, "env");
 }
 
-result<void> validate_exec(const exec_request& request) {
+result<void> validate_exec(const exec_request& request, std::chrono::milliseconds ceiling) {
     if (request.argv.empty() && request.shell.empty()) {
         return make_error(errc::invalid_argument, "exec: no command (argv and shell are empty)");
     }
     if (!request.argv.empty() && request.argv.front().empty()) {
         return make_error(errc::invalid_argument, "exec: argv[0] is empty");
     }
-    if (request.wall_limit.count() <= 0 || request.wall_limit > exec_request::max_wall_limit) {
-        return make_error(errc::invalid_argument,
-                          "wall_limit: must be between 1 ms and " +
-                              std::to_string(exec_request::max_wall_limit.count() / 1000) + " s");
+    if (request.wall_limit.count() <= 0 || request.wall_limit > ceiling) {
+        return make_error(errc::invalid_argument, "wall_limit: must be between 1 ms and " +
+                                                      std::to_string(ceiling.count() / 1000) +
+                                                      " s");
     }
     if (!request.cwd.empty() && request.cwd.front() != '/') {
         return make_error(errc::invalid_argument, "cwd: must be an absolute path");

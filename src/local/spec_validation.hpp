@@ -9,7 +9,9 @@
 namespace moat {
 
 result<void> validate_spec(const sandbox_spec& spec);
-result<void> validate_exec(const exec_request& request);
+// `ceiling` is exec_request::max_wall_limit for a command, max_spawn_wall_limit for a spawn.
+result<void> validate_exec(const exec_request& request,
+                           std::chrono::milliseconds ceiling = exec_request::max_wall_limit);
 result<void> validate_ttl(std::chrono::milliseconds ttl);
 
 // /workspace is a tmpfs charged to the sandbox's memory: a size at or above the memory limit is

@@ -559,4 +559,8 @@ std::size_t session_manager::warm() const noexcept {
     return state_->pool.size();
 }
 
+asio::any_io_executor session_manager::get_executor() const {
+    return state_->executor;
+}
+
 }  // namespace moat
