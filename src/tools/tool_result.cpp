@@ -1,0 +1,94 @@
+#include <moat/tools.hpp>
+
+#include "core/json_writer.hpp"
+
+namespace moat {
+namespace {
+
+const char* to_string(file_type type) noexcept {
+    switch (type) {
+        case file_type::regular:
+            return "file";
+        case file_type::directory:
+            return "directory";
+        case file_type::symlink:
+            return "symlink";
+        case file_type::other:
+            return "other";
+    }
+    return "other";
+}
+
+void text_if_present(json_writer& w, std::string_view name, const std::string& text) {
+    if (!text.empty()) w.key(name).value(text);
+}
+
+}  // namespace
+
+const char* to_string(tool_status status) noexcept {
+    switch (status) {
+        case tool_status::ok:
+            return "ok";
+        case tool_status::error:
+            return "error";
+        case tool_status::timeout:
+            return "timeout";
+        case tool_status::unavailable:
+            return "unavailable";
+    }
+    return "error";
+}
+
+std::string tool_result::to_json() const {
+    const bool is_ok = status == tool_status::ok;
+    json_writer w;
+    w.begin_object();
+    w.key("status").value(to_string(status));
+    if (exit_code) {
+        w.key("exit_code").value(*exit_code);
+        w.key("stdout").value(stdout_text);
+        w.key("stderr").value(stderr_text);
+    }
+    w.key("duration_ms").value(static_cast<std::int64_t>(duration.count()));
+    text_if_present(w, "error_type", error_type);
+    text_if_present(w, "traceback", traceback);
+    text_if_present(w, "message", message);
+    text_if_present(w, "hint", hint);
+    if (!notices.empty()) {
+        w.key("notices").begin_array();
+        for (const auto& notice : notices) w.value(notice);
+        w.end_array();
+    }
+    text_if_present(w, "path", path);
+    // A failed read or listing says nothing about the file: no empty content, size or listing.
+    if (tool == "read_file" && (is_ok || !content.empty())) w.key("content").value(content);
+    if ((tool == "read_file" || tool == "write_file") && (is_ok || bytes != 0)) {
+        w.key("bytes").value(bytes);
+    }
+    if (tool == "list_files" && (is_ok || !entries.empty())) {
+        w.key("entries").begin_array();
+        for (const auto& entry : entries) {
+            w.begin_object();
+            w.key("name").value(entry.name);
+            w.key("type").value(to_string(entry.type));
+            w.key("size").value(entry.size);
+            w.end_object();
+        }
+        w.end_array();
+    }
+    if (!artifacts.empty()) {
+        w.key("artifacts").begin_array();
+        for (const auto& a : artifacts) {
+            w.begin_object();
+            w.key("path").value(a.path);
+            w.key("size").value(a.size);
+            w.key("media_type").value(a.media_type);
+            w.end_object();
+        }
+        w.end_array();
+    }
+    w.end_object();
+    return w.take();
+}
+
+}  // namespace moat
