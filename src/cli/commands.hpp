@@ -15,5 +15,7 @@ int inventory_command(int argc, char** argv);  // moat inventory: every sandbox 
 int janitor_command(int argc, char** argv);    // moat janitor: clean up after crashes
 int smoke_command(int argc, char** argv);      // moat smoke: a deployment check
 int bench_command(int argc, char** argv);      // moat bench create|advise: latency, pooling
+int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server on stdio
+int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
 
 }  // namespace moat::cli

@@ -45,6 +45,11 @@ constexpr const char* usage_text =
     "  bench sweep [--n N] | memory [--count N] | pool [--n N] | hostsize [--n N]\n"
     "      throughput and tail at 1-64 in flight; memory per idle sandbox with N held; warm\n"
     "      hand-out latency; create latency in a 2 GiB, 8-thread process\n"
+    "  demo\n"
+    "      a scripted model conversation through the tool layer: what a model would see\n"
+    "  mcp [--timeout S] [--memory MB] [--env K=V]...\n"
+    "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
+    "      read_file, list_files); one sandbox per connection, destroyed when the client leaves\n"
     "  doctor\n"
     "      show which isolation layers and limits this host can enforce, and run a live check\n"
     "\n"
@@ -71,7 +76,8 @@ int main(int argc, char** argv) {
             {"destroy", moat::cli::destroy_command}, {"ls", moat::cli::ls_command},
             {"doctor", moat::cli::doctor_command},   {"inventory", moat::cli::inventory_command},
             {"janitor", moat::cli::janitor_command}, {"smoke", moat::cli::smoke_command},
-            {"bench", moat::cli::bench_command},
+            {"bench", moat::cli::bench_command},     {"mcp", moat::cli::mcp_command},
+            {"demo", moat::cli::demo_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

@@ -1,0 +1,67 @@
+// moat mcp: a Model Context Protocol tool server on stdin/stdout, one per-session sandbox per
+// connection (see mcp/mcp_server.hpp). Logs go to stderr; stdout carries only protocol messages.
+#include <moat/runtime.hpp>
+#include <moat/session_manager.hpp>
+#include <moat/tools.hpp>
+
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
+#include "cli/commands.hpp"
+#include "mcp/mcp_server.hpp"
+
+#include <unistd.h>
+#include <cstdio>
+
+namespace moat::cli {
+namespace {
+
+struct mcp_options {
+    manager_options manager;
+    tool_options tools;
+};
+
+mcp_options parse_mcp_options(int argc, char** argv) {
+    mcp_options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (auto seconds = flag_value("--timeout", argc, argv, i)) {
+            const auto limit = parse_wall_limit("--timeout", *seconds);
+            o.tools.default_timeout = std::chrono::duration_cast<std::chrono::seconds>(limit);
+            if (o.tools.default_timeout.count() < 1)
+                o.tools.default_timeout = std::chrono::seconds(1);
+        } else if (auto megabytes = flag_value("--memory", argc, argv, i)) {
+            o.manager.spec.limits.memory_bytes = parse_megabytes("--memory", *megabytes);
+        } else if (auto pair = flag_value("--env", argc, argv, i)) {
+            auto [key, value] = parse_key_value("--env", *pair);
+            o.manager.spec.env[key] = value;
+        } else {
+            throw usage_error("unknown option '" + std::string(arg) + "'");
+        }
+    }
+    o.manager.spec.labels["moat.client"] = "mcp";
+    return o;
+}
+
+asio::awaitable<int> serve(backend& b, mcp_options o) {
+    runtime sandboxes(b);
+    session_manager sessions(sandboxes, o.manager);
+    int code = 0;
+    {
+        tool_session tools(sessions, "mcp-" + std::to_string(::getpid()), o.tools);
+        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO);
+        code = co_await server.async_run();
+    }
+    co_await asio::this_coro::reset_cancellation_state();
+    const auto report = co_await sessions.async_shutdown();
+    if (!report.left.empty()) code = exit_failure;
+    co_return code;
+}
+
+}  // namespace
+
+int mcp_command(int argc, char** argv) {
+    mcp_options o = parse_mcp_options(argc, argv);
+    return run_with_backend([&o](backend& b) { return serve(b, o); });
+}
+
+}  // namespace moat::cli

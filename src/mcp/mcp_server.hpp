@@ -1,0 +1,45 @@
+// `moat mcp`: a Model Context Protocol server over stdio (JSON-RPC 2.0, one message per line).
+//
+// Methods: initialize, ping, tools/list, tools/call, resources/list and resources/read (the files
+// under /workspace/out, as bytes for the client, never as model-facing text); notifications:
+// notifications/initialized, notifications/cancelled (cancels the running call: its process is
+// killed and confirmed gone). A tools/call whose params carry _meta.progressToken gets
+// notifications/progress while it runs. The connection has one per-session sandbox (through the
+// tool session); when the client disconnects (EOF on stdin) running calls are cancelled, the
+// session ends and its sandbox is destroyed, confirmed, before async_run returns.
+#pragma once
+
+#include <moat/tools.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <memory>
+
+namespace moat::mcp {
+
+struct server_options {
+    std::chrono::milliseconds progress_interval = std::chrono::seconds(1);
+    std::size_t max_message_bytes = 64 << 20;  // a longer line is answered with an error, skipped
+};
+
+class server {
+  public:
+    // Reads requests from `in_fd` and writes responses to `out_fd` (both stay open: the caller
+    // owns them). `tools` must outlive the server.
+    server(tool_session& tools, int in_fd, int out_fd, server_options options = {});
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    // Serves until the client disconnects or this coroutine is cancelled; then ends the session.
+    // Returns 0, or 1 if the session's sandbox could not be confirmed destroyed.
+    asio::awaitable<int> async_run();
+
+    struct state;
+
+  private:
+    std::shared_ptr<state> state_;
+};
+
+}  // namespace moat::mcp
