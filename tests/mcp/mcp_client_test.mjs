@@ -174,6 +174,8 @@ await check('the server initializes and says it is moat', async () => {
     assert.ok(child, 'the SDK transport exposes its child process');
     serverExit = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
     assert.equal(client.getServerVersion()?.name, 'moat');
+    assert.ok(client.getServerCapabilities()?.tools, 'the server announces tools');
+    assert.deepEqual(await client.ping(), {});
 });
 
 let pythonDescription = '';
