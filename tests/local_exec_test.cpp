@@ -352,6 +352,10 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(via_shell.oom_killed);
     CHECK(via_shell.exit_code == 137);
     CHECK_FALSE(sh(a.id, "echo fine").oom_killed);
+    // A later SIGKILL that is not the OOM killer's is not blamed on it.
+    const auto plain_kill = sh(a.id, "kill -9 $$");
+    CHECK(plain_kill.exit_code == 128 + SIGKILL);
+    CHECK_FALSE(plain_kill.oom_killed);
     destroy(a.id);
 
     moat::sandbox_spec big;

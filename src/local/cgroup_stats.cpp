@@ -15,6 +15,13 @@ std::optional<std::uint64_t> read_oom_kill_count(const std::string& memory_cgrou
     return std::nullopt;
 }
 
+bool oom_watch::counted_new_kill() {
+    const auto now = read_oom_kill_count(memory_cgroup);
+    const bool grew = now && seen && *now > *seen;
+    if (now) seen = now;
+    return grew;
+}
+
 std::optional<std::uint64_t> read_cgroup_number(const std::vector<std::string>& dirs,
                                                 const char* file) {
     for (const auto& dir : dirs) {

@@ -61,6 +61,7 @@ struct local_sandbox {
     async_event reaped;     // pid 1 is confirmed gone
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
     std::optional<std::string> gone_reason;
+    std::shared_ptr<oom_watch> oom = std::make_shared<oom_watch>();
 };
 
 std::vector<std::string> layer_names(std::uint32_t bits) {
@@ -345,6 +346,9 @@ class local_backend final : public backend {
         sandbox->info.owned = true;
         sandbox->pidfd = std::move(made->pidfd);
         sandbox->record = std::move(record);
+        // A new memory cgroup has counted no OOM kill yet.
+        sandbox->oom->memory_cgroup = sandbox->record.memory_cgroup;
+        if (!sandbox->oom->memory_cgroup.empty()) sandbox->oom->seen = 0;
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(made->control), id);
         sandbox->agent->start(tasks_);
         sandboxes_[id] = sandbox;
@@ -652,6 +656,8 @@ class local_backend final : public backend {
         sandbox->info = describe(*record);  // running: checked through the pidfd above
         sandbox->pidfd = std::move(*pidfd);
         sandbox->record = std::move(*record);
+        sandbox->oom->memory_cgroup = sandbox->record.memory_cgroup;
+        sandbox->oom->seen = read_oom_kill_count(sandbox->oom->memory_cgroup);
         sandbox->agent = std::make_shared<agent_channel>(executor_, std::move(*control), id);
         sandbox->agent->start(tasks_);
         sandboxes_[id] = sandbox;
@@ -802,8 +808,7 @@ class local_backend final : public backend {
         command.agent = sandbox->agent;
         command.exec_id = exec_id;
         command.program = argv.front();
-        command.memory_cgroup = sandbox->record.memory_cgroup;
-        command.oom_kills_before = read_oom_kill_count(sandbox->record.memory_cgroup);
+        command.oom = sandbox->oom;
         command.kill_grace = options_.kill_grace;
         command.backstop = deadline::after(request.wall_limit + wall_limit_slack);
 

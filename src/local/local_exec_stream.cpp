@@ -159,13 +159,10 @@ exec_result local_exec_stream::make_result(const wire::exited_message& exit) con
         r.signal = WTERMSIG(status);
         r.exit_code = 128 + r.signal;
     }
-    // The sandbox's memory cgroup counted an OOM kill while the command ran, and the command
-    // ended by SIGKILL (directly, or as a shell's exit status 137 for its killed child).
+    // The command ended by SIGKILL (directly, or as a shell's exit status 137 for its killed
+    // child) and the sandbox's memory cgroup counted an OOM kill since the library last looked.
     const bool killed = r.signal == SIGKILL || (r.signal == 0 && r.exit_code == 128 + SIGKILL);
-    if (killed && !r.timed_out && command_.oom_kills_before) {
-        const auto after = read_oom_kill_count(command_.memory_cgroup);
-        r.oom_killed = after && *after > *command_.oom_kills_before;
-    }
+    if (killed && !r.timed_out && command_.oom) r.oom_killed = command_.oom->counted_new_kill();
     return r;
 }
 

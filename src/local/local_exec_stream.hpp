@@ -6,6 +6,7 @@
 
 #include "core/unique_fd.hpp"
 #include "local/agent_channel.hpp"
+#include "local/cgroup_stats.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
 
@@ -19,10 +20,9 @@ struct local_command {
     std::shared_ptr<agent_channel> agent;
     std::uint64_t exec_id = 0;
     std::shared_ptr<command_state> state;
-    std::string program;        // argv[0], for the spawn-failure message
-    std::string memory_cgroup;  // for OOM detection; may be empty
-    std::optional<std::uint64_t> oom_kills_before;
-    deadline backstop;  // past this the agent failed to enforce the wall limit
+    std::string program;             // argv[0], for the spawn-failure message
+    std::shared_ptr<oom_watch> oom;  // the sandbox's; consulted when the command is SIGKILLed
+    deadline backstop;               // past this the agent failed to enforce the wall limit
     std::chrono::milliseconds kill_grace{2000};
 };
 

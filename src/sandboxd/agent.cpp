@@ -56,7 +56,6 @@ struct command_args {
     const char* cwd;
     char* const* argv;
     char** envp;
-    int cap_last_cap;
     rlim_t max_processes;
     int spawn_errno;
 };
@@ -90,9 +89,7 @@ int command_main(void* opaque) {
         processes.rlim_cur = processes.rlim_max;
         if (::setrlimit(RLIMIT_NPROC, &processes) != 0) command_fail(a);
     }
-    for (int cap = 0; cap <= a.cap_last_cap; ++cap) {
-        if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) command_fail(a);
-    }
+    // The bounding set was emptied once in pid 1 (agent::setup) and is inherited.
     if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) command_fail(a);
     // Raw calls: glibc's set*id wrappers would try to broadcast to other threads.
     const gid_t group = wire::sandbox_group_id;
@@ -169,7 +166,6 @@ class agent {
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
     int signal_fd_ = -1;
-    int cap_last_cap_ = CAP_LAST_CAP;
     char* stack_top_ = nullptr;
     std::vector<connection> connections_;
     std::vector<command> commands_;
@@ -187,7 +183,12 @@ bool agent::setup() {
     if (::sigprocmask(SIG_SETMASK, &chld, nullptr) != 0) return false;
     signal_fd_ = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signal_fd_ < 0) return false;
-    cap_last_cap_ = read_cap_last_cap();
+    // Empty the capability bounding set once, here: every command inherits it, so none can
+    // regain a capability at exec (40-odd prctl calls per command otherwise, on the exec path).
+    const int cap_last_cap = read_cap_last_cap();
+    for (int cap = 0; cap <= cap_last_cap; ++cap) {
+        if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return false;
+    }
     void* stack = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
     if (stack == MAP_FAILED) return false;
@@ -345,13 +346,8 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{{fds[0], fds[1], fds[2]},
-                      request.cwd.data(),
-                      argv.data(),
-                      envp.data(),
-                      cap_last_cap_,
-                      max_processes_,
-                      0};
+    command_args args{
+        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), max_processes_, 0};
     char** const saved_environ = environ;
     const std::uint64_t start = now_us();
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
