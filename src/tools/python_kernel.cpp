@@ -3,6 +3,7 @@
 #include <moat/with_timeout.hpp>
 
 #include "core/output_capture.hpp"
+#include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
 
 #include <asio/this_coro.hpp>
@@ -20,8 +21,6 @@ using clock = std::chrono::steady_clock;
 
 // Time for a killed interpreter's end to be reported before we stop waiting for it.
 constexpr auto reap_grace = std::chrono::seconds(3);
-// The longest marker line we wait for: "<prefix>NNN error <exception type>\n".
-constexpr std::size_t max_marker_line = 512;
 
 std::string random_nonce() {
     unsigned char bytes[12] = {};
@@ -39,51 +38,6 @@ std::string random_nonce() {
     return hex;
 }
 
-// One channel of a cell: its bytes up to the driver's end marker, kept as head + tail.
-class channel_reader {
-  public:
-    channel_reader(std::string marker, output_limits limits)
-        : marker_(std::move(marker)), capture_(limits) {}
-
-    bool is_done() const noexcept { return done_; }
-    const std::string& marker_line() const noexcept { return marker_line_; }
-
-    void feed(std::string_view data) {
-        if (done_) return;  // after the marker: a background thread's late output, dropped
-        pending_ += data;
-        const auto at = pending_.find(marker_);
-        if (at != std::string::npos) {
-            const auto end = pending_.find('\n', at);
-            if (end == std::string::npos && pending_.size() - at < max_marker_line) return;
-            capture_.append(std::string_view(pending_).substr(0, at));
-            if (end != std::string::npos)
-                marker_line_ = pending_.substr(at + marker_.size(), end - at - marker_.size());
-            pending_.clear();
-            done_ = true;
-            return;
-        }
-        // Keep only what could be the start of a marker split across reads.
-        if (pending_.size() >= marker_.size()) {
-            const auto keep = marker_.size() - 1;
-            capture_.append(std::string_view(pending_).substr(0, pending_.size() - keep));
-            pending_.erase(0, pending_.size() - keep);
-        }
-    }
-
-    captured_output finish() {
-        if (!done_) capture_.append(pending_);
-        pending_.clear();
-        return capture_.finish();
-    }
-
-  private:
-    std::string marker_;
-    output_capture capture_;
-    std::string pending_;
-    std::string marker_line_;
-    bool done_ = false;
-};
-
 }  // namespace
 
 struct python_kernel::running {
@@ -98,8 +52,8 @@ struct cell_read {
     std::optional<exec_result> exited;  // set when the interpreter ended during the cell
 };
 
-asio::awaitable<result<cell_read>> read_cell(process& interpreter, channel_reader& out,
-                                             channel_reader& err) {
+asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& out,
+                                             cell_output& err) {
     cell_read read;
     while (!out.is_done() || !err.is_done()) {
         auto next = co_await interpreter.async_next();
@@ -117,7 +71,7 @@ asio::awaitable<result<cell_read>> read_cell(process& interpreter, channel_reade
 
 // Writes the cell to the interpreter's command channel, then reads its output up to the markers.
 asio::awaitable<result<cell_read>> send_and_read(process& interpreter, std::string framed,
-                                                 channel_reader& out, channel_reader& err) {
+                                                 cell_output& out, cell_output& err) {
     auto written = co_await interpreter.async_write_stdin(std::move(framed));
     if (!written) {
         // The interpreter stopped reading: it is exiting. Its end is what the cell reports.
@@ -173,8 +127,8 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<s
     outcome.interpreter_pid = running_->interpreter.pid();
     ++cells_;
 
-    channel_reader out(running_->marker, capture_);
-    channel_reader err(running_->marker, capture_);
+    cell_output out(running_->marker, capture_);
+    cell_output err(running_->marker, capture_);
     std::string framed = std::to_string(code.size()) + "\n" + code;
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
@@ -207,17 +161,9 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<s
         outcome.oom_killed = ended.oom_killed;
         co_return outcome;
     }
-    // The marker line: "NNN ok -" or "NNN error KeyError".
-    const std::string& line = out.marker_line();
-    const auto first_space = line.find(' ');
-    const auto second_space =
-        line.find(' ', first_space == std::string::npos ? 0 : first_space + 1);
-    if (first_space != std::string::npos && second_space != std::string::npos) {
-        outcome.raised =
-            line.compare(first_space + 1, second_space - first_space - 1, "error") == 0;
-        const std::string kind = line.substr(second_space + 1);
-        if (outcome.raised && kind != "-") outcome.exception_type = kind;
-    }
+    const auto status = parse_marker_line(out.marker_line());
+    outcome.raised = status.raised;
+    outcome.exception_type = status.exception_type;
     co_return outcome;
 }
 
