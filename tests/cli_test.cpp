@@ -4,18 +4,22 @@
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 
 namespace {
@@ -357,4 +361,71 @@ TEST_CASE("moat inventory shows usage and moat smoke passes") {
     const auto smoke = moat_cli("smoke");
     CHECK_MESSAGE(smoke.exit_code == 0, smoke.output);
     CHECK(smoke.output.find("all checks passed") != std::string::npos);
+}
+
+TEST_CASE("moat mcp stops reading a client that does not read its responses, then serves all") {
+    // 2 million pings: 84 MB of requests and 120 MB of responses if nothing pushed back.
+    constexpr std::size_t requests = 2'000'000;
+    int to_server[2];
+    int from_server[2];
+    REQUIRE(::pipe2(to_server, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(from_server, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_server[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_server[1], 1);
+    std::string program = MOAT_CLI_PATH;
+    std::string command = "mcp";
+    char* argv[] = {program.data(), command.data(), nullptr};
+    pid_t server = -1;
+    REQUIRE(::posix_spawn(&server, program.c_str(), &actions, nullptr, argv, environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(to_server[0]);
+    ::close(from_server[1]);
+
+    std::atomic<std::size_t> written{0};
+    std::thread writer([&] {
+        const std::string line = R"({"jsonrpc":"2.0","id":1,"method":"ping"})"
+                                 "\n";
+        std::string batch;
+        for (int i = 0; i < 1000; ++i) batch += line;
+        for (std::size_t sent = 0; sent < requests; sent += 1000) {
+            std::string_view rest = batch;
+            while (!rest.empty()) {
+                const ssize_t n = ::write(to_server[1], rest.data(), rest.size());
+                if (n <= 0) break;
+                rest.remove_prefix(static_cast<std::size_t>(n));
+            }
+            if (!rest.empty()) break;
+            written += 1000;
+        }
+        ::close(to_server[1]);
+    });
+    // Wait until the writer stalls: the server has stopped reading.
+    std::size_t last = 0;
+    int still = 0;
+    for (int i = 0; i < 600 && still < 5 && written < requests; ++i) {
+        ::usleep(100'000);
+        still = written == last ? still + 1 : 0;
+        last = written;
+    }
+    CHECK(written < requests);
+    const long rss = moat::test::resident_bytes(server);
+    CHECK(rss > 0);
+    CHECK(rss < 96L * 1024 * 1024);
+
+    std::size_t responses = 0;
+    std::array<char, 1 << 16> buffer{};
+    for (;;) {
+        const ssize_t n = ::read(from_server[0], buffer.data(), buffer.size());
+        if (n <= 0) break;
+        responses += static_cast<std::size_t>(std::count(buffer.data(), buffer.data() + n, '\n'));
+    }
+    writer.join();
+    ::close(from_server[0]);
+    int status = 0;
+    REQUIRE(::waitpid(server, &status, 0) == server);
+    CHECK(responses == requests);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
 }

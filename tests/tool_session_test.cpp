@@ -329,3 +329,10 @@ TEST_CASE_FIXTURE(tool_fixture,
     REQUIRE(after);
     CHECK(after->status == moat::tool_status::unavailable);
 }
+
+TEST_CASE_FIXTURE(tool_fixture, "ending a session that never ran anything succeeds") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::tool_session idle(manager, "never-used");
+    CHECK(run(idle.async_end()));
+    CHECK(manager.sessions() == 0);
+}

@@ -154,6 +154,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
     task_group helpers;                            // progress reporters and the output writer
     std::map<std::string, std::uint64_t> running;  // request id (JSON text) -> task
     std::deque<std::string> outbox;
+    std::size_t outbox_bytes = 0;
     bool writing = false;
     bool output_broken = false;
 
@@ -173,6 +174,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
             }
             return;
         }
+        outbox_bytes += line.size();
         outbox.push_back(std::move(line));
         if (!writing) {
             writing = true;
@@ -184,11 +186,13 @@ struct server::state : std::enable_shared_from_this<server::state> {
         while (!self->outbox.empty()) {
             std::string line = std::move(self->outbox.front());
             self->outbox.pop_front();
+            self->outbox_bytes -= line.size();
             auto [ec, n] = co_await asio::async_write(self->output, asio::buffer(line),
                                                       as_tuple(asio::use_awaitable));
             if (ec) {
                 self->output_broken = true;
                 self->outbox.clear();
+                self->outbox_bytes = 0;
             }
         }
         self->writing = false;
@@ -347,7 +351,14 @@ struct server::state : std::enable_shared_from_this<server::state> {
         std::string buffer;
         bool skipping = false;  // inside a line that was too long
         std::array<char, 64 * 1024> chunk{};
+        asio::steady_timer backoff(helpers.get_executor());
         for (;;) {
+            // A client that does not read its responses stops being read: the outbox is bounded.
+            while (outbox_bytes > options.max_pending_output_bytes && !output_broken) {
+                backoff.expires_after(std::chrono::milliseconds(5));
+                auto [waited] = co_await backoff.async_wait(as_tuple(asio::use_awaitable));
+                if (waited) co_return;
+            }
             auto [ec, n] =
                 co_await input.async_read_some(asio::buffer(chunk), as_tuple(asio::use_awaitable));
             if (ec) co_return;

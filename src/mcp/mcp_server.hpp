@@ -21,6 +21,8 @@ namespace moat::mcp {
 struct server_options {
     std::chrono::milliseconds progress_interval = std::chrono::seconds(1);
     std::size_t max_message_bytes = 64 << 20;  // a longer line is answered with an error, skipped
+    // Responses not yet taken by the client; past this, requests are not read until it catches up.
+    std::size_t max_pending_output_bytes = 16 << 20;
 };
 
 class server {

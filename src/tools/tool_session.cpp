@@ -684,7 +684,10 @@ asio::awaitable<result<void>> tool_session::async_end() {
     co_await s->kernel.async_stop();
     s->calls.release();
     s->calls.refuse_all();
-    co_return co_await s->sessions.async_end(s->key);
+    auto ended = co_await s->sessions.async_end(s->key);
+    // No session: no call ever needed a sandbox (or the manager already ended it).
+    if (!ended && ended.error().code == errc::sandbox_not_found) co_return result<void>{};
+    co_return ended;
 }
 
 }  // namespace moat

@@ -93,8 +93,10 @@ pid_t find_descendant(pid_t root, const std::string& needle) {
     return -1;
 }
 
-long resident_bytes() {
-    std::istringstream in(read_file("/proc/self/statm"));
+long resident_bytes(pid_t pid) {
+    const std::string statm =
+        pid == 0 ? "/proc/self/statm" : "/proc/" + std::to_string(pid) + "/statm";
+    std::istringstream in(read_file(statm));
     long size = 0, resident = 0;
     in >> size >> resident;
     return resident * ::sysconf(_SC_PAGESIZE);

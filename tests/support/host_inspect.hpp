@@ -35,7 +35,7 @@ pid_t find_descendant(pid_t root, const std::string& needle);
 // Reads a whole file; "" if it cannot be read.
 std::string read_file(const std::string& path);
 
-// Resident set size of this process in bytes.
-long resident_bytes();
+// Resident set size in bytes of `pid` (0: this process).
+long resident_bytes(pid_t pid = 0);
 
 }  // namespace moat::test
