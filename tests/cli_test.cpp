@@ -412,7 +412,13 @@ TEST_CASE("moat mcp stops reading a client that does not read its responses, the
     CHECK(written < requests);
     const long rss = moat::test::resident_bytes(server);
     CHECK(rss > 0);
-    CHECK(rss < 96L * 1024 * 1024);
+    // Without the cap it holds over 200 MB (ASan's allocator and shadow add about 70 MB).
+#if defined(__SANITIZE_ADDRESS__)
+    constexpr long bound = 256L << 20;
+#else
+    constexpr long bound = 96L << 20;
+#endif
+    CHECK(rss < bound);
 
     std::size_t responses = 0;
     std::array<char, 1 << 16> buffer{};

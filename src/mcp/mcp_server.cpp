@@ -31,7 +31,9 @@ constexpr int message_too_large = -32600;
 constexpr std::array<std::string_view, 3> protocol_versions = {"2025-06-18", "2025-03-26",
                                                                "2024-11-05"};
 constexpr std::string_view artifact_scheme = "moat://artifacts/";
-constexpr auto flush_bound = std::chrono::seconds(2);
+// At the end, responses still queued are written while the client keeps taking them, and given
+// up after this long without progress.
+constexpr auto flush_stall = std::chrono::seconds(2);
 
 using clock = std::chrono::steady_clock;
 
@@ -156,6 +158,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
     std::deque<std::string> outbox;
     std::size_t outbox_bytes = 0;
     bool writing = false;
+    clock::time_point last_write = clock::now();
     bool output_broken = false;
 
     void send(std::string line) {
@@ -194,6 +197,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
                 self->outbox.clear();
                 self->outbox_bytes = 0;
             }
+            self->last_write = clock::now();
         }
         self->writing = false;
     }
@@ -411,8 +415,8 @@ asio::awaitable<int> server::async_run() {
     co_await self->calls.async_wait_all();
     auto ended = co_await self->tools.async_end();
     asio::steady_timer timer(self->helpers.get_executor());
-    const auto bound = clock::now() + flush_bound;
-    while (self->writing && clock::now() < bound) {
+    self->last_write = clock::now();
+    while (self->writing && clock::now() - self->last_write < flush_stall) {
         timer.expires_after(std::chrono::milliseconds(10));
         co_await timer.async_wait(as_tuple(asio::use_awaitable));
     }
