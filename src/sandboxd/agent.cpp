@@ -56,7 +56,6 @@ struct command_args {
     const char* cwd;
     char* const* argv;
     char** envp;
-    rlim_t max_processes;
     int spawn_errno;
 };
 
@@ -72,30 +71,11 @@ int command_main(void* opaque) {
         if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
     }
     ::close_range(3, ~0u, 0);
-    const rlimit no_core{0, 0};
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    // The helper raised its descriptor limit for its own bookkeeping; commands get the usual one.
-    rlimit files{};
-    if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 1024) {
-        files.rlim_cur = 1024;
-        ::setrlimit(RLIMIT_NOFILE, &files);
-    }
-    // Per-user process cap inside this sandbox's user namespace: a second line against fork
-    // bombs that holds even where the pids cgroup was skipped (best effort).
-    rlimit processes{};
-    if (a.max_processes != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0) {
-        // Only lowering is allowed without CAP_SYS_RESOURCE in the host's user namespace.
-        processes.rlim_max = std::min(processes.rlim_max, a.max_processes);
-        processes.rlim_cur = processes.rlim_max;
-        if (::setrlimit(RLIMIT_NPROC, &processes) != 0) command_fail(a);
-    }
-    // The bounding set was emptied once in pid 1 (agent::setup) and is inherited.
+    // Limits, the bounding set and the groups were set once in pid 1 (agent::setup) and are
+    // inherited; what is left here is what must differ from pid 1.
     if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) command_fail(a);
     // Raw calls: glibc's set*id wrappers would try to broadcast to other threads.
-    const gid_t group = wire::sandbox_group_id;
     const uid_t user = wire::sandbox_user_id;
-    if (::syscall(SYS_setgroups, 1, &group) != 0) command_fail(a);
-    if (::syscall(SYS_setresgid, group, group, group) != 0) command_fail(a);
     if (::syscall(SYS_setresuid, user, user, user) != 0) command_fail(a);
     if (::chdir(a.cwd) != 0) command_fail(a);
     sigset_t none;
@@ -188,6 +168,26 @@ bool agent::setup() {
     const int cap_last_cap = read_cap_last_cap();
     for (int cap = 0; cap <= cap_last_cap; ++cap) {
         if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return false;
+    }
+    // What every command inherits is set here once, not per command (on the exec path):
+    // no core dumps; the usual descriptor limit (the helper raised its own, and pid 1 needs few);
+    // a per-user process cap inside this user namespace, a second line against fork bombs that
+    // holds even where the pids cgroup was skipped (only lowering is possible without
+    // CAP_SYS_RESOURCE in the host's namespace). pid 1 already has the sandbox's group (the
+    // helper set it before the parent-death signal, which a gid change here would clear), so a
+    // command changes only its uid.
+    const rlimit no_core{0, 0};
+    if (::setrlimit(RLIMIT_CORE, &no_core) != 0) return false;
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 1024) {
+        files.rlim_cur = 1024;
+        if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return false;
+    }
+    rlimit processes{};
+    if (max_processes_ != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0) {
+        processes.rlim_max = std::min<rlim_t>(processes.rlim_max, max_processes_);
+        processes.rlim_cur = processes.rlim_max;
+        if (::setrlimit(RLIMIT_NPROC, &processes) != 0) return false;
     }
     void* stack = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
@@ -346,8 +346,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{
-        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), max_processes_, 0};
+    command_args args{{fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), 0};
     char** const saved_environ = environ;
     const std::uint64_t start = now_us();
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);

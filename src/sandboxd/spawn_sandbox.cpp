@@ -242,9 +242,12 @@ int child_main(void* opaque) {
     }
     checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
 
-    // Without setgroups the child would keep host gid 0 as a supplementary group.
-    checked(a, step::setgroups, SYS_setgroups, 0, nullptr);
-    checked(a, step::setresgid, SYS_setresgid, 0, 0, 0);
+    // Without setgroups the child would keep host gid 0 as a supplementary group. pid 1 takes the
+    // sandbox's group (its uid stays 0 in the namespace), so that commands, which inherit it,
+    // change only their uid; and before the parent-death signal, which a gid change would clear.
+    const gid_t group = wire::sandbox_group_id;
+    checked(a, step::setgroups, SYS_setgroups, 1, &group);
+    checked(a, step::setresgid, SYS_setresgid, group, group, group);
     // Copied mounts are locked in a user namespace and cannot be pivot_root targets, hence the
     // fresh recursive bind of the template (reachable through the 0711 state directory).
     checked(a, step::bind_template, SYS_mount, a.template_path, a.template_path, nullptr,
