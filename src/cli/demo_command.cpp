@@ -320,8 +320,9 @@ asio::awaitable<int> converse(backend& b, demo_style style) {
 }  // namespace
 
 int demo_command(int argc, char** argv) {
-    if (argc > 0) throw usage_error("moat demo takes no arguments");
-    (void)argv;
+    if (argc > 0)
+        throw usage_error("unexpected argument '" + std::string(argv[0]) +
+                          "' (moat demo takes none)");
     demo_style style;
     style.color = ::isatty(STDOUT_FILENO) != 0;
     return run_with_backend([style](backend& b) { return converse(b, style); });
