@@ -143,7 +143,7 @@ TEST_CASE_FIXTURE(local_fixture, "a deadline that passes while queued fails with
 }
 
 TEST_CASE_FIXTURE(local_fixture,
-                  "cancelling a running exec kills its process; the sandbox stays ready") {
+                  "cancelling a running exec kills its process, and the sandbox stays ready") {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     auto box = create_handle(*this, rt);
@@ -420,7 +420,7 @@ asio::awaitable<moat::result<void>> talk(moat::process& p, std::string text) {
 
 TEST_CASE_FIXTURE(
     local_fixture,
-    "a spawned process runs beside queued operations; stdin, output and signals work") {
+    "a spawned process runs beside queued operations, with working stdin, output and signals") {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     auto box = create_handle(*this, rt);

@@ -69,7 +69,7 @@ void check_gone(const host_traces& t) {
 
 }  // namespace
 
-TEST_CASE("a survivor outlives its creator; another backend attaches, execs, copies and destroys") {
+TEST_CASE("a survivor outlives its creator, and another backend attaches, execs, copies and destroys") {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     const auto box = creator.create(survivor_spec());
@@ -155,7 +155,7 @@ TEST_CASE("destroying a sandbox from another backend is final for its owner too"
     CHECK(owner.run(owner.local->async_destroy(box.id)));
 }
 
-TEST_CASE("commands an attached process started die when it detaches; the sandbox lives on") {
+TEST_CASE("commands an attached process started die when it detaches, and the sandbox lives on") {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     const auto box = creator.create(survivor_spec());

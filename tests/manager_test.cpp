@@ -80,7 +80,7 @@ bool all_done(const Slots& slots) {
 
 TEST_CASE_FIXTURE(
     local_fixture,
-    "one key under 100 concurrent acquirers creates one sandbox; 100 keys run in parallel") {
+    "one key under 100 concurrent acquirers creates one sandbox, and 100 keys run in parallel") {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     event_log log;

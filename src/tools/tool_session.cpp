@@ -180,6 +180,13 @@ struct tool_session::state {
                       "code tool is unavailable");
     }
 
+    // A step that failed: the caller's own cancellation or deadline stays an error; anything
+    // else is an unavailable result for the model.
+    static result<tool_result> failed_step(const char* tool, error failure) {
+        if (is_callers_stop(failure)) return failure;
+        return unavailable(tool, failure);
+    }
+
     // Takes this call's turn in the session's queue.
     asio::awaitable<std::optional<error>> take_turn(deadline limit) {
         const auto granted = co_await calls.async_acquire(limit);
@@ -246,17 +253,13 @@ struct tool_session::state {
                                                     std::chrono::milliseconds timeout,
                                                     deadline limit) {
         auto got = co_await lease(limit);
-        if (!got) {
-            if (is_callers_stop(got.error())) co_return std::move(got).error();
-            co_return unavailable("run_python", got.error());
-        }
+        if (!got) co_return failed_step("run_python", std::move(got).error());
         auto box = got->lease.box;
         auto ran = co_await kernel.async_run(box, std::move(code), timeout, limit);
         if (!ran) {
             // The interpreter was killed with the call: say so when the next cell starts one.
             interpreter_lost = true;
-            if (is_callers_stop(ran.error())) co_return std::move(ran).error();
-            co_return unavailable("run_python", ran.error());
+            co_return failed_step("run_python", std::move(ran).error());
         }
         tool_result r;
         r.tool = "run_python";
@@ -342,20 +345,14 @@ struct tool_session::state {
                                                    std::chrono::milliseconds timeout,
                                                    deadline limit) {
         auto got = co_await lease(limit);
-        if (!got) {
-            if (is_callers_stop(got.error())) co_return std::move(got).error();
-            co_return unavailable("run_shell", got.error());
-        }
+        if (!got) co_return failed_step("run_shell", std::move(got).error());
         auto box = got->lease.box;
         exec_request request;
         request.shell = std::move(command);
         request.wall_limit = timeout;
         request.output = capture_limits;
         auto ran = co_await box->async_exec(std::move(request), limit);
-        if (!ran) {
-            if (is_callers_stop(ran.error())) co_return std::move(ran).error();
-            co_return unavailable("run_shell", ran.error());
-        }
+        if (!ran) co_return failed_step("run_shell", std::move(ran).error());
         tool_result r;
         r.tool = "run_shell";
         r.duration = std::chrono::duration_cast<std::chrono::milliseconds>(ran->duration);
@@ -408,10 +405,7 @@ struct tool_session::state {
                                                     deadline limit) {
         const std::string path = sandbox_path(given);
         auto got = co_await lease(limit);
-        if (!got) {
-            if (is_callers_stop(got.error())) co_return std::move(got).error();
-            co_return unavailable("write_file", got.error());
-        }
+        if (!got) co_return failed_step("write_file", std::move(got).error());
         auto box = got->lease.box;
         const std::uint64_t size = content.size();
         std::vector<file_write> files(1);
@@ -428,10 +422,7 @@ struct tool_session::state {
             if (!made && is_callers_stop(made.error())) co_return std::move(made).error();
             written = co_await box->async_write_files(std::move(files), limit);
         }
-        if (!written) {
-            if (is_callers_stop(written.error())) co_return std::move(written).error();
-            co_return unavailable("write_file", written.error());
-        }
+        if (!written) co_return failed_step("write_file", std::move(written).error());
         tool_result r;
         r.tool = "write_file";
         r.path = path;
@@ -450,16 +441,10 @@ struct tool_session::state {
     asio::awaitable<result<tool_result>> read_file(std::string given, deadline limit) {
         const std::string path = sandbox_path(given);
         auto got = co_await lease(limit);
-        if (!got) {
-            if (is_callers_stop(got.error())) co_return std::move(got).error();
-            co_return unavailable("read_file", got.error());
-        }
+        if (!got) co_return failed_step("read_file", std::move(got).error());
         std::vector<std::string> paths{path};
         auto read = co_await got->lease.box->async_read_files(std::move(paths), limit);
-        if (!read) {
-            if (is_callers_stop(read.error())) co_return std::move(read).error();
-            co_return unavailable("read_file", read.error());
-        }
+        if (!read) co_return failed_step("read_file", std::move(read).error());
         tool_result r;
         r.tool = "read_file";
         r.path = path;
@@ -485,10 +470,7 @@ struct tool_session::state {
     asio::awaitable<result<tool_result>> list_files(std::string given, deadline limit) {
         const std::string path = sandbox_path(given.empty() ? std::string(workspace) : given);
         auto got = co_await lease(limit);
-        if (!got) {
-            if (is_callers_stop(got.error())) co_return std::move(got).error();
-            co_return unavailable("list_files", got.error());
-        }
+        if (!got) co_return failed_step("list_files", std::move(got).error());
         auto listed = co_await got->lease.box->async_list_dir(path, limit);
         tool_result r;
         r.tool = "list_files";
@@ -540,6 +522,21 @@ tool_result invalid_arguments(std::shared_ptr<tool_session::state>& s, std::stri
         "its schema names"));
 }
 
+// The checks run_python and run_shell share: a time limit in range and a non-blank program.
+std::optional<tool_result> check_run_arguments(std::shared_ptr<tool_session::state>& s,
+                                               const char* tool, std::chrono::milliseconds wall,
+                                               const char* field, const std::string& program) {
+    if (wall.count() <= 0 || wall > s->options.max_timeout) {
+        return invalid_arguments(s, tool,
+                                 "timeout_seconds: must be greater than 0 and at most " +
+                                     std::to_string(s->options.max_timeout.count()));
+    }
+    if (program.find_first_not_of(" \t\r\n") == std::string::npos) {
+        return invalid_arguments(s, tool, std::string(field) + ": is empty");
+    }
+    return std::nullopt;
+}
+
 }  // namespace
 
 tool_session::tool_session(session_manager& sessions, std::string session_key, tool_options options)
@@ -565,13 +562,8 @@ asio::awaitable<result<tool_result>> tool_session::async_run_python(
     std::string code, std::optional<std::chrono::milliseconds> timeout, deadline limit) {
     auto s = state_;
     const auto wall = timeout.value_or(s->options.default_timeout);
-    if (wall.count() <= 0 || wall > s->options.max_timeout) {
-        co_return invalid_arguments(s, "run_python",
-                                    "timeout_seconds: must be greater than 0 and at most " +
-                                        std::to_string(s->options.max_timeout.count()));
-    }
-    if (code.find_first_not_of(" \t\r\n") == std::string::npos) {
-        co_return invalid_arguments(s, "run_python", "code: is empty");
+    if (auto refused = check_run_arguments(s, "run_python", wall, "code", code)) {
+        co_return std::move(*refused);
     }
     tool_operation operation = [s, code = std::move(code), wall, limit]() mutable {
         return s->run_python(std::move(code), wall, limit);
@@ -583,13 +575,8 @@ asio::awaitable<result<tool_result>> tool_session::async_run_shell(
     std::string command, std::optional<std::chrono::milliseconds> timeout, deadline limit) {
     auto s = state_;
     const auto wall = timeout.value_or(s->options.default_timeout);
-    if (wall.count() <= 0 || wall > s->options.max_timeout) {
-        co_return invalid_arguments(s, "run_shell",
-                                    "timeout_seconds: must be greater than 0 and at most " +
-                                        std::to_string(s->options.max_timeout.count()));
-    }
-    if (command.find_first_not_of(" \t\r\n") == std::string::npos) {
-        co_return invalid_arguments(s, "run_shell", "command: is empty");
+    if (auto refused = check_run_arguments(s, "run_shell", wall, "command", command)) {
+        co_return std::move(*refused);
     }
     tool_operation operation = [s, command = std::move(command), wall, limit]() mutable {
         return s->run_shell(std::move(command), wall, limit);
@@ -679,7 +666,8 @@ asio::awaitable<result<std::string>> tool_session::async_read_artifact(std::stri
 asio::awaitable<result<void>> tool_session::async_end() {
     auto s = state_;
     if (s->ended) co_return result<void>{};
-    if (auto refused = co_await s->take_turn(deadline{})) co_return std::move(*refused);
+    const auto never = deadline::never();
+    if (auto refused = co_await s->take_turn(never)) co_return std::move(*refused);
     s->ended = true;
     co_await s->kernel.async_stop();
     s->calls.release();
