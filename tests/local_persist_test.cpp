@@ -69,7 +69,8 @@ void check_gone(const host_traces& t) {
 
 }  // namespace
 
-TEST_CASE("a survivor outlives its creator, and another backend attaches, execs, copies and destroys") {
+TEST_CASE(
+    "a survivor outlives its creator, and another backend attaches, execs, copies and destroys") {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     const auto box = creator.create(survivor_spec());
