@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <exception>
 
 namespace moat::cli {
 namespace {
@@ -27,6 +28,15 @@ struct store_exit_code {
     void operator()(const std::exception_ptr& failure, int value) const {
         *code = failure ? exit_failure : value;
         *done = true;
+        if (!failure) return;
+        // Never silent: an escaped exception is a moat bug, and the exit code alone hides it.
+        try {
+            std::rethrow_exception(failure);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "moat: internal error: %s\n", e.what());
+        } catch (...) {
+            std::fprintf(stderr, "moat: internal error: an unknown exception\n");
+        }
     }
 };
 
@@ -51,6 +61,7 @@ int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) 
                    asio::bind_cancellation_slot(cancel.slot(), store_exit_code{&code, &done}));
     while (!done && io.run_one() > 0) {
     }
+    if (!done) std::fprintf(stderr, "moat: internal error: the work stopped before it finished\n");
     // Shut down: the backend stops its helper; the remaining reader tasks end shortly after.
     signals.cancel();
     local.reset();
