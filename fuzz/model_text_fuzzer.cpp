@@ -7,6 +7,8 @@
 //   build/fuzz/fuzz/moat_model_text_fuzzer -max_total_time=60
 #include <moat/model_text.hpp>
 
+#include "support/utf8_check.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,59 +24,21 @@ void check(bool condition) {
     if (!condition) __builtin_trap();
 }
 
-bool is_valid_utf8(std::string_view s) {
-    for (std::size_t i = 0; i < s.size();) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        std::size_t n = 0;
-        std::uint32_t cp = 0;
-        if (c < 0x80) {
-            ++i;
-            continue;
-        }
-        if ((c & 0xE0) == 0xC0) {
-            n = 2;
-            cp = c & 0x1FU;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 3;
-            cp = c & 0x0FU;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 4;
-            cp = c & 0x07U;
-        } else {
-            return false;
-        }
-        if (i + n > s.size()) return false;
-        for (std::size_t k = 1; k < n; ++k) {
-            const auto d = static_cast<unsigned char>(s[i + k]);
-            if ((d & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (d & 0x3FU);
-        }
-        constexpr std::uint32_t min_for_length[] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_for_length[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-            return false;
-        }
-        if (cp >= 0x80 && cp <= 0x9F) return false;  // C1 controls are removed
-        i += n;
-    }
-    return true;
-}
-
-std::size_t count_chars(std::string_view s) {
-    std::size_t n = 0;
-    for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-    return n;
+// Valid UTF-8 without C1 controls (shaping removes them).
+bool is_clean_utf8(std::string_view s) {
+    return moat::test::is_valid_utf8(s) && !moat::test::has_c1_control(s);
 }
 
 void check_shaped(const moat::shaped_text& shaped, const moat::shaping_limits& limits) {
     const std::string_view text = shaped.text;
-    check(is_valid_utf8(text));
+    check(is_clean_utf8(text));
     for (char c : text) {
         const auto b = static_cast<unsigned char>(c);
         check(b >= 0x20 ? b != 0x7F : (b == '\n' || b == '\t'));
     }
     const std::size_t bound =
         std::max(limits.max_chars, limits.head_chars + limits.tail_chars) + marker_chars;
-    check(count_chars(text) <= bound);
+    check(moat::test::count_chars(text) <= bound);
     if (shaped.is_truncated())
         check(text.find(" omitted; to see them, ") != std::string_view::npos);
     // Cleaning is idempotent: shaped text shapes to itself when nothing is cut.
@@ -110,11 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_shaped(moat::shape_for_model(output, limits), limits);
 
     const std::string type = moat::python_error_type(text);
-    check(is_valid_utf8(type) && type.size() <= 200);
+    check(is_clean_utf8(type) && type.size() <= 200);
     check(type.find_first_of(" \n:") == std::string::npos);
     const std::string traceback = moat::python_traceback(text);
-    check(is_valid_utf8(traceback));
-    check(count_chars(traceback) <= 3000 + marker_chars);
+    check(is_clean_utf8(traceback));
+    check(moat::test::count_chars(traceback) <= 3000 + marker_chars);
     check(type.empty() == traceback.empty());
     return 0;
 }

@@ -2,6 +2,8 @@
 // marker, the two-part form for captured output, and reading Python tracebacks.
 #include <moat/model_text.hpp>
 
+#include "support/utf8_check.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -10,48 +12,8 @@
 
 namespace {
 
-// Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF).
-bool is_valid_utf8(std::string_view s) {
-    for (std::size_t i = 0; i < s.size();) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        std::size_t n = 0;
-        std::uint32_t cp = 0;
-        if (c < 0x80) {
-            ++i;
-            continue;
-        }
-        if ((c & 0xE0) == 0xC0) {
-            n = 2;
-            cp = c & 0x1FU;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 3;
-            cp = c & 0x0FU;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 4;
-            cp = c & 0x07U;
-        } else {
-            return false;
-        }
-        if (i + n > s.size()) return false;
-        for (std::size_t k = 1; k < n; ++k) {
-            const auto d = static_cast<unsigned char>(s[i + k]);
-            if ((d & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (d & 0x3FU);
-        }
-        constexpr std::uint32_t min_for_length[] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_for_length[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-            return false;
-        }
-        i += n;
-    }
-    return true;
-}
-
-std::size_t count_chars(std::string_view s) {
-    std::size_t n = 0;
-    for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-    return n;
-}
+using moat::test::count_chars;
+using moat::test::is_valid_utf8;
 
 std::string repeat(std::string_view s, std::size_t times) {
     std::string out;

@@ -41,12 +41,7 @@ class transcript {
         std::printf("%s %s\n", style_.paint("1;35", "model:").c_str(), text.c_str());
     }
     void call(const std::string& tool, const std::string& what) {
-        std::printf("%s %s", style_.paint("1;33", "  -> " + tool).c_str(), what.c_str());
-        if (what.find('\n') != std::string::npos || what.empty()) {
-            std::printf("\n");
-        } else {
-            std::printf("\n");
-        }
+        std::printf("%s %s\n", style_.paint("1;33", "  -> " + tool).c_str(), what.c_str());
     }
     void code(const std::string& source) {
         std::size_t start = 0;

@@ -1,37 +1,11 @@
 #include "core/json_writer.hpp"
 
+#include "core/utf8.hpp"
+
 #include <cmath>
 #include <cstdio>
 
 namespace moat {
-namespace {
-
-// Length of the valid UTF-8 sequence at s[i], or 0 if invalid.
-std::size_t utf8_sequence_length(std::string_view s, std::size_t i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = 0;
-    std::uint32_t min = 0;
-    std::uint32_t cp = 0;
-    if (c < 0x80) return 1;
-    if ((c & 0xE0) == 0xC0)
-        n = 2, min = 0x80, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0)
-        n = 3, min = 0x800, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0)
-        n = 4, min = 0x10000, cp = c & 0x07;
-    else
-        return 0;
-    if (i + n > s.size()) return 0;
-    for (std::size_t k = 1; k < n; ++k) {
-        const auto d = static_cast<unsigned char>(s[i + k]);
-        if ((d & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (d & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return n;
-}
-
-}  // namespace
 
 void append_json_string(std::string& out, std::string_view s) {
     out += '"';
@@ -68,13 +42,14 @@ void append_json_string(std::string& out, std::string_view s) {
             ++i;
             continue;
         }
-        const std::size_t n = utf8_sequence_length(s, i);
-        if (n == 0) {
+        // An invalid byte becomes U+FFFD on its own (one per byte), so the string stays JSON.
+        const utf8_step step = decode_utf8(s, i);
+        if (!step.is_valid) {
             out += "\xEF\xBF\xBD";
             ++i;
         } else {
-            out.append(s.substr(i, n));
-            i += n;
+            out.append(s.substr(i, step.length));
+            i += step.length;
         }
     }
     out += '"';

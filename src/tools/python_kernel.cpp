@@ -2,7 +2,6 @@
 
 #include <moat/with_timeout.hpp>
 
-#include "core/output_capture.hpp"
 #include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
 
