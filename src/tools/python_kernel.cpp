@@ -86,17 +86,14 @@ python_kernel::python_kernel(std::string python, output_limits capture)
 
 python_kernel::~python_kernel() = default;
 
-bool python_kernel::is_running_in(const std::string& sandbox_id) const noexcept {
-    return running_ && running_->sandbox_id == sandbox_id;
-}
-
 asio::awaitable<void> python_kernel::async_stop() {
     if (!running_) co_return;
     auto ending = std::move(running_);
     (void)co_await ending->interpreter.async_signal(SIGKILL);
     const auto limit = deadline::after(reap_grace);
     for (;;) {
-        auto next = co_await with_timeout(ending->interpreter.async_next(), limit);
+        auto pulled = ending->interpreter.async_next();  // a named local: see STYLE.md (g++ 12)
+        auto next = co_await with_timeout(std::move(pulled), limit);
         if (!next || std::holds_alternative<exec_result>(*next)) break;
     }
 }
@@ -123,7 +120,6 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<s
         running_ = std::move(fresh);
         outcome.started_interpreter = true;
     }
-    outcome.interpreter_pid = running_->interpreter.pid();
     ++cells_;
 
     cell_output out(running_->marker, capture_);
@@ -132,8 +128,8 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<s
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
     const auto first = earliest(cell_limit, limit);
-    auto read = co_await with_timeout(
-        send_and_read(running_->interpreter, std::move(framed), out, err), first);
+    auto exchange = send_and_read(running_->interpreter, std::move(framed), out, err);
+    auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);

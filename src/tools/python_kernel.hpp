@@ -32,7 +32,6 @@ struct cell_outcome {
     int signal = 0;
     bool oom_killed = false;
     bool started_interpreter = false;  // this cell started a new interpreter
-    int interpreter_pid = 0;           // host pid, 0 if unknown
     std::chrono::milliseconds duration{0};
 };
 
@@ -42,9 +41,6 @@ class python_kernel {
     ~python_kernel();
     python_kernel(const python_kernel&) = delete;
     python_kernel& operator=(const python_kernel&) = delete;
-
-    // Whether an interpreter is running in the sandbox `sandbox_id`.
-    bool is_running_in(const std::string& sandbox_id) const noexcept;
 
     // Runs `code` in `box`'s interpreter, starting one first if there is none there (a running
     // interpreter in another sandbox is killed). `timeout` is the cell's limit: past it the
