@@ -183,6 +183,7 @@ class local_backend final : public backend {
 
     asio::any_io_executor get_executor() const override { return executor_; }
     std::string name() const override { return "local"; }
+    std::chrono::milliseconds stop_grace() const override { return options_.kill_grace; }
 
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
         try {
