@@ -47,7 +47,7 @@ constexpr const char* usage_text =
     "      hand-out latency; create latency in a 2 GiB, 8-thread process\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
-    "  mcp [--timeout S] [--memory MB] [--env K=V]...\n"
+    "  mcp [--timeout S] [--memory MB] [--env K=V]... [--tool-prefix P] [--retry-ceiling N|off]\n"
     "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
     "      read_file, list_files); one sandbox per connection, destroyed when the client leaves\n"
     "  doctor\n"
