@@ -65,6 +65,9 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         } else if (auto pair = flag_value("--env", argc, argv, i)) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.manager.spec.env[key] = value;
+        } else if (auto label = flag_value("--label", argc, argv, i)) {
+            auto [key, value] = parse_key_value("--label", *label);
+            o.manager.spec.labels[key] = value;
         } else if (auto prefix = flag_value("--tool-prefix", argc, argv, i)) {
             o.tools.tool_prefix = parse_tool_prefix(*prefix);
         } else if (auto ceiling = flag_value("--retry-ceiling", argc, argv, i)) {

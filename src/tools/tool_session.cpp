@@ -72,7 +72,8 @@ const char* signal_name(int signal) {
     }
 }
 
-std::string hint_for_python_error(const std::string& type) {
+// `list_files` is how the model sees that tool (with the session's prefix).
+std::string hint_for_python_error(const std::string& type, const std::string& list_files) {
     if (type == "NameError")
         return "a name is not defined: define it first (if an earlier call defined it, the "
                "interpreter has restarted since, so run that code again)";
@@ -82,7 +83,8 @@ std::string hint_for_python_error(const std::string& type) {
     if (type == "KeyError")
         return "the key does not exist: print the available keys first (list(d), df.columns)";
     if (type == "FileNotFoundError")
-        return "the file does not exist: check with list_files (the working directory is "
+        return "the file does not exist: check with " + list_files +
+               " (the working directory is "
                "/workspace)";
     if (type == "SyntaxError" || type == "IndentationError" || type == "TabError")
         return "fix the syntax at the line the traceback shows";
@@ -382,7 +384,7 @@ struct tool_session::state {
                         set_stderr(r, shape(outcome.err));
                     }
                 }
-                r.hint = hint_for_python_error(r.error_type);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"));
                 break;
             case cell_outcome::ending::timed_out:
                 r.status = tool_status::timeout;
@@ -484,7 +486,7 @@ struct tool_session::state {
                     "command not found: it is not installed in the sandbox, and the "
                     "network is off";
             } else if (!r.error_type.empty()) {
-                r.hint = hint_for_python_error(r.error_type);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"));
             } else {
                 r.hint = "the command exited with code " + std::to_string(ran->exit_code) +
                          ": read stderr";

@@ -6,6 +6,7 @@
 // imported dynamically by each test, after this module ran).
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -75,15 +76,21 @@ globalThis.fetch = async (input, init) => {
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-// The moat mcp command line, with the test's labels so its sandboxes can be told apart.
+// This run's label on every sandbox its moat mcp servers create, so that other tests running on
+// the host at the same time are not counted.
+const runLabel = `moat.test=${path.basename(process.argv[1], '.mjs')}-${randomBytes(6).toString('hex')}`;
+
+// The moat mcp command line, with the run's label.
 export function moatServer(extraArgs = []) {
-    return { command: moat, args: ['mcp', ...extraArgs], env: { ...process.env } };
+    return { command: moat, args: ['mcp', '--label', runLabel, ...extraArgs], env: { ...process.env } };
 }
 
+// The running sandboxes this run's servers made.
 export async function mcpSandboxes() {
-    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', 'moat.client=mcp', '--json'],
+    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', runLabel, '--json'],
         { timeout: 30_000 });
-    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp')
+    const [key, value] = runLabel.split('=');
+    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp' && s.labels?.[key] === value)
         .filter((s) => s.state === 'running').map((s) => s.id);
 }
 

@@ -60,10 +60,15 @@ let client;
 let serverExit;  // resolves with {code, signal} when the server process exits
 let sandboxesBefore = new Set();
 
+// Every server this test starts labels its sandboxes with this run's label, so that sandboxes of
+// other tests running on the host at the same time are not counted.
+const runLabel = `moat.test=mcp-client-${randomBytes(6).toString('hex')}`;
+
 async function mcpSandboxes() {
-    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', 'moat.client=mcp', '--json'],
+    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', runLabel, '--json'],
         { env: environment, timeout: 30_000 });
-    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp').map((s) => s.id);
+    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp' &&
+        s.labels?.['moat.test'] === runLabel.split('=')[1]).map((s) => s.id);
 }
 
 // The sandboxes labelled moat.client=mcp that appeared since this test started its server.
@@ -171,7 +176,7 @@ function hostProcesses(argv) {
 
 await check('the server initializes and says it is moat', async () => {
     sandboxesBefore = new Set(await mcpSandboxes());
-    transport = new StdioClientTransport({ command: moat, args: ['mcp'], env: environment, stderr: 'inherit' });
+    transport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel], env: environment, stderr: 'inherit' });
     client = new Client({ name: 'moat-mcp-client-test', version: '1.0.0' });
     await client.connect(transport);
     // The SDK hides the child; its exit code is what the disconnect check needs.
@@ -423,7 +428,7 @@ await check('any file under /workspace is a resource with exact bytes', async ()
 });
 
 await check('--tool-prefix renames the tools, and only the prefixed names are tools', async () => {
-    const prefixedTransport = new StdioClientTransport({ command: moat, args: ['mcp', '--tool-prefix', 'moat_'], env: environment, stderr: 'inherit' });
+    const prefixedTransport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel, '--tool-prefix', 'moat_'], env: environment, stderr: 'inherit' });
     const prefixed = new Client({ name: 'moat-mcp-client-test-prefixed', version: '1.0.0' });
     await prefixed.connect(prefixedTransport);
     try {
