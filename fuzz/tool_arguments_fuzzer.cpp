@@ -1,5 +1,6 @@
 // libFuzzer target for a tool call's arguments (JSON from a model or an MCP client). The first
-// byte picks the tool; the rest is the arguments.
+// byte picks the tool; the rest is the arguments. The same bytes also go through base64_decode
+// (write_file's encoding "base64"), which must agree with base64_encode both ways.
 //
 //   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
 //   -DMOAT_BUILD_FUZZERS=ON cmake --build build/fuzz --target moat_tool_arguments_fuzzer &&
@@ -8,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace {
@@ -29,6 +31,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string_view tool = tools[data[0] % std::size(tools)];
     const std::string_view json(reinterpret_cast<const char*>(data) + 1, size - 1);
     constexpr double max_timeout = 600;
+
+    // Whatever decodes re-encodes to text that decodes to the same bytes, and any bytes survive
+    // an encode and decode exactly.
+    if (const auto decoded = moat::base64_decode(json)) {
+        require(moat::base64_decode(moat::base64_encode(*decoded)) == decoded);
+    }
+    require(moat::base64_decode(moat::base64_encode(json)) == std::string(json));
 
     const auto r = moat::parse_tool_arguments(tool, json, max_timeout);
     if (!r) {
