@@ -194,3 +194,26 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
     CHECK(sh(box.id, "echo still-usable").out.text() == "still-usable\n");
     destroy(box.id);
 }
+
+TEST_CASE_FIXTURE(moat::test::local_fixture,
+                  "a flood of processes stops at pids.max and the sandbox still works") {
+    MOAT_REQUIRE_NAMESPACES();
+    require_expected_version();
+    moat::sandbox_spec spec;
+    spec.limits.pids = 32;
+    const auto box = create(spec);
+    const pid_t init = *box.host_pid;
+    const std::string pids = moat::test::cgroup_dir(init, "pids");
+    REQUIRE_FALSE(pids.empty());
+    const long long before = keyed(pids + "/pids.events", "max");
+    REQUIRE(before >= 0);
+    // 100 forks against a limit of 32: whatever the speed of this machine, some are refused.
+    // (The shell may give up at the first refused fork; the kernel counts it either way.)
+    const auto r = sh(box.id, "for i in $(seq 100); do sleep 30 & done; echo forked", 120s);
+    CHECK_FALSE(r.timed_out);
+    CHECK(keyed(pids + "/pids.events", "max") > before);
+    // The leftovers die with the command; pid 1 carries on.
+    CHECK(moat::test::eventually([&] { return moat::test::descendants(init).empty(); }));
+    CHECK(sh(box.id, "echo survived").out.text() == "survived\n");
+    destroy(box.id);
+}

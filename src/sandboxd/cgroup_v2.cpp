@@ -18,9 +18,10 @@ namespace {
 constexpr std::array<std::uint32_t, controller_count> layer_bits = {
     wire::layer_cgroup_memory, wire::layer_cgroup_pids, wire::layer_cgroup_cpu};
 constexpr std::string_view leaf_name = "moat-leaf";  // where the helper's cgroup's processes go
+// The fix comes before the path in every reason: the hello record's detail field is 255 bytes.
 constexpr const char* delegate_fix =
-    "run moat in a systemd unit with Delegate=yes (docs/embedding.md, \"hosts\"), or in a "
-    "container with its own cgroup namespace and a writable /sys/fs/cgroup";
+    "run moat in a systemd unit with Delegate=yes, or in a container with its own cgroup "
+    "namespace and a writable /sys/fs/cgroup (docs/embedding.md, Hosts)";
 
 const char* errno_name(int err) {
     const char* name = ::strerrorname_np(err);
@@ -97,10 +98,8 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
     explicit v2_hierarchy_impl(const cgroup_layout& layout) : kind_(layout.kind) {
         std::string detail;
         if (const int err = find_parent(layout, detail); err != 0 || !detail.empty()) {
-            for (std::size_t i = 0; i < controller_count; ++i) {
-                if (why_[i].empty())
-                    why_[i] = std::string(controller_names[i]) + " cgroup: v2: " + detail;
-            }
+            // One reason for all three (the helper reports it once).
+            for (auto& why : why_) why = "memory, pids and cpu cgroups: v2: " + detail;
             parent_.clear();
         }
     }
@@ -230,16 +229,17 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         const bool delegated = is_root || layout.v2_own == "/" || has_delegate_mark(base) ||
                                (::geteuid() != 0 && owned_by_us(base));
         if (!delegated) {
-            detail = "moat's cgroup " + base + " is not delegated to it: " + delegate_fix;
+            detail =
+                std::string("moat's cgroup is not delegated to it: ") + delegate_fix + ": " + base;
             return EPERM;
         }
         const std::string controllers = read_small_file(base + "/cgroup.controllers");
         for (std::size_t i = 0; i < controller_count; ++i) {
             if (has_word(controllers, controller_names[i])) continue;
-            why_[i] = std::string(controller_names[i]) +
-                      " cgroup: v2: controller not delegated to " + base +
-                      " (its cgroup.controllers: '" + trimmed(controllers) +
-                      "'): " + (is_root ? "this kernel or mount lacks it" : delegate_fix);
+            why_[i] = std::string(controller_names[i]) + " cgroup: v2: controller not delegated (" +
+                      (is_root ? "this kernel or mount lacks it"
+                               : "Delegate=yes delegates every controller") +
+                      "): cgroup.controllers of " + base + " is '" + trimmed(controllers) + "'";
         }
         if (!is_root && !in_leaf) {
             // No internal processes: everything in `base` moves to a leaf before controllers are

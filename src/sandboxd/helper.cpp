@@ -318,6 +318,7 @@ void helper::setup() {
     host_layers_ |= wire::layer_no_new_privs | cgroups_.host_layers();
     for (const controller c : {controller::memory, controller::pids, controller::cpu}) {
         if (cgroups_.available(c)) continue;
+        if (layer_detail_.find(cgroups_.unavailable_reason(c)) != std::string::npos) continue;
         if (!layer_detail_.empty()) layer_detail_ += "; ";
         layer_detail_ += cgroups_.unavailable_reason(c);
     }

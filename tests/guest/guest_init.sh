@@ -40,7 +40,7 @@ cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
 tests="*written to the cgroup version the host gives moat*"
 tests="$tests,*memory bomb is OOM-killed*,*busy loop under a cpu quota*"
 tests="$tests,*wall limit kills the command*whole tree*"
-tests="$tests,a fork bomb hits the pids limit and the sandbox still works"
+tests="$tests,a flood of processes stops at pids.max and the sandbox still works"
 tests="$tests,a busy loop ends at the wall limit with 124 and nothing left"
 tests="$tests,background children die with their command"
 tests="$tests,destroy leaves no process*,exit codes*,the root is read-only and /workspace*"
@@ -62,6 +62,25 @@ for p in /proc/[0-9]*; do
     comm=$(cat "$p/comm" 2>/dev/null) && echo "${p#/proc/} $comm"
 done >"$out/processes.txt"
 step no_process_left sh -c '! grep -E " (moat|sleep|python3|sh)" "$1"' sh "$out/processes.txt"
+
+# Not the root cgroup. Fail closed: in a cgroup nobody delegated, doctor names the missing piece
+# and the fix, and no sandbox is created.
+mkdir /sys/fs/cgroup/not-delegated
+step doctor_fails_closed_undelegated sh -c '
+    echo $$ >/sys/fs/cgroup/not-delegated/cgroup.procs || exit 1
+    "$1" doctor >"$2" 2>&1 && exit 1
+    grep -q "^  why: memory, pids and cpu cgroups: v2: moat.s cgroup is not delegated to it: .*Delegate=yes.*: /sys/fs/cgroup/not-delegated$" "$2"' \
+    sh "$build/moat" "$out/doctor_undelegated.out"
+# A cgroup marked delegated the way systemd marks a Delegate=yes unit's: the helper moves the
+# cgroup's processes (the caller included) into moat-leaf and puts sandboxes under moat.
+mkdir /sys/fs/cgroup/delegated
+python3 -c 'import os; os.setxattr("/sys/fs/cgroup/delegated", "trusted.delegate", b"1")'
+step doctor_in_delegated_cgroup sh -c '
+    echo $$ >/sys/fs/cgroup/delegated/cgroup.procs && "$1" doctor' sh "$build/moat"
+step delegated_leaf_and_parent sh -c '
+    test -d /sys/fs/cgroup/delegated/moat-leaf && test -d /sys/fs/cgroup/delegated/moat &&
+    test -z "$(cat /sys/fs/cgroup/delegated/cgroup.procs)" &&
+    test -z "$(find /sys/fs/cgroup/delegated/moat -mindepth 1 -type d)"'
 echo finished >>"$out/status"
 sync
 echo o >/proc/sysrq-trigger
