@@ -98,7 +98,7 @@ class v1_hierarchy_impl final : public cgroup_hierarchy {
             if (h.mount_point.empty()) {
                 why_[i] = label + "no v1 hierarchy mounted";
                 if (layout.kind == cgroup_layout_kind::hybrid)
-                    why_[i] += " (hybrid host: limits use v1, and v2 has no controllers to give)";
+                    why_[i] += " (hybrid host: limits use v1 where it has any controller)";
                 continue;
             }
             if (!h.listed) {

@@ -211,7 +211,7 @@ void helper::remove_cgroups(std::string id, sandbox_cgroups group, bool report, 
         return;
     }
     const std::uint64_t now = monotonic_ms();
-    removals_.push_back({std::move(id), std::move(group), report, wait_status, wait_errno, 1,
+    removals_.push_back({std::move(id), std::move(group), report, wait_status, wait_errno, 0,
                          now + 1, now + removal_give_up_ms});
 }
 
@@ -490,6 +490,9 @@ void helper::handle_destroy(const wire::destroy_message& m) {
             ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
             return;
         }
+    }
+    for (const auto& r : removals_) {
+        if (r.id == id && r.report) return;  // reaped already: the report follows the removal
     }
     send_reaped(std::string(id), 0, ESRCH);
 }
