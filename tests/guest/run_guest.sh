@@ -14,6 +14,7 @@
 # from WORK_DIR (not under /tmp, where the guest mounts its own tmpfs), with its memory file in
 # MOAT_GUEST_TMPDIR (default /dev/shm) and no core dumps. A stuck guest gets SIGTERM after
 # MOAT_GUEST_TIMEOUT seconds (default 600), then its whole process group SIGKILL.
+# MOAT_GUEST_BENCH_N sets the iterations of `moat bench create` in the guest (default 30).
 set -u
 build=$(cd "${1:?usage: run_guest.sh BUILD_DIR [WORK_DIR]}" && pwd) || exit 2
 work=${2:-$build/guest}
@@ -48,6 +49,7 @@ TMPDIR=${MOAT_GUEST_TMPDIR:-/dev/shm} timeout -s TERM "$timeout" \
     init="$here/guest_init.sh" con=null con0=null,fd:1 \
     uml_dir="$work/uml" umid="$umid" quiet \
     MOAT_GUEST_BUILD="$build" MOAT_GUEST_OUT="$work/out" \
+    MOAT_GUEST_BENCH_N="${MOAT_GUEST_BENCH_N:-30}" \
     </dev/null >"$work/console.txt" 2>&1
 rc=$?
 # Whatever is left of a guest that was stopped: its process group, from the pid file.
