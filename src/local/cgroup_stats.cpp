@@ -1,7 +1,6 @@
 #include "local/cgroup_stats.hpp"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <unistd.h>
 #include <cerrno>
 #include <fstream>
@@ -57,14 +56,9 @@ std::optional<std::uint64_t> read_memory_used(const std::vector<std::string>& di
 }
 
 int remove_cgroup_tree(const std::string& dir) {
-    if (auto populated = keyed_number(dir + "/cgroup.events", "populated"); populated == 1u) {
-        const int fd = ::open((dir + "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            (void)::write(fd, "1", 1);
-            ::close(fd);
-        }
-        return EBUSY;
-    }
+    // Never killed from here: an "orphan" under a shared parent may be a live sandbox of another
+    // state directory, which only its own helper or a destroy through its record may end.
+    if (keyed_number(dir + "/cgroup.events", "populated") == 1u) return EBUSY;
     if (DIR* d = ::opendir(dir.c_str())) {
         std::vector<std::string> children;
         while (dirent* entry = ::readdir(d)) {

@@ -35,9 +35,9 @@ std::optional<std::uint64_t> read_cgroup_number(const std::vector<std::string>& 
 std::optional<std::uint64_t> read_memory_used(const std::vector<std::string>& dirs);
 
 // Removes a sandbox cgroup directory and the cgroups below it (v2: init/, commands/), children
-// first. A v2 cgroup that still reports `populated 1` in cgroup.events is killed (cgroup.kill)
-// and left for a later attempt. 0 (also when it is already gone), EBUSY while a process is still
-// counted, or another errno.
+// first. A v2 cgroup that still reports `populated 1` in cgroup.events is left alone (nothing is
+// killed here). 0 (also when it is already gone), EBUSY while a process is still counted, or
+// another errno.
 int remove_cgroup_tree(const std::string& dir);
 
 }  // namespace moat

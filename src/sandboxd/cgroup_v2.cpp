@@ -77,12 +77,13 @@ int move_processes(const std::string& from, const std::string& to, std::string& 
     return EBUSY;
 }
 
-// Removes a sandbox's directories (children first) once its cgroup reports no process.
-int remove_tree(sandbox_cgroups& group) {
+// Removes a sandbox's directories (children first) once its cgroup reports no process. Only a
+// sandbox of this helper is killed again while populated, never a directory found in the way.
+int remove_tree(sandbox_cgroups& group, bool is_ours) {
     const std::string& top = group.dirs.back();
     const std::string events = read_small_file(top + "/cgroup.events");
     if (keyed_value(events, "populated") == 1) {
-        (void)write_small_file(top + "/cgroup.kill", "1");
+        if (is_ours) (void)write_small_file(top + "/cgroup.kill", "1");
         return EBUSY;
     }
     for (const auto& dir : group.dirs) {
@@ -127,7 +128,7 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         int err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
         if (err == EEXIST) {
             // Left behind by a crashed helper: an empty one can be reused after removal.
-            err = remove_tree(out);
+            err = remove_tree(out, false);
             out.unified = true;
             out.dirs = {dir + "/init", dir + "/commands", dir};
             if (err == 0) err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
@@ -206,7 +207,7 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         (void)write_small_file(group.dirs.back() + "/cgroup.kill", "1");
     }
 
-    int try_remove(sandbox_cgroups& group) const override { return remove_tree(group); }
+    int try_remove(sandbox_cgroups& group) const override { return remove_tree(group, true); }
 
   private:
     // Sets parent_ (and the reasons of unavailable controllers). A non-empty `detail` makes every
