@@ -243,6 +243,10 @@ TEST_CASE("destroying the backend gives up on a helper that cannot be reaped, an
     const pid_t helper = parent_of(*box.host_pid);
     REQUIRE(helper > 0);
     REQUIRE(moat::test::command_line(helper).find("helper --state-dir") != std::string::npos);
+    std::vector<std::string> cgroups;
+    for (const char* controller : {"memory", "pids", "cpu"}) {
+        cgroups.push_back(moat::test::cgroup_dir(*box.host_pid, controller));
+    }
 
     // A tracer that never waits: the helper's exit is then visible only to it, so the backend's
     // waitid for its own child would block for as long as the tracer lives.
@@ -275,6 +279,12 @@ TEST_CASE("destroying the backend gives up on a helper that cannot be reaped, an
     CHECK(log.contains("was not reaped"));
     // The helper's exit, released by the tracer's end, is ours to collect now.
     CHECK(moat::test::eventually([&] { return ::waitpid(helper, nullptr, WNOHANG) == helper; }));
+    // The helper was killed before it could remove its sandbox's cgroups (the janitor's job).
+    for (const auto& dir : cgroups) {
+        if (dir.empty()) continue;
+        (void)moat::test::eventually([&] { return ::rmdir(dir.c_str()) == 0 || errno == ENOENT; },
+                                     2s);
+    }
 }
 
 TEST_CASE("losing the helper leaves attached sandboxes usable and ends only the helper's own") {
