@@ -271,7 +271,7 @@ TEST_CASE("a record whose pid now belongs to another process is stale, never tha
     REQUIRE(fixture.run(fixture.local->async_list({})));  // the state directory exists
     const moat::sandbox_records records(state_dir);
     moat::sandbox_record forged;
-    forged.id = moat::make_sandbox_id();
+    forged.id = moat::make_sandbox_id().value();
     forged.owner_instance = "test";
     forged.owner_pid = 1;
     forged.created_at = std::chrono::system_clock::now();
@@ -322,7 +322,7 @@ TEST_CASE("a corrupt record is reported with its path and never trusted") {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture fixture;
     REQUIRE(fixture.run(fixture.local->async_list({})));
-    const std::string id = moat::make_sandbox_id();
+    const std::string id = moat::make_sandbox_id().value();
     const std::string path = moat::wire::record_path(state_dir, id);
     {
         std::ofstream out(path);
@@ -340,7 +340,7 @@ TEST_CASE("a corrupt record is reported with its path and never trusted") {
 
 TEST_CASE("sandbox records round-trip through JSON and reject malformed fields by name") {
     moat::sandbox_record r;
-    r.id = moat::make_sandbox_id();
+    r.id = moat::make_sandbox_id().value();
     r.labels = {{"k", "v \"quoted\" \xc3\xa9"}};
     r.owner_instance = "host/1/abc";
     r.owner_pid = 42;

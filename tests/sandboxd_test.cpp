@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -23,6 +24,7 @@
 
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
+#include "wire/state_layout.hpp"
 
 namespace {
 
@@ -114,6 +116,26 @@ std::vector<std::string> cgroup_dirs(pid_t pid) {
     return dirs;
 }
 
+// Processes whose command line (NULs as spaces) contains `needle`.
+std::vector<pid_t> processes_running(const std::string& needle) {
+    std::vector<pid_t> found;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string name = entry.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        const int fd = ::open((entry.path() / "cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        std::string text(4096, '\0');
+        const ssize_t n = ::read(fd, text.data(), text.size());
+        ::close(fd);
+        text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+        std::replace(text.begin(), text.end(), '\0', ' ');
+        const pid_t pid = std::atoi(name.c_str());
+        if (text.find(needle) != std::string::npos && !process_dead(pid)) found.push_back(pid);
+    }
+    return found;
+}
+
 bool path_exists(const char* path) {
     return path[0] != '\0' && ::access(path, F_OK) == 0;
 }
@@ -164,6 +186,7 @@ class helper_process {
 
     int socket() const { return socket_; }
     pid_t pid() const { return pid_; }
+    const std::string& state_dir() const { return state_dir_; }
 
     void close_socket() {
         if (socket_ >= 0) ::close(socket_);
@@ -719,4 +742,32 @@ TEST_CASE("killing the helper process kills its sandboxes") {
         for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i)
             ::usleep(10'000);
     }
+}
+
+TEST_CASE("a sandbox whose created reply cannot be sent is killed, not left running") {
+    helper_process helper;
+    // The library stops reading: the helper's `created` fails with EPIPE. A survivor (which
+    // outlives the helper's shutdown) must not be left running unknown to anyone until its TTL.
+    REQUIRE(::shutdown(helper.socket(), SHUT_RD) == 0);
+    const std::uint64_t ttl_ms = 600'000 + static_cast<std::uint64_t>(::getpid() % 100'000);
+    auto m = wire::make_message<wire::create_message>(wire::message_type::create);
+    m.request_id = 9;
+    wire::copy_field(m.sandbox_id, "lost-reply");
+    m.memory_bytes = 256ull << 20;
+    m.workspace_bytes = 64ull << 20;
+    m.tmp_bytes = 16ull << 20;
+    m.ttl_ms = ttl_ms;
+    m.pids_max = 64;
+    m.cpu_millicores = 1000;
+    m.flags = wire::create_survive_owner;
+    send_message(helper.socket(), m);
+    // The create is queued before the end of the socket: the helper handles it, then shuts down.
+    helper.close_socket();
+    REQUIRE(helper.wait_exit(wait_ms));
+    const std::string agent = "agent --ttl-ms " + std::to_string(ttl_ms);
+    const auto survivors = processes_running(agent);
+    CHECK_MESSAGE(survivors.empty(), "the sandbox announced in the lost reply is still running");
+    for (const pid_t pid : survivors) ::kill(pid, SIGKILL);
+    const std::string socket = wire::attach_socket_path(helper.state_dir(), "lost-reply");
+    CHECK_FALSE(path_exists(socket.c_str()));
 }

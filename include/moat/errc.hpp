@@ -31,7 +31,9 @@ enum class errc : int {
     // An admission limit (live sandboxes, create rate, batch size) refused the request.
     limit_exceeded = 6,
     // An isolation layer or resource limit the spec asks for cannot be enforced on this host, and
-    // the spec did not allow best effort. The detail names the layer.
+    // the spec did not allow best effort; or the host is set up so that no sandbox can be made at
+    // all (the local helper is not root, its state directory is unreachable). The detail names the
+    // layer or the setup step. Retrying does not help until the host changes.
     layer_unavailable = 7,
     // The backend failed: a system call, the helper process, a remote provider's 5xx.
     backend_failure = 8,

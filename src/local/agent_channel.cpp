@@ -96,7 +96,8 @@ void agent_channel::release(std::uint64_t exec_id) {
 
 void agent_channel::close() {
     channel_.close();
-    break_channel("the control socket was closed");
+    // Our own decision (destroy, detach, shutdown): the normal end, not worth a warning.
+    break_channel("the control socket was closed", log_level::debug);
 }
 
 asio::awaitable<void> agent_channel::read_loop() {
@@ -176,9 +177,9 @@ void agent_channel::dispatch(const received_record& record) {
     }
 }
 
-void agent_channel::break_channel(std::string reason) {
+void agent_channel::break_channel(std::string reason, log_level level) {
     if (broken_) return;
-    detail::log(log_level::warning, "agent", reason, sandbox_id_);
+    detail::log(level, "agent", reason, sandbox_id_);
     broken_ = std::move(reason);
     channel_.close();
     ready_.set();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <moat/deadline.hpp>
+#include <moat/log.hpp>
 #include <moat/result.hpp>
 #include <moat/task_group.hpp>
 
@@ -61,13 +62,15 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // Why the channel stopped (agent exited, protocol violation), or nullopt while healthy.
     const std::optional<std::string>& broken() const noexcept { return broken_; }
 
+    // Ends the channel from our side (destroy, detach): logged at debug level only.
     void close();
 
   private:
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(const received_record& record);
-    void break_channel(std::string reason);
+    // Marks the channel broken; logged at `level` (a warning unless we closed it ourselves).
+    void break_channel(std::string reason, log_level level = log_level::warning);
 
     asio::any_io_executor executor_;
     seqpacket_channel channel_;

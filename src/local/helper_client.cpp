@@ -7,15 +7,32 @@
 
 #include <asio/posix/stream_descriptor.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace moat {
 namespace {
+
+// The pid behind a pidfd (its fdinfo), or -1: for log lines.
+int pid_of(int pidfd) {
+    const std::string path = "/proc/self/fdinfo/" + std::to_string(pidfd);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char text[512] = {};
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) return -1;
+    const char* at = std::strstr(text, "\nPid:");
+    return at != nullptr ? std::atoi(at + 5) : -1;
+}
 
 // The helper's largest record is `created` (two cgroup paths).
 constexpr std::size_t max_helper_record = 2048;
@@ -146,6 +163,16 @@ void helper_client::dispatch(received_record& record) {
             }
             host_layers_ = m.host_layers;
             layer_detail_ = std::string(wire::read_field(m.layer_detail));
+            setup_error_.reset();
+            if (m.setup_error != 0) {
+                // Unusable on this host as it is set up: not a failure a retry can fix.
+                auto code = static_cast<errc>(m.setup_error);
+                if (m.setup_error < 1 || m.setup_error > static_cast<int>(errc::too_large) ||
+                    code == errc::backend_failure || code == errc::limit_exceeded) {
+                    code = errc::layer_unavailable;
+                }
+                setup_error_ = make_error(code, layer_detail_);
+            }
             phase_ = phase::running;
             if (started_) started_->set();
             return;
@@ -244,9 +271,28 @@ void helper_client::shutdown() noexcept {
     pollfd p{pidfd_.get(), POLLIN, 0};
     if (::poll(&p, 1, 2000) <= 0)
         ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
-    siginfo_t info{};
-    // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
-    ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED);
+    // Reap it, but not at any price: a process stuck in the kernel, or a traced one (whose exit
+    // only its tracer sees until it lets go), would hold the application's thread for ever.
+    constexpr int reap_bound_ms = 2000;
+    bool reaped = false;
+    for (int waited_ms = 0;; waited_ms += 10) {
+        siginfo_t info{};
+        const int rc = ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG);
+        // The application may reap children itself (or ignore SIGCHLD); ECHILD is fine then.
+        if ((rc == 0 && info.si_pid != 0) || (rc != 0 && errno != EINTR)) {
+            reaped = true;
+            break;
+        }
+        if (waited_ms >= reap_bound_ms) break;
+        const timespec pause{0, 10'000'000};
+        ::nanosleep(&pause, nullptr);
+    }
+    if (!reaped) {
+        detail::log(log_level::error, "helper",
+                    "the sandbox helper (pid " + std::to_string(pid_of(pidfd_.get())) +
+                        ") was not reaped within " + std::to_string(reap_bound_ms) +
+                        " ms of its kill; moat stops waiting for it");
+    }
     pidfd_.reset();
 }
 

@@ -51,10 +51,14 @@ class helper_client : public std::enable_shared_from_this<helper_client> {
     std::function<void(const std::string& reason)> on_helper_lost;
 
     std::uint32_t host_layers() const noexcept { return host_layers_; }
+    // Why the running helper cannot create any sandbox (its setup failed), or nullopt.
+    const std::optional<error>& setup_error() const noexcept { return setup_error_; }
     const std::string& layer_detail() const noexcept { return layer_detail_; }
 
-    // Closes the control socket (the helper then kills its sandboxes and exits) and reaps it,
-    // waiting at most ~2 s. Synchronous: used on backend destruction.
+    // Closes the control socket (the helper then kills its sandboxes and exits) and reaps it:
+    // ~2 s for it to exit, then SIGKILL and at most ~2 s more to reap it, then it gives up with
+    // an error logged (a helper stuck in the kernel, or one whose exit only a tracer can see).
+    // Synchronous: used on backend destruction.
     void shutdown() noexcept;
 
   private:
@@ -81,6 +85,7 @@ class helper_client : public std::enable_shared_from_this<helper_client> {
     unique_fd pidfd_;
     std::uint32_t host_layers_ = 0;
     std::string layer_detail_;
+    std::optional<error> setup_error_;
     std::uint64_t next_request_ = 1;
     std::map<std::uint64_t, std::shared_ptr<pending_create>> creates_;
 };

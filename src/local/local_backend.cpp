@@ -30,6 +30,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -50,6 +51,13 @@ constexpr auto wall_limit_slack = std::chrono::seconds(5);
 // How long an attach may take: connect, the agent's `ready`.
 constexpr auto attach_timeout = std::chrono::seconds(5);
 
+// One destroy of one sandbox, shared by every caller that asks while it runs.
+struct destroy_flight {
+    explicit destroy_flight(const asio::any_io_executor& ex) : done(ex) {}
+    async_event done;
+    std::optional<result<void>> outcome;
+};
+
 struct local_sandbox {
     explicit local_sandbox(const asio::any_io_executor& ex) : answered(ex), reaped(ex) {}
     sandbox_info info;
@@ -62,6 +70,7 @@ struct local_sandbox {
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
     std::optional<std::string> gone_reason;
     std::shared_ptr<oom_watch> oom = std::make_shared<oom_watch>();
+    std::shared_ptr<destroy_flight> destroying;  // set while a destroy runs
 };
 
 std::vector<std::string> layer_names(std::uint32_t bits) {
@@ -89,8 +98,19 @@ std::vector<std::string> layer_names(std::uint32_t bits) {
 std::string default_owner_instance() {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
+    // Two backends of one process must differ. One getrandom call, no loop; if it fails, the
+    // time and a process-wide counter tell them apart, and the failure is logged.
+    static std::atomic<std::uint32_t> instances{0};
     std::uint32_t random = 0;
-    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) random = 0;
+    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) {
+        const int err = errno;
+        const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+        random = static_cast<std::uint32_t>(now) * 2654435761u + ++instances;
+        const char* name = ::strerrorname_np(err);
+        detail::log(log_level::error, "local",
+                    std::string("getrandom failed (") + (name != nullptr ? name : "E?") +
+                        "): the owner instance suffix comes from the clock and a counter");
+    }
     char suffix[16];
     std::snprintf(suffix, sizeof suffix, "%06x", random & 0xffffffu);
     return std::string(host) + "/" + std::to_string(::getpid()) + "/" + suffix;
@@ -287,8 +307,13 @@ class local_backend final : public backend {
         auto started =
             co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
         if (!started) co_return std::move(started).error();
+        // A host the helper cannot work on (not root, a state directory sandbox uids cannot
+        // reach) fails every create with the helper's own reason, before anything is recorded.
+        if (auto unusable = helper_->setup_error()) co_return *unusable;
 
-        const std::string id = make_sandbox_id();
+        auto made_id = make_sandbox_id();
+        if (!made_id) co_return std::move(made_id).error();
+        const std::string id = std::move(*made_id);
         auto request = wire::make_message<wire::create_message>(wire::message_type::create);
         wire::copy_field(request.sandbox_id, id);
         request.memory_bytes = spec.limits.memory_bytes;
@@ -500,6 +525,39 @@ class local_backend final : public backend {
         auto it = sandboxes_.find(id);
         if (it == sandboxes_.end()) co_return co_await destroy_recorded(std::move(id), limit);
         auto sandbox = it->second;
+        if (sandbox->destroying) {
+            // Another destroy of this sandbox runs: share its outcome rather than kill and wait
+            // a second time. Not cancellable, like that destroy.
+            auto flight = sandbox->destroying;
+            while (!flight->done.is_set() && !limit.has_expired()) {
+                co_await flight->done.async_wait(limit);
+            }
+            if (flight->outcome) co_return *flight->outcome;
+            co_return unconfirmed_error(id);
+        }
+        auto flight = std::make_shared<destroy_flight>(executor_);
+        sandbox->destroying = flight;
+        result<void> outcome = make_error(errc::backend_failure, "destroy of " + id + " failed");
+        try {
+            outcome = co_await destroy_known(sandbox, id, limit);
+        } catch (...) {
+            outcome = error_from_exception(std::current_exception());
+        }
+        // One that did not end the sandbox leaves the next destroy to try again.
+        if (sandbox->destroying == flight) sandbox->destroying.reset();
+        flight->outcome = outcome;
+        flight->done.set();
+        co_return outcome;
+    }
+
+    error unconfirmed_error(const std::string& id) const {
+        return make_error(errc::backend_failure,
+                          "destroy of " + id + " was not confirmed within " +
+                              std::to_string(options_.destroy_timeout.count()) + " ms");
+    }
+
+    asio::awaitable<result<void>> destroy_known(std::shared_ptr<local_sandbox> sandbox,
+                                                const std::string& id, deadline limit) {
         if (!sandbox->reaped.is_set()) {
             if (sandbox->agent) sandbox->agent->close();
             if (!sandbox->info.owned) {  // attached: our helper does not know it
@@ -521,15 +579,14 @@ class local_backend final : public backend {
             // The janitor finishes what this destroy could not confirm.
             sandbox->record.condemned = true;
             (void)records_.write(sandbox->record);
-            co_return make_error(errc::backend_failure,
-                                 "destroy of " + id + " was not confirmed within " +
-                                     std::to_string(options_.destroy_timeout.count()) + " ms");
+            co_return unconfirmed_error(id);
         }
         sandbox->root.reset();
-        // Our helper removes the cgroups of what it reaps; anything else is ours to remove.
+        // Our helper removes the cgroups of what it reaps and reports it; anything else (attached,
+        // a survivor of a lost helper, one a later helper did not know) is ours to remove.
         int cleanup_errno = sandbox->cleanup_errno;
-        if (!sandbox->info.owned || cleanup_errno == ESRCH)
-            cleanup_errno = co_await remove_cgroups_until(sandbox->record, limit);
+        const bool helper_cleaned = sandbox->answered.is_set() && cleanup_errno != ESRCH;
+        if (!helper_cleaned) cleanup_errno = co_await remove_cgroups_until(sandbox->record, limit);
         records_.remove(id);
         sandboxes_.erase(id);
         if (cleanup_errno != 0) co_return cgroups_left_error(id, cleanup_errno);
@@ -553,9 +610,7 @@ class local_backend final : public backend {
             if (!ended) {
                 record->condemned = true;
                 (void)records_.write(*record);
-                co_return make_error(errc::backend_failure,
-                                     "destroy of " + id + " was not confirmed within " +
-                                         std::to_string(options_.destroy_timeout.count()) + " ms");
+                co_return unconfirmed_error(id);
             }
         }
         const int cleanup_errno = co_await remove_cgroups_until(*record, limit);
@@ -942,14 +997,29 @@ class local_backend final : public backend {
         if (ended) sandbox.reaped.set();
     }
 
-    // SIGKILLs the process behind `pidfd` and waits until it has exited; false at `limit`.
+    // SIGKILLs the process behind `pidfd` (the caller's, which must stay open meanwhile) and
+    // waits until it has exited; false at `limit`. The wait registers a duplicate it owns, so the
+    // caller's descriptor is never closed or registered with the reactor here.
     asio::awaitable<bool> kill_and_wait(int pidfd, deadline limit) {
         ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
-        asio::posix::stream_descriptor descriptor(executor_, pidfd);
+        unique_fd watched(::fcntl(pidfd, F_DUPFD_CLOEXEC, 0));
+        if (!watched.is_open()) co_return co_await poll_until_exited(pidfd, limit);
+        asio::posix::stream_descriptor descriptor(executor_, watched.release());
         const auto waited =
             co_await async_wait_until(descriptor, asio::posix::descriptor_base::wait_read, limit);
-        descriptor.release();  // still owned by the caller
         co_return waited == wait_result::ready;
+    }
+
+    // Out of descriptors for the duplicate: look every 10 ms instead.
+    asio::awaitable<bool> poll_until_exited(int pidfd, deadline limit) {
+        asio::steady_timer timer(executor_);
+        while (!has_exited(pidfd)) {
+            if (limit.has_expired()) co_return false;
+            timer.expires_after(std::chrono::milliseconds(10));
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_await asio::this_coro::reset_cancellation_state();
+        }
+        co_return true;
     }
 
     void on_reaped(const wire::reaped_message& m) {
@@ -959,6 +1029,14 @@ class local_backend final : public backend {
         sandbox.cleanup_errno = m.cleanup_errno;
         sandbox.answered.set();
         if (m.cleanup_errno == ESRCH) return;  // async_destroy confirms through the pidfd
+        // Nobody asked for this end (TTL, a crash, a kill from outside): say so, unless the agent
+        // channel already did.
+        if (!sandbox.destroying && sandbox.agent && !sandbox.agent->broken()) {
+            detail::log(
+                log_level::warning, "local",
+                "the sandbox's pid 1 exited (wait status " + std::to_string(m.wait_status) + ")",
+                sandbox.info.id);
+        }
         // Confirmed gone and its cgroups removed: the record goes now, the entry (inspect says
         // `exited`) when destroy releases it.
         records_.remove(sandbox.info.id);
@@ -972,8 +1050,12 @@ class local_backend final : public backend {
         sandbox.reaped.set();
     }
 
+    // Only what depends on the helper ends with it: the sandboxes it made that die with it
+    // (PDEATHSIG). An attached sandbox, or a survivor it made, keeps its own control socket to its
+    // pid 1 and runs on; its destroy confirms through the pidfd.
     void on_helper_lost(const std::string& reason) {
         for (auto& [id, sandbox] : sandboxes_) {
+            if (!sandbox->info.owned || sandbox->info.survive_owner) continue;
             if (!sandbox->gone_reason) sandbox->gone_reason = reason;
             sandbox->info.state = sandbox_state::exited;
             if (sandbox->agent) sandbox->agent->close();

@@ -13,10 +13,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 
 namespace moat {
 namespace {
@@ -93,6 +95,43 @@ file_type type_of(mode_t mode) noexcept {
     return file_type::other;
 }
 
+// The process's dumpable flag belongs to its memory map, shared by every thread, and the kernel
+// resets it (to fs.suid_dumpable, usually 0) whenever any thread changes its fsuid: left reset, the
+// application would lose its core dumps and its /proc files would turn root-owned. Threads that
+// switch identity at the same time therefore share one saved value: the first to switch saves it,
+// the last to switch back restores it, both under one lock. (Restoring per thread raced: a second
+// thread could save the already-reset flag and restore that last.)
+class dumpable_keeper {
+  public:
+    // Before this thread's first credential change; false if the flag cannot be read.
+    bool enter() {
+        const std::lock_guard lock(mutex_);
+        if (holders_ == 0) {
+            saved_ = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+            if (saved_ < 0) return false;
+        }
+        ++holders_;
+        return true;
+    }
+
+    // After this thread has its credentials back; false if the flag could not be restored.
+    bool leave() {
+        const std::lock_guard lock(mutex_);
+        if (--holders_ != 0) return true;
+        return ::prctl(PR_SET_DUMPABLE, saved_, 0, 0, 0) == 0;
+    }
+
+  private:
+    std::mutex mutex_;
+    int holders_ = 0;
+    int saved_ = 1;
+};
+
+dumpable_keeper& process_dumpable() {
+    static dumpable_keeper keeper;
+    return keeper;
+}
+
 // The calling thread takes the sandbox user's filesystem identity for its lifetime: fsuid and
 // fsgid, no supplementary groups (the application's, root's group 0 included, would grant group
 // access), and an empty effective capability set (CAP_SYS_PTRACE, for one, would open the /proc
@@ -105,7 +144,10 @@ class sandbox_identity {
     sandbox_identity(uid_t uid, gid_t gid) { switched_ = switch_to(uid, gid); }
 
     ~sandbox_identity() {
-        if (!changed_) return;
+        if (!changed_) {
+            if (entered_ && !process_dumpable().leave()) abort_unrestored();
+            return;
+        }
         // The capabilities first (setgroups needs CAP_SETGID), and again last: going back to fsuid
         // 0 makes the kernel add the filesystem capabilities of the permitted set, which the
         // application may have kept out of its effective set.
@@ -117,15 +159,11 @@ class sandbox_identity {
         restored = restored && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == saved_uid_ &&
                    static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == saved_gid_;
         restored = restored && ::syscall(SYS_capset, &header_, saved_caps_) == 0;
-        // A change of fsuid also resets process-wide state the application may rely on: the
-        // dumpable flag (whole process) and this thread's parent-death signal.
-        restored = restored && ::prctl(PR_SET_DUMPABLE, saved_dumpable_, 0, 0, 0) == 0;
+        // A change of fsuid also resets state the application may rely on: this thread's
+        // parent-death signal, and the process's dumpable flag (see dumpable_keeper).
         restored = restored && ::prctl(PR_SET_PDEATHSIG, saved_pdeath_signal_, 0, 0, 0) == 0;
-        if (!restored) {
-            detail::log(log_level::error, "local",
-                        "cannot restore the thread's credentials after a sandbox file operation");
-            std::abort();
-        }
+        restored = process_dumpable().leave() && restored;
+        if (!restored) abort_unrestored();
     }
 
     sandbox_identity(const sandbox_identity&) = delete;
@@ -140,6 +178,12 @@ class sandbox_identity {
     }
 
   private:
+    [[noreturn]] static void abort_unrestored() {
+        detail::log(log_level::error, "local",
+                    "cannot restore the thread's credentials after a sandbox file operation");
+        std::abort();
+    }
+
     bool switch_to(uid_t uid, gid_t gid) {
         saved_uid_ = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
         saved_gid_ = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
@@ -150,11 +194,11 @@ class sandbox_identity {
             return fail("getgroups");
         header_.version = _LINUX_CAPABILITY_VERSION_3;
         if (::syscall(SYS_capget, &header_, saved_caps_) != 0) return fail("capget");
-        saved_dumpable_ = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
-        if (saved_dumpable_ < 0) return fail("PR_GET_DUMPABLE");
         if (::prctl(PR_GET_PDEATHSIG, &saved_pdeath_signal_, 0, 0, 0) != 0) {
             return fail("PR_GET_PDEATHSIG");
         }
+        if (!process_dumpable().enter()) return fail("PR_GET_DUMPABLE");
+        entered_ = true;
 
         // Nothing has changed until setgroups succeeds: a failure here needs no undoing.
         if (::syscall(SYS_setgroups, 0, nullptr) != 0) return fail("setgroups");
@@ -182,11 +226,11 @@ class sandbox_identity {
 
     uid_t saved_uid_ = 0;
     gid_t saved_gid_ = 0;
-    int saved_dumpable_ = 1;
     int saved_pdeath_signal_ = 0;
     std::vector<gid_t> saved_groups_;
     __user_cap_header_struct header_{};
     __user_cap_data_struct saved_caps_[2]{};
+    bool entered_ = false;  // holds a share of process_dumpable()
     bool changed_ = false;
     bool switched_ = false;
     std::string failed_;
@@ -194,12 +238,14 @@ class sandbox_identity {
 };
 
 std::string random_temp_name() {
-    // Uniqueness matters, not secrecy: O_EXCL refuses a name the sandbox took first.
+    // Uniqueness matters, not secrecy: O_EXCL refuses a name the sandbox took first, and the
+    // caller tries again. One call, no loop; if getrandom fails, the time and a process-wide
+    // counter still give each attempt of this process a name of its own.
     unsigned char bytes[8];
-    if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
-        thread_local std::uint64_t counter = 0;
-        const std::uint64_t fallback =
-            static_cast<std::uint64_t>(::time(nullptr)) * 1000003u + ++counter;
+    if (::getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bytes)) {
+        static std::atomic<std::uint64_t> counter{0};
+        const std::uint64_t fallback = static_cast<std::uint64_t>(::time(nullptr)) * 1000003u +
+                                       counter.fetch_add(1, std::memory_order_relaxed) + 1;
         std::memcpy(bytes, &fallback, sizeof bytes);
     }
     static constexpr char hex[] = "0123456789abcdef";

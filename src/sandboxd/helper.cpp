@@ -42,11 +42,15 @@ const char* errno_name(int err) {
     return name != nullptr ? name : "E?";
 }
 
+// 0 or the errno of a failed send. A library that went away also shows up as EOF on the next
+// poll; a caller whose reply announces something (a sandbox) must undo it when the reply is lost.
 template <class Message>
-void send(const Message& m, std::span<const int> fds = {}) {
+int send(const Message& m, std::span<const int> fds = {}) {
     const auto bytes = std::as_bytes(std::span(&m, 1));
-    // A library that went away shows up as EOF on the next poll; nothing to do here.
-    (void)wire::send_record(control_fd, bytes, fds, 0);
+    for (;;) {
+        if (wire::send_record(control_fd, bytes, fds, 0) >= 0) return 0;
+        if (errno != EINTR) return errno;
+    }
 }
 
 int make_directories(const std::string& path) {
@@ -132,6 +136,9 @@ class helper {
         int pidfd = -1;
         bool survive_owner = false;
         sandbox_cgroups cgroups;
+        // Its attach socket, when the library never learned of the sandbox (its `created` was
+        // lost) and nobody else will remove it.
+        std::string orphaned_socket;
     };
 
     // A reaped sandbox whose cgroups still count a process (an exiting task, or one that has
@@ -159,7 +166,7 @@ class helper {
         wire::copy_field(reaped.sandbox_id, id);
         reaped.wait_status = wait_status;
         reaped.cleanup_errno = cleanup_errno;
-        send(reaped);
+        (void)send(reaped);  // a lost report: the library's destroy confirms through its pidfd
     }
     // False when the control socket has closed.
     bool handle_control();
@@ -176,12 +183,12 @@ class helper {
         m.error_code = static_cast<std::int32_t>(code);
         m.sys_errno = err;
         wire::copy_field(m.detail, detail);
-        send(m);
+        (void)send(m);  // nothing was made: a lost answer leaves nothing behind
     }
 
     std::string state_dir_;
     bool usable_ = false;
-    moat::errc unusable_code_ = moat::errc::backend_failure;
+    moat::errc unusable_code_ = moat::errc::layer_unavailable;
     std::string unusable_detail_;
     std::uint32_t host_layers_ = 0;
     std::string layer_detail_;
@@ -236,6 +243,8 @@ int helper::retry_removals() {
     return next > now ? static_cast<int>(next - now) : 0;
 }
 
+// A setup failure makes this helper unusable for its whole life: every create fails with it, so
+// its code is never a retryable one (layer_unavailable: this host, as set up, cannot do it).
 void helper::fail_setup(moat::errc code, int err, const std::string& detail) {
     unusable_code_ = code;
     unusable_detail_ = detail;
@@ -252,15 +261,15 @@ void helper::setup() {
         return;
     }
     if (const int err = make_directories(state_dir_)) {
-        return fail_setup(moat::errc::backend_failure, err, "helper: mkdir " + state_dir_);
+        return fail_setup(moat::errc::layer_unavailable, err, "helper: mkdir " + state_dir_);
     }
     // Searchable, not listable: each sandbox's setup runs as its own unprivileged host uid and
     // must reach the (public, read-only) template inside. The uid-slot locks stay 0700.
     if (::chmod(state_dir_.c_str(), 0711) != 0) {
-        return fail_setup(moat::errc::backend_failure, errno, "helper: chmod " + state_dir_);
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: chmod " + state_dir_);
     }
     if (const std::string closed = first_unsearchable_ancestor(state_dir_); !closed.empty()) {
-        return fail_setup(moat::errc::backend_failure, 0,
+        return fail_setup(moat::errc::layer_unavailable, 0,
                           "helper: state directory " + state_dir_ +
                               " is unreachable for sandbox "
                               "uids: " +
@@ -269,22 +278,22 @@ void helper::setup() {
     // Records and attach sockets: root only, whatever the state directory's mode.
     const std::string sandboxes = wire::sandboxes_dir(state_dir_);
     if (::mkdir(sandboxes.c_str(), 0700) != 0 && errno != EEXIST) {
-        return fail_setup(moat::errc::backend_failure, errno, "helper: mkdir " + sandboxes);
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: mkdir " + sandboxes);
     }
     if (::chmod(sandboxes.c_str(), 0700) != 0) {
-        return fail_setup(moat::errc::backend_failure, errno, "helper: chmod " + sandboxes);
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: chmod " + sandboxes);
     }
     // Everything mounted from here on (the template root) stays inside this helper.
     if (::unshare(CLONE_NEWNS) != 0) {
         return fail_setup(moat::errc::layer_unavailable, errno, "helper: unshare(CLONE_NEWNS)");
     }
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-        return fail_setup(moat::errc::backend_failure, errno, "helper: make / private");
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: make / private");
     }
     std::string detail;
     const std::string template_path = state_dir_ + "/template";
     if (const int err = build_template_root(template_path, detail)) {
-        return fail_setup(moat::errc::backend_failure, 0, detail);
+        return fail_setup(moat::errc::layer_unavailable, 0, detail);
     }
     std::vector<sock_filter> filter;
     if (const int err = compile_seccomp_filter(filter, detail)) {
@@ -292,13 +301,13 @@ void helper::setup() {
     }
     agent_exe_fd_ = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
     if (agent_exe_fd_ < 0) {
-        return fail_setup(moat::errc::backend_failure, errno, "helper: open /proc/self/exe");
+        return fail_setup(moat::errc::layer_unavailable, errno, "helper: open /proc/self/exe");
     }
     if (const int err = slots_.open(state_dir_)) {
-        return fail_setup(moat::errc::backend_failure, err, "helper: uid slot directory");
+        return fail_setup(moat::errc::layer_unavailable, err, "helper: uid slot directory");
     }
     if (const int err = spawner_.init(template_path, std::move(filter), agent_exe_fd_, detail)) {
-        return fail_setup(moat::errc::backend_failure, err, "helper: " + detail);
+        return fail_setup(moat::errc::layer_unavailable, err, "helper: " + detail);
     }
     cgroups_.discover();
 
@@ -329,8 +338,9 @@ void helper::run() {
     auto hello = wire::make_message<wire::hello_message>(wire::message_type::hello);
     hello.version = wire::protocol_version;
     hello.host_layers = host_layers_;
+    hello.setup_error = usable_ ? 0 : static_cast<std::int32_t>(unusable_code_);
     wire::copy_field(hello.layer_detail, layer_detail_);
-    send(hello);
+    (void)send(hello);
 
     std::vector<pollfd> fds;
     for (;;) {
@@ -474,9 +484,20 @@ void helper::handle_create(const wire::create_message& m) {
     wire::copy_field(created.pids_cgroup, s.cgroups.paths[1]);
     wire::copy_field(created.cpu_cgroup, s.cgroups.paths[2]);
     const int passed[] = {spawned.pidfd, spawned.library_socket};
-    send(created, passed);
+    const int lost = send(created, passed);
     ::close(spawned.library_socket);
     s.pidfd = spawned.pidfd;
+    if (lost != 0) {
+        // Nobody knows this sandbox: a survivor would run to its TTL. Kill it (it is reaped and
+        // its cgroups removed as usual) and tell the library, if a smaller record still gets
+        // through, instead of leaving its create to time out.
+        ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
+        s.survive_owner = false;
+        s.orphaned_socket = socket_path;
+        send_create_failed(m.request_id, moat::errc::backend_failure, lost,
+                           std::string("the created reply could not be sent (") + errno_name(lost) +
+                               "): the sandbox was killed");
+    }
     sandboxes_.push_back(std::move(s));
 }
 
@@ -507,6 +528,7 @@ bool helper::try_reap(std::size_t i, bool block) {
     } while (rc != 0 && errno == EINTR);
     if (rc == 0 && info.si_pid == 0) return false;  // not exited yet
     const int wait_errno = rc == 0 ? 0 : errno;
+    if (!s.orphaned_socket.empty()) ::unlink(s.orphaned_socket.c_str());
     const int wait_status = rc == 0 ? to_wait_status(info) : 0;
     remove_cgroups(s.id, std::move(s.cgroups), true, wait_status, wait_errno);
     ::close(s.pidfd);

@@ -28,6 +28,8 @@ int uid_slots::open(const std::string& state_dir) {
 }
 
 int uid_slots::claim(uid_slot& out) {
+    // Randomness only spreads where the probe starts (any start finds a free slot, every slot is
+    // tried once): one call, no loop, and without it the pid still spreads helpers apart.
     std::uint32_t start = 0;
     if (::getrandom(&start, sizeof start, GRND_NONBLOCK) != sizeof start) {
         start = static_cast<std::uint32_t>(::getpid());

@@ -82,7 +82,10 @@ struct hello_message {
     header h;
     std::uint32_t version;      // protocol_version
     std::uint32_t host_layers;  // layer_bits the host supports
-    std::uint8_t reserved[8];
+    // 0, or the moat::errc for which this helper cannot create any sandbox (its setup failed:
+    // not root, an unreachable state directory); layer_detail then says why.
+    std::int32_t setup_error;
+    std::uint8_t reserved[4];
     char layer_detail[detail_bytes];  // why a layer is missing, if one is
 };
 
