@@ -295,7 +295,7 @@ std::size_t sandbox::queued() const noexcept {
 
 asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<exec_result>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec(state->info.id, std::move(request));
     };
@@ -305,7 +305,7 @@ asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, d
 asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
     std::vector<file_write> files, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<file_write_result>>>()> start =
         [state, files]() mutable {
             return state->sandboxes.async_write_files(state->info.id, std::move(files));
@@ -316,7 +316,7 @@ asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_fil
 asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
     std::vector<std::string> paths, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<file_read_result>>>()> start =
         [state, paths]() mutable {
             return state->sandboxes.async_read_files(state->info.id, std::move(paths));
@@ -326,7 +326,7 @@ asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files
 
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
         return state->sandboxes.async_stat(state->info.id, std::move(path));
     };
@@ -336,7 +336,7 @@ asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadlin
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
                                                                         deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<dir_entry>>>()> start = [state,
                                                                               path]() mutable {
         return state->sandboxes.async_list_dir(state->info.id, std::move(path));
@@ -347,7 +347,7 @@ asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::str
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<sandbox_info>>()> start = [state, ttl]() mutable {
         return state->sandboxes.async_extend_ttl(state->info.id, ttl);
     };
@@ -364,7 +364,7 @@ asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request req
         state->report("exec_stream", static_cast<errc>(refused->code.value()), called, granted);
         co_return std::move(*refused);
     }
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<exec_stream>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec_stream(state->info.id, std::move(request));
     };
@@ -383,7 +383,7 @@ asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request req
 
 asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see STYLE.md).
+    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<process>>()> start = [state, request]() mutable {
         return state->sandboxes.async_spawn(state->info.id, std::move(request));
     };
