@@ -1,5 +1,7 @@
 #include "tools/cell_output.hpp"
 
+#include <algorithm>
+
 namespace moat {
 
 cell_output::cell_output(std::string marker, output_limits limits)
@@ -20,7 +22,8 @@ void cell_output::feed(std::string_view data) {
         }
         capture_.append(std::string_view(pending_).substr(0, at));
         const std::size_t line_end = end == std::string::npos ? line_start + max_marker_line : end;
-        marker_line_ = pending_.substr(line_start, line_end - line_start);
+        marker_line_ =
+            pending_.substr(line_start, std::min(line_end - line_start, max_marker_line));
         pending_.clear();
         done_ = true;
         return;
