@@ -24,6 +24,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,18 @@ struct raw_runner {
         return "";
     }
 
+    // Removes the cgroups, waiting (as the helper's loop does, with its timer) while the kernel
+    // still counts the exiting tasks.
+    int remove_cgroups(sandboxd::sandbox_cgroups& group) {
+        int err = hierarchy.try_remove(group);
+        for (int attempt = 0; err == EBUSY && attempt < 200; ++attempt) {
+            const timespec pause{0, 1'000'000};
+            ::nanosleep(&pause, nullptr);
+            err = hierarchy.try_remove(group);
+        }
+        return err;
+    }
+
     // One create / exec / destroy with moat's default limits.
     std::string run(double& create_ms, double& exec_ms, double& destroy_ms) {
         const std::string id =
@@ -111,7 +124,7 @@ struct raw_runner {
         const bool ok = spawner.spawn(request, slot, hierarchy, group, spawned, failure);
         ::close(slot.lock_fd);
         if (!ok) {
-            sandboxd::cgroups::remove(group);
+            remove_cgroups(group);
             return failure.detail;
         }
         const bool ready = receive_type(spawned.library_socket, wire::message_type::ready);
@@ -140,7 +153,7 @@ struct raw_runner {
                         WEXITED) != 0 &&
                errno == EINTR) {
         }
-        const int removed = sandboxd::cgroups::remove(group);
+        const int removed = remove_cgroups(group);
         ::close(spawned.pidfd);
         ::close(spawned.library_socket);
         destroy_ms = ms_since(start);

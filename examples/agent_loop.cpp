@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -72,10 +74,18 @@ asio::awaitable<int> conversation(moat::session_manager& sessions) {
         // A caller's deadline for the whole tool call (queueing included); the program's own
         // limit is the timeout_seconds argument the model chose (default 30 s).
         const auto limit = moat::deadline::after(std::chrono::seconds(120));
-        auto result = co_await tools.async_call(s.tool, s.arguments, limit);
+        // The user may watch the program's output while it runs; the model reads the shaped
+        // result once the call is done.
+        moat::output_callback live = [](moat::output_channel, std::string_view data) {
+            std::printf("  (live) %.*s", static_cast<int>(data.size()), data.data());
+        };
+        auto result = co_await tools.async_call(s.tool, s.arguments, limit, std::move(live));
         if (!result) {  // only our own cancellation or deadline ends up here
             std::fprintf(stderr, "tool call: %s\n", result.error().to_string().c_str());
             break;
+        }
+        if (const auto box = tools.current_sandbox(); box && i == 0) {
+            std::printf("sandbox %s (host pid %d)\n", box->id.c_str(), box->host_pid.value_or(0));
         }
         const std::string json = result->to_json();
         std::printf("%s -> %s\n", s.tool.c_str(), json.c_str());

@@ -1,5 +1,6 @@
 // libFuzzer target for a tool call's arguments (JSON from a model or an MCP client). The first
-// byte picks the tool; the rest is the arguments.
+// byte picks the tool; the rest is the arguments. The same bytes also go through base64_decode
+// (write_file's encoding "base64"), which must agree with base64_encode both ways.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_tool_arguments_fuzzer &&
 //   build/fuzz/fuzz/moat_tool_arguments_fuzzer -max_total_time=60 fuzz/corpus/tool_arguments
@@ -7,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace {
@@ -28,6 +30,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string_view tool = tools[data[0] % std::size(tools)];
     const std::string_view json(reinterpret_cast<const char*>(data) + 1, size - 1);
     constexpr double max_timeout = 600;
+
+    // Whatever decodes re-encodes to text that decodes to the same bytes, and any bytes survive
+    // an encode and decode exactly.
+    if (const auto decoded = moat::base64_decode(json)) {
+        require(moat::base64_decode(moat::base64_encode(*decoded)) == decoded);
+    }
+    require(moat::base64_decode(moat::base64_encode(json)) == std::string(json));
 
     const auto r = moat::parse_tool_arguments(tool, json, max_timeout);
     if (!r) {

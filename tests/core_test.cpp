@@ -40,6 +40,36 @@ TEST_CASE("a result holds either a value or an error") {
     CHECK(fine.has_value());
 }
 
+namespace {
+
+// What value() threw, as "type-independent" text: its what() and, if it carries one, its code.
+template <class Result>
+std::string what_value_throws(const Result& r) {
+    try {
+        r.value();
+    } catch (const std::system_error& e) {
+        return std::string(e.what()) + " [" + e.code().message() + "]";
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "nothing";
+}
+
+}  // namespace
+
+TEST_CASE("value() of a failed result throws an exception carrying its code and detail") {
+    const moat::result<int> failed =
+        moat::make_error(moat::errc::sandbox_not_found, "no sandbox 'abc'");
+    const std::string thrown = what_value_throws(failed);
+    CHECK(thrown.find("no sandbox 'abc'") != std::string::npos);
+    CHECK(thrown.find(moat::make_error_code(moat::errc::sandbox_not_found).message()) !=
+          std::string::npos);
+    const moat::result<void> failed_void = moat::make_error(moat::errc::cancelled, "stopped");
+    CHECK(what_value_throws(failed_void).find("stopped") != std::string::npos);
+    const moat::result<int> fine = 7;
+    CHECK(what_value_throws(fine) == "nothing");
+}
+
 TEST_CASE("output capture keeps everything that fits") {
     moat::output_capture capture({.head_bytes = 8, .tail_bytes = 8});
     capture.append("hello ");

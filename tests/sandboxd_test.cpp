@@ -531,6 +531,59 @@ TEST_CASE("destroy reaps pid 1 and removes its cgroups") {
     CHECK_FALSE(path_exists(pids.c_str()));
 }
 
+// A host process parked in a sandbox's cgroup keeps it from emptying after pid 1 is gone, for as
+// long as the test wants: the real kernel's EBUSY, on demand. Killed when the test ends.
+class cgroup_holder {
+  public:
+    explicit cgroup_holder(const std::string& cgroup) {
+        std::string program = "/bin/sleep";
+        std::string seconds = "1000";
+        char* argv[] = {program.data(), seconds.data(), nullptr};
+        char* envp[] = {nullptr};
+        REQUIRE(::posix_spawn(&pid_, program.c_str(), nullptr, nullptr, argv, envp) == 0);
+        const std::string pid_text = std::to_string(pid_);
+        const std::string procs = cgroup + "/cgroup.procs";
+        const int fd = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        const bool moved =
+            ::write(fd, pid_text.data(), pid_text.size()) == static_cast<ssize_t>(pid_text.size());
+        ::close(fd);
+        REQUIRE(moved);
+    }
+    ~cgroup_holder() { release(); }
+    cgroup_holder(const cgroup_holder&) = delete;
+    cgroup_holder& operator=(const cgroup_holder&) = delete;
+
+    void release() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+    }
+
+  private:
+    pid_t pid_ = -1;
+};
+
+TEST_CASE("a create is not delayed by a destroy whose cgroup is slow to empty") {
+    helper_process helper;
+    sandbox slow(helper, "slow-to-empty");
+    const std::string pids = slow.created.pids_cgroup;
+    REQUIRE_FALSE(pids.empty());
+    cgroup_holder holder(pids);
+    slow.destroy();
+    REQUIRE(slow.wait_ended());
+    // pid 1 is reaped, its cgroup still counts the holder: the helper must answer this create
+    // now, not after its removal attempts.
+    sandbox fast(helper, "fast");
+    CHECK(path_exists(pids.c_str()));
+    CHECK(run(fast, {"true"}).exited_with(0));
+    holder.release();
+    const auto reaped = expect_reaped(helper, slow.id());
+    CHECK(reaped.cleanup_errno == 0);
+    CHECK_FALSE(path_exists(pids.c_str()));
+}
+
 TEST_CASE("the sandbox's cgroup limits are the requested ones") {
     helper_process helper;
     sandbox_options options;

@@ -141,3 +141,50 @@ TEST_CASE("an unknown tool is refused with its name bounded and printable") {
     CHECK(detail.size() < 100);
     CHECK(detail.find("a?b?[31m") != std::string::npos);
 }
+
+TEST_CASE("read_file and write_file take an encoding, and base64 content is decoded exactly") {
+    auto text = moat::parse_tool_arguments("read_file", R"({"path":"a","encoding":"text"})");
+    REQUIRE(text);
+    CHECK_FALSE(text->base64);
+    auto raw = moat::parse_tool_arguments("read_file", R"({"path":"a","encoding":"base64"})");
+    REQUIRE(raw);
+    CHECK(raw->base64);
+    CHECK(refusal("read_file", R"({"path":"a","encoding":"utf-16"})") ==
+          R"(encoding: must be "text" or "base64")");
+
+    // "\r\n", a NUL, bytes 0x80 and 0xff: exactly these five bytes.
+    auto bytes = moat::parse_tool_arguments(
+        "write_file", R"({"path":"b","content":"DQoAgP8=","encoding":"base64"})");
+    REQUIRE(bytes);
+    CHECK(bytes->content == std::string("\r\n\0\x80\xff", 5));
+    auto unpadded = moat::parse_tool_arguments(
+        "write_file", R"({"path":"b","content":"aGk","encoding":"base64"})");
+    REQUIRE(unpadded);
+    CHECK(unpadded->content == "hi");
+    CHECK(refusal("write_file", R"({"path":"b","content":"a*b=","encoding":"base64"})") ==
+          R"(content: not valid base64 (encoding is "base64"))");
+    CHECK(refusal("write_file", R"({"path":"b","content":"aGk=aGk=","encoding":"base64"})")
+              .starts_with("content: not valid base64"));
+    // Without the encoding, the same text is the content itself.
+    auto plain = moat::parse_tool_arguments("write_file", R"({"path":"b","content":"aGk="})");
+    REQUIRE(plain);
+    CHECK(plain->content == "aGk=");
+}
+
+TEST_CASE("base64 encodes and decodes every byte value and length") {
+    std::string all;
+    for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
+    for (std::size_t n = 0; n <= all.size(); n += 37) {
+        const std::string part = all.substr(0, n);
+        const auto encoded = moat::base64_encode(part);
+        CHECK(encoded.size() == (n + 2) / 3 * 4);
+        const auto decoded = moat::base64_decode(encoded);
+        REQUIRE(decoded);
+        CHECK(*decoded == part);
+    }
+    CHECK(moat::base64_encode("hi") == "aGk=");
+    CHECK(moat::base64_decode("aG\nk=") == std::optional<std::string>("hi"));
+    CHECK_FALSE(moat::base64_decode("a"));
+    CHECK_FALSE(moat::base64_decode("aGk=="));
+    CHECK_FALSE(moat::base64_decode("===="));
+}

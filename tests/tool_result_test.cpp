@@ -54,7 +54,7 @@ TEST_CASE("tool statuses have stable names") {
 TEST_CASE("a Python error renders its streams, exception and hint in a fixed order") {
     const std::string json = python_error().to_json();
     CHECK(keys_of(json) ==
-          "status,exit_code,stdout,stderr,duration_ms,error_type,traceback,message,hint");
+          "status,exit_code,stdout,stderr,truncated,duration_ms,error_type,traceback,message,hint");
     CHECK(json.find('\n') == std::string::npos);
     CHECK(json.starts_with(
         R"({"status":"error","exit_code":1,"stdout":"loading \"prices.csv\"\n",)"));
@@ -81,7 +81,8 @@ TEST_CASE("fields that do not apply to a tool are omitted") {
     moat::tool_result read;
     read.tool = "read_file";
     read.path = "/workspace/empty.txt";
-    CHECK(keys_of(read.to_json()) == "status,duration_ms,path,content,bytes");  // empty file
+    CHECK(keys_of(read.to_json()) ==
+          "status,duration_ms,path,encoding,truncated,content,bytes");  // empty file
 
     moat::tool_result missing = read;
     missing.status = moat::tool_status::error;
@@ -97,8 +98,9 @@ TEST_CASE("fields that do not apply to a tool are omitted") {
     moat::tool_result shell;
     shell.tool = "run_shell";
     shell.exit_code = 0;
-    CHECK(shell.to_json() ==
-          R"({"status":"ok","exit_code":0,"stdout":"","stderr":"","duration_ms":0})");
+    CHECK(
+        shell.to_json() ==
+        R"({"status":"ok","exit_code":0,"stdout":"","stderr":"","truncated":false,"duration_ms":0})");
 
     moat::tool_result lost;
     lost.tool = "run_python";
@@ -135,7 +137,7 @@ TEST_CASE("listings and artifacts render as arrays of objects") {
     run.artifacts = {{"plot.png", 2048, moat::media_type_for("plot.png")},
                      {"tables/summary.csv", 99, moat::media_type_for("tables/summary.csv")}};
     const std::string json = run.to_json();
-    CHECK(keys_of(json) == "status,exit_code,stdout,stderr,duration_ms,artifacts");
+    CHECK(keys_of(json) == "status,exit_code,stdout,stderr,truncated,duration_ms,artifacts");
     CHECK(json.ends_with(R"("artifacts":[{"path":"plot.png","size":2048,"media_type":"image/png"},)"
                          R"({"path":"tables/summary.csv","size":99,"media_type":"text/csv"}]})"));
 }
@@ -200,4 +202,47 @@ TEST_CASE("media types come from the file name's extension, in any case") {
     CHECK(moat::media_type_for("dir.png/file") == "application/octet-stream");
     CHECK(moat::media_type_for("trailing.") == "application/octet-stream");
     CHECK(moat::media_type_for("") == "application/octet-stream");
+}
+
+TEST_CASE("cut output, a base64 read and file error codes render as structured fields") {
+    moat::tool_result run;
+    run.tool = "run_shell";
+    run.exit_code = 0;
+    run.stdout_omitted = 194000;
+    CHECK(run.to_json() ==
+          R"({"status":"ok","exit_code":0,"stdout":"","stderr":"","truncated":true,)"
+          R"("omitted_chars":{"stdout":194000},"duration_ms":0})");
+    run.stderr_omitted = 5;
+    run.artifacts_truncated = true;
+    CHECK(run.to_json().find(R"("omitted_chars":{"stdout":194000,"stderr":5})") !=
+          std::string::npos);
+    CHECK(run.to_json().ends_with(R"("artifacts_truncated":true})"));
+
+    moat::tool_result read;
+    read.tool = "read_file";
+    read.path = "/workspace/a.txt";
+    read.content = "head";
+    read.content_omitted = 7;
+    read.bytes = 11;
+    CHECK(read.to_json() == R"({"status":"ok","duration_ms":0,"path":"/workspace/a.txt",)"
+                            R"("encoding":"text","truncated":true,"omitted_chars":{"content":7},)"
+                            R"("content":"head","bytes":11})");
+    read.encoding = moat::file_encoding::base64;
+    read.content_omitted = 0;
+    read.content = "aGk=";
+    CHECK(read.to_json().find(R"("encoding":"base64","truncated":false,"content":"aGk=")") !=
+          std::string::npos);
+
+    moat::tool_result missing;
+    missing.tool = "read_file";
+    missing.status = moat::tool_status::error;
+    missing.error_code = "file_not_found";
+    CHECK(keys_of(missing.to_json()) == "status,duration_ms,error_code");
+    CHECK_FALSE(missing.is_tool_error());  // a missing file is a result, not moat's failure
+    missing.status = moat::tool_status::unavailable;
+    CHECK(missing.is_tool_error());
+    moat::tool_result bad;
+    bad.status = moat::tool_status::error;
+    bad.argument_error = true;
+    CHECK(bad.is_tool_error());
 }

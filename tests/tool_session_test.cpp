@@ -2,12 +2,19 @@
 // files, artifacts, shaped results, the retry ceiling, rebuilds and cancellation.
 #include <doctest/doctest.h>
 
+#include <moat/backend.hpp>
+#include <moat/runtime.hpp>
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
 #include "support/local_fixture.hpp"
+#include "tools/python_kernel.hpp"
+#include "tools/tool_arguments.hpp"
 
+#include <signal.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -335,4 +342,345 @@ TEST_CASE_FIXTURE(tool_fixture, "ending a session that never ran anything succee
     moat::tool_session idle(manager, "never-used");
     CHECK(run(idle.async_end()));
     CHECK(manager.sessions() == 0);
+}
+
+namespace {
+
+// The real local backend, with its directory listings counted: how many list_dir calls a walk
+// makes and how many entries they return.
+class listing_counter final : public moat::backend {
+  public:
+    explicit listing_counter(moat::backend& real) : real_(real) {}
+
+    std::size_t listings = 0;
+    std::size_t entries = 0;
+
+    asio::any_io_executor get_executor() const override { return real_.get_executor(); }
+    std::string name() const override { return "counting " + real_.name(); }
+    asio::awaitable<moat::result<moat::sandbox_info>> async_create(
+        moat::sandbox_spec spec) override {
+        return real_.async_create(std::move(spec));
+    }
+    asio::awaitable<moat::result<moat::sandbox_info>> async_attach(std::string id) override {
+        return real_.async_attach(std::move(id));
+    }
+    asio::awaitable<moat::result<moat::sandbox_info>> async_inspect(std::string id) override {
+        return real_.async_inspect(std::move(id));
+    }
+    asio::awaitable<moat::result<std::vector<moat::sandbox_info>>> async_list(
+        moat::label_filter filter) override {
+        return real_.async_list(std::move(filter));
+    }
+    asio::awaitable<moat::result<moat::sandbox_info>> async_extend_ttl(
+        std::string id, std::chrono::milliseconds ttl) override {
+        return real_.async_extend_ttl(std::move(id), ttl);
+    }
+    asio::awaitable<moat::result<void>> async_destroy(std::string id) override {
+        return real_.async_destroy(std::move(id));
+    }
+    asio::awaitable<moat::result<moat::exec_result>> async_exec(
+        std::string id, moat::exec_request request) override {
+        return real_.async_exec(std::move(id), std::move(request));
+    }
+    asio::awaitable<moat::result<moat::exec_stream>> async_exec_stream(
+        std::string id, moat::exec_request request) override {
+        return real_.async_exec_stream(std::move(id), std::move(request));
+    }
+    asio::awaitable<moat::result<moat::process>> async_spawn(std::string id,
+                                                             moat::exec_request request) override {
+        return real_.async_spawn(std::move(id), std::move(request));
+    }
+    asio::awaitable<moat::result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                                     int signal) override {
+        return real_.async_signal(std::move(id), process_id, signal);
+    }
+    asio::awaitable<moat::result<std::vector<moat::file_write_result>>> async_write_files(
+        std::string id, std::vector<moat::file_write> files) override {
+        return real_.async_write_files(std::move(id), std::move(files));
+    }
+    asio::awaitable<moat::result<std::vector<moat::file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths) override {
+        return real_.async_read_files(std::move(id), std::move(paths));
+    }
+    asio::awaitable<moat::result<moat::file_stat>> async_stat(std::string id,
+                                                              std::string path) override {
+        return real_.async_stat(std::move(id), std::move(path));
+    }
+    asio::awaitable<moat::result<std::vector<moat::dir_entry>>> async_list_dir(
+        std::string id, std::string path) override {
+        return count(real_.async_list_dir(std::move(id), std::move(path)));
+    }
+
+  private:
+    asio::awaitable<moat::result<std::vector<moat::dir_entry>>> count(
+        asio::awaitable<moat::result<std::vector<moat::dir_entry>>> listing) {
+        auto listed = co_await std::move(listing);
+        ++listings;
+        if (listed) entries += listed->size();
+        co_return listed;
+    }
+
+    moat::backend& real_;
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "a run_shell command of 200 KiB runs, and one past the limit is an argument "
+                  "error that suggests a script file, with the sandbox and Python state intact") {
+    MOAT_REQUIRE_NAMESPACES();
+    python("kept = 7");
+    const auto pid = python("import os\nos.getpid()").stdout_text;
+    const std::string long_command = ": '" + std::string(200 * 1024, 'x') + "'\necho long-ok";
+    auto ran = shell(long_command);
+    CHECK(ran.status == moat::tool_status::ok);
+    CHECK(ran.stdout_text == "long-ok\n");
+    auto reads_stdin = shell(long_command + "\ncat; echo end");  // its own stdin is empty
+    CHECK(reads_stdin.stdout_text == "long-ok\nend\n");
+    const std::string too_long = "echo " + std::string(moat::file_limits{}.max_file_bytes, 'y');
+    auto refused = shell(too_long);
+    CHECK(refused.status == moat::tool_status::error);
+    CHECK(refused.message.find("command") != std::string::npos);
+    CHECK(refused.hint.find("write_file") != std::string::npos);
+    CHECK_FALSE(has_notice(refused, "rebuilt"));
+    auto after = python("print(kept, os.getpid())");
+    CHECK(after.stdout_text == "7 " + pid);
+    CHECK_FALSE(has_notice(after, "rebuilt"));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the artifact listing of a model-made tree of thousands of directories makes "
+                  "a bounded number of visits") {
+    MOAT_REQUIRE_NAMESPACES();
+    listing_counter counted(*local);
+    moat::runtime rt(counted);
+    moat::session_manager manager(rt, moat::manager_options{});
+    moat::tool_session tools(manager, "walk");
+    auto made = run(tools.async_run_shell(
+        "mkdir -p /workspace/out && cd /workspace/out && mkdir -p $(seq -f 'd%g/e/f' 1 4500) && "
+        "echo made"));
+    REQUIRE(made);
+    CHECK(made->stdout_text == "made\n");
+    counted.listings = 0;
+    counted.entries = 0;
+    auto listed = run(tools.async_list_artifacts());
+    REQUIRE(listed);
+    CHECK(listed->empty());
+    CHECK(counted.listings <= 64);
+    CHECK(counted.entries <= 2000 + moat::file_limits{}.max_dir_entries);
+    REQUIRE(run(tools.async_end()));
+    (void)run(manager.async_shutdown());
+}
+
+TEST_CASE("the interpreter's nonce fails with an error when the random source keeps failing") {
+    int calls = 0;
+    static int* counter = nullptr;
+    counter = &calls;
+    const moat::random_source failing = [](void*, std::size_t) -> ssize_t {
+        ++*counter;
+        errno = ENOSYS;
+        return -1;
+    };
+    auto nonce = moat::random_nonce(failing);
+    REQUIRE_FALSE(nonce);
+    CHECK(nonce.error().code == moat::errc::backend_failure);
+    CHECK(nonce.error().detail.find("getrandom") != std::string::npos);
+    CHECK(calls <= 100);
+    auto real = moat::random_nonce();
+    REQUIRE(real);
+    CHECK(real->size() == 24);
+}
+
+namespace {
+
+// Creates `path` in sandbox `id` through the backend, beside the busy session (a program waits
+// for it to appear).
+asio::awaitable<void> release_waiting_program(moat::backend& backend, std::string id,
+                                              std::string path) {
+    std::vector<moat::file_write> files(1);
+    files[0].path = std::move(path);
+    files[0].content = "go";
+    auto written = co_await backend.async_write_files(std::move(id), std::move(files));
+    if (!written || !written->front().outcome) std::fprintf(stderr, "could not release\n");
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "run_shell and run_python output reaches the output callback before the "
+                  "program ends, and the result keeps the same output") {
+    MOAT_REQUIRE_NAMESPACES();
+    python("import os");  // a sandbox and an interpreter exist
+    REQUIRE(tools.current_sandbox());
+    const std::string id = tools.current_sandbox()->id;
+    std::string streamed;
+    std::string gate;
+    moat::output_callback on_output = [&](moat::output_channel channel, std::string_view data) {
+        if (channel != moat::output_channel::out) return;
+        streamed += data;
+        // The program waits for the gate file: only output that arrives while it runs opens it.
+        if (streamed.find("first\n") != std::string::npos && !gate.empty()) {
+            tasks.spawn(release_waiting_program(*local, id, gate));
+            gate.clear();
+        }
+    };
+    gate = "/workspace/go-shell";
+    auto shell_run = run(tools.async_run_shell(
+        "echo first; while [ ! -e /workspace/go-shell ]; do sleep 0.02; done; echo second", 20s, {},
+        on_output));
+    REQUIRE(shell_run);
+    CHECK(shell_run->status == moat::tool_status::ok);
+    CHECK(shell_run->stdout_text == "first\nsecond\n");
+    CHECK(streamed == "first\nsecond\n");
+
+    streamed.clear();
+    gate = "/workspace/go-python";
+    auto cell = run(tools.async_run_python(
+        "import time\nprint('first')\nwhile not os.path.exists('/workspace/go-python'):\n"
+        "    time.sleep(0.02)\nprint('second')",
+        20s, {}, on_output));
+    REQUIRE(cell);
+    CHECK(cell->status == moat::tool_status::ok);
+    CHECK(cell->stdout_text == "first\nsecond\n");
+    CHECK(streamed == "first\nsecond\n");  // no end marker reaches the callback
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "a code failure is a result, not a tool error, while bad arguments and a lost "
+                  "sandbox are") {
+    MOAT_REQUIRE_NAMESPACES();
+    auto raised = python("1/0");
+    CHECK(raised.status == moat::tool_status::error);
+    CHECK(raised.error_type == "ZeroDivisionError");
+    CHECK_FALSE(raised.is_tool_error());
+    CHECK_FALSE(shell("exit 3").is_tool_error());
+    CHECK_FALSE(shell("sleep 5", 200ms).is_tool_error());
+    auto missing = call("read_file", R"({"path": "nope.txt"})");
+    CHECK(missing.error_code == "file_not_found");
+    CHECK_FALSE(missing.is_tool_error());
+    auto bad = call("run_python", R"({"code": 3})");
+    CHECK(bad.argument_error);
+    CHECK(bad.error_code == "invalid_arguments");
+    CHECK(bad.is_tool_error());
+    REQUIRE(run(tools.async_end()));
+    auto lost = run(tools.async_run_shell("true"));
+    REQUIRE(lost);
+    CHECK(lost->is_tool_error());
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "base64 file tools round-trip exact bytes, text reads say when they are cut, "
+                  "and errors carry codes") {
+    MOAT_REQUIRE_NAMESPACES();
+    std::string bytes = "a\r\nb\x07\x1b[31m\r\n";
+    for (int i = 0; i < 256; ++i) bytes += static_cast<char>(i);
+    const std::string encoded = moat::base64_encode(bytes);
+    auto wrote = call("write_file",
+                      R"({"path":"exact.bin","encoding":"base64","content":")" + encoded + R"("})");
+    CHECK(wrote.status == moat::tool_status::ok);
+    CHECK(wrote.bytes == bytes.size());
+    auto read = call("read_file", R"({"path":"exact.bin","encoding":"base64"})");
+    CHECK(read.status == moat::tool_status::ok);
+    CHECK(read.encoding == moat::file_encoding::base64);
+    CHECK(read.content == encoded);
+    CHECK(read.bytes == bytes.size());
+    auto exact = run(tools.async_read_workspace_file("exact.bin"));
+    REQUIRE(exact);
+    CHECK(*exact == bytes);
+    auto outside = run(tools.async_read_workspace_file("/etc/passwd"));
+    REQUIRE_FALSE(outside);
+    CHECK(outside.error().code == moat::errc::invalid_path);
+
+    auto as_text = call("read_file", R"({"path":"exact.bin"})");
+    CHECK(as_text.content.find('\r') == std::string::npos);  // text is shaped, as before
+    python("open('/workspace/big.txt', 'w').write('y' * 100000)");
+    auto big = call("read_file", R"({"path":"big.txt"})");
+    CHECK(big.content_omitted > 90000);
+    CHECK(big.to_json().find(R"("truncated":true)") != std::string::npos);
+    auto flood = shell("yes | head -c 100000");
+    CHECK(flood.stdout_omitted > 90000);
+    CHECK(shell("echo small").stdout_omitted == 0);
+
+    shell("mkdir -p adir");
+    CHECK(call("read_file", R"({"path":"adir","encoding":"base64"})").error_code == "is_directory");
+    CHECK(call("write_file", R"({"path":"adir","content":"x"})").error_code == "is_directory");
+    CHECK(call("write_file", R"({"path":"/usr/x","content":"x"})").error_code ==
+          "permission_denied");
+    CHECK(call("list_files", R"({"path":"nowhere"})").error_code == "file_not_found");
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "with a tool prefix only the prefixed names are tools and hints use them") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    moat::session_manager manager(rt, moat::manager_options{});
+    moat::tool_options options;
+    options.tool_prefix = "moat_";
+    moat::tool_session tools(manager, "prefixed", options);
+    auto ran = run(tools.async_call("moat_run_shell", R"({"command":"echo hi"})"));
+    REQUIRE(ran);
+    CHECK(ran->stdout_text == "hi\n");
+    auto bare = run(tools.async_call("run_shell", R"({"command":"echo hi"})"));
+    REQUIRE(bare);
+    CHECK(bare->argument_error);
+    CHECK(bare->message.find("unknown tool 'run_shell'") != std::string::npos);
+    CHECK(bare->hint.find("moat_run_python") != std::string::npos);
+    auto missing = run(tools.async_call("moat_read_file", R"({"path":"none"})"));
+    REQUIRE(missing);
+    CHECK(missing->hint.find("moat_list_files") != std::string::npos);
+    const auto definitions = moat::tool_definitions("moat_");
+    REQUIRE(definitions.size() == 5);
+    CHECK(definitions[0].name == "moat_run_python");
+    CHECK(definitions[3].description.find("moat_run_shell") != std::string::npos);
+    for (const auto& d : moat::tool_definitions()) {
+        if (d.name.starts_with("run_"))
+            CHECK(d.description.find("at most 600") != std::string::npos);
+    }
+    REQUIRE(run(tools.async_end()));
+    (void)run(manager.async_shutdown());
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "the retry ceiling counts only run_python and run_shell failures and can be "
+                  "turned off") {
+    MOAT_REQUIRE_NAMESPACES();
+    tools.begin_turn();
+    for (int i = 0; i < 5; ++i) {
+        CHECK_FALSE(has_notice(call("read_file", R"({"path":"missing.txt"})"), "stop retrying"));
+    }
+    CHECK_FALSE(has_notice(shell("test -e missing.txt"), "stop retrying"));
+    CHECK_FALSE(has_notice(python("1/0"), "stop retrying"));
+    CHECK(has_notice(shell("false"), "stop retrying"));
+
+    moat::tool_options off;
+    off.failures_before_stop = 0;
+    moat::tool_session unlimited(manager, "no-ceiling", off);
+    for (int i = 0; i < 5; ++i) {
+        auto r = run(unlimited.async_run_shell("false"));
+        REQUIRE(r);
+        CHECK_FALSE(has_notice(*r, "stop retrying"));
+    }
+    REQUIRE(run(unlimited.async_end()));
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "the session exposes its sandbox's info, and hidden or .tmp files are not "
+                  "artifacts") {
+    MOAT_REQUIRE_NAMESPACES();
+    CHECK_FALSE(tools.current_sandbox());
+    auto r = shell(
+        "mkdir -p out/.cache out/keep && echo x > out/.part && echo x > out/upload.tmp && "
+        "echo x > out/.cache/a && echo x > out/keep/b.txt && echo x > out/c.csv");
+    REQUIRE(r.artifacts.size() == 2);
+    CHECK(r.artifacts[0].path == "c.csv");
+    CHECK(r.artifacts[1].path == "keep/b.txt");
+    CHECK_FALSE(r.artifacts_truncated);
+    const auto info = tools.current_sandbox();
+    REQUIRE(info);
+    auto lease = run(manager.async_acquire("conversation"));
+    REQUIRE(lease);
+    CHECK(info->id == lease->box->id());
+    lease = moat::make_error(moat::errc::cancelled, "released");
+    REQUIRE(info->host_pid);
+    CHECK(::kill(*info->host_pid, 0) == 0);  // pid 1 of the sandbox, seen from the host
 }

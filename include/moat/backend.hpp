@@ -59,6 +59,13 @@ class backend {
     // "local", "e2b", ...
     virtual std::string name() const = 0;
 
+    // The longest this backend takes, once a cancellation has reached one of its operations, to
+    // confirm that what the operation started has stopped (or to give up and fail). The sandbox
+    // handle waits this long plus its own margin (handle_options::kill_grace) before it stops
+    // vouching for the sandbox, so a stop the backend confirms in time never quarantines. A
+    // backend that adds a hop (a network, a proxy) includes that hop here.
+    virtual std::chrono::milliseconds stop_grace() const { return std::chrono::seconds(2); }
+
     // Creates a sandbox and returns once its pid 1 is ready to run commands. Cancelling destroys
     // the half-made sandbox. Errors: invalid_argument (a bad spec field, named), layer_unavailable
     // (a layer or limit this host cannot enforce, named), backend_failure.

@@ -34,6 +34,18 @@ inline error make_error(errc code, std::string detail) {
     return error{make_error_code(code), std::move(detail)};
 }
 
+// Thrown by result<T>::value() (and operator*, operator->) on a result that holds an error, like
+// std::bad_expected_access: it carries that error, so what() reads "detail: code message".
+class bad_result_access : public std::system_error {
+  public:
+    explicit bad_result_access(::moat::error e)
+        : std::system_error(e.code, e.detail), error_(std::move(e)) {}
+    const ::moat::error& error() const noexcept { return error_; }
+
+  private:
+    ::moat::error error_;
+};
+
 template <class T>
 class [[nodiscard]] result {
     static_assert(!std::is_same_v<std::remove_cv_t<T>, ::moat::error>,
@@ -69,7 +81,7 @@ class [[nodiscard]] result {
 
   private:
     T& checked_value() {
-        assert(has_value());
+        if (!has_value()) throw bad_result_access(std::get<1>(storage_));
         return std::get<0>(storage_);
     }
 
@@ -86,7 +98,9 @@ class [[nodiscard]] result<void> {
 
     bool has_value() const noexcept { return !failed_; }
     explicit operator bool() const noexcept { return has_value(); }
-    void value() const { assert(has_value()); }
+    void value() const {
+        if (failed_) throw bad_result_access(error_);
+    }
     const ::moat::error& error() const& {
         assert(!has_value());
         return error_;

@@ -8,9 +8,14 @@
 // running (errc::deadline_exceeded / errc::cancelled).
 //
 // Stopping a running operation (Asio per-operation cancellation, or its deadline): the handle
-// tells the backend to stop it (an exec's process group is killed), waits up to
-// handle_options::kill_grace for the stop to be confirmed, and completes with errc::cancelled or
-// errc::deadline_exceeded. A confirmed stop leaves the sandbox ready.
+// tells the backend to stop it (an exec's process group is killed), waits up to the backend's own
+// stop grace (backend::stop_grace()) plus handle_options::kill_grace for the stop to be
+// confirmed, and completes with errc::cancelled or errc::deadline_exceeded. A confirmed stop
+// leaves the sandbox ready; the outer bound strictly covers the backend's, so a stop the backend
+// confirms within its own grace never quarantines.
+//
+// No exception escapes these operations: each is its own exception boundary, and the queue turn
+// an operation holds is handed on however it ends (a cancellation at any point, an exception).
 //
 // States (docs/lifecycle.md):
 //
@@ -53,9 +58,10 @@ enum class handle_state { ready, busy, quarantined, destroying, destroyed, destr
 const char* to_string(handle_state state) noexcept;
 
 struct handle_options {
-    // How long a cancelled or timed-out operation may take to confirm that it stopped before the
+    // How long beyond the backend's own stop grace (backend::stop_grace(), 2 s for the local
+    // backend) a cancelled or timed-out operation may take to confirm that it stopped before the
     // handle quarantines the sandbox.
-    std::chrono::milliseconds kill_grace = std::chrono::seconds(2);
+    std::chrono::milliseconds kill_grace = std::chrono::seconds(1);
 };
 
 class sandbox {

@@ -96,6 +96,14 @@ struct session_lease {
     std::shared_ptr<sandbox> box;
     bool rebuilt = false;  // a previous sandbox of this key was lost: its state is gone
     std::shared_ptr<void> hold;
+
+    // Lets the session go before the lease itself goes out of scope (the same as dropping it):
+    // the session is touched, and it may idle out from now on.
+    void reset() noexcept {
+        hold.reset();
+        box.reset();
+        rebuilt = false;
+    }
 };
 
 struct shutdown_report {
@@ -134,6 +142,10 @@ class session_manager {
 
     std::size_t sessions() const noexcept;
     std::size_t warm() const noexcept;
+    // Keys whose sandbox is being created or attached right now (their first acquirers wait for
+    // that one create). Back to 0 whenever no acquire is under way, whatever happened to the
+    // acquires before: for operators' checks and leak accounting.
+    std::size_t acquiring() const noexcept;
 
     // The executor this manager (and its runtime's backend) is confined to.
     asio::any_io_executor get_executor() const;

@@ -9,20 +9,27 @@
 // program did, a timeout, a crash, a lost sandbox. Only a caller's own cancellation or deadline is
 // an error.
 //
+// What the model's code did is a result, never an error: an exception, a non-zero exit, a timeout
+// are tool_results with their status, error_type and traceback. tool_result::is_tool_error()
+// separates moat's own failures and bad arguments (what an MCP client sees as isError) from them.
+//
 // Threading: like every moat object, a tool_session is bound to the executor of its manager; call
 // it from coroutines on that executor. Calls on one session run one at a time, in order.
 #pragma once
 
 #include <moat/deadline.hpp>
+#include <moat/exec.hpp>
 #include <moat/files.hpp>
 #include <moat/model_text.hpp>
 #include <moat/result.hpp>
+#include <moat/sandbox_spec.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,8 +47,20 @@ class session_manager;
 enum class tool_status { ok, error, timeout, unavailable };
 const char* to_string(tool_status status) noexcept;
 
+// How read_file returns a file and write_file takes one: text (read back shaped for a model, as
+// run output is) or base64 of the exact bytes (for programs: an editor that downloads, changes
+// and uploads a file, binary data). Both have the file API's size limits (file_limits).
+enum class file_encoding { text, base64 };
+
+// Receives a running program's output as it arrives: raw bytes (not shaped), in order per
+// channel, on the session's executor, before the call completes. It must not block; it sees
+// every byte the program wrote, whatever the capture limits keep for the result.
+using output_callback = std::function<void(output_channel channel, std::string_view data)>;
+
 // A file under /workspace/out, the directory where a model leaves files for the user. Read the
 // bytes with tool_session::async_read_artifact; they are never put into model-facing text.
+// Names starting with '.' (files and directories) and names ending in ".tmp" are not artifacts:
+// a client's temporary files are not listed.
 struct artifact {
     std::string path;  // relative to /workspace/out, e.g. "plot.png" or "tables/summary.csv"
     std::uint64_t size = 0;
@@ -68,13 +87,34 @@ struct tool_result {
     std::uint64_t bytes = 0;           // write_file, read_file: the file's size
     std::vector<dir_entry> entries;    // list_files
     std::vector<artifact> artifacts;   // run_python, run_shell: what /workspace/out now holds
+    bool artifacts_truncated = false;  // the listing stopped at its bound (see docs/tools.md)
+    // Characters the shaping cut from stdout, stderr (run tools) and content (a text read_file).
+    std::uint64_t stdout_omitted = 0;
+    std::uint64_t stderr_omitted = 0;
+    std::uint64_t content_omitted = 0;
+    file_encoding encoding = file_encoding::text;  // read_file: how `content` is encoded
+    // "invalid_arguments" for bad arguments (any tool); on a file tool's error:
+    // "file_not_found", "is_directory", "permission_denied", "invalid_path" (not a regular file,
+    // not a directory, outside the sandbox's view, malformed) or "too_large".
+    std::string error_code;
+    bool argument_error = false;  // the arguments were invalid (unknown tool, a bad field)
+
+    // moat's own failure or invalid arguments, as opposed to what the model's code did: an MCP
+    // server reports these with isError. A Python exception, a non-zero exit, a timeout or a
+    // missing file are not tool errors: they are results the model acts on.
+    bool is_tool_error() const noexcept {
+        return argument_error || status == tool_status::unavailable;
+    }
 
     // The JSON rendering a model reads: {"status": ..., "exit_code": ..., "stdout": ...,
-    // "stderr": ..., "duration_ms": ..., "error_type", "traceback", "message", "hint", "notices",
-    // "path", "content", "bytes", "entries", "artifacts"}, one line. Fields that do not apply are
-    // omitted: stdout/stderr/exit_code exist for the run tools; content/bytes/entries for a file
-    // tool's successful call only (a failed read_file has no "content", so a missing file never
-    // reads as an empty one); the optional texts and lists only when non-empty.
+    // "stderr": ..., "truncated": ..., "omitted_chars": {...}, "duration_ms": ..., "error_type",
+    // "error_code", "traceback", "message", "hint", "notices", "path", "encoding", "content",
+    // "bytes", "entries", "artifacts", "artifacts_truncated"}, one line. Fields that do not apply
+    // are omitted: stdout/stderr/exit_code/truncated exist for the run tools; content, encoding,
+    // truncated and bytes for a successful read_file (a failed read_file has no "content", so a
+    // missing file never reads as an empty one); entries for a successful list_files;
+    // omitted_chars ({"stdout": N, "stderr": M} or {"content": N}, only the cut ones) when
+    // truncated; the optional texts and lists only when non-empty.
     std::string to_json() const;
 };
 
@@ -86,15 +126,30 @@ struct tool_definition {
 };
 
 // run_python {code, timeout_seconds?}, run_shell {command, timeout_seconds?},
-// write_file {path, content}, read_file {path}, list_files {path?}.
+// write_file {path, content, encoding?}, read_file {path, encoding?}, list_files {path?}.
+// Every bound a schema states (the timeout's range, the encodings) is also stated in the
+// description text, for model APIs whose schema conversion drops keywords such as "maximum".
 const std::vector<tool_definition>& tool_definitions();
+// The same tools named `prefix` + name ("moat_run_python"), their descriptions referring to each
+// other by those names: for a framework whose own tools already use these names.
+std::vector<tool_definition> tool_definitions(std::string_view prefix);
+
+// The longest run_shell command or run_python cell: a longer one is an argument error that
+// suggests writing a script file. Long commands are passed to the shell on its stdin, so this is
+// the file limit, not the exec wire format's.
+inline constexpr std::size_t max_program_bytes = file_limits{}.max_file_bytes;
 
 struct tool_options {
     std::chrono::seconds default_timeout{30};  // a call's time limit when it names none
     std::chrono::seconds max_timeout{600};     // the most a call may ask for
     shaping_limits shaping;                    // per stream
-    int failures_before_stop = 3;              // failed calls in a turn before "stop and report"
-    std::string python = "python3";            // the interpreter inside the sandbox
+    // Failed run_python / run_shell calls in a turn before "stop and report"; 0 turns it off.
+    // Only the model's code counts: file tools (a framework's own probes) never do.
+    int failures_before_stop = 3;
+    std::string python = "python3";  // the interpreter inside the sandbox
+    // The tool names a model sees: prefix + "run_python" and so on. async_call takes the prefixed
+    // names (and only those, when a prefix is set); hints name the tools the same way.
+    std::string tool_prefix;
 };
 
 class tool_session {
@@ -110,36 +165,50 @@ class tool_session {
     // The executor of the session's manager.
     asio::any_io_executor get_executor() const;
 
+    // The sandbox the last call used (id, host pid, layers, ...), or nullopt before the first
+    // call. A rebuilt sandbox replaces it on the next call.
+    std::optional<moat::sandbox_info> current_sandbox() const;
+
     // Marks the start of a model turn (one user message). After `failures_before_stop` failed
-    // calls in one turn, results tell the model to stop retrying and report to the user. Without
-    // turns (an MCP client), the count resets on every successful call instead.
+    // run_python / run_shell calls in one turn, results tell the model to stop retrying and
+    // report to the user. Without turns (an MCP client), the count resets on every successful
+    // run call instead.
     void begin_turn();
 
     // Runs a tool by name with its arguments as a JSON object (as a model or an MCP client sends
     // them). Unknown tools and invalid arguments are tool_results with status error, a message
-    // naming the bad field and a hint. Per-operation cancellation and `limit`: the running program
-    // is killed (an interpreter is restarted on the next call) and the call completes with
-    // errc::cancelled or errc::deadline_exceeded; no other error is returned.
+    // naming the bad field and a hint (and argument_error set). Per-operation cancellation and
+    // `limit`: the running program is killed (an interpreter is restarted on the next call) and
+    // the call completes with errc::cancelled or errc::deadline_exceeded; no other error is
+    // returned. `on_output`, if set, receives run_python's and run_shell's output while they run.
     asio::awaitable<result<tool_result>> async_call(std::string_view tool,
                                                     std::string_view arguments_json,
-                                                    deadline limit = {});
+                                                    deadline limit = {},
+                                                    output_callback on_output = {});
 
-    // The tools, typed. A timeout of nullopt means options.default_timeout.
+    // The tools, typed. A timeout of nullopt means options.default_timeout. write_file's
+    // `content` is the file's bytes.
     asio::awaitable<result<tool_result>> async_run_python(
         std::string code, std::optional<std::chrono::milliseconds> timeout = {},
-        deadline limit = {});
+        deadline limit = {}, output_callback on_output = {});
     asio::awaitable<result<tool_result>> async_run_shell(
         std::string command, std::optional<std::chrono::milliseconds> timeout = {},
-        deadline limit = {});
+        deadline limit = {}, output_callback on_output = {});
     asio::awaitable<result<tool_result>> async_write_file(std::string path, std::string content,
                                                           deadline limit = {});
     asio::awaitable<result<tool_result>> async_read_file(std::string path, deadline limit = {});
+    asio::awaitable<result<tool_result>> async_read_file(std::string path, file_encoding encoding,
+                                                         deadline limit = {});
     asio::awaitable<result<tool_result>> async_list_files(std::string path = "/workspace",
                                                           deadline limit = {});
 
     // Files under /workspace/out, and one of them as bytes (for the application, not the model).
     asio::awaitable<result<std::vector<artifact>>> async_list_artifacts(deadline limit = {});
     asio::awaitable<result<std::string>> async_read_artifact(std::string path, deadline limit = {});
+    // Any regular file under /workspace as exact bytes (relative paths start at /workspace);
+    // invalid_path for a path outside it, else the file API's errors.
+    asio::awaitable<result<std::string>> async_read_workspace_file(std::string path,
+                                                                   deadline limit = {});
 
     // Ends the session: stops the interpreter and has the manager destroy the sandbox (confirmed).
     asio::awaitable<result<void>> async_end();

@@ -4,6 +4,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "sandboxd/cgroup_layout.hpp"
 
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -11,7 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <string_view>
 #include <vector>
 
 namespace moat::cli {
@@ -44,25 +45,36 @@ std::string read_line(const char* path) {
     return line;
 }
 
-// cgroup v1 controllers mounted on this host, from /proc/self/mountinfo, and whether a v2
-// hierarchy is mounted.
-void cgroup_layout(std::vector<std::string>& v1, bool& v2) {
-    std::ifstream in("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(in, line)) {
-        const auto dash = line.find(" - ");
-        if (dash == std::string::npos) continue;
-        std::istringstream rest(line.substr(dash + 3));
-        std::string type, source, options;
-        rest >> type >> source >> options;
-        if (type == "cgroup2") v2 = true;
-        if (type != "cgroup") continue;
-        std::istringstream opts(options);
-        std::string option;
-        while (std::getline(opts, option, ',')) {
-            if (option == "memory" || option == "pids" || option == "cpu") v1.push_back(option);
-        }
+// The cgroup layout as the helper will see it (it starts in this process's cgroup): which
+// version carries the limits, where, and which controllers the v2 cgroup offers.
+std::string describe_cgroups(const sandboxd::cgroup_layout& layout) {
+    std::string v1;
+    for (std::size_t i = 0; i < sandboxd::controller_count; ++i) {
+        if (layout.has_v1(static_cast<sandboxd::controller>(i)))
+            v1 += std::string(" ") + sandboxd::controller_names[i];
     }
+    std::string v2;
+    if (!layout.v2_mount.empty()) {
+        std::string controllers =
+            sandboxd::read_small_file(layout.v2_own_dir() + "/cgroup.controllers");
+        while (!controllers.empty() && controllers.back() == '\n') controllers.pop_back();
+        v2 = "v2 at " + layout.v2_mount + ", this process in " + layout.v2_own +
+             " (its controllers: " + (controllers.empty() ? "none" : controllers) + ")";
+    }
+    switch (layout.kind) {
+        case sandboxd::cgroup_layout_kind::none:
+            return "none mounted";
+        case sandboxd::cgroup_layout_kind::v1:
+            return "v1 (" + (v1.empty() ? std::string("no memory, pids or cpu") : v1.substr(1)) +
+                   ")";
+        case sandboxd::cgroup_layout_kind::hybrid:
+            if (layout.limits_use_v1())
+                return "hybrid: limits use v1 (" + v1.substr(1) + "); " + v2;
+            return "hybrid without v1 limit controllers: limits use " + v2;
+        case sandboxd::cgroup_layout_kind::v2:
+            return "v2 (unified): " + v2.substr(3);
+    }
+    return "";
 }
 
 void print_row(const char* name, const std::string& value) {
@@ -91,13 +103,7 @@ asio::awaitable<int> diagnose(backend& b) {
                       ? "restricted (unprivileged user namespaces need a profile; root is fine)"
                       : "not restricted");
     }
-    std::vector<std::string> v1;
-    bool v2 = false;
-    cgroup_layout(v1, v2);
-    std::string layout = v1.empty() ? "no v1 controllers" : "v1:";
-    for (const auto& c : v1) layout += " " + c;
-    if (v2) layout += v1.empty() ? "; v2 only (not supported yet)" : "; v2 also mounted (hybrid)";
-    print_row("cgroups", layout);
+    print_row("cgroups", describe_cgroups(sandboxd::read_cgroup_layout()));
 
     auto report = co_await b.async_host_report();
     if (!report) {
@@ -112,9 +118,14 @@ asio::awaitable<int> diagnose(backend& b) {
                         layer.provides);
             if (!available) problems.push_back(std::string("layer ") + layer.name + " is missing");
         }
-        if (!report->detail.empty()) {
-            std::printf("  why: %s\n", report->detail.c_str());
-            problems.push_back(report->detail);
+        // One reason per missing piece, "; "-separated, each naming its fix where there is one.
+        std::string_view why = report->detail;
+        while (!why.empty()) {
+            const auto end = why.find("; ");
+            const std::string reason(why.substr(0, end));
+            std::printf("  why: %s\n", reason.c_str());
+            problems.push_back(reason);
+            why.remove_prefix(end == std::string_view::npos ? why.size() : end + 2);
         }
     }
 

@@ -11,6 +11,8 @@
 
 #include <unistd.h>
 #include <cstdio>
+#include <exception>
+#include <string>
 
 namespace moat::cli {
 namespace {
@@ -19,6 +21,35 @@ struct mcp_options {
     manager_options manager;
     tool_options tools;
 };
+
+// A tool name prefix: what MCP tool names allow (letters, digits, '_', '-', '.'), short.
+std::string parse_tool_prefix(const std::string& value) {
+    const bool fits = !value.empty() && value.size() <= 32 &&
+                      value.find_first_not_of(
+                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789_-.") == std::string::npos;
+    if (!fits) {
+        throw usage_error("--tool-prefix: '" + value +
+                          "' must be 1 to 32 letters, digits, '_', '-' or '.'");
+    }
+    return value;
+}
+
+// The number of failed run calls before "stop retrying" (1 to 100), or "off".
+int parse_retry_ceiling(const std::string& value) {
+    if (value == "off") return 0;
+    int n = 0;
+    std::size_t used = 0;
+    try {
+        n = std::stoi(value, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != value.size() || n < 1 || n > 100) {
+        throw usage_error("--retry-ceiling: '" + value + "' must be a number from 1 to 100 or off");
+    }
+    return n;
+}
 
 mcp_options parse_mcp_options(int argc, char** argv) {
     mcp_options o;
@@ -34,6 +65,13 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         } else if (auto pair = flag_value("--env", argc, argv, i)) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.manager.spec.env[key] = value;
+        } else if (auto label = flag_value("--label", argc, argv, i)) {
+            auto [key, value] = parse_key_value("--label", *label);
+            o.manager.spec.labels[key] = value;
+        } else if (auto prefix = flag_value("--tool-prefix", argc, argv, i)) {
+            o.tools.tool_prefix = parse_tool_prefix(*prefix);
+        } else if (auto ceiling = flag_value("--retry-ceiling", argc, argv, i)) {
+            o.tools.failures_before_stop = parse_retry_ceiling(*ceiling);
         } else {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         }
@@ -48,7 +86,9 @@ asio::awaitable<int> serve(backend& b, mcp_options o) {
     int code = 0;
     {
         tool_session tools(sessions, "mcp-" + std::to_string(::getpid()), o.tools);
-        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO);
+        mcp::server_options serving;
+        serving.tool_prefix = o.tools.tool_prefix;
+        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO, serving);
         code = co_await server.async_run();
     }
     co_await asio::this_coro::reset_cancellation_state();

@@ -24,9 +24,17 @@ class async_event {
     }
     bool is_set() const noexcept { return is_set_; }
 
-    // Waits until set() or `limit`. Cancellation: terminal/partial; reports `cancelled` and resets
-    // the coroutine's cancellation state, so that the caller can await its cleanup and must then
-    // complete with errc::cancelled itself.
+    // Waits until set() or `limit`.
+    //
+    // Cancellation (terminal/partial): reports `cancelled` and resets the coroutine's
+    // cancellation state, so that the caller can await its cleanup and must then complete with
+    // errc::cancelled itself. A cancellation always wins and is always consumed: one that was
+    // already pending when the wait began, and one that arrived after set() woke the waiter but
+    // before it resumed (Asio 1.22 would otherwise throw at the caller's next co_await, skipping
+    // whatever the caller had to give back). A caller that must know whether the event was set
+    // anyway asks is_set().
+    //
+    // Destroying the waiting coroutine (its io_context going away) unregisters it.
     asio::awaitable<wait_outcome> async_wait(deadline limit);
 
   private:

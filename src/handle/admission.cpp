@@ -27,7 +27,7 @@ const char* admission::blocking_limit() {
     return nullptr;
 }
 
-asio::awaitable<result<void>> admission::async_admit(deadline limit) {
+asio::awaitable<result<admission::ticket>> admission::async_admit(deadline limit) {
     if (limit.is_never()) limit = deadline::after(limits_.max_wait);
     for (;;) {
         const char* blocked = blocking_limit();
@@ -50,8 +50,14 @@ asio::awaitable<result<void>> admission::async_admit(deadline limit) {
                 deadline::after(
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(next_token)));
         }
+        struct unregister {
+            std::vector<std::shared_ptr<async_event>>& waiters;
+            std::shared_ptr<async_event> waiter;
+            ~unregister() { std::erase(waiters, waiter); }
+        } registered{waiters_, waiter};
+        // The caller's co_await checked for a pending cancellation, nothing here suspended since
+        // (or the last wait consumed it), and async_wait never throws.
         const auto outcome = co_await waiter->async_wait(wake);
-        std::erase(waiters_, waiter);
         if (outcome == async_event::wait_outcome::cancelled) {
             co_return make_error(errc::cancelled,
                                  "create was cancelled while waiting for admission");
@@ -61,7 +67,7 @@ asio::awaitable<result<void>> admission::async_admit(deadline limit) {
     ++stats_.creates_in_flight;
     stats_.peak_creates_in_flight =
         std::max(stats_.peak_creates_in_flight, stats_.creates_in_flight);
-    co_return result<void>{};
+    co_return ticket(this);
 }
 
 void admission::create_finished(bool created) {

@@ -12,19 +12,39 @@
 
 #include <chrono>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace moat {
 
 class admission {
   public:
+    // One admitted create, counted in flight until finish() or until the ticket goes (however:
+    // an exception, a frame destroyed while suspended), which counts as a failed create. The
+    // admission must outlive its tickets.
+    class ticket {
+      public:
+        explicit ticket(admission* gate) : gate_(gate) {}
+        ticket(ticket&& other) noexcept : gate_(std::exchange(other.gate_, nullptr)) {}
+        ticket& operator=(ticket&&) = delete;
+        ticket(const ticket&) = delete;
+        ticket& operator=(const ticket&) = delete;
+        ~ticket() { finish(false); }
+        // The create is over (`created`: it made a live sandbox); later calls do nothing.
+        void finish(bool created) {
+            if (auto* gate = std::exchange(gate_, nullptr)) gate->create_finished(created);
+        }
+
+      private:
+        admission* gate_;
+    };
+
     admission(asio::any_io_executor executor, admission_limits limits);
 
-    // Waits until a create may start, then counts it in flight. limit_exceeded naming the limit
-    // at `limit`; cancelled if the caller cancels.
-    asio::awaitable<result<void>> async_admit(deadline limit);
-    // The admitted create finished; `created` counts a live sandbox.
-    void create_finished(bool created);
+    // Waits until a create may start, then counts it in flight for as long as the ticket lives.
+    // limit_exceeded naming the limit at `limit`; cancelled if the caller cancels (a cancellation
+    // that arrives just as room appears wins: nothing is taken).
+    asio::awaitable<result<ticket>> async_admit(deadline limit);
     // A live sandbox (created or attached) was destroyed or given up.
     void sandbox_ended();
     // An attached sandbox counts as live.
@@ -33,6 +53,8 @@ class admission {
     const admission_stats& stats() const noexcept { return stats_; }
 
   private:
+    // The admitted create finished; `created` counts a live sandbox.
+    void create_finished(bool created);
     // Empty if a create may start now, else the limit that stops it.
     const char* blocking_limit();
     void refill();

@@ -21,9 +21,12 @@ class operation_queue {
 
     explicit operation_queue(asio::any_io_executor executor) : executor_(std::move(executor)) {}
 
-    // Waits for the caller's turn. `granted`: the caller holds the queue and must release() it.
-    // `refused`: refuse_all() emptied the queue. Cancellation: reports `cancelled` and resets the
-    // coroutine's cancellation state (see async_event).
+    // Waits for the caller's turn. `granted`: the caller holds the queue and must release() it
+    // (the sandbox handle does so by RAII). `refused`: refuse_all() emptied the queue.
+    // Cancellation: reports `cancelled` and resets the coroutine's cancellation state (see
+    // async_event); a cancellation that arrives just as the turn is granted wins, and the turn
+    // goes on to the next waiter. Never throws: a caller that leaves the queue any other way (its
+    // frame destroyed while parked) still leaves it, and a turn already handed to it goes on.
     asio::awaitable<turn> async_acquire(deadline limit);
 
     // Hands the queue to the next waiter, or frees it.
@@ -42,6 +45,9 @@ class operation_queue {
         async_event event;
         bool granted = false;
     };
+
+    // `w` is not taking its turn: out of the line, or, if the turn was handed to it, on.
+    void leave(const std::shared_ptr<waiter>& w);
 
     asio::any_io_executor executor_;
     std::deque<std::shared_ptr<waiter>> waiters_;

@@ -1,6 +1,7 @@
 #include <moat/runtime.hpp>
 #include <moat/with_timeout.hpp>
 
+#include "core/exception_boundary.hpp"
 #include "handle/admission.hpp"
 #include "handle/sandbox_impl.hpp"
 
@@ -81,9 +82,10 @@ backend& runtime::get_backend() const noexcept {
     return state_->sandboxes;
 }
 
-asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_spec spec,
-                                                                        deadline limit) {
-    auto s = state_;
+namespace {
+
+asio::awaitable<result<std::shared_ptr<sandbox>>> create_handle(std::shared_ptr<runtime::state> s,
+                                                                sandbox_spec spec, deadline limit) {
     const auto called = std::chrono::steady_clock::now();
     auto admitted = co_await s->gate.async_admit(limit);
     const auto granted = std::chrono::steady_clock::now();
@@ -91,9 +93,11 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_
         s->report_create("", admitted.error(), called, granted);
         co_return std::move(admitted).error();
     }
+    // The ticket counts this create in flight until it goes, however this frame ends.
+    auto ticket = std::move(*admitted);
     auto creating = s->sandboxes.async_create(std::move(spec));
     auto created = co_await with_timeout(std::move(creating), limit);
-    s->gate.create_finished(created.has_value());
+    ticket.finish(created.has_value());
     if (!created) {
         s->report_create("", created.error(), called, granted);
         co_return std::move(created).error();
@@ -106,9 +110,8 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_
     co_return s->adopt(std::move(shared));
 }
 
-asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::string id,
-                                                                        deadline limit) {
-    auto s = state_;
+asio::awaitable<result<std::shared_ptr<sandbox>>> attach_handle(std::shared_ptr<runtime::state> s,
+                                                                std::string id, deadline limit) {
     auto attaching = s->sandboxes.async_attach(std::move(id));
     auto attached = co_await with_timeout(std::move(attaching), limit);
     if (!attached) co_return std::move(attached).error();
@@ -117,6 +120,19 @@ asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::str
                                                   s->options.handle, end_hook(s), s->telemetry);
     shared->detach_on_drop = true;
     co_return s->adopt(std::move(shared));
+}
+
+}  // namespace
+
+// Plain functions: the state is bound now, and guarded() is the one exception boundary.
+asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_create(sandbox_spec spec,
+                                                                        deadline limit) {
+    return guarded(create_handle(state_, std::move(spec), limit));
+}
+
+asio::awaitable<result<std::shared_ptr<sandbox>>> runtime::async_attach(std::string id,
+                                                                        deadline limit) {
+    return guarded(attach_handle(state_, std::move(id), limit));
 }
 
 }  // namespace moat

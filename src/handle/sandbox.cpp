@@ -4,6 +4,7 @@
 #include <moat/with_timeout.hpp>
 
 #include "core/async_event.hpp"
+#include "core/cancellation.hpp"
 #include "core/exception_boundary.hpp"
 #include "handle/operation_queue.hpp"
 #include "handle/sandbox_impl.hpp"
@@ -17,6 +18,10 @@ namespace {
 bool is_quarantine_cause(const error& e) {
     return e.code == errc::backend_failure || e.code == errc::protocol_error ||
            e.code == errc::sandbox_unavailable || e.code == errc::sandbox_not_found;
+}
+
+std::optional<errc> failure_of(const error& e) {
+    return static_cast<errc>(e.code.value());
 }
 
 template <class T>
@@ -41,34 +46,56 @@ asio::awaitable<void> run_backend_operation(std::shared_ptr<operation_state<T>> 
 // caller's deadline.
 class handle_stream final : public exec_stream::impl {
   public:
-    handle_stream(std::shared_ptr<sandbox::impl> owner, exec_stream inner, deadline limit)
-        : owner_(std::move(owner)), inner_(std::move(inner)), limit_(limit) {}
+    handle_stream(std::shared_ptr<sandbox::impl> owner, sandbox::impl::held_turn turn,
+                  exec_stream inner, deadline limit)
+        : owner_(std::move(owner)),
+          turn_(std::move(turn)),
+          inner_(std::move(inner)),
+          limit_(limit) {}
     ~handle_stream() override {
-        if (finished_) return;
-        inner_ = exec_stream();  // kills the program
-        owner_->end_turn();
+        inner_ = exec_stream();  // kills the program if it still runs
+        turn_.release();
     }
 
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override {
-        if (finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
-        auto pull = inner_.async_next();
-        auto next = co_await with_timeout(std::move(pull), limit_);
-        if (!next) {
-            finish();
-            if (is_quarantine_cause(next.error())) owner_->quarantine(next.error());
-            co_return next;
-        }
-        if (std::holds_alternative<exec_result>(*next)) finish();
-        co_return next;
+        return guarded(next(this));
     }
 
   private:
+    static asio::awaitable<result<std::variant<output_chunk, exec_result>>> next(
+        handle_stream* self) {
+        if (self->finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+        std::exception_ptr failure;
+        result<std::variant<output_chunk, exec_result>> pulled =
+            make_error(errc::cancelled, "not pulled");
+        try {
+            auto pull = self->inner_.async_next();
+            pulled = co_await with_timeout(std::move(pull), self->limit_);
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        if (failure) {
+            // Thrown before the pull reached the program (a cancellation already pending): stop
+            // the program here, as a cancelled pull would have.
+            self->inner_ = exec_stream();
+            pulled = error_from_exception(failure);
+        }
+        if (!pulled) {
+            self->finish();
+            if (is_quarantine_cause(pulled.error())) self->owner_->quarantine(pulled.error());
+            co_return pulled;
+        }
+        if (std::holds_alternative<exec_result>(*pulled)) self->finish();
+        co_return pulled;
+    }
+
     void finish() {
         finished_ = true;
-        owner_->end_turn();
+        turn_.release();
     }
 
     std::shared_ptr<sandbox::impl> owner_;
+    sandbox::impl::held_turn turn_;
     exec_stream inner_;
     deadline limit_;
     bool finished_ = false;
@@ -76,7 +103,7 @@ class handle_stream final : public exec_stream::impl {
 
 asio::awaitable<void> destroy_in_background(std::shared_ptr<sandbox::impl> self) {
     co_await asio::this_coro::reset_cancellation_state();
-    auto destroyed = co_await self->destroy_now();
+    auto destroyed = co_await sandbox::impl::destroy_now(self);
     if (!destroyed) {
         detail::log(log_level::error, "sandbox", destroyed.error().to_string(), self->info.id);
     }
@@ -129,6 +156,10 @@ void sandbox::impl::report(const char* what, std::optional<errc> failure,
     telemetry->record(e);
 }
 
+std::chrono::milliseconds sandbox::impl::stop_bound() const {
+    return sandboxes.stop_grace() + options.kill_grace;
+}
+
 std::optional<error> sandbox::impl::refusal() const {
     if (backend_gone) {
         return make_error(errc::sandbox_unavailable,
@@ -152,10 +183,10 @@ void sandbox::impl::quarantine(const error& why) {
     tasks.spawn(destroy_in_background(shared_from_this()));
 }
 
-asio::awaitable<std::optional<error>> sandbox::impl::acquire_turn(const char* what,
-                                                                  deadline limit) {
-    if (auto refused = refusal()) co_return refused;
-    const auto turn = co_await queue.async_acquire(limit);
+asio::awaitable<result<sandbox::impl::held_turn>> sandbox::impl::acquire_turn(
+    std::shared_ptr<impl> self, const char* what, deadline limit) {
+    if (auto refused = self->refusal()) co_return std::move(*refused);
+    const auto turn = co_await self->queue.async_acquire(limit);
     if (turn == operation_queue::turn::cancelled) {
         co_return make_error(errc::cancelled, std::string(what) + " was cancelled while queued");
     }
@@ -164,15 +195,14 @@ asio::awaitable<std::optional<error>> sandbox::impl::acquire_turn(const char* wh
                              std::string(what) + ": the deadline passed while it was queued");
     }
     if (turn == operation_queue::turn::refused) {
-        if (auto refused = refusal()) co_return refused;
-        co_return make_error(errc::sandbox_unavailable, "sandbox " + info.id + " was destroyed");
+        if (auto refused = self->refusal()) co_return std::move(*refused);
+        co_return make_error(errc::sandbox_unavailable,
+                             "sandbox " + self->info.id + " was destroyed");
     }
-    if (auto refused = refusal()) {
-        queue.release();
-        co_return refused;
-    }
-    state = handle_state::busy;
-    co_return std::nullopt;
+    held_turn held(self);
+    if (auto refused = self->refusal()) co_return std::move(*refused);  // `held` hands it on
+    self->state = handle_state::busy;
+    co_return std::move(held);
 }
 
 void sandbox::impl::end_turn() {
@@ -182,33 +212,44 @@ void sandbox::impl::end_turn() {
 
 template <class T>
 asio::awaitable<result<T>> sandbox::impl::run_in_turn(
-    const char* what, deadline limit, std::function<asio::awaitable<result<T>>()> start) {
-    auto self = shared_from_this();
-    auto op = std::make_shared<operation_state<T>>(executor);
+    std::shared_ptr<impl> self, const char* what, deadline limit,
+    std::function<asio::awaitable<result<T>>()> start) {
+    auto op = std::make_shared<operation_state<T>>(self->executor);
     auto operation = start();
-    const std::uint64_t task = tasks.spawn(run_backend_operation<T>(op, std::move(operation)));
-    running_task = task;
-    const auto waited = co_await op->done.async_wait(limit);
+    const std::uint64_t task =
+        self->tasks.spawn(run_backend_operation<T>(op, std::move(operation)));
+    self->running_task = task;
+    // A cancellation already pending would make the wait's co_await throw with the operation
+    // still running: take it here instead (nothing suspends between the check and the wait).
+    auto waited = async_event::wait_outcome::cancelled;
+    if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+        co_await asio::this_coro::reset_cancellation_state();
+    } else {
+        waited = co_await op->done.async_wait(limit);
+    }
     std::optional<errc> stopped_by;
     if (waited == async_event::wait_outcome::cancelled) stopped_by = errc::cancelled;
     if (waited == async_event::wait_outcome::deadline_passed) stopped_by = errc::deadline_exceeded;
-    if (stopped_by) {
-        // Stop it and wait (not cancellable) for the stop to be confirmed, within the grace.
-        tasks.cancel(task);
-        const auto grace = deadline::after(options.kill_grace);
-        while (!op->done.is_set() && !grace.has_expired()) co_await op->done.async_wait(grace);
+    if (stopped_by && !op->done.is_set()) {
+        // Stop it and wait (not cancellable: async_wait consumes every cancellation) for the stop
+        // to be confirmed, within the backend's own stop grace plus the handle's margin.
+        self->tasks.cancel(task);
+        const auto grace = deadline::after(self->stop_bound());
+        while (!op->done.is_set() && !grace.has_expired()) {
+            co_await op->done.async_wait(grace);
+        }
     }
-    running_task.reset();
+    self->running_task.reset();
     const char* stop_name = stopped_by == errc::cancelled ? "cancellation" : "deadline";
     if (!op->done.is_set()) {
-        quarantine(
+        self->quarantine(
             make_error(errc::backend_failure, std::string(what) + " did not stop within " +
-                                                  std::to_string(options.kill_grace.count()) +
+                                                  std::to_string(self->stop_bound().count()) +
                                                   " ms of its " + stop_name));
         co_return make_error(*stopped_by, std::string(what) + " was stopped (unconfirmed)");
     }
     result<T> outcome = std::move(*op->outcome);
-    if (!outcome && is_quarantine_cause(outcome.error())) quarantine(outcome.error());
+    if (!outcome && is_quarantine_cause(outcome.error())) self->quarantine(outcome.error());
     if (stopped_by && !outcome && outcome.error().code == errc::cancelled) {
         co_return make_error(*stopped_by, std::string(what) + " was stopped by its " + stop_name +
                                               "; " + outcome.error().detail);
@@ -217,61 +258,64 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
 }
 
 template <class T>
-asio::awaitable<result<T>> sandbox::impl::run(const char* what, deadline limit,
+asio::awaitable<result<T>> sandbox::impl::run(std::shared_ptr<impl> self, const char* what,
+                                              deadline limit,
                                               std::function<asio::awaitable<result<T>>()> start) {
-    auto self = shared_from_this();
     const auto called = std::chrono::steady_clock::now();
-    auto refused = co_await acquire_turn(what, limit);
+    auto turn = co_await acquire_turn(self, what, limit);
     const auto granted = std::chrono::steady_clock::now();
-    if (refused) {
-        report(what, static_cast<errc>(refused->code.value()), called, granted);
-        co_return std::move(*refused);
+    if (!turn) {
+        self->report(what, failure_of(turn.error()), called, granted);
+        co_return std::move(turn).error();
     }
-    auto outcome = co_await run_in_turn<T>(what, limit, start);
-    end_turn();
+    auto outcome = co_await run_in_turn<T>(self, what, limit, start);
+    turn->release();
     std::optional<errc> failure;
-    if (!outcome) failure = static_cast<errc>(outcome.error().code.value());
-    report(what, failure, called, granted);
+    if (!outcome) failure = failure_of(outcome.error());
+    self->report(what, failure, called, granted);
     co_return outcome;
 }
 
-asio::awaitable<result<void>> sandbox::impl::destroy_now() {
-    auto self = shared_from_this();
-    if (state == handle_state::destroying) {
-        while (!ended.is_set()) co_await ended.async_wait(deadline::never());
+asio::awaitable<result<void>> sandbox::impl::destroy_now(std::shared_ptr<impl> self) {
+    if (self->state != handle_state::destroying && !self->ended.is_set()) {
+        self->state = handle_state::destroying;
+        self->queue.refuse_all();
+        if (self->running_task) self->tasks.cancel(*self->running_task);
+        self->tasks.spawn(destroy_once(self));
     }
-    if (ended.is_set()) co_return *destroy_outcome;
-    if (backend_gone) {
-        state = handle_state::destroy_failed;
-        destroy_outcome = make_error(errc::sandbox_unavailable,
-                                     "sandbox " + info.id + ": its runtime was destroyed first");
-        ended.set();
-        co_return *destroy_outcome;
-    }
-    state = handle_state::destroying;
-    queue.refuse_all();
-    if (running_task) tasks.cancel(*running_task);
+    // Cancellation is consumed by each wait and ignored: the destroy is bounded by the backend.
+    while (!self->ended.is_set()) co_await self->ended.async_wait(deadline::never());
+    co_return *self->destroy_outcome;
+}
+
+asio::awaitable<void> sandbox::impl::destroy_once(std::shared_ptr<impl> self) {
+    co_await asio::this_coro::reset_cancellation_state();
     const auto started = std::chrono::steady_clock::now();
-    auto destroyed = co_await sandboxes.async_destroy(info.id);
-    // Gone from the backend already (someone else destroyed it and the record went): absence is
-    // what was asked for.
-    if (!destroyed && destroyed.error().code == errc::sandbox_not_found) destroyed = {};
-    state = destroyed ? handle_state::destroyed : handle_state::destroy_failed;
-    destroy_outcome = destroyed;
+    result<void> destroyed;
+    if (self->backend_gone) {
+        destroyed = make_error(errc::sandbox_unavailable,
+                               "sandbox " + self->info.id + ": its runtime was destroyed first");
+    } else {
+        auto destroying = guarded(self->sandboxes.async_destroy(self->info.id));
+        destroyed = co_await std::move(destroying);
+        // Gone from the backend already (someone else destroyed it and the record went): absence
+        // is what was asked for.
+        if (!destroyed && destroyed.error().code == errc::sandbox_not_found) destroyed = {};
+    }
+    self->state = destroyed ? handle_state::destroyed : handle_state::destroy_failed;
+    self->destroy_outcome = destroyed;
     std::optional<errc> failure;
-    if (!destroyed) failure = static_cast<errc>(destroyed.error().code.value());
-    report("destroy", failure, started, started);
-    ended.set();
-    if (on_end) on_end();
-    co_return destroyed;
+    if (!destroyed) failure = failure_of(destroyed.error());
+    if (!self->backend_gone) self->report("destroy", failure, started, started);
+    self->ended.set();
+    if (self->on_end) std::exchange(self->on_end, nullptr)();
 }
 
 sandbox::~sandbox() {
     if (!impl_) return;
     if (impl_->state != handle_state::ready && impl_->state != handle_state::busy) return;
     if (impl_->detach_on_drop) {
-        if (impl_->on_end) impl_->on_end();
-        impl_->on_end = nullptr;
+        if (impl_->on_end) std::exchange(impl_->on_end, nullptr)();
         return;
     }
     impl_->tasks.spawn(destroy_in_background(impl_));
@@ -293,107 +337,114 @@ std::size_t sandbox::queued() const noexcept {
     return impl_->queue.waiting();
 }
 
+// Each public operation is a plain function: it binds the shared state now (the handle may be
+// dropped before the awaitable is awaited) and puts the one exception boundary (guarded) on top.
+
 asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<exec_result>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec(state->info.id, std::move(request));
     };
-    co_return co_await state->run<exec_result>("exec", limit, start);
+    return guarded(impl::run<exec_result>(state, "exec", limit, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
     std::vector<file_write> files, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<file_write_result>>>()> start =
         [state, files]() mutable {
             return state->sandboxes.async_write_files(state->info.id, std::move(files));
         };
-    co_return co_await state->run<std::vector<file_write_result>>("write_files", limit, start);
+    return guarded(
+        impl::run<std::vector<file_write_result>>(state, "write_files", limit, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
     std::vector<std::string> paths, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<file_read_result>>>()> start =
         [state, paths]() mutable {
             return state->sandboxes.async_read_files(state->info.id, std::move(paths));
         };
-    co_return co_await state->run<std::vector<file_read_result>>("read_files", limit, start);
+    return guarded(
+        impl::run<std::vector<file_read_result>>(state, "read_files", limit, std::move(start)));
 }
 
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
         return state->sandboxes.async_stat(state->info.id, std::move(path));
     };
-    co_return co_await state->run<file_stat>("stat", limit, start);
+    return guarded(impl::run<file_stat>(state, "stat", limit, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
                                                                         deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<std::vector<dir_entry>>>()> start = [state,
                                                                               path]() mutable {
         return state->sandboxes.async_list_dir(state->info.id, std::move(path));
     };
-    co_return co_await state->run<std::vector<dir_entry>>("list_dir", limit, start);
+    return guarded(impl::run<std::vector<dir_entry>>(state, "list_dir", limit, std::move(start)));
 }
 
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<sandbox_info>>()> start = [state, ttl]() mutable {
         return state->sandboxes.async_extend_ttl(state->info.id, ttl);
     };
-    co_return co_await state->run<sandbox_info>("extend_ttl", limit, start);
+    return guarded(impl::run<sandbox_info>(state, "extend_ttl", limit, std::move(start)));
 }
 
-asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
-                                                                deadline limit) {
-    auto state = impl_;
+namespace {
+
+asio::awaitable<result<exec_stream>> start_stream(std::shared_ptr<sandbox::impl> state,
+                                                  exec_request request, deadline limit) {
     const auto called = std::chrono::steady_clock::now();
-    auto refused = co_await state->acquire_turn("exec_stream", limit);
+    auto turn = co_await sandbox::impl::acquire_turn(state, "exec_stream", limit);
     const auto granted = std::chrono::steady_clock::now();
-    if (refused) {
-        state->report("exec_stream", static_cast<errc>(refused->code.value()), called, granted);
-        co_return std::move(*refused);
+    if (!turn) {
+        state->report("exec_stream", failure_of(turn.error()), called, granted);
+        co_return std::move(turn).error();
     }
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<exec_stream>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec_stream(state->info.id, std::move(request));
     };
-    auto started = co_await state->run_in_turn<exec_stream>("exec_stream", limit, start);
+    auto started =
+        co_await sandbox::impl::run_in_turn<exec_stream>(state, "exec_stream", limit, start);
     std::optional<errc> failure;
-    if (!started) failure = static_cast<errc>(started.error().code.value());
+    if (!started) failure = failure_of(started.error());
     state->report("exec_stream", failure, called, granted);  // the start; the stream runs on
-    if (!started) {
-        state->end_turn();
-        co_return std::move(started).error();
-    }
+    if (!started) co_return std::move(started).error();      // `turn` hands the queue on
     // The stream holds the turn from here until it ends or is dropped.
-    auto wrapped = std::make_unique<handle_stream>(state, std::move(*started), limit);
+    auto wrapped =
+        std::make_unique<handle_stream>(state, std::move(*turn), std::move(*started), limit);
     co_return exec_stream(std::move(wrapped));
+}
+
+asio::awaitable<result<void>> destroy_and_wait(std::shared_ptr<sandbox::impl> state) {
+    co_await asio::this_coro::reset_cancellation_state();
+    co_return co_await sandbox::impl::destroy_now(std::move(state));
+}
+
+}  // namespace
+
+asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
+                                                                deadline limit) {
+    return guarded(start_stream(impl_, std::move(request), limit));
 }
 
 asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit) {
     auto state = impl_;
-    // A named local, not a lambda inside the co_await statement (g++ 12; see docs/development.md).
     std::function<asio::awaitable<result<process>>()> start = [state, request]() mutable {
         return state->sandboxes.async_spawn(state->info.id, std::move(request));
     };
-    co_return co_await state->run<process>("spawn", limit, start);
+    return guarded(impl::run<process>(state, "spawn", limit, std::move(start)));
 }
 
 asio::awaitable<result<void>> sandbox::async_destroy() {
-    auto state = impl_;
-    co_await asio::this_coro::reset_cancellation_state();
-    co_return co_await state->destroy_now();
+    return guarded(destroy_and_wait(impl_));
 }
 
 }  // namespace moat

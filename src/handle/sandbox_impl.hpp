@@ -19,27 +19,60 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook,
          std::shared_ptr<moat::telemetry> t);
 
+    // The sandbox's turn while one operation holds it. Handed on when it goes, however that
+    // happens (a normal end, an exception, a frame destroyed while suspended).
+    class held_turn {
+      public:
+        explicit held_turn(std::shared_ptr<impl> owner) : owner_(std::move(owner)) {}
+        held_turn(held_turn&& other) noexcept : owner_(std::move(other.owner_)) {}
+        held_turn& operator=(held_turn&& other) noexcept {
+            if (this != &other) {
+                release();
+                owner_ = std::move(other.owner_);
+            }
+            return *this;
+        }
+        held_turn(const held_turn&) = delete;
+        held_turn& operator=(const held_turn&) = delete;
+        ~held_turn() { release(); }
+        // Gives the turn to the next operation now.
+        void release() {
+            if (auto owner = std::exchange(owner_, nullptr)) owner->end_turn();
+        }
+
+      private:
+        std::shared_ptr<impl> owner_;
+    };
+
     // sandbox_unavailable with the cause if no operation may start; nullopt if one may.
     std::optional<error> refusal() const;
     // ready/busy -> quarantined, then a background destroy.
     void quarantine(const error& why);
-    // Waits for this caller's turn (FIFO). nullopt: the caller holds the turn and must call
-    // end_turn(); otherwise the error (cancelled, deadline_exceeded, sandbox_unavailable).
-    asio::awaitable<std::optional<error>> acquire_turn(const char* what, deadline limit);
-    // Gives the turn to the next operation.
-    void end_turn();
+    // Waits for this caller's turn (FIFO): the turn, or the error (cancelled, deadline_exceeded,
+    // sandbox_unavailable).
+    static asio::awaitable<result<held_turn>> acquire_turn(std::shared_ptr<impl> self,
+                                                           const char* what, deadline limit);
     // Runs one backend operation while holding the turn, under the caller's deadline and
-    // cancellation (stopped and confirmed within the kill grace, or quarantine). `start` makes
-    // the backend's awaitable (a plain lambda, not a coroutine).
+    // cancellation (stopped and confirmed within the backend's stop grace plus the handle's
+    // kill grace, or quarantine). `start` makes the backend's awaitable (a plain lambda, not a
+    // coroutine). Never throws.
     template <class T>
-    asio::awaitable<result<T>> run_in_turn(const char* what, deadline limit,
-                                           std::function<asio::awaitable<result<T>>()> start);
-    // acquire_turn + run_in_turn + end_turn.
+    static asio::awaitable<result<T>> run_in_turn(
+        std::shared_ptr<impl> self, const char* what, deadline limit,
+        std::function<asio::awaitable<result<T>>()> start);
+    // acquire_turn + run_in_turn, then the turn goes on.
     template <class T>
-    asio::awaitable<result<T>> run(const char* what, deadline limit,
-                                   std::function<asio::awaitable<result<T>>()> start);
-    // Destroys the sandbox (or waits for the destroy under way) and returns its outcome.
-    asio::awaitable<result<void>> destroy_now();
+    static asio::awaitable<result<T>> run(std::shared_ptr<impl> self, const char* what,
+                                          deadline limit,
+                                          std::function<asio::awaitable<result<T>>()> start);
+    // Destroys the sandbox (or waits for the destroy under way) and returns its outcome. Not
+    // cancellable: the destroy runs in the handle's own task group, to its confirmation or the
+    // backend's bound.
+    static asio::awaitable<result<void>> destroy_now(std::shared_ptr<impl> self);
+    // The one destroy of this handle's sandbox (started at most once, by destroy_now).
+    static asio::awaitable<void> destroy_once(std::shared_ptr<impl> self);
+    // How long a stopped operation may take to confirm before the handle quarantines.
+    std::chrono::milliseconds stop_bound() const;
 
     backend& sandboxes;
     asio::any_io_executor executor;
@@ -65,6 +98,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     void report(const char* what, std::optional<errc> failure,
                 std::chrono::steady_clock::time_point called,
                 std::chrono::steady_clock::time_point granted);
+
+  private:
+    // Gives the turn to the next operation (through held_turn only).
+    void end_turn();
 };
 
 }  // namespace moat

@@ -1,4 +1,6 @@
-// Reading a sandbox's cgroup v1 counters from the host (cgroupfs reads take microseconds).
+// Reading a sandbox's cgroup counters from the host (cgroupfs reads take microseconds), and
+// removing its cgroup directories, on cgroup v1 and v2 alike: each function looks for the v1 file
+// first, then the v2 one.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +10,8 @@
 
 namespace moat {
 
-// The `oom_kill` counter of <memory_cgroup>/memory.oom_control, or nullopt if unreadable.
+// OOM kills counted by <memory_cgroup>: `oom_kill` of memory.oom_control (v1) or of
+// memory.events (v2, which counts the sandbox's child cgroups too); nullopt if unreadable.
 std::optional<std::uint64_t> read_oom_kill_count(const std::string& memory_cgroup);
 
 // A sandbox's OOM kills as the library last saw them. The counter is read only when a command
@@ -22,9 +25,19 @@ struct oom_watch {
     bool counted_new_kill();
 };
 
-// A file of a single number in one of `dirs` (the first that has it): memory.usage_in_bytes,
-// pids.current. nullopt if none does.
+// A file of a single number in one of `dirs` (the first that has it), e.g. pids.current. nullopt
+// if none does.
 std::optional<std::uint64_t> read_cgroup_number(const std::vector<std::string>& dirs,
                                                 const char* file);
+
+// Memory in use: memory.usage_in_bytes (v1) or memory.current (v2) of the first of `dirs` that
+// has either.
+std::optional<std::uint64_t> read_memory_used(const std::vector<std::string>& dirs);
+
+// Removes a sandbox cgroup directory and the cgroups below it (v2: init/, commands/), children
+// first. A v2 cgroup that still reports `populated 1` in cgroup.events is left alone (nothing is
+// killed here). 0 (also when it is already gone), EBUSY while a process is still counted, or
+// another errno.
+int remove_cgroup_tree(const std::string& dir);
 
 }  // namespace moat

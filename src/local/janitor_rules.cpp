@@ -23,6 +23,22 @@ bool process_exists(int pid) {
     return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
 }
 
+// Where the cgroup2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid
+// hosts), or "".
+std::string cgroup2_mount() {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        const auto dash = line.find(" - cgroup2 ");
+        if (dash == std::string::npos) continue;
+        std::istringstream fields(line.substr(0, dash));
+        std::string field, mount_point;
+        for (int i = 0; i < 5 && fields >> field; ++i) mount_point = field;
+        return mount_point;
+    }
+    return "";
+}
+
 constexpr auto ttl_slack = std::chrono::seconds(30);
 constexpr auto unfinished_create = std::chrono::minutes(10);
 
@@ -51,16 +67,26 @@ std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& rec
         }
     }
     // This process's own cgroup in each v1 hierarchy (a helper started here puts its sandboxes
-    // under <own>/moat).
+    // under <own>/moat) and in the v2 one (there the helper moves this process into
+    // <own>/moat-leaf, and its sandboxes go under <own>/moat).
     std::ifstream self("/proc/self/cgroup");
     std::string line;
     while (std::getline(self, line)) {
-        // "4:memory:/path" (v1) or "0::/path" (v2, skipped)
+        // "4:memory:/path" (v1) or "0::/path" (v2)
         const auto first = line.find(':');
         const auto second = line.find(':', first + 1);
         if (first == std::string::npos || second == std::string::npos) continue;
         const std::string controllers = line.substr(first + 1, second - first - 1);
         const std::string path = line.substr(second + 1);
+        if (line.starts_with("0::")) {
+            const std::string mount = cgroup2_mount();
+            if (mount.empty()) continue;
+            std::string own = path == "/" ? "" : path;
+            parents.insert(mount + own + "/moat");
+            if (own.ends_with("/moat-leaf"))
+                parents.insert(mount + own.substr(0, own.size() - 10) + "/moat");
+            continue;
+        }
         std::stringstream list(controllers);
         std::string controller;
         while (std::getline(list, controller, ',')) {

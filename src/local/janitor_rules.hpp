@@ -16,7 +16,7 @@ namespace moat {
 std::string janitor_reason(const sandbox_record& record, std::chrono::system_clock::time_point now);
 
 // The `moat` cgroup directories sandbox cgroups live in: the parents of the recorded ones, and
-// this process's own (<own cgroup>/moat in each v1 hierarchy).
+// this process's own (<own cgroup>/moat in each v1 hierarchy and in the v2 one).
 std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records);
 
 // Sandbox cgroup directories (moat/sb-...) under `parents` whose id has no record.

@@ -101,7 +101,7 @@ void add_usage(sandbox_info& info, const sandbox_record& r) {
     info.memory_used_bytes.reset();
     info.pids_current.reset();
     if (info.state != sandbox_state::running) return;
-    info.memory_used_bytes = read_cgroup_number(r.cgroups, "memory.usage_in_bytes");
+    info.memory_used_bytes = read_memory_used(r.cgroups);
     info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
 }
 
@@ -183,6 +183,7 @@ class local_backend final : public backend {
 
     asio::any_io_executor get_executor() const override { return executor_; }
     std::string name() const override { return "local"; }
+    std::chrono::milliseconds stop_grace() const override { return options_.kill_grace; }
 
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
         try {
@@ -617,8 +618,9 @@ class local_backend final : public backend {
         for (const auto& dir : orphaned_cgroups(moat_cgroup_parents(records), recorded)) {
             janitor_action a{"remove_cgroup", dir, "no sandbox records it", false, ""};
             if (!dry_run) {
-                a.done = ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
-                if (!a.done) a.error = std::strerror(errno);
+                const int err = remove_cgroup_tree(dir);
+                a.done = err == 0;
+                if (!a.done) a.error = std::strerror(err);
             }
             actions.push_back(std::move(a));
         }

@@ -2,6 +2,7 @@
 
 #include "core/json_writer.hpp"
 #include "core/limits_json.hpp"
+#include "local/cgroup_stats.hpp"
 #include "wire/state_layout.hpp"
 
 #include <simdjson.h>
@@ -331,7 +332,8 @@ result<unique_fd> open_live_init(const sandbox_record& record) {
 int remove_cgroups(const sandbox_record& record) {
     int first = 0;
     for (const auto& dir : record.cgroups) {
-        if (::rmdir(dir.c_str()) != 0 && errno != ENOENT && first == 0) first = errno;
+        const int err = remove_cgroup_tree(dir);
+        if (err != 0 && first == 0) first = err;
     }
     return first;
 }

@@ -3,6 +3,7 @@
 #include <moat/task_group.hpp>
 
 #include "core/async_event.hpp"
+#include "core/exception_boundary.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -186,7 +187,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     asio::awaitable<result<opened_session>> open_session(std::string key, deadline limit,
                                                          bool lost) {
         bool rebuilt = lost;
-        auto stored = co_await store->async_get(key);
+        auto getting = guarded(store->async_get(key));
+        auto stored = co_await std::move(getting);
         if (!stored) co_return std::move(stored).error();
         if (*stored) {
             // The backend is the truth: a stored id that cannot be attached is replaced.
@@ -206,14 +208,15 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (!created) co_return std::move(created).error();
         auto box = std::move(*created);
         if (options.seed) {
-            auto seeding = options.seed(box, rebuilt);
+            auto seeding = guarded(call_seed(options.seed, box, rebuilt));
             auto seeded = co_await std::move(seeding);
             if (!seeded) {
                 (void)co_await box->async_destroy();
                 co_return std::move(seeded).error();
             }
         }
-        auto put = co_await store->async_put(key, box->id());
+        auto putting = guarded(store->async_put(key, box->id()));
+        auto put = co_await std::move(putting);
         if (!put) {
             (void)co_await box->async_destroy();
             co_return std::move(put).error();
@@ -266,15 +269,33 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         }
         auto p = std::make_shared<pending>(executor);
         inflight[key] = p;
-        auto opened = co_await open_session(key, limit, lost);
-        inflight.erase(key);
+        // However this create ends (an exception, this frame destroyed while suspended), the key
+        // leaves `inflight` and its waiters are woken with an outcome.
+        struct complete_on_exit {
+            state* self;
+            std::string key;
+            std::shared_ptr<pending> p;
+            ~complete_on_exit() {
+                auto it = self->inflight.find(key);
+                if (it != self->inflight.end() && it->second == p) self->inflight.erase(it);
+                if (!p->outcome) {
+                    p->outcome = make_error(errc::cancelled,
+                                            "the acquire that was creating this session's sandbox "
+                                            "was abandoned");
+                }
+                p->done.set();
+            }
+        } completion{this, key, p};
+        auto opening = guarded(open_session(key, limit, lost));
+        auto opened = co_await std::move(opening);
+        auto it = inflight.find(key);
+        if (it != inflight.end() && it->second == p) inflight.erase(it);
         if (opened && shutting_down) {
             (void)co_await opened->s->box->async_destroy();
             opened = make_error(errc::shutting_down, "the manager is shutting down");
         }
         if (opened) sessions[key] = opened->s;
         p->outcome = opened;
-        p->done.set();
         if (!opened) co_return std::move(opened).error();
         co_return lease(opened->s, opened->rebuilt);
     }
@@ -284,7 +305,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (auto it = sessions.find(s->key); it != sessions.end() && it->second == s) {
             sessions.erase(it);
         }
-        (void)co_await store->async_erase(s->key);
+        auto erasing = guarded(store->async_erase(s->key));
+        (void)co_await std::move(erasing);
         auto destroyed = co_await s->box->async_destroy();
         emit(manager_event::kind::ended, s->key, s->box->id(), reason,
              destroyed ? "" : destroyed.error().to_string());
@@ -302,32 +324,47 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         auto box = std::move(*created);
         one_shots.push_back(box);
         emit(manager_event::kind::created, "", box->id());
+        // Whatever happens in the sandbox (an error, a cancellation, an exception: Asio throws at
+        // the next co_await when a cancellation arrived just after the create), it goes after.
         result<exec_result> outcome = make_error(errc::cancelled, "not run");
-        bool ready = true;
-        if (!inputs.empty()) {
-            auto written = co_await box->async_write_files(std::move(inputs), limit);
-            if (!written) {
-                outcome = std::move(written).error();
-                ready = false;
-            } else {
-                for (auto& w : *written) {
-                    if (!w.outcome) {
-                        outcome = std::move(w.outcome).error();
-                        ready = false;
-                        break;
-                    }
-                }
-            }
+        std::exception_ptr failure;
+        try {
+            outcome = co_await use_once(box, std::move(request), std::move(inputs), limit);
+        } catch (...) {
+            failure = std::current_exception();
         }
-        if (ready) outcome = co_await box->async_exec(std::move(request), limit);
-        // Whatever happened (cancellation included), the sandbox goes, confirmed.
+        if (failure) outcome = error_from_exception(failure);
         co_await asio::this_coro::reset_cancellation_state();
-        auto destroyed = co_await box->async_destroy();
+        auto destroying = box->async_destroy();
+        auto destroyed = co_await std::move(destroying);
         std::erase(one_shots, box);
         const end_reason reason = outcome ? end_reason::user_request : end_reason::error;
         emit(manager_event::kind::ended, "", box->id(), reason,
              destroyed ? "" : destroyed.error().to_string());
         co_return outcome;
+    }
+
+    static asio::awaitable<result<exec_result>> use_once(std::shared_ptr<sandbox> box,
+                                                         exec_request request,
+                                                         std::vector<file_write> inputs,
+                                                         deadline limit) {
+        if (!inputs.empty()) {
+            auto written = co_await box->async_write_files(std::move(inputs), limit);
+            if (!written) co_return std::move(written).error();
+            for (auto& w : *written) {
+                if (!w.outcome) co_return std::move(w.outcome).error();
+            }
+        }
+        co_return co_await box->async_exec(std::move(request), limit);
+    }
+
+    // The application's seed hook, called inside a coroutine so that guarded() also catches what
+    // the hook throws before it returns its awaitable.
+    static asio::awaitable<result<void>> call_seed(
+        std::function<asio::awaitable<result<void>>(std::shared_ptr<sandbox>, bool)> seed,
+        std::shared_ptr<sandbox> box, bool rebuilt) {
+        auto seeding = seed(std::move(box), rebuilt);
+        co_return co_await std::move(seeding);
     }
 
     asio::awaitable<result<std::shared_ptr<sandbox>>> take_warm(deadline limit) {
@@ -366,6 +403,10 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     }
 
     static asio::awaitable<void> refill(std::shared_ptr<state> self) {
+        struct refill_over {
+            state* s;
+            ~refill_over() { s->refilling = false; }
+        } over{self.get()};
         while (!self->shutting_down && self->pool.size() < self->options.pool_size) {
             const sandbox_spec spec = self->spec_for("pool", "");
             auto created = co_await self->sandboxes.async_create(spec);
@@ -381,7 +422,6 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             self->emit(manager_event::kind::pool_refilled, "", (*created)->id());
             self->pool.push_back(std::move(*created));
         }
-        self->refilling = false;
     }
 
     clock::duration tick() const {
@@ -457,8 +497,43 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (--*remaining == 0) self->drained.set();
     }
 
+    asio::awaitable<result<void>> end_by_key(std::string key, end_reason reason) {
+        auto it = sessions.find(key);
+        if (it == sessions.end()) {
+            co_return make_error(errc::sandbox_not_found, "no session with key '" + key + "'");
+        }
+        auto found = it->second;
+        co_return co_await end_session(std::move(found), reason);
+    }
+
+    // The boundary of async_shutdown, whose result is a report, not a result<T>: an exception
+    // (none is expected: every wait below consumes cancellations) is logged, and every sandbox
+    // not confirmed destroyed is reported as left.
+    asio::awaitable<shutdown_report> shutdown_never_throwing(std::chrono::milliseconds grace) {
+        auto self = shared_from_this();
+        std::vector<std::string> known;
+        for (auto& [key, s] : sessions) known.push_back(s->box->id());
+        for (auto& box : pool) known.push_back(box->id());
+        for (auto& box : one_shots) known.push_back(box->id());
+        std::string failure;
+        try {
+            co_return co_await shutdown(grace);
+        } catch (const std::exception& e) {
+            failure = e.what();
+        } catch (...) {
+            failure = "a non-standard exception";
+        }
+        detail::log(log_level::error, "manager", "shutdown failed: " + failure);
+        shutdown_report report;
+        report.destroyed = shutdown_destroyed;
+        report.left = std::move(known);
+        co_return report;
+    }
+
     asio::awaitable<shutdown_report> shutdown(std::chrono::milliseconds grace) {
         auto self = shared_from_this();
+        // Not cancellable: bounded by `grace`.
+        co_await asio::this_coro::reset_cancellation_state();
         shutting_down = true;
         if (watch_timer != nullptr) watch_timer->cancel();  // the watcher ends now, not at its tick
         const auto limit = deadline::after(grace);
@@ -518,41 +593,48 @@ session_manager::~session_manager() {
     state_->tasks.cancel_all();
 }
 
+namespace {
+
+// Binds the manager's state to an operation when it is made, so that it may be awaited later.
+template <class T>
+asio::awaitable<T> keeping([[maybe_unused]] std::shared_ptr<session_manager::state> s,
+                           asio::awaitable<T> operation) {
+    co_return co_await std::move(operation);
+}
+
+}  // namespace
+
+// Plain functions: each binds the state now and puts the one exception boundary on top.
+
 asio::awaitable<result<exec_result>> session_manager::async_run_once(exec_request request,
                                                                      std::vector<file_write> inputs,
                                                                      deadline limit) {
-    auto s = state_;
-    co_return co_await s->run_once(std::move(request), std::move(inputs), limit);
+    return guarded(keeping(state_, state_->run_once(std::move(request), std::move(inputs), limit)));
 }
 
 asio::awaitable<result<session_lease>> session_manager::async_acquire(std::string key,
                                                                       deadline limit) {
-    auto s = state_;
-    co_return co_await s->acquire(std::move(key), limit);
+    return guarded(keeping(state_, state_->acquire(std::move(key), limit)));
 }
 
 asio::awaitable<result<void>> session_manager::async_end(std::string key, end_reason reason) {
-    auto s = state_;
-    auto it = s->sessions.find(key);
-    if (it == s->sessions.end()) {
-        co_return make_error(errc::sandbox_not_found, "no session with key '" + key + "'");
-    }
-    auto session = it->second;
-    co_return co_await s->end_session(std::move(session), reason);
+    return guarded(keeping(state_, state_->end_by_key(std::move(key), reason)));
 }
 
 asio::awaitable<result<std::shared_ptr<sandbox>>> session_manager::async_take_warm(deadline limit) {
-    auto s = state_;
-    co_return co_await s->take_warm(limit);
+    return guarded(keeping(state_, state_->take_warm(limit)));
 }
 
 asio::awaitable<shutdown_report> session_manager::async_shutdown(std::chrono::milliseconds grace) {
-    auto s = state_;
-    co_return co_await s->shutdown(grace);
+    return keeping(state_, state_->shutdown_never_throwing(grace));
 }
 
 std::size_t session_manager::sessions() const noexcept {
     return state_->sessions.size();
+}
+
+std::size_t session_manager::acquiring() const noexcept {
+    return state_->inflight.size();
 }
 
 std::size_t session_manager::warm() const noexcept {

@@ -5,6 +5,7 @@
 #include "core/asio_compat.hpp"
 #include "core/json_writer.hpp"
 #include "mcp/jsonrpc.hpp"
+#include "tools/tool_arguments.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
@@ -31,37 +32,16 @@ constexpr int message_too_large = -32600;
 constexpr std::array<std::string_view, 3> protocol_versions = {"2025-06-18", "2025-03-26",
                                                                "2024-11-05"};
 constexpr std::string_view artifact_scheme = "moat://artifacts/";
+constexpr std::string_view workspace_scheme = "moat://workspace/";
+// What a progress notification carries of a running call's output: its last lines, this many
+// at most, and at most this many characters of them.
+constexpr std::size_t progress_lines = 10;
+constexpr std::size_t progress_bytes_kept = 4096;
 // At the end, responses still queued are written while the client keeps taking them, and given
 // up after this long without progress.
 constexpr auto flush_stall = std::chrono::seconds(2);
 
 using clock = std::chrono::steady_clock;
-
-std::string base64(std::string_view bytes) {
-    static constexpr char digits[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((bytes.size() + 2) / 3 * 4);
-    std::size_t i = 0;
-    for (; i + 2 < bytes.size(); i += 3) {
-        const auto n = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-        out += digits[(n >> 18) & 63];
-        out += digits[(n >> 12) & 63];
-        out += digits[(n >> 6) & 63];
-        out += digits[n & 63];
-    }
-    if (i < bytes.size()) {
-        auto n = static_cast<unsigned char>(bytes[i]) << 16;
-        if (i + 1 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-        out += digits[(n >> 18) & 63];
-        out += digits[(n >> 12) & 63];
-        out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
-        out += '=';
-    }
-    return out;
-}
 
 // An id as parse_jsonrpc writes it, from a field that holds one (notifications/cancelled).
 std::optional<std::string> id_field(std::string_view params, std::string_view name) {
@@ -73,10 +53,10 @@ std::optional<std::string> id_field(std::string_view params, std::string_view na
     return raw_field(params, name);
 }
 
-std::string tools_list_json() {
+std::string tools_list_json(std::string_view prefix) {
     std::string out = R"({"tools":[)";
     bool first = true;
-    for (const auto& tool : tool_definitions()) {
+    for (const auto& tool : tool_definitions(prefix)) {
         if (!first) out += ',';
         first = false;
         out += R"({"name":)";
@@ -111,7 +91,9 @@ std::string initialize_json(std::string_view requested) {
             "Tools that run code in a private, network-less sandbox kept for this connection: "
             "Python state and files in /workspace persist between calls. Files saved under "
             "/workspace/out are listed as artifacts and readable as resources "
-            "(moat://artifacts/<path>).");
+            "(moat://artifacts/<path>); any file under /workspace is readable, as exact bytes, "
+            "as moat://workspace/<path>. A failure of the code (an exception, a non-zero exit, "
+            "a timeout) is a result with its status, not a tool error.");
     w.end_object();
     return w.take();
 }
@@ -122,10 +104,47 @@ std::string call_result_json(const tool_result& r) {
     w.key("content").begin_array().begin_object();
     w.key("type").value("text").key("text").value(r.to_json());
     w.end_object().end_array();
-    w.key("isError").value(r.status != tool_status::ok);
+    // isError is for moat's own failures and bad arguments: an MCP adapter turns it into an
+    // exception (LangChain's ToolException), while the code's failure is data the model fixes.
+    w.key("isError").value(r.is_tool_error());
     w.end_object();
     return w.take();
 }
+
+// The tail of a running call's output, for progress notifications: the last bytes seen, bounded.
+struct output_tail {
+    std::string kept;
+    std::uint64_t seen = 0;
+
+    void add(std::string_view data) {
+        seen += data.size();
+        if (data.size() >= progress_bytes_kept) {
+            kept.assign(data.substr(data.size() - progress_bytes_kept));
+            return;
+        }
+        kept += data;
+        if (kept.size() > progress_bytes_kept) kept.erase(0, kept.size() - progress_bytes_kept);
+    }
+
+    // The last complete or partial lines, shaped for display.
+    std::string latest_lines() const {
+        std::string_view text(kept);
+        while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+        std::size_t start = text.size();
+        for (std::size_t lines = 0; start > 0 && lines < progress_lines;) {
+            --start;
+            if (text[start] == '\n' && ++lines == progress_lines) {
+                ++start;
+                break;
+            }
+        }
+        shaping_limits limits;
+        limits.head_chars = 0;
+        limits.tail_chars = 1000;
+        limits.max_chars = 1000;
+        return shape_for_model(text.substr(start), limits).text;
+    }
+};
 
 }  // namespace
 
@@ -202,7 +221,10 @@ struct server::state : std::enable_shared_from_this<server::state> {
         self->writing = false;
     }
 
-    static asio::awaitable<void> report_progress(std::shared_ptr<state> self, std::string token) {
+    // Every progress_interval: how long the call has run and, once it printed something, the
+    // latest lines of its output.
+    static asio::awaitable<void> report_progress(std::shared_ptr<state> self, std::string token,
+                                                 std::shared_ptr<output_tail> tail) {
         asio::steady_timer timer(self->helpers.get_executor());
         const auto started = clock::now();
         for (std::uint64_t step = 1;; ++step) {
@@ -211,9 +233,11 @@ struct server::state : std::enable_shared_from_this<server::state> {
             if (ec) co_return;
             const auto seconds =
                 std::chrono::duration_cast<std::chrono::seconds>(clock::now() - started).count();
+            std::string message = "running for " + std::to_string(seconds) + " s";
+            if (tail->seen != 0) message += "; latest output:\n" + tail->latest_lines();
             std::string params = R"({"progressToken":)" + token + R"(,"progress":)" +
                                  std::to_string(step) + R"(,"message":)";
-            append_json_string(params, "running for " + std::to_string(seconds) + " s");
+            append_json_string(params, message);
             params += '}';
             self->send(jsonrpc_notification("notifications/progress", params));
         }
@@ -223,8 +247,15 @@ struct server::state : std::enable_shared_from_this<server::state> {
                                            std::string name, std::string arguments,
                                            std::optional<std::string> progress_token) {
         std::optional<std::uint64_t> progress;
-        if (progress_token) progress = self->helpers.spawn(report_progress(self, *progress_token));
-        auto outcome = co_await self->tools.async_call(name, arguments);
+        output_callback on_output;
+        if (progress_token) {
+            auto tail = std::make_shared<output_tail>();
+            on_output = [tail](output_channel, std::string_view data) { tail->add(data); };
+            progress = self->helpers.spawn(report_progress(self, *progress_token, tail));
+        }
+        const deadline no_limit;
+        auto outcome =
+            co_await self->tools.async_call(name, arguments, no_limit, std::move(on_output));
         if (progress) self->helpers.cancel(*progress);
         self->running.erase(id);
         if (!outcome) {
@@ -260,8 +291,15 @@ struct server::state : std::enable_shared_from_this<server::state> {
 
     static asio::awaitable<void> read_resource(std::shared_ptr<state> self, std::string id,
                                                std::string uri) {
-        const std::string path = uri.substr(artifact_scheme.size());
-        auto bytes = co_await self->tools.async_read_artifact(path);
+        const bool is_artifact = uri.starts_with(artifact_scheme);
+        const std::string path =
+            uri.substr(is_artifact ? artifact_scheme.size() : workspace_scheme.size());
+        result<std::string> bytes = make_error(errc::invalid_path, "no path");
+        if (is_artifact) {
+            bytes = co_await self->tools.async_read_artifact(path);
+        } else {
+            bytes = co_await self->tools.async_read_workspace_file(path);
+        }
         self->running.erase(id);
         if (!bytes) {
             if (bytes.error().code == errc::cancelled) co_return;
@@ -269,14 +307,15 @@ struct server::state : std::enable_shared_from_this<server::state> {
                                  bytes.error().code == errc::invalid_path;
             self->send(jsonrpc_error(
                 id, missing ? invalid_params : internal_error,
-                missing ? "no such artifact: " + path : std::string("the sandbox is unavailable")));
+                missing ? std::string(is_artifact ? "no such artifact: " : "no such file: ") + path
+                        : std::string("the sandbox is unavailable")));
             co_return;
         }
         json_writer w;
         w.begin_object().key("contents").begin_array().begin_object();
         w.key("uri").value(uri);
         w.key("mimeType").value(media_type_for(path));
-        w.key("blob").value(base64(*bytes));
+        w.key("blob").value(base64_encode(*bytes));
         w.end_object().end_array().end_object();
         self->send(jsonrpc_result(id, w.str()));
     }
@@ -293,7 +332,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
         } else if (method == "ping") {
             send(jsonrpc_result(m.id, "{}"));
         } else if (method == "tools/list") {
-            send(jsonrpc_result(m.id, tools_list_json()));
+            send(jsonrpc_result(m.id, tools_list_json(options.tool_prefix)));
         } else if (method == "tools/call") {
             auto name = string_field(m.params, "name");
             if (!name) {
@@ -309,15 +348,23 @@ struct server::state : std::enable_shared_from_this<server::state> {
             start(m.id, list_resources(shared_from_this(), m.id));
         } else if (method == "resources/read") {
             auto uri = string_field(m.params, "uri");
-            if (!uri || !uri->starts_with(artifact_scheme) ||
-                uri->size() == artifact_scheme.size()) {
+            const bool valid =
+                uri &&
+                ((uri->starts_with(artifact_scheme) && uri->size() > artifact_scheme.size()) ||
+                 (uri->starts_with(workspace_scheme) && uri->size() > workspace_scheme.size()));
+            if (!valid) {
                 send(jsonrpc_error(m.id, invalid_params,
-                                   "resources/read: params.uri must be moat://artifacts/<path>"));
+                                   "resources/read: params.uri must be moat://artifacts/<path> or "
+                                   "moat://workspace/<path>"));
                 return;
             }
             start(m.id, read_resource(shared_from_this(), m.id, std::move(*uri)));
         } else if (method == "resources/templates/list") {
-            send(jsonrpc_result(m.id, R"({"resourceTemplates":[]})"));
+            send(jsonrpc_result(
+                m.id,
+                R"({"resourceTemplates":[{"uriTemplate":"moat://workspace/{path}","name":"workspace file",)"
+                R"("description":"Any file under /workspace, as its exact bytes (base64 blob); path is relative to /workspace.",)"
+                R"("mimeType":"application/octet-stream"}]})"));
         } else if (method == "prompts/list") {
             send(jsonrpc_result(m.id, R"({"prompts":[]})"));
         } else {

@@ -28,6 +28,8 @@ namespace {
 
 constexpr int control_fd = 3;
 constexpr int listen_fd = 7;                 // survivors only: the attach socket the helper bound
+constexpr int command_cgroup_fd = 8;         // cgroup v2: the commands' cgroup.procs, if present
+constexpr int command_cgroup_kill_fd = 9;    // cgroup v2: the commands' cgroup.kill, if present
 constexpr std::size_t max_connections = 32;  // the owner's plus attached processes
 constexpr std::size_t stack_bytes = 1024 * 1024;  // execvp may put a PATH-sized buffer on it
 constexpr std::size_t guard_bytes = 4096;
@@ -56,6 +58,7 @@ struct command_args {
     const char* cwd;
     char* const* argv;
     char** envp;
+    int cgroup;  // the commands' cgroup.procs, or -1
     int spawn_errno;
 };
 
@@ -66,6 +69,9 @@ struct command_args {
 
 int command_main(void* opaque) {
     auto& a = *static_cast<command_args*>(opaque);
+    // Into the commands' cgroup (v2) before anything else; the descriptor carries the helper's
+    // permission to move there.
+    if (a.cgroup >= 0 && ::write(a.cgroup, "0", 1) != 1) command_fail(a);
     ::setsid();
     for (int fd = 0; fd < 3; ++fd) {
         if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
@@ -145,6 +151,8 @@ class agent {
     std::uint32_t max_processes_;
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
+    int command_cgroup_ = -1;       // see command_cgroup_fd
+    int command_cgroup_kill_ = -1;  // see command_cgroup_kill_fd
     int signal_fd_ = -1;
     char* stack_top_ = nullptr;
     std::vector<connection> connections_;
@@ -194,6 +202,10 @@ bool agent::setup() {
     if (stack == MAP_FAILED) return false;
     ::mprotect(stack, guard_bytes, PROT_NONE);
     stack_top_ = static_cast<char*>(stack) + guard_bytes + stack_bytes;
+    // The commands' cgroup files (v2): kept, but never inherited by a command.
+    if (::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0) command_cgroup_ = command_cgroup_fd;
+    if (::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0)
+        command_cgroup_kill_ = command_cgroup_kill_fd;
     if (survive_owner_) {
         // The helper bound this socket in its 0700 state directory; listening here makes this
         // process the one a connecting library sees in SO_PEERCRED.
@@ -346,7 +358,8 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{{fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), 0};
+    command_args args{
+        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), command_cgroup_, 0};
     char** const saved_environ = environ;
     const std::uint64_t start = now_us();
     const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
@@ -402,8 +415,12 @@ void agent::reap() {
         }
     }
     // Nothing runs in an idle sandbox: this also catches processes that escaped with setsid.
-    // Their exits arrive as new SIGCHLDs and are reaped on the next pass.
-    if (command_ended && commands_.empty()) ::kill(-1, SIGKILL);
+    // Their exits arrive as new SIGCHLDs and are reaped on the next pass. On v2 the commands'
+    // cgroup.kill takes the whole command tree at once, however fast it forks.
+    if (command_ended && commands_.empty()) {
+        if (command_cgroup_kill_ >= 0) (void)::write(command_cgroup_kill_, "1", 1);
+        ::kill(-1, SIGKILL);
+    }
 }
 
 void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,

@@ -15,6 +15,10 @@
 // EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
 // unless --survive-owner was given; the TTL, when non-zero, ends it regardless.
 //
+// On cgroup v2, fd 8 and fd 9 are the commands' cgroup.procs and cgroup.kill (opened by the
+// helper, see cgroups.hpp): each command moves itself in through fd 8 before exec, and an idle
+// sandbox's leftovers are killed through fd 9 as well as by signal. Neither is inherited.
+//
 // With --survive-owner, fd 7 is a unix SOCK_SEQPACKET socket the helper bound in its 0700 state
 // directory; the agent listens on it, so other host processes can attach. Each accepted
 // connection (at most 32 besides the owner's; the peer must be outside this sandbox's pid

@@ -1,21 +1,41 @@
-// cgroup v1 limits for sandboxes (memory, pids, cpu). At start the helper finds each controller's
-// hierarchy and its own cgroup in it, and creates one parent `<mount><own cgroup>/moat` shared by
-// every sandbox (left unlimited, so an operator can cap all sandboxes together). Each sandbox then
-// gets `<parent>/<sandbox id>` in every hierarchy that exists, limits written before its pid 1 is
-// attached. cgroup v2 controllers are not supported yet: on a pure v2 host every limit reports
-// itself unavailable.
+// Sandbox cgroups: memory, pids and cpu limits, on cgroup v1 or v2 behind one small interface.
+// Nothing outside this interface (and its two implementations) knows which version is in use.
+//
+// At start, discover() reads the layout (cgroup_layout.hpp) and picks an implementation:
+//  - v1 (cgroup_v1.cpp), on v1 and hybrid hosts whenever a v1 hierarchy carries memory, pids or
+//    cpu. Each controller's parent is `<mount><own cgroup>/moat`; a sandbox gets `<parent>/<id>` in
+//    every hierarchy that exists. Its commands share pid 1's cgroups.
+//  - v2 (cgroup_v2.cpp), on unified hosts. The subtree moat may use is $MOAT_CGROUP_PARENT when
+//    set (an existing cgroup2 directory), else its own cgroup when that is the root, or delegated
+//    (a systemd unit with Delegate=yes, a container's cgroup namespace, or a cgroup owned by the
+//    helper's uid). Because a cgroup with controllers enabled for its children may hold no
+//    processes, the helper first moves the processes of its own cgroup into the leaf
+//    `<own>/moat-leaf`, then enables the controllers for `<own>/moat`, the sandboxes' parent.
+//    Each sandbox gets
+//        <parent>/<id>            memory.max, memory.swap.max = 0, pids.max, cpu.max
+//        <parent>/<id>/init       pid 1 (the agent) only
+//        <parent>/<id>/commands   every command; memory.oom.group = 1 (an OOM kill takes the whole
+//                                 command tree, never pid 1)
+//    The agent moves each command in through a descriptor the helper opened, and kills all of
+//    them at once with commands/cgroup.kill. A per-command cgroup (one leaf per command under the
+//    sandbox's, on v1 one more level in each hierarchy) slots in where `commands` is now.
+//  - Where neither works, every controller reports why (and on v2, the exact fix) and a sandbox
+//    that asks for a limit fails to be created unless the spec says best effort.
+//
+// Parents are left unlimited, so an operator can cap all sandboxes together.
 #pragma once
 
 #include <sys/types.h>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "sandboxd/cgroup_layout.hpp"
 
 namespace moat::sandboxd {
-
-enum class controller { memory, pids, cpu };
-inline constexpr std::size_t controller_count = 3;
 
 struct cgroup_limits {
     std::uint64_t memory_bytes = 0;    // 0 = no limit
@@ -24,21 +44,45 @@ struct cgroup_limits {
     bool best_effort = false;          // skip a limit that cannot be set instead of failing
 };
 
-// One sandbox's cgroups; an empty path means the sandbox is not in that hierarchy.
+// One sandbox's cgroups.
 struct sandbox_cgroups {
+    // Per controller, the directory whose counters describe the sandbox ("" = not in that
+    // hierarchy). On v2 all three are the sandbox's one directory.
     std::array<std::string, controller_count> paths;
+    std::vector<std::string> dirs;     // every directory made, children first (removal order)
     std::uint32_t applied_layers = 0;  // wire::layer_cgroup_* whose limit is in force
+    bool unified = false;              // v2: dirs.back() is the sandbox's cgroup
+
+    bool empty() const { return dirs.empty(); }
 };
+
+// Descriptors, opened by the helper, through which a sandbox's processes join their cgroups by
+// writing "0" (the kernel checks the opener's credentials and cgroup namespace, not the writer's).
+// -1 = not used. close_all() closes the rest.
+struct cgroup_join_fds {
+    std::array<int, controller_count> init{-1, -1, -1};  // pid 1, before its cgroup namespace
+    int commands = -1;                                   // v2: commands/cgroup.procs
+    int commands_kill = -1;                              // v2: commands/cgroup.kill (5.14+)
+    void close_all();
+};
+
+class cgroup_hierarchy;
 
 class cgroups {
   public:
-    // Finds the hierarchies and creates the parent cgroups. Never fails: a missing controller is
-    // reported by available() and unavailable_reason().
+    cgroups();
+    cgroups(const cgroups&) = delete;
+    cgroups& operator=(const cgroups&) = delete;
+    ~cgroups();
+
+    // Finds the layout and prepares the parent. Never fails: a missing controller is reported by
+    // available() and unavailable_reason().
     void discover();
 
-    bool available(controller c) const { return !parents_[index(c)].empty(); }
-    // "memory cgroup: no v1 hierarchy mounted", or "" when available.
-    const std::string& unavailable_reason(controller c) const { return why_[index(c)]; }
+    cgroup_layout_kind layout() const;
+    bool available(controller c) const;
+    // "memory cgroup: ...", with the fix where there is one, or "" when available.
+    const std::string& unavailable_reason(controller c) const;
     // wire::layer_cgroup_* bits of the available controllers.
     std::uint32_t host_layers() const;
 
@@ -48,24 +92,42 @@ class cgroups {
     int create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
                std::string& detail) const;
 
-    // Opens (as the helper, root) the `tasks` file of each of the sandbox's cgroups, for the
-    // sandbox's first process to move itself in by writing "0". A task moving itself skips the
-    // cgroup v1 threadgroup lock, whose write side waits for an RCU grace period (about 5 ms per
-    // hierarchy on this kind of host once it has been idle); writing a pid to cgroup.procs, as
-    // attach() does, pays that every time. Unused slots are -1; the caller closes the rest. A
-    // best-effort controller whose file cannot be opened is removed and its bit cleared.
-    int open_self_attach(sandbox_cgroups& group, std::array<int, controller_count>& fds,
-                         bool best_effort, std::string& detail) const;
+    // Opens the descriptors the sandbox's processes join through (see cgroup_join_fds). A task
+    // moving itself into a v1 cgroup skips the threadgroup lock, whose write side waits for an
+    // RCU grace period (about 5 ms per hierarchy on this kind of host once idle); writing a pid,
+    // as another process would, pays that every time. A best-effort controller whose file cannot
+    // be opened is removed and its bit cleared.
+    int open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
+                  std::string& detail) const;
 
-    // Removes the sandbox's cgroups (retrying briefly while the kernel still counts exiting
-    // tasks). Returns the first errno, or 0. Paths are cleared.
-    static int remove(sandbox_cgroups& group);
+    // Kills every process in the sandbox's cgroups at once where the kernel can (v2
+    // cgroup.kill); a no-op on v1.
+    void kill(const sandbox_cgroups& group) const;
+
+    // One non-blocking removal attempt: 0 when every directory is gone (then `group` is cleared),
+    // EBUSY while a cgroup still counts a process (on v2: cgroup.events says populated 1, and
+    // the group is killed again), or another errno. Never sleeps: the caller retries later.
+    int try_remove(sandbox_cgroups& group) const;
 
   private:
-    static std::size_t index(controller c) { return static_cast<std::size_t>(c); }
-
-    std::array<std::string, controller_count> parents_;
-    std::array<std::string, controller_count> why_;
+    std::unique_ptr<cgroup_hierarchy> impl_;
 };
+
+// The implementations' interface (cgroup_v1.cpp, cgroup_v2.cpp).
+class cgroup_hierarchy {
+  public:
+    virtual ~cgroup_hierarchy() = default;
+    virtual cgroup_layout_kind layout() const = 0;
+    virtual const std::string& unavailable_reason(controller c) const = 0;
+    virtual int create(std::string_view sandbox_id, const cgroup_limits& limits,
+                       sandbox_cgroups& out, std::string& detail) const = 0;
+    virtual int open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
+                          std::string& detail) const = 0;
+    virtual void kill(const sandbox_cgroups& group) const = 0;
+    virtual int try_remove(sandbox_cgroups& group) const = 0;
+};
+
+std::unique_ptr<cgroup_hierarchy> make_v1_hierarchy(const cgroup_layout& layout);
+std::unique_ptr<cgroup_hierarchy> make_v2_hierarchy(const cgroup_layout& layout);
 
 }  // namespace moat::sandboxd

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 #include "sandboxd/cgroups.hpp"
@@ -133,7 +134,33 @@ class helper {
         sandbox_cgroups cgroups;
     };
 
+    // A reaped sandbox whose cgroups still count a process (an exiting task, or one that has
+    // not emptied yet): retried from the loop's timer, never waited for, so that creates never
+    // queue behind a destroy. Its `reaped` report goes out once removal is done or given up.
+    struct pending_removal {
+        std::string id;
+        sandbox_cgroups cgroups;
+        bool report = true;  // false: a failed create's, nobody waits for it
+        int wait_status = 0;
+        int wait_errno = 0;
+        int attempts = 0;
+        std::uint64_t next_ms = 0;  // monotonic
+        std::uint64_t give_up_ms = 0;
+    };
+
     void fail_setup(moat::errc code, int err, const std::string& detail);
+    // Removes `group` now if it can, or queues the removal; then (or later) sends `reaped`.
+    void remove_cgroups(std::string id, sandbox_cgroups group, bool report, int wait_status,
+                        int wait_errno);
+    // Retries the due removals; returns the poll timeout until the next one (-1: none).
+    int retry_removals();
+    void send_reaped(const std::string& id, int wait_status, int cleanup_errno) {
+        auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
+        wire::copy_field(reaped.sandbox_id, id);
+        reaped.wait_status = wait_status;
+        reaped.cleanup_errno = cleanup_errno;
+        send(reaped);
+    }
     // False when the control socket has closed.
     bool handle_control();
     void handle_create(const wire::create_message& m);
@@ -163,7 +190,51 @@ class helper {
     uid_slots slots_;
     sandbox_spawner spawner_;
     std::vector<sandbox> sandboxes_;
+    std::vector<pending_removal> removals_;
 };
+
+std::uint64_t monotonic_ms() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
+           static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+}
+
+// Retries at 1, 2, 4, ... ms, then every 50 ms; EBUSY is reported after 5 s.
+constexpr std::uint64_t removal_give_up_ms = 5000;
+
+void helper::remove_cgroups(std::string id, sandbox_cgroups group, bool report, int wait_status,
+                            int wait_errno) {
+    const int err = cgroups_.try_remove(group);
+    if (err != EBUSY) {
+        if (report) send_reaped(id, wait_status, err != 0 ? err : wait_errno);
+        return;
+    }
+    const std::uint64_t now = monotonic_ms();
+    removals_.push_back({std::move(id), std::move(group), report, wait_status, wait_errno, 0,
+                         now + 1, now + removal_give_up_ms});
+}
+
+int helper::retry_removals() {
+    std::uint64_t now = monotonic_ms();
+    for (std::size_t i = removals_.size(); i-- > 0;) {
+        pending_removal& r = removals_[i];
+        if (r.next_ms > now) continue;
+        const int err = cgroups_.try_remove(r.cgroups);
+        if (err == EBUSY && now < r.give_up_ms) {
+            ++r.attempts;
+            r.next_ms = now + std::min<std::uint64_t>(50, std::uint64_t{1} << r.attempts);
+            continue;
+        }
+        if (r.report) send_reaped(r.id, r.wait_status, err != 0 ? err : r.wait_errno);
+        removals_.erase(removals_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (removals_.empty()) return -1;
+    std::uint64_t next = removals_.front().next_ms;
+    for (const auto& r : removals_) next = std::min(next, r.next_ms);
+    now = monotonic_ms();
+    return next > now ? static_cast<int>(next - now) : 0;
+}
 
 void helper::fail_setup(moat::errc code, int err, const std::string& detail) {
     unusable_code_ = code;
@@ -247,6 +318,7 @@ void helper::setup() {
     host_layers_ |= wire::layer_no_new_privs | cgroups_.host_layers();
     for (const controller c : {controller::memory, controller::pids, controller::cpu}) {
         if (cgroups_.available(c)) continue;
+        if (layer_detail_.find(cgroups_.unavailable_reason(c)) != std::string::npos) continue;
         if (!layer_detail_.empty()) layer_detail_ += "; ";
         layer_detail_ += cgroups_.unavailable_reason(c);
     }
@@ -262,10 +334,11 @@ void helper::run() {
 
     std::vector<pollfd> fds;
     for (;;) {
+        const int timeout_ms = retry_removals();
         fds.clear();
         fds.push_back({control_fd, POLLIN, 0});
         for (const auto& s : sandboxes_) fds.push_back({s.pidfd, POLLIN, 0});
-        if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
             if (errno == EINTR) continue;
             break;
         }
@@ -330,6 +403,14 @@ void helper::handle_create(const wire::create_message& m) {
                                       "sandbox id already in use: " + s.id);
         }
     }
+    for (const auto& r : removals_) {
+        if (r.id == id) {
+            return send_create_failed(m.request_id, moat::errc::invalid_argument, EEXIST,
+                                      "sandbox id already in use (its cgroups are still being "
+                                      "removed): " +
+                                          r.id);
+        }
+    }
     const bool best_effort = (m.flags & wire::create_best_effort) != 0;
     const bool survive_owner = (m.flags & wire::create_survive_owner) != 0;
 
@@ -356,7 +437,7 @@ void helper::handle_create(const wire::create_message& m) {
         listen_socket = bind_attach_socket(socket_path, bind_detail);
         if (listen_socket < 0) {
             ::close(slot.lock_fd);
-            cgroups::remove(s.cgroups);
+            remove_cgroups(s.id, std::move(s.cgroups), false, 0, 0);
             return send_create_failed(m.request_id, moat::errc::backend_failure, -listen_socket,
                                       bind_detail);
         }
@@ -378,7 +459,7 @@ void helper::handle_create(const wire::create_message& m) {
     if (listen_socket >= 0) ::close(listen_socket);
     if (!ok) {
         if (!socket_path.empty()) ::unlink(socket_path.c_str());
-        cgroups::remove(s.cgroups);
+        remove_cgroups(s.id, std::move(s.cgroups), false, 0, 0);
         return send_create_failed(m.request_id, failure.code, failure.sys_errno, failure.detail);
     }
 
@@ -403,15 +484,17 @@ void helper::handle_destroy(const wire::destroy_message& m) {
     const std::string_view id = wire::read_field(m.sandbox_id);
     for (const auto& s : sandboxes_) {
         if (s.id == id) {
-            // The reap follows when the pidfd turns readable.
+            // The reap follows when the pidfd turns readable. Where it can (v2), the whole
+            // cgroup goes at once too, whatever entered it.
+            cgroups_.kill(s.cgroups);
             ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
             return;
         }
     }
-    auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
-    wire::copy_field(reaped.sandbox_id, id);
-    reaped.cleanup_errno = ESRCH;
-    send(reaped);
+    for (const auto& r : removals_) {
+        if (r.id == id && r.report) return;  // reaped already: the report follows the removal
+    }
+    send_reaped(std::string(id), 0, ESRCH);
 }
 
 bool helper::try_reap(std::size_t i, bool block) {
@@ -424,12 +507,8 @@ bool helper::try_reap(std::size_t i, bool block) {
     } while (rc != 0 && errno == EINTR);
     if (rc == 0 && info.si_pid == 0) return false;  // not exited yet
     const int wait_errno = rc == 0 ? 0 : errno;
-    auto reaped = wire::make_message<wire::reaped_message>(wire::message_type::reaped);
-    wire::copy_field(reaped.sandbox_id, s.id);
-    reaped.wait_status = rc == 0 ? to_wait_status(info) : 0;
-    reaped.cleanup_errno = cgroups::remove(s.cgroups);
-    if (reaped.cleanup_errno == 0) reaped.cleanup_errno = wait_errno;
-    send(reaped);
+    const int wait_status = rc == 0 ? to_wait_status(info) : 0;
+    remove_cgroups(s.id, std::move(s.cgroups), true, wait_status, wait_errno);
     ::close(s.pidfd);
     sandboxes_.erase(sandboxes_.begin() + static_cast<std::ptrdiff_t>(i));
     return true;
@@ -437,7 +516,9 @@ bool helper::try_reap(std::size_t i, bool block) {
 
 void helper::shut_down() {
     for (const auto& s : sandboxes_) {
-        if (!s.survive_owner) ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
+        if (s.survive_owner) continue;
+        cgroups_.kill(s.cgroups);
+        ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
     }
     for (std::size_t i = sandboxes_.size(); i-- > 0;) {
         if (!sandboxes_[i].survive_owner) try_reap(i, true);
@@ -445,6 +526,11 @@ void helper::shut_down() {
     // Survivors keep running (and keep their cgroups) without us.
     for (const auto& s : sandboxes_) ::close(s.pidfd);
     sandboxes_.clear();
+    // Nobody is left to serve: waiting here delays no create. What is still there after the
+    // retries give up is the janitor's.
+    for (int timeout_ms = retry_removals(); timeout_ms >= 0; timeout_ms = retry_removals()) {
+        ::poll(nullptr, 0, timeout_ms);
+    }
 }
 
 }  // namespace

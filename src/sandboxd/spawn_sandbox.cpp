@@ -146,7 +146,9 @@ static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) 
 // Everything the child needs, prepared by the parent before clone; the child only reads it,
 // except for the failure record, which the parent reads after the exec pipe reaches EOF.
 struct child_args {
-    int attach_fds[controller_count];  // `tasks` of each cgroup to join, or -1
+    int attach_fds[controller_count];  // cgroup files pid 1 joins through, or -1
+    int command_cgroup;                // v2: the commands' cgroup.procs (fd 8), or -1
+    int command_cgroup_kill;           // v2: the commands' cgroup.kill (fd 9), or -1
     int release_read;
     int release_write;
     int exec_pipe_write;
@@ -198,10 +200,16 @@ void bring_up_loopback(child_args& a) {
 }
 
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
-// 6 exec pipe (close-on-exec), 7 the attach socket (survivors only). Sources may sit on any of
-// the target numbers, so first move them all above the targets.
+// 6 exec pipe (close-on-exec), 7 the attach socket (survivors only), 8 and 9 the commands'
+// cgroup files (v2 only). Sources may sit on any of the target numbers, so first move them all
+// above the targets.
+long move_above(child_args& a, int fd, int first_free) {
+    if (fd < 0) return -1;
+    return checked(a, step::arrange_fds, SYS_fcntl, fd, F_DUPFD_CLOEXEC, first_free);
+}
+
 void arrange_fds(child_args& a) {
-    constexpr int first_free = 8;
+    constexpr int first_free = 10;
     const long control =
         checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
     const long lock =
@@ -213,16 +221,27 @@ void arrange_fds(child_args& a) {
     const long listen = a.listen_socket < 0 ? -1
                                             : checked(a, step::arrange_fds, SYS_fcntl,
                                                       a.listen_socket, F_DUPFD_CLOEXEC, first_free);
+    const long command_cgroup = move_above(a, a.command_cgroup, first_free);
+    const long command_cgroup_kill = move_above(a, a.command_cgroup_kill, first_free);
     checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
     checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
     checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
     checked(a, step::arrange_fds, SYS_dup3, exec_pipe, 6, O_CLOEXEC);
     if (listen >= 0) checked(a, step::arrange_fds, SYS_dup3, listen, 7, 0);
+    if (command_cgroup >= 0) checked(a, step::arrange_fds, SYS_dup3, command_cgroup, 8, 0);
+    if (command_cgroup_kill >= 0)
+        checked(a, step::arrange_fds, SYS_dup3, command_cgroup_kill, 9, 0);
     const long null = checked(a, step::open_dev_null, SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
     for (long fd = 0; fd < 3; ++fd) {
         if (fd != null) checked(a, step::arrange_fds, SYS_dup3, null, fd, 0);
     }
-    if (null > 2) raw(SYS_close, null);  // it may have landed on 7
+    if (null > 2) raw(SYS_close, null);  // it may have landed on 7, 8 or 9
+    // The agent looks for 8 and 9: an unused number must be closed, whatever held it before.
+    for (const long fd : {7L, 8L, 9L}) {
+        const bool used = (fd == 7 && listen >= 0) || (fd == 8 && command_cgroup >= 0) ||
+                          (fd == 9 && command_cgroup_kill >= 0);
+        if (!used) raw(SYS_close, fd);
+    }
     checked(a, step::close_range, SYS_close_range, first_free, ~0u, 0);
 }
 
@@ -235,7 +254,7 @@ int child_main(void* opaque) {
         got = raw(SYS_read, a.release_read, &byte, 1);
     } while (got == -EINTR);
     if (got != 1) child_fail(a, step::wait_release, got == 0 ? -ECANCELED : got);
-    // Join the sandbox's cgroups by moving itself (see cgroups::open_self_attach), before the
+    // Join the sandbox's cgroups by moving itself (see cgroups::open_join), before the
     // cgroup namespace is made so that its root is the sandbox's cgroup.
     for (const int fd : a.attach_fds) {
         if (fd >= 0) checked(a, step::cgroup_attach, SYS_write, fd, "0", 1);
@@ -463,11 +482,11 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.envp[0] = "PATH=/usr/bin:/bin";
     args.envp[1] = nullptr;
 
-    std::array<int, controller_count> attach_fds{};
+    cgroup_join_fds attach_fds;
     {
         std::string attach_detail;
         if (const int err =
-                hierarchy.open_self_attach(group, attach_fds, request.best_effort, attach_detail)) {
+                hierarchy.open_join(group, attach_fds, request.best_effort, attach_detail)) {
             for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
                            exec_write}) {
                 ::close(fd);
@@ -475,13 +494,10 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
             return fail(moat::errc::layer_unavailable, err, std::move(attach_detail));
         }
     }
-    std::copy(attach_fds.begin(), attach_fds.end(), args.attach_fds);
-    const auto close_attach_fds = [&attach_fds] {
-        for (int& fd : attach_fds) {
-            if (fd >= 0) ::close(fd);
-            fd = -1;
-        }
-    };
+    std::copy(attach_fds.init.begin(), attach_fds.init.end(), args.attach_fds);
+    args.command_cgroup = attach_fds.commands;
+    args.command_cgroup_kill = attach_fds.commands_kill;
+    const auto close_attach_fds = [&attach_fds] { attach_fds.close_all(); };
 
     int pidfd = -1;
     char* stack_top = static_cast<char*>(stack_) + guard_bytes + stack_bytes;

@@ -7,6 +7,12 @@ namespace moat {
 cell_output::cell_output(std::string marker, output_limits limits)
     : marker_(std::move(marker)), capture_(limits) {}
 
+void cell_output::keep(std::string_view data) {
+    if (data.empty()) return;
+    capture_.append(data);
+    if (sink_) sink_(data);
+}
+
 void cell_output::feed(std::string_view data) {
     if (done_) return;
     pending_ += data;
@@ -16,11 +22,11 @@ void cell_output::feed(std::string_view data) {
         const std::size_t line_start = at + marker_.size();
         if (end == std::string::npos && pending_.size() - line_start < max_marker_line) {
             // Wait for the rest of the line; keep what precedes the marker out of the buffer.
-            capture_.append(std::string_view(pending_).substr(0, at));
+            keep(std::string_view(pending_).substr(0, at));
             pending_.erase(0, at);
             return;
         }
-        capture_.append(std::string_view(pending_).substr(0, at));
+        keep(std::string_view(pending_).substr(0, at));
         const std::size_t line_end = end == std::string::npos ? line_start + max_marker_line : end;
         marker_line_ =
             pending_.substr(line_start, std::min(line_end - line_start, max_marker_line));
@@ -28,16 +34,17 @@ void cell_output::feed(std::string_view data) {
         done_ = true;
         return;
     }
-    // Keep only what could be the start of a marker split across reads.
-    if (pending_.size() >= marker_.size()) {
-        const auto keep = marker_.size() - 1;
-        capture_.append(std::string_view(pending_).substr(0, pending_.size() - keep));
-        pending_.erase(0, pending_.size() - keep);
-    }
+    // Hold back only a suffix that could be the start of a marker split across reads, so the
+    // rest reaches the sink (a streaming caller) as soon as it arrives.
+    const std::string_view marker(marker_);
+    std::size_t held = std::min(pending_.size(), marker.size() - 1);
+    while (held > 0 && !std::string_view(pending_).ends_with(marker.substr(0, held))) --held;
+    keep(std::string_view(pending_).substr(0, pending_.size() - held));
+    pending_.erase(0, pending_.size() - held);
 }
 
 captured_output cell_output::finish() {
-    if (!done_) capture_.append(pending_);
+    if (!done_) keep(pending_);
     pending_.clear();
     return capture_.finish();
 }

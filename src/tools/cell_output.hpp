@@ -7,6 +7,7 @@
 
 #include "core/output_capture.hpp"
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,10 @@ class cell_output {
     // `marker` is the driver's end-marker prefix for this interpreter (python_cell_marker).
     cell_output(std::string marker, output_limits limits);
 
+    // Also hands each piece of the cell's own output (never the marker) to `sink` as soon as it
+    // is known not to be part of a marker, in order, whatever the capture keeps.
+    void on_output(std::function<void(std::string_view)> sink) { sink_ = std::move(sink); }
+
     // Feeds bytes as they arrive, in any split. Bytes after the marker line are dropped (late
     // output of a background thread). Memory: the capture's limits plus the marker's length.
     void feed(std::string_view data);
@@ -34,6 +39,9 @@ class cell_output {
     captured_output finish();
 
   private:
+    void keep(std::string_view data);
+
+    std::function<void(std::string_view)> sink_;
     std::string marker_;
     output_capture capture_;
     std::string pending_;  // bytes that may be the start of the marker, or the marker line itself

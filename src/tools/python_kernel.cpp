@@ -8,8 +8,10 @@
 #include <asio/this_coro.hpp>
 
 #include <sys/random.h>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <variant>
 
 namespace moat {
@@ -21,12 +23,31 @@ using clock = std::chrono::steady_clock;
 // Time for a killed interpreter's end to be reported before we stop waiting for it.
 constexpr auto reap_grace = std::chrono::seconds(3);
 
-std::string random_nonce() {
+}  // namespace
+
+ssize_t system_random(void* buffer, std::size_t size) {
+    return ::getrandom(buffer, size, 0);
+}
+
+result<std::string> random_nonce(random_source source) {
+    // getrandom(2) on 12 bytes returns them all at once in practice; a source that keeps failing
+    // (ENOSYS under a seccomp filter, EINTR storms) is an error, not a spin.
+    constexpr int max_attempts = 16;
     unsigned char bytes[12] = {};
     std::size_t filled = 0;
-    while (filled < sizeof bytes) {
-        const ssize_t n = ::getrandom(bytes + filled, sizeof bytes - filled, 0);
-        if (n > 0) filled += static_cast<std::size_t>(n);
+    int last_error = 0;
+    for (int attempt = 0; filled < sizeof bytes; ++attempt) {
+        if (attempt == max_attempts) {
+            return make_error(errc::backend_failure,
+                              std::string("getrandom failed for the interpreter's nonce: ") +
+                                  std::strerror(last_error));
+        }
+        const ssize_t n = source(bytes + filled, sizeof bytes - filled);
+        if (n > 0) {
+            filled += static_cast<std::size_t>(n);
+        } else {
+            last_error = n < 0 ? errno : EIO;
+        }
     }
     std::string hex;
     for (const unsigned char b : bytes) {
@@ -36,8 +57,6 @@ std::string random_nonce() {
     }
     return hex;
 }
-
-}  // namespace
 
 struct python_kernel::running {
     std::string sandbox_id;
@@ -98,14 +117,15 @@ asio::awaitable<void> python_kernel::async_stop() {
     }
 }
 
-asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<sandbox> box,
-                                                               std::string code,
-                                                               std::chrono::milliseconds timeout,
-                                                               deadline limit) {
+asio::awaitable<result<cell_outcome>> python_kernel::async_run(
+    std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
+    deadline limit, std::function<void(output_channel, std::string_view)> on_output) {
     cell_outcome outcome;
     if (running_ && running_->sandbox_id != box->id()) co_await async_stop();
     if (!running_) {
-        const std::string nonce = random_nonce();
+        auto made = random_nonce();
+        if (!made) co_return std::move(made).error();
+        const std::string nonce = std::move(*made);
         exec_request start;
         start.argv = {python_, "-u",
                       "-c",    std::string(python_driver_source()),
@@ -124,6 +144,10 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(std::shared_ptr<s
 
     cell_output out(running_->marker, capture_);
     cell_output err(running_->marker, capture_);
+    if (on_output) {
+        out.on_output([on_output](std::string_view data) { on_output(output_channel::out, data); });
+        err.on_output([on_output](std::string_view data) { on_output(output_channel::err, data); });
+    }
     std::string framed = std::to_string(code.size()) + "\n" + code;
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);

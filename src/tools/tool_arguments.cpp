@@ -2,6 +2,7 @@
 
 #include <simdjson.h>
 
+#include <cstdint>
 #include <cstdio>
 
 namespace moat {
@@ -74,6 +75,17 @@ std::optional<error> read_timeout(simdjson::dom::object o, double max, std::opti
     return bad("timeout_seconds", what);
 }
 
+std::optional<error> read_encoding(simdjson::dom::object o, bool& base64) {
+    std::string encoding;
+    if (auto e = read_string(o, "encoding", false, encoding)) return e;
+    if (encoding.empty() || encoding == "text") return std::nullopt;
+    if (encoding == "base64") {
+        base64 = true;
+        return std::nullopt;
+    }
+    return bad("encoding", "must be \"text\" or \"base64\"");
+}
+
 // The tool's name for a detail line: bounded, printable ASCII only (it came from a model).
 std::string printable(std::string_view s) {
     constexpr std::size_t max_chars = 64;
@@ -122,11 +134,91 @@ result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_v
     } else if (is_write) {
         failed = read_string(o, "path", true, args.path);
         if (!failed) failed = read_string(o, "content", true, args.content);
+        if (!failed) failed = read_encoding(o, args.base64);
+        if (!failed && args.base64) {
+            auto bytes = base64_decode(args.content);
+            if (!bytes) return bad("content", "not valid base64 (encoding is \"base64\")");
+            args.content = std::move(*bytes);
+        }
     } else {
         failed = read_string(o, "path", is_read, args.path);
+        if (!failed && is_read) failed = read_encoding(o, args.base64);
     }
     if (failed) return std::move(*failed);
     return args;
+}
+
+std::string base64_encode(std::string_view bytes) {
+    static constexpr char digits[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((bytes.size() + 2) / 3 * 4);
+    std::size_t i = 0;
+    for (; i + 2 < bytes.size(); i += 3) {
+        const auto n = (static_cast<unsigned char>(bytes[i]) << 16) |
+                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
+                       static_cast<unsigned char>(bytes[i + 2]);
+        out += digits[(n >> 18) & 63];
+        out += digits[(n >> 12) & 63];
+        out += digits[(n >> 6) & 63];
+        out += digits[n & 63];
+    }
+    if (i < bytes.size()) {
+        auto n = static_cast<unsigned char>(bytes[i]) << 16;
+        if (i + 1 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+        out += digits[(n >> 18) & 63];
+        out += digits[(n >> 12) & 63];
+        out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
+        out += '=';
+    }
+    return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+    std::string out;
+    out.reserve(text.size() / 4 * 3 + 3);
+    std::uint32_t bits = 0;
+    int count = 0;  // sextets in `bits`
+    std::size_t padding = 0;
+    for (const char c : text) {
+        int value = -1;
+        if (c >= 'A' && c <= 'Z') {
+            value = c - 'A';
+        } else if (c >= 'a' && c <= 'z') {
+            value = c - 'a' + 26;
+        } else if (c >= '0' && c <= '9') {
+            value = c - '0' + 52;
+        } else if (c == '+') {
+            value = 62;
+        } else if (c == '/') {
+            value = 63;
+        } else if (c == '=') {
+            ++padding;
+            continue;
+        } else if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+            continue;
+        } else {
+            return std::nullopt;
+        }
+        if (padding != 0) return std::nullopt;  // data after padding
+        bits = (bits << 6) | static_cast<std::uint32_t>(value);
+        if (++count == 4) {
+            out += static_cast<char>((bits >> 16) & 0xff);
+            out += static_cast<char>((bits >> 8) & 0xff);
+            out += static_cast<char>(bits & 0xff);
+            bits = 0;
+            count = 0;
+        }
+    }
+    if (count == 1 || padding > 2) return std::nullopt;
+    if (padding != 0 && (count + padding) % 4 != 0) return std::nullopt;
+    if (count == 2) {
+        out += static_cast<char>((bits >> 4) & 0xff);
+    } else if (count == 3) {
+        out += static_cast<char>((bits >> 10) & 0xff);
+        out += static_cast<char>((bits >> 2) & 0xff);
+    }
+    return out;
 }
 
 }  // namespace moat

@@ -16,7 +16,9 @@ struct tool_arguments {
     std::string command;  // run_shell (required; not blank), kept exactly as sent
     std::string path;     // write_file, read_file (required); list_files (optional: "" if absent).
                           // Any string: the tool layer resolves and checks it.
-    std::string content;  // write_file (required; may be "")
+    std::string content;  // write_file (required; may be ""): the file's bytes, decoded when
+                          // encoding is "base64"
+    bool base64 = false;  // read_file, write_file: encoding "base64" (optional; "text" if absent)
     std::optional<double> timeout_seconds;  // run_python, run_shell (optional): > 0, <= the max
 };
 
@@ -28,8 +30,18 @@ struct tool_arguments {
 // 'run_java'" (the name shown bounded and with non-printable bytes replaced). The first problem
 // found is reported. Unknown extra fields, and fields of other tools, are ignored; JSON null is
 // the same as an absent field; empty (or all-whitespace) `json` is the empty object, as when an
-// MCP client leaves arguments out. `max_timeout_seconds` bounds timeout_seconds.
+// MCP client leaves arguments out. `max_timeout_seconds` bounds timeout_seconds. read_file and
+// write_file take "encoding": "text" (the default) or "base64" ('encoding: must be "text" or
+// "base64"'); write_file's base64 content is decoded here ("content: not valid base64", standard
+// alphabet, padding optional, whitespace ignored).
+
 result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_view json,
                                             double max_timeout_seconds = 600);
+
+// Standard base64 (RFC 4648, with padding).
+std::string base64_encode(std::string_view bytes);
+// The bytes of standard base64 text (padding optional, ASCII whitespace ignored); nullopt if it is
+// not base64.
+std::optional<std::string> base64_decode(std::string_view text);
 
 }  // namespace moat

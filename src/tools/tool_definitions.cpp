@@ -4,11 +4,21 @@ namespace moat {
 
 namespace {
 
+// Every bound a schema keyword states is also in the description text: some model APIs' schema
+// conversion (Gemini's, through Google ADK) drops "maximum", "exclusiveMinimum" and
+// "additionalProperties".
+constexpr std::string_view timeout_schema =
+    R"("timeout_seconds":{"type":"number","exclusiveMinimum":0,"maximum":600,)"
+    R"("description":"Time limit for this call in seconds: more than 0 and at most 600 )"
+    R"((default 30)."})";
+
 // The descriptions are prompts: a model decides from them when to call a tool and what to expect.
-std::vector<tool_definition> make_definitions() {
+// `p` prefixes every tool name, including the ones a description mentions.
+std::vector<tool_definition> make_definitions(std::string_view prefix) {
+    const std::string p(prefix);
     std::vector<tool_definition> tools;
     tools.push_back(tool_definition{
-        "run_python",
+        p + "run_python",
         "Run Python 3 code in this conversation's sandbox, like a notebook cell. State persists "
         "between calls: variables, imports and functions defined in one call are available in "
         "the next, and files stay in /workspace (the working directory). Only what the code "
@@ -17,39 +27,50 @@ std::vector<tool_definition> make_definitions() {
         "slice) rather than whole datasets. Save files meant for the user under /workspace/out "
         "(they are listed in the result as artifacts). The network is off: no pip install, no "
         "downloads; use the standard library and what is already installed. A call that runs "
-        "past timeout_seconds is stopped and the interpreter restarts, losing variables.",
-        R"({"type":"object","properties":{"code":{"type":"string","description":"Python source to run."},)"
-        R"("timeout_seconds":{"type":"number","exclusiveMinimum":0,"maximum":600,)"
-        R"("description":"Time limit for this call (default 30)."}},"required":["code"],)"
-        R"("additionalProperties":false})"});
+        "past timeout_seconds (default 30, at most 600) is stopped and the interpreter "
+        "restarts, losing variables. An exception is reported in the result (status, "
+        "error_type, traceback): fix the code and call again.",
+        R"({"type":"object","properties":{"code":{"type":"string","description":"Python source to run."},)" +
+            std::string(timeout_schema) +
+            R"(},"required":["code"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
-        "run_shell",
+        p + "run_shell",
         "Run a shell command (/bin/sh -c) in this conversation's sandbox, in /workspace. Files "
         "persist between calls; shell variables and `cd` do not (each call is a new shell). "
         "Use it for file inspection (ls, head, wc, grep), running scripts and standard Unix "
         "tools. Only stdout and stderr are visible to you; long output is cut to its head and "
         "tail. Save files meant for the user under /workspace/out. The network is off and you "
-        "are an unprivileged user: no package installs, no sudo.",
-        R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line."},)"
-        R"("timeout_seconds":{"type":"number","exclusiveMinimum":0,"maximum":600,)"
-        R"("description":"Time limit for this call (default 30)."}},"required":["command"],)"
-        R"("additionalProperties":false})"});
+        "are an unprivileged user: no package installs, no sudo. A command runs for at most "
+        "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
+        "(" +
+            p + "write_file) run from here.",
+        R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line."},)" +
+            std::string(timeout_schema) +
+            R"(},"required":["command"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
-        "write_file",
-        "Create or replace a text file in the sandbox. Relative paths are relative to "
-        "/workspace; parent directories are created. Put files meant for the user under "
-        "/workspace/out. Files persist between calls in this conversation.",
+        p + "write_file",
+        "Create or replace a file in the sandbox. Relative paths are relative to /workspace; "
+        "parent directories are created. Put files meant for the user under /workspace/out. "
+        "Files persist between calls in this conversation. encoding is \"text\" (the default: "
+        "content is the text) or \"base64\" (content is the exact bytes, base64-encoded); a "
+        "file is at most 10 MiB.",
         R"({"type":"object","properties":{"path":{"type":"string","description":"Where to write, e.g. /workspace/data.csv."},)"
-        R"("content":{"type":"string","description":"The whole file content."}},)"
+        R"("content":{"type":"string","description":"The whole file content."},)"
+        R"("encoding":{"type":"string","enum":["text","base64"],"description":"\"text\" (default) or \"base64\" (content is base64 of the bytes)."}},)"
         R"("required":["path","content"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
-        "read_file",
-        "Read a text file from the sandbox. Relative paths are relative to /workspace. Long files "
-        "are cut to their head and tail; to see a part, use run_shell with sed -n or grep.",
-        R"({"type":"object","properties":{"path":{"type":"string","description":"The file to read."}},)"
+        p + "read_file",
+        "Read a file from the sandbox. Relative paths are relative to /workspace. With encoding "
+        "\"text\" (the default) long files are cut to their head and tail (the result says "
+        "truncated); to see a part, use " +
+            p +
+            "run_shell with sed -n or grep. With encoding \"base64\" the result's content is the "
+            "exact bytes, base64-encoded (a file of at most 10 MiB).",
+        R"({"type":"object","properties":{"path":{"type":"string","description":"The file to read."},)"
+        R"("encoding":{"type":"string","enum":["text","base64"],"description":"\"text\" (default) or \"base64\" (the exact bytes)."}},)"
         R"("required":["path"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
-        "list_files",
+        p + "list_files",
         "List a directory in the sandbox (name, type, size). Defaults to /workspace, the working "
         "directory; files for the user belong in /workspace/out.",
         R"({"type":"object","properties":{"path":{"type":"string","description":"Directory to list (default /workspace)."}},)"
@@ -60,8 +81,12 @@ std::vector<tool_definition> make_definitions() {
 }  // namespace
 
 const std::vector<tool_definition>& tool_definitions() {
-    static const std::vector<tool_definition> tools = make_definitions();
+    static const std::vector<tool_definition> tools = make_definitions("");
     return tools;
+}
+
+std::vector<tool_definition> tool_definitions(std::string_view prefix) {
+    return make_definitions(prefix);
 }
 
 }  // namespace moat

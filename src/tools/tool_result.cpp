@@ -48,9 +48,17 @@ std::string tool_result::to_json() const {
         w.key("exit_code").value(*exit_code);
         w.key("stdout").value(stdout_text);
         w.key("stderr").value(stderr_text);
+        w.key("truncated").value(stdout_omitted != 0 || stderr_omitted != 0);
+        if (stdout_omitted != 0 || stderr_omitted != 0) {
+            w.key("omitted_chars").begin_object();
+            if (stdout_omitted != 0) w.key("stdout").value(stdout_omitted);
+            if (stderr_omitted != 0) w.key("stderr").value(stderr_omitted);
+            w.end_object();
+        }
     }
     w.key("duration_ms").value(static_cast<std::int64_t>(duration.count()));
     text_if_present(w, "error_type", error_type);
+    text_if_present(w, "error_code", error_code);
     text_if_present(w, "traceback", traceback);
     text_if_present(w, "message", message);
     text_if_present(w, "hint", hint);
@@ -61,6 +69,14 @@ std::string tool_result::to_json() const {
     }
     text_if_present(w, "path", path);
     // A failed read or listing says nothing about the file: no empty content, size or listing.
+    if (tool == "read_file" && is_ok) {
+        w.key("encoding").value(encoding == file_encoding::base64 ? "base64" : "text");
+        w.key("truncated").value(content_omitted != 0);
+        if (content_omitted != 0) {
+            w.key("omitted_chars").begin_object().key("content").value(content_omitted);
+            w.end_object();
+        }
+    }
     if (tool == "read_file" && (is_ok || !content.empty())) w.key("content").value(content);
     if ((tool == "read_file" || tool == "write_file") && (is_ok || bytes != 0)) {
         w.key("bytes").value(bytes);
@@ -87,6 +103,7 @@ std::string tool_result::to_json() const {
         }
         w.end_array();
     }
+    if (artifacts_truncated) w.key("artifacts_truncated").value(true);
     w.end_object();
     return w.take();
 }

@@ -2,6 +2,7 @@
 #include <moat/tools.hpp>
 
 #include "core/exception_boundary.hpp"
+#include "core/output_capture.hpp"
 #include "handle/operation_queue.hpp"
 #include "tools/python_kernel.hpp"
 #include "tools/tool_arguments.hpp"
@@ -22,6 +23,15 @@ constexpr std::string_view workspace = "/workspace";
 constexpr std::string_view artifacts_dir = "/workspace/out";
 constexpr std::size_t max_artifacts = 100;
 constexpr int max_artifact_depth = 4;
+// Model code decides the shape of /workspace/out, so a walk is bounded in work, not only in what
+// it returns: at most this many directory listings and entries looked at (each listing returns
+// at most file_limits::max_dir_entries; a larger directory is skipped).
+constexpr std::size_t max_artifact_listings = 64;
+constexpr std::size_t max_artifact_visits = 2000;
+
+// A command longer than this goes to the shell on its stdin rather than in its argv, which the
+// exec wire format bounds.
+constexpr std::size_t max_inline_command = 16 * 1024;
 
 // What the interpreter keeps of each stream before shaping: more than a model sees, so the shaper
 // can count what it omits, yet bounded.
@@ -62,7 +72,8 @@ const char* signal_name(int signal) {
     }
 }
 
-std::string hint_for_python_error(const std::string& type) {
+// `list_files` is how the model sees that tool (with the session's prefix).
+std::string hint_for_python_error(const std::string& type, const std::string& list_files) {
     if (type == "NameError")
         return "a name is not defined: define it first (if an earlier call defined it, the "
                "interpreter has restarted since, so run that code again)";
@@ -72,7 +83,8 @@ std::string hint_for_python_error(const std::string& type) {
     if (type == "KeyError")
         return "the key does not exist: print the available keys first (list(d), df.columns)";
     if (type == "FileNotFoundError")
-        return "the file does not exist: check with list_files (the working directory is "
+        return "the file does not exist: check with " + list_files +
+               " (the working directory is "
                "/workspace)";
     if (type == "SyntaxError" || type == "IndentationError" || type == "TabError")
         return "fix the syntax at the line the traceback shows";
@@ -98,6 +110,30 @@ std::string model_message(const error& failure) {
             return "the code tool is shutting down";
         default:
             return "the sandbox is unavailable";
+    }
+}
+
+// A client's temporary file or a hidden one: not an artifact.
+bool is_hidden_artifact(std::string_view name) {
+    return name.empty() || name.front() == '.' || name.ends_with(".tmp");
+}
+
+// A file error as a code a program can branch on ("" when it is not a per-path file error).
+std::string file_error_code(const error& failure) {
+    if (failure.code.category() != error_category()) return "";
+    switch (static_cast<errc>(failure.code.value())) {
+        case errc::file_not_found:
+            return "file_not_found";
+        case errc::is_directory:
+            return "is_directory";
+        case errc::permission_denied:
+            return "permission_denied";
+        case errc::invalid_path:
+            return "invalid_path";
+        case errc::too_large:
+            return "too_large";
+        default:
+            return "";
     }
 }
 
@@ -139,6 +175,7 @@ struct tool_session::state {
     operation_queue calls;
     int failures = 0;
     bool uses_turns = false;
+    std::optional<sandbox_info> box_info;  // the sandbox the last call used
     bool ended = false;
     bool interpreter_lost = false;  // a cancelled cell took the interpreter with it
     std::string sandbox_id;         // the sandbox the last call used
@@ -147,8 +184,17 @@ struct tool_session::state {
         return shape_for_model(output, options.shaping);
     }
 
-    // Counts a finished call for the retry ceiling and adds its notice.
+    // A tool's name as the model sees it.
+    std::string named(std::string_view tool) const {
+        return options.tool_prefix + std::string(tool);
+    }
+
+    // Counts a finished run_python / run_shell call for the retry ceiling and adds its notice.
+    // Other tools never count: a framework's own probes (a `read_file` of a missing file) are not
+    // the model's code failing.
     tool_result finish(tool_result r) {
+        const bool is_run = r.tool == "run_python" || r.tool == "run_shell";
+        if (!is_run || options.failures_before_stop <= 0) return r;
         if (r.status == tool_status::ok) {
             if (!uses_turns) failures = 0;
             return r;
@@ -170,6 +216,13 @@ struct tool_session::state {
         r.status = status;
         r.message = std::move(message);
         r.hint = std::move(hint);
+        return r;
+    }
+
+    static tool_result bad_arguments(std::string tool, std::string message, std::string hint) {
+        auto r = failed(std::move(tool), tool_status::error, std::move(message), std::move(hint));
+        r.argument_error = true;
+        r.error_code = "invalid_arguments";
         return r;
     }
 
@@ -216,26 +269,51 @@ struct tool_session::state {
         leased l;
         l.rebuilt = got->rebuilt || (!sandbox_id.empty() && sandbox_id != got->box->id());
         sandbox_id = got->box->id();
+        box_info = got->box->info();
         l.lease = std::move(*got);
         co_return l;
     }
 
-    asio::awaitable<std::vector<artifact>> list_artifacts(sandbox& box, deadline limit) {
+    struct artifact_listing {
         std::vector<artifact> found;
+        bool truncated = false;  // a bound stopped the walk before it saw everything
+    };
+
+    // Walks /workspace/out depth-first, bounded in listings and in entries visited (see above).
+    asio::awaitable<artifact_listing> list_artifacts(sandbox& box, deadline limit) {
+        artifact_listing listing;
+        auto& found = listing.found;
         std::vector<std::pair<std::string, int>> dirs{{"", 0}};
-        while (!dirs.empty() && found.size() < max_artifacts) {
+        std::size_t listings = 0;
+        std::size_t visits = 0;
+        while (!dirs.empty()) {
+            if (listings == max_artifact_listings || visits >= max_artifact_visits ||
+                found.size() >= max_artifacts) {
+                listing.truncated = true;
+                break;
+            }
             auto [relative, depth] = dirs.back();
             dirs.pop_back();
             std::string dir(artifacts_dir);
             if (!relative.empty()) dir += "/" + relative;
+            ++listings;
             auto entries = co_await box.async_list_dir(dir, limit);
-            if (!entries) continue;
+            if (!entries) {
+                if (entries.error().code == errc::too_large) listing.truncated = true;
+                continue;
+            }
             for (const auto& entry : *entries) {
+                if (visits == max_artifact_visits || found.size() == max_artifacts) {
+                    listing.truncated = true;
+                    break;
+                }
+                ++visits;
+                if (is_hidden_artifact(entry.name)) continue;
                 std::string path = relative.empty() ? entry.name : relative + "/" + entry.name;
                 if (entry.type == file_type::directory) {
                     if (depth + 1 < max_artifact_depth)
                         dirs.emplace_back(std::move(path), depth + 1);
-                } else if (entry.type == file_type::regular && found.size() < max_artifacts) {
+                } else if (entry.type == file_type::regular) {
                     artifact a;
                     a.media_type = media_type_for(entry.name);
                     a.path = std::move(path);
@@ -246,16 +324,23 @@ struct tool_session::state {
         }
         std::sort(found.begin(), found.end(),
                   [](const artifact& a, const artifact& b) { return a.path < b.path; });
-        co_return found;
+        co_return listing;
+    }
+
+    asio::awaitable<void> add_artifacts(tool_result& r, sandbox& box, deadline limit) {
+        auto listing = co_await list_artifacts(box, limit);
+        r.artifacts = std::move(listing.found);
+        r.artifacts_truncated = listing.truncated;
     }
 
     asio::awaitable<result<tool_result>> run_python(std::string code,
                                                     std::chrono::milliseconds timeout,
-                                                    deadline limit) {
+                                                    deadline limit, output_callback on_output) {
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("run_python", std::move(got).error());
         auto box = got->lease.box;
-        auto ran = co_await kernel.async_run(box, std::move(code), timeout, limit);
+        auto ran =
+            co_await kernel.async_run(box, std::move(code), timeout, limit, std::move(on_output));
         if (!ran) {
             // The interpreter was killed with the call: say so when the next cell starts one.
             interpreter_lost = true;
@@ -271,13 +356,15 @@ struct tool_session::state {
             r.notices.emplace_back(notice_restarted);
         }
         interpreter_lost = false;
-        r.stdout_text = shape(outcome.out).text;
+        auto shaped_out = shape(outcome.out);
+        r.stdout_text = std::move(shaped_out.text);
+        r.stdout_omitted = shaped_out.omitted_chars;
         switch (outcome.how) {
             case cell_outcome::ending::completed:
                 if (!outcome.raised) {
                     r.status = tool_status::ok;
                     r.exit_code = 0;
-                    r.stderr_text = shape(outcome.err).text;
+                    set_stderr(r, shape(outcome.err));
                     if (outcome.out.total_bytes == 0 && outcome.err.total_bytes == 0) {
                         r.notices.emplace_back(
                             "ran successfully but printed nothing; use print() to see values");
@@ -292,18 +379,17 @@ struct tool_session::state {
                                                                   : outcome.exception_type;
                     r.traceback = python_traceback(err_text);
                     if (!outcome.err.is_truncated() && !r.traceback.empty()) {
-                        r.stderr_text =
-                            shape_for_model(before_traceback(err_text), options.shaping).text;
+                        set_stderr(r, shape_for_model(before_traceback(err_text), options.shaping));
                     } else {
-                        r.stderr_text = shape(outcome.err).text;
+                        set_stderr(r, shape(outcome.err));
                     }
                 }
-                r.hint = hint_for_python_error(r.error_type);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"));
                 break;
             case cell_outcome::ending::timed_out:
                 r.status = tool_status::timeout;
                 r.exit_code = 124;
-                r.stderr_text = shape(outcome.err).text;
+                set_stderr(r, shape(outcome.err));
                 r.message =
                     "the code ran past its " + seconds_text(timeout) + " limit and was stopped";
                 r.hint =
@@ -316,7 +402,7 @@ struct tool_session::state {
             case cell_outcome::ending::crashed:
                 r.status = tool_status::error;
                 r.exit_code = outcome.exit_code;
-                r.stderr_text = shape(outcome.err).text;
+                set_stderr(r, shape(outcome.err));
                 if (outcome.oom_killed) {
                     r.message = "the interpreter was killed: the sandbox ran out of memory";
                     r.hint = "use less memory: process the data in parts";
@@ -337,28 +423,42 @@ struct tool_session::state {
                 r.notices.emplace_back(notice_restarted);
                 break;
         }
-        r.artifacts = co_await list_artifacts(*box, limit);
+        co_await add_artifacts(r, *box, limit);
         co_return r;
+    }
+
+    static void set_stderr(tool_result& r, shaped_text shaped) {
+        r.stderr_text = std::move(shaped.text);
+        r.stderr_omitted = shaped.omitted_chars;
     }
 
     asio::awaitable<result<tool_result>> run_shell(std::string command,
                                                    std::chrono::milliseconds timeout,
-                                                   deadline limit) {
+                                                   deadline limit, output_callback on_output) {
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("run_shell", std::move(got).error());
         auto box = got->lease.box;
         exec_request request;
-        request.shell = std::move(command);
+        if (command.size() > max_inline_command) {
+            // Past the wire format's bound: the shell reads the command from its stdin (then at
+            // its end, as an inline command's stdin is) and runs it as sh -c would.
+            request.argv = {"/bin/sh", "-c", "eval \"$(cat)\""};
+            request.stdin_data = std::move(command);
+        } else {
+            request.shell = std::move(command);
+        }
         request.wall_limit = timeout;
         request.output = capture_limits;
-        auto ran = co_await box->async_exec(std::move(request), limit);
+        auto ran = co_await exec_shell(*box, std::move(request), limit, std::move(on_output));
         if (!ran) co_return failed_step("run_shell", std::move(ran).error());
         tool_result r;
         r.tool = "run_shell";
         r.duration = std::chrono::duration_cast<std::chrono::milliseconds>(ran->duration);
         if (got->rebuilt) r.notices.emplace_back(notice_rebuilt);
-        r.stdout_text = shape(ran->out).text;
-        r.stderr_text = shape(ran->err).text;
+        auto shaped_out = shape(ran->out);
+        r.stdout_text = std::move(shaped_out.text);
+        r.stdout_omitted = shaped_out.omitted_chars;
+        set_stderr(r, shape(ran->err));
         if (ran->timed_out) {
             r.status = tool_status::timeout;
             r.exit_code = 124;
@@ -386,7 +486,7 @@ struct tool_session::state {
                     "command not found: it is not installed in the sandbox, and the "
                     "network is off";
             } else if (!r.error_type.empty()) {
-                r.hint = hint_for_python_error(r.error_type);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"));
             } else {
                 r.hint = "the command exited with code " + std::to_string(ran->exit_code) +
                          ": read stderr";
@@ -397,8 +497,35 @@ struct tool_session::state {
             if (ran->out.total_bytes == 0 && ran->err.total_bytes == 0)
                 r.notices.emplace_back("the command ran successfully but printed nothing");
         }
-        r.artifacts = co_await list_artifacts(*box, limit);
+        co_await add_artifacts(r, *box, limit);
         co_return r;
+    }
+
+    // Runs a command to its end; with `on_output`, as a stream whose chunks go to it as they
+    // arrive while the same head + tail capture as async_exec's is kept for the result.
+    static asio::awaitable<result<exec_result>> exec_shell(sandbox& box, exec_request request,
+                                                           deadline limit,
+                                                           output_callback on_output) {
+        if (!on_output) co_return co_await box.async_exec(std::move(request), limit);
+        const output_limits limits = request.output;
+        auto stream = co_await box.async_exec_stream(std::move(request), limit);
+        if (!stream) co_return std::move(stream).error();
+        output_capture out(limits);
+        output_capture err(limits);
+        for (;;) {
+            auto next = co_await stream->async_next();
+            if (!next) co_return std::move(next).error();
+            if (auto* chunk = std::get_if<output_chunk>(&*next)) {
+                auto& capture = chunk->channel == output_channel::out ? out : err;
+                capture.append(chunk->data);
+                on_output(chunk->channel, chunk->data);
+                continue;
+            }
+            auto ended = std::get<exec_result>(std::move(*next));
+            ended.out = out.finish();
+            ended.err = err.finish();
+            co_return ended;
+        }
     }
 
     asio::awaitable<result<tool_result>> write_file(std::string given, std::string content,
@@ -431,6 +558,7 @@ struct tool_session::state {
         if (!outcome) {
             r.status = tool_status::error;
             r.message = model_message(outcome.error());
+            r.error_code = file_error_code(outcome.error());
             r.hint = "write under /workspace (the sandbox's root is read-only)";
             co_return r;
         }
@@ -438,7 +566,8 @@ struct tool_session::state {
         co_return r;
     }
 
-    asio::awaitable<result<tool_result>> read_file(std::string given, deadline limit) {
+    asio::awaitable<result<tool_result>> read_file(std::string given, file_encoding encoding,
+                                                   deadline limit) {
         const std::string path = sandbox_path(given);
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("read_file", std::move(got).error());
@@ -457,13 +586,24 @@ struct tool_session::state {
         if (!content) {
             r.status = tool_status::error;
             r.message = model_message(content.error());
-            r.hint = content.error().code == errc::file_not_found
-                         ? "check the path with list_files (relative paths start at /workspace)"
-                         : "read a regular file under /workspace";
+            r.error_code = file_error_code(content.error());
+            if (content.error().code == errc::file_not_found) {
+                r.hint = "check the path with " + named("list_files") +
+                         " (relative paths start at /workspace)";
+            } else {
+                r.hint = "read a regular file under /workspace";
+            }
             co_return r;
         }
         r.bytes = content->size();
-        r.content = shape_for_model(*content, options.shaping).text;
+        r.encoding = encoding;
+        if (encoding == file_encoding::base64) {
+            r.content = base64_encode(*content);
+        } else {
+            auto shaped = shape_for_model(*content, options.shaping);
+            r.content = std::move(shaped.text);
+            r.content_omitted = shaped.omitted_chars;
+        }
         co_return r;
     }
 
@@ -485,6 +625,7 @@ struct tool_session::state {
             }
             r.status = tool_status::error;
             r.message = model_message(listed.error());
+            r.error_code = file_error_code(listed.error());
             r.hint = "list /workspace to see what exists";
             co_return r;
         }
@@ -516,10 +657,16 @@ asio::awaitable<result<tool_result>> call_in_turn(std::shared_ptr<tool_session::
 
 tool_result invalid_arguments(std::shared_ptr<tool_session::state>& s, std::string tool,
                               std::string message) {
-    return s->finish(tool_session::state::failed(
-        std::move(tool), tool_status::error, std::move(message),
-        "call one of run_python, run_shell, write_file, read_file, list_files with the arguments "
-        "its schema names"));
+    std::string hint = "call one of ";
+    bool first = true;
+    for (const char* name : {"run_python", "run_shell", "write_file", "read_file", "list_files"}) {
+        if (!first) hint += ", ";
+        first = false;
+        hint += s->named(name);
+    }
+    hint += " with the arguments its schema names";
+    return s->finish(
+        tool_session::state::bad_arguments(std::move(tool), std::move(message), std::move(hint)));
 }
 
 // The checks run_python and run_shell share: a time limit in range and a non-blank program.
@@ -533,6 +680,16 @@ std::optional<tool_result> check_run_arguments(std::shared_ptr<tool_session::sta
     }
     if (program.find_first_not_of(" \t\r\n") == std::string::npos) {
         return invalid_arguments(s, tool, std::string(field) + ": is empty");
+    }
+    if (program.size() > max_program_bytes) {
+        auto r = s->finish(tool_session::state::bad_arguments(
+            tool,
+            std::string(field) + ": too long (" + std::to_string(program.size()) +
+                " bytes; at most " + std::to_string(max_program_bytes) + ")",
+            "write the program to a script file with " + s->named("write_file") +
+                " (in parts if needed) and run it with " + s->named("run_shell") +
+                ", e.g. python3 script.py or sh script.sh"));
+        return r;
     }
     return std::nullopt;
 }
@@ -553,33 +710,41 @@ asio::any_io_executor tool_session::get_executor() const {
     return state_->sessions.get_executor();
 }
 
+std::optional<moat::sandbox_info> tool_session::current_sandbox() const {
+    return state_->box_info;
+}
+
 void tool_session::begin_turn() {
     state_->uses_turns = true;
     state_->failures = 0;
 }
 
 asio::awaitable<result<tool_result>> tool_session::async_run_python(
-    std::string code, std::optional<std::chrono::milliseconds> timeout, deadline limit) {
+    std::string code, std::optional<std::chrono::milliseconds> timeout, deadline limit,
+    output_callback on_output) {
     auto s = state_;
     const auto wall = timeout.value_or(s->options.default_timeout);
     if (auto refused = check_run_arguments(s, "run_python", wall, "code", code)) {
         co_return std::move(*refused);
     }
-    tool_operation operation = [s, code = std::move(code), wall, limit]() mutable {
-        return s->run_python(std::move(code), wall, limit);
+    tool_operation operation = [s, code = std::move(code), wall, limit,
+                                on_output = std::move(on_output)]() mutable {
+        return s->run_python(std::move(code), wall, limit, std::move(on_output));
     };
     co_return co_await call_in_turn(s, std::move(operation), limit);
 }
 
 asio::awaitable<result<tool_result>> tool_session::async_run_shell(
-    std::string command, std::optional<std::chrono::milliseconds> timeout, deadline limit) {
+    std::string command, std::optional<std::chrono::milliseconds> timeout, deadline limit,
+    output_callback on_output) {
     auto s = state_;
     const auto wall = timeout.value_or(s->options.default_timeout);
     if (auto refused = check_run_arguments(s, "run_shell", wall, "command", command)) {
         co_return std::move(*refused);
     }
-    tool_operation operation = [s, command = std::move(command), wall, limit]() mutable {
-        return s->run_shell(std::move(command), wall, limit);
+    tool_operation operation = [s, command = std::move(command), wall, limit,
+                                on_output = std::move(on_output)]() mutable {
+        return s->run_shell(std::move(command), wall, limit, std::move(on_output));
     };
     co_return co_await call_in_turn(s, std::move(operation), limit);
 }
@@ -598,10 +763,16 @@ asio::awaitable<result<tool_result>> tool_session::async_write_file(std::string 
 
 asio::awaitable<result<tool_result>> tool_session::async_read_file(std::string path,
                                                                    deadline limit) {
+    co_return co_await async_read_file(std::move(path), file_encoding::text, limit);
+}
+
+asio::awaitable<result<tool_result>> tool_session::async_read_file(std::string path,
+                                                                   file_encoding encoding,
+                                                                   deadline limit) {
     auto s = state_;
     if (path.empty()) co_return invalid_arguments(s, "read_file", "path: is empty");
-    tool_operation operation = [s, path = std::move(path), limit]() mutable {
-        return s->read_file(std::move(path), limit);
+    tool_operation operation = [s, path = std::move(path), encoding, limit]() mutable {
+        return s->read_file(std::move(path), encoding, limit);
     };
     co_return co_await call_in_turn(s, std::move(operation), limit);
 }
@@ -615,12 +786,22 @@ asio::awaitable<result<tool_result>> tool_session::async_list_files(std::string 
     co_return co_await call_in_turn(s, std::move(operation), limit);
 }
 
-asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view tool,
+asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view named_tool,
                                                               std::string_view arguments_json,
-                                                              deadline limit) {
+                                                              deadline limit,
+                                                              output_callback on_output) {
     auto s = state_;
+    // With a prefix, only the prefixed names exist; what remains is the tool's own name.
+    const std::string& prefix = s->options.tool_prefix;
+    std::string_view tool = named_tool;
+    const bool has_prefix = prefix.empty() || tool.starts_with(prefix);
+    if (has_prefix) tool.remove_prefix(prefix.size());
     const double max_seconds = static_cast<double>(s->options.max_timeout.count());
-    auto parsed = parse_tool_arguments(tool, arguments_json, max_seconds);
+    auto parsed = parse_tool_arguments(has_prefix ? tool : named_tool, arguments_json, max_seconds);
+    if (!has_prefix && parsed) {
+        parsed = make_error(errc::invalid_argument,
+                            "unknown tool '" + std::string(named_tool.substr(0, 64)) + "'");
+    }
     if (!parsed) co_return invalid_arguments(s, std::string(tool), parsed.error().detail);
     auto& args = *parsed;
     std::optional<std::chrono::milliseconds> timeout;
@@ -629,13 +810,20 @@ asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view t
             static_cast<std::int64_t>(*args.timeout_seconds * 1000.0 + 0.5));
         if (timeout->count() <= 0) timeout = std::chrono::milliseconds(1);
     }
-    if (tool == "run_python")
-        co_return co_await async_run_python(std::move(args.code), timeout, limit);
-    if (tool == "run_shell")
-        co_return co_await async_run_shell(std::move(args.command), timeout, limit);
+    if (tool == "run_python") {
+        co_return co_await async_run_python(std::move(args.code), timeout, limit,
+                                            std::move(on_output));
+    }
+    if (tool == "run_shell") {
+        co_return co_await async_run_shell(std::move(args.command), timeout, limit,
+                                           std::move(on_output));
+    }
     if (tool == "write_file")
         co_return co_await async_write_file(std::move(args.path), std::move(args.content), limit);
-    if (tool == "read_file") co_return co_await async_read_file(std::move(args.path), limit);
+    if (tool == "read_file") {
+        const auto encoding = args.base64 ? file_encoding::base64 : file_encoding::text;
+        co_return co_await async_read_file(std::move(args.path), encoding, limit);
+    }
     std::string path = args.path.empty() ? std::string(workspace) : std::move(args.path);
     co_return co_await async_list_files(std::move(path), limit);
 }
@@ -645,15 +833,25 @@ asio::awaitable<result<std::vector<artifact>>> tool_session::async_list_artifact
     auto got = co_await s->lease(limit);
     if (!got) co_return std::move(got).error();
     auto box = got->lease.box;
-    co_return co_await s->list_artifacts(*box, limit);
+    auto listing = co_await s->list_artifacts(*box, limit);
+    co_return std::move(listing.found);
 }
 
 asio::awaitable<result<std::string>> tool_session::async_read_artifact(std::string path,
                                                                        deadline limit) {
-    auto s = state_;
     const std::string full = sandbox_path(std::string(artifacts_dir) + "/" + path);
     if (full.rfind(std::string(artifacts_dir) + "/", 0) != 0) {
         co_return make_error(errc::invalid_path, path + ": not under /workspace/out");
+    }
+    co_return co_await async_read_workspace_file(full, limit);
+}
+
+asio::awaitable<result<std::string>> tool_session::async_read_workspace_file(std::string path,
+                                                                             deadline limit) {
+    auto s = state_;
+    const std::string full = sandbox_path(path);
+    if (full.rfind(std::string(workspace) + "/", 0) != 0) {
+        co_return make_error(errc::invalid_path, path + ": not under /workspace");
     }
     auto got = co_await s->lease(limit);
     if (!got) co_return std::move(got).error();

@@ -60,10 +60,15 @@ let client;
 let serverExit;  // resolves with {code, signal} when the server process exits
 let sandboxesBefore = new Set();
 
+// Every server this test starts labels its sandboxes with this run's label, so that sandboxes of
+// other tests running on the host at the same time are not counted.
+const runLabel = `moat.test=mcp-client-${randomBytes(6).toString('hex')}`;
+
 async function mcpSandboxes() {
-    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', 'moat.client=mcp', '--json'],
+    const { stdout } = await promisify(execFile)(moat, ['ls', '--label', runLabel, '--json'],
         { env: environment, timeout: 30_000 });
-    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp').map((s) => s.id);
+    return JSON.parse(stdout).filter((s) => s.labels?.['moat.client'] === 'mcp' &&
+        s.labels?.['moat.test'] === runLabel.split('=')[1]).map((s) => s.id);
 }
 
 // The sandboxes labelled moat.client=mcp that appeared since this test started its server.
@@ -111,7 +116,10 @@ async function check(name, fn) {
 }
 
 // Calls a tool and returns its result object r, after checking the shape every result has: one
-// text block holding JSON, isError exactly when r.status is not "ok", and well-typed fields.
+// text block holding JSON, isError exactly for moat's own failures (status "unavailable") and
+// invalid arguments (error_code "invalid_arguments") -- a failure of the code (an exception, a
+// non-zero exit, a timeout) or a missing file is a result, not an MCP tool error -- and
+// well-typed fields.
 async function call(name, args, options = undefined) {
     let result;
     try {
@@ -131,11 +139,13 @@ async function call(name, args, options = undefined) {
         assert.fail(`${name}: the result text is not JSON: ${text}`);
     }
     assert.ok(statuses.includes(r.status), `${name}: status ${r.status}`);
-    assert.equal(result.isError ?? false, r.status !== 'ok', `${name}: isError matches status: ${text}`);
+    const toolError = r.status === 'unavailable' || r.error_code === 'invalid_arguments';
+    assert.equal(result.isError ?? false, toolError, `${name}: isError only for moat's failures and bad arguments: ${text}`);
     if (runTools.has(name) && (r.status === 'ok' || r.status === 'timeout')) {
         assert.equal(typeof r.exit_code, 'number', `${name}: exit_code: ${text}`);
         assert.equal(typeof r.stdout, 'string', `${name}: stdout: ${text}`);
         assert.equal(typeof r.stderr, 'string', `${name}: stderr: ${text}`);
+        assert.equal(typeof r.truncated, 'boolean', `${name}: truncated: ${text}`);
         assert.equal(typeof r.duration_ms, 'number', `${name}: duration_ms: ${text}`);
     }
     if (r.notices !== undefined) {
@@ -166,7 +176,7 @@ function hostProcesses(argv) {
 
 await check('the server initializes and says it is moat', async () => {
     sandboxesBefore = new Set(await mcpSandboxes());
-    transport = new StdioClientTransport({ command: moat, args: ['mcp'], env: environment, stderr: 'inherit' });
+    transport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel], env: environment, stderr: 'inherit' });
     client = new Client({ name: 'moat-mcp-client-test', version: '1.0.0' });
     await client.connect(transport);
     // The SDK hides the child; its exit code is what the disconnect check needs.
@@ -224,7 +234,7 @@ await check("a cell's side effect happens exactly once", async () => {
 });
 
 await check('a Python exception is an error with its type and traceback, and state survives it', async () => {
-    const r = await python("{'a': 1}['price']");
+    const r = await python("{'a': 1}['price']");  // call() checks it is not an MCP tool error
     assert.equal(r.status, 'error', r.text);
     assert.equal(r.error_type, 'KeyError', r.text);
     assert.ok(r.traceback?.includes('price'), r.text);
@@ -250,6 +260,8 @@ await check('long output is clamped with a marker', async () => {
     assert.equal(r.status, 'ok', r.text.slice(0, 500));
     assert.ok(r.stdout.length < 7000, `stdout has ${r.stdout.length} characters`);
     assert.ok(r.stdout.includes('characters omitted'), r.stdout.slice(0, 500));
+    assert.equal(r.truncated, true, r.text.slice(0, 500));
+    assert.ok(r.omitted_chars?.stdout > 190000, JSON.stringify(r.omitted_chars));
 });
 
 await check('a cell past its timeout is killed and the interpreter restarts empty', async () => {
@@ -306,6 +318,7 @@ await check('write_file, read_file and list_files work on /workspace', async () 
 await check('reading a missing file is an error naming the path', async () => {
     const r = await call('read_file', { path: '/workspace/missing.txt' });
     assert.equal(r.status, 'error', r.text);
+    assert.equal(r.error_code, 'file_not_found', r.text);
     assert.ok(r.message?.includes('/workspace/missing.txt'), r.text);
 });
 
@@ -321,8 +334,9 @@ await check('a path that climbs out of / reveals nothing of the host', async () 
 });
 
 await check('missing arguments are an error naming the field', async () => {
-    const r = await call('run_python', {});
+    const r = await call('run_python', {});  // call() checks that isError is set
     assert.equal(r.status, 'error', r.text);
+    assert.equal(r.error_code, 'invalid_arguments', r.text);
     assert.ok(r.message?.includes('code'), r.text);
 });
 
@@ -373,13 +387,64 @@ await check("the sandbox's environment holds nothing of the host's", async () =>
     assert.ok(!r.stdout.includes(secret), 'the host secret is visible inside the sandbox');
 });
 
-await check('a long call sends progress notifications', async () => {
-    let progress = 0;
-    const r = await call('run_shell', { command: 'sleep 2.5; echo ok' },
-        { onprogress: () => { progress += 1; }, timeout: 60_000 });
+await check('a long call sends progress notifications carrying its latest output', async () => {
+    const messages = [];
+    const r = await call('run_shell', { command: 'echo step-one; sleep 2.5; echo ok' },
+        { onprogress: (p) => { messages.push(p.message ?? ''); }, timeout: 60_000 });
     assert.equal(r.status, 'ok', r.text);
-    assert.equal(r.stdout, 'ok\n');
-    assert.ok(progress >= 1, 'no progress notification arrived');
+    assert.equal(r.stdout, 'step-one\nok\n');
+    assert.ok(messages.length >= 1, 'no progress notification arrived');
+    // Sent while the command still slept: its first line, not yet its last.
+    assert.ok(messages.some((m) => m.includes('step-one') && !m.includes('ok')), JSON.stringify(messages));
+    const cellMessages = [];
+    const cell = await call('run_python', { code: "import time\nprint('cell-step')\ntime.sleep(2.5)" },
+        { onprogress: (p) => { cellMessages.push(p.message ?? ''); }, timeout: 60_000 });
+    assert.equal(cell.stdout, 'cell-step\n', cell.text);
+    assert.ok(cellMessages.some((m) => m.includes('cell-step')), JSON.stringify(cellMessages));
+    assert.ok(!cellMessages.some((m) => m.includes('moat-cell')), JSON.stringify(cellMessages));
+});
+
+const exactBytes = Buffer.concat([Buffer.from('a\r\nb\x07\x1b[1m\r\n'), Buffer.from(Array.from({ length: 256 }, (_, i) => i))]);
+await check('read_file and write_file with encoding base64 keep exact bytes', async () => {
+    const bytes = exactBytes;
+    const written = await call('write_file', { path: 'exact.bin', content: bytes.toString('base64'), encoding: 'base64' });
+    assert.equal(written.status, 'ok', written.text);
+    assert.equal(written.bytes, bytes.length, written.text);
+    const read = await call('read_file', { path: 'exact.bin', encoding: 'base64' });
+    assert.equal(read.status, 'ok', read.text);
+    assert.equal(read.encoding, 'base64', read.text);
+    assert.ok(Buffer.from(read.content, 'base64').equals(bytes), read.text);
+    const bad = await call('write_file', { path: 'x.bin', content: '@@', encoding: 'base64' });
+    assert.equal(bad.error_code, 'invalid_arguments', bad.text);
+});
+
+await check('any file under /workspace is a resource with exact bytes', async () => {
+    const { resourceTemplates } = await client.listResourceTemplates();
+    assert.ok(resourceTemplates.some((t) => t.uriTemplate === 'moat://workspace/{path}'), JSON.stringify(resourceTemplates));
+    const read = await client.readResource({ uri: 'moat://workspace/exact.bin' });
+    assert.ok(Buffer.from(read.contents[0].blob, 'base64').equals(exactBytes), JSON.stringify(read));
+    await assert.rejects(client.readResource({ uri: 'moat://workspace/../etc/passwd' }));
+    await assert.rejects(client.readResource({ uri: 'moat://workspace/missing.txt' }));
+});
+
+await check('--tool-prefix renames the tools, and only the prefixed names are tools', async () => {
+    const prefixedTransport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel, '--tool-prefix', 'moat_'], env: environment, stderr: 'inherit' });
+    const prefixed = new Client({ name: 'moat-mcp-client-test-prefixed', version: '1.0.0' });
+    await prefixed.connect(prefixedTransport);
+    try {
+        const { tools: listed } = await prefixed.listTools();
+        assert.deepEqual(listed.map((t) => t.name).sort(), tools.map((t) => `moat_${t}`));
+        const readDescription = listed.find((t) => t.name === 'moat_read_file').description;
+        assert.ok(readDescription.includes('moat_run_shell'), readDescription);
+        const ran = await prefixed.callTool({ name: 'moat_run_shell', arguments: { command: 'echo prefixed' } });
+        remember(ran.content[0].text);
+        assert.equal(JSON.parse(ran.content[0].text).stdout, 'prefixed\n');
+        const bare = await prefixed.callTool({ name: 'run_shell', arguments: { command: 'true' } });
+        remember(bare.content[0].text);
+        assert.equal(bare.isError, true, JSON.stringify(bare));
+    } finally {
+        await prefixed.close();
+    }
 });
 
 await check('cancelling a call kills its process and the session keeps working', async () => {

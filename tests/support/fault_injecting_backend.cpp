@@ -1,6 +1,11 @@
 #include "support/fault_injecting_backend.hpp"
 
+#include "core/asio_compat.hpp"
 #include "core/async_event.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <memory>
 
@@ -19,10 +24,33 @@ asio::awaitable<void> run_shielded(std::shared_ptr<shielded_exec> state,
     state->done.set();
 }
 
+// Waits out `delay` whatever cancellations arrive meanwhile.
+asio::awaitable<void> sleep_uncancellable(std::chrono::milliseconds delay) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    const auto until = std::chrono::steady_clock::now() + delay;
+    while (std::chrono::steady_clock::now() < until) {
+        timer.expires_at(until);
+        auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+        if (ec) co_await asio::this_coro::reset_cancellation_state();
+    }
+}
+
 }  // namespace
 
 asio::awaitable<result<exec_result>> fault_injecting_backend::async_exec(std::string id,
                                                                          exec_request request) {
+    if (stop_delay.count() > 0) {
+        auto state = std::make_shared<shielded_exec>(real_.get_executor());
+        auto operation = real_.async_exec(std::move(id), std::move(request));
+        const auto task = shielded_.spawn(run_shielded(state, std::move(operation)));
+        const auto waited = co_await state->done.async_wait(deadline::never());
+        if (waited == async_event::wait_outcome::cancelled) {
+            co_await sleep_uncancellable(stop_delay);
+            shielded_.cancel(task);
+        }
+        while (!state->done.is_set()) co_await state->done.async_wait(deadline::never());
+        co_return std::move(*state->outcome);
+    }
     if (!lose_kills) {
         auto outcome = co_await real_.async_exec(std::move(id), std::move(request));
         if (fail_next_exec) {

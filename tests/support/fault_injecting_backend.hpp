@@ -20,9 +20,16 @@ class fault_injecting_backend final : public backend {
     // Execs ignore their caller's cancellation and deadline: the real command runs on until it
     // ends on its own or its sandbox is destroyed.
     bool lose_kills = false;
+    // A caller's cancellation reaches the real exec this much later (a slow transport between the
+    // handle and the backend); stop_grace() counts the delay, as a real backend with such a hop
+    // would.
+    std::chrono::milliseconds stop_delay{0};
 
     asio::any_io_executor get_executor() const override { return real_.get_executor(); }
     std::string name() const override { return "fault-injecting " + real_.name(); }
+    std::chrono::milliseconds stop_grace() const override {
+        return real_.stop_grace() + stop_delay;
+    }
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
         return real_.async_create(std::move(spec));
     }

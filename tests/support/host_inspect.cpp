@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -73,6 +74,20 @@ std::string cgroup_dir(pid_t pid, const std::string& controller) {
                 return "/sys/fs/cgroup/" + controllers + line.substr(second + 1);
             }
         }
+    }
+    // cgroup v2 (no v1 hierarchy carries the controller; /sys/fs/cgroup is the cgroup2 mount):
+    // a sandbox's processes sit in the leaves init/ and commands/ of the sandbox's cgroup, whose
+    // files are the controller's.
+    in.clear();
+    in.str(read_file("/proc/" + std::to_string(pid) + "/cgroup"));
+    while (std::getline(in, line)) {
+        if (!line.starts_with("0::")) continue;
+        std::string path = line.substr(3);
+        for (const std::string leaf : {"/init", "/commands"}) {
+            if (path.ends_with(leaf)) path.erase(path.size() - leaf.size());
+        }
+        if (::access("/sys/fs/cgroup/cgroup.controllers", F_OK) != 0) return "";
+        return "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
     }
     return "";
 }

@@ -1,0 +1,87 @@
+#!/bin/sh
+# pid 1 of the cgroup v2 guest (User-Mode Linux, booted by run_guest.sh). The host's filesystem is
+# the guest's read-only root (hostfs); MOAT_GUEST_BUILD is the host's dev build, MOAT_GUEST_OUT a
+# host directory the guest may write (both come from the kernel command line). Runs the batch,
+# writes one "<step> <exit code>" line per step to $MOAT_GUEST_OUT/status, and powers off. Never
+# exits: pid 1 exiting would panic the guest.
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+out=$MOAT_GUEST_OUT
+build=$MOAT_GUEST_BUILD
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t tmpfs -o mode=0755 tmpfs /run
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+# As systemd mounts it: namespaces are delegation boundaries.
+mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+mount -t hostfs -o "$out" hostfs "$out"
+
+step() {
+    name=$1
+    shift
+    "$@" >"$out/$name.log" 2>&1
+    echo "$name $?" >>"$out/status"
+}
+
+: >"$out/status"
+echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
+{
+    uname -r
+    echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+    echo "subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
+} >"$out/guest.txt" 2>&1
+
+export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP=v2
+cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
+
+# The local backend's isolation and limit tests, in one process (process creation is 10-30x
+# slower here than on the host). doctest filters: comma-separated, * wildcards.
+tests="*written to the cgroup version the host gives moat*"
+tests="$tests,*memory bomb is OOM-killed*,*busy loop under a cpu quota*"
+tests="$tests,*wall limit kills the command*whole tree*"
+tests="$tests,a flood of processes stops at pids.max and the sandbox still works"
+tests="$tests,a busy loop ends at the wall limit with 124 and nothing left"
+tests="$tests,background children die with their command"
+tests="$tests,destroy leaves no process*,exit codes*,the root is read-only and /workspace*"
+tests="$tests,only the sandbox*own processes appear in its /proc"
+tests="$tests,a sandbox reports the isolation layers it got"
+tests="$tests,destroying the backend ends every sandbox it created"
+tests="$tests,moat doctor reports every isolation layer and passes its live check"
+tests="$tests,moat janitor cleans up after kill -9*"
+step tests "$build/tests/moat_tests" --no-version --duration=true -tc="$tests"
+step doctor "$build/moat" doctor
+# doctor passing is not enough: it must have found v2, not a v1 or no-cgroup fallback.
+step doctor_reports_v2 grep -E "^  cgroups +v2 \(unified\)" "$out/doctor.log"
+step bench "$build/moat" bench create --n "${MOAT_GUEST_BENCH_N:-30}"
+# Nothing of moat may be left in the cgroup tree but the empty parent, nor any process of a
+# sandbox or helper.
+find /sys/fs/cgroup -mindepth 1 -type d >"$out/cgroups.txt" 2>&1
+step no_cgroup_left test "$(cat "$out/cgroups.txt")" = /sys/fs/cgroup/moat
+for p in /proc/[0-9]*; do
+    comm=$(cat "$p/comm" 2>/dev/null) && echo "${p#/proc/} $comm"
+done >"$out/processes.txt"
+step no_process_left sh -c '! grep -E " (moat|sleep|python3|sh)" "$1"' sh "$out/processes.txt"
+
+# Not the root cgroup. Fail closed: in a cgroup nobody delegated, doctor names the missing piece
+# and the fix, and no sandbox is created.
+mkdir /sys/fs/cgroup/not-delegated
+step doctor_fails_closed_undelegated sh -c '
+    echo $$ >/sys/fs/cgroup/not-delegated/cgroup.procs || exit 1
+    "$1" doctor >"$2" 2>&1 && exit 1
+    grep -q "^  why: memory, pids and cpu cgroups: v2: moat.s cgroup is not delegated to it: .*Delegate=yes.*: /sys/fs/cgroup/not-delegated$" "$2"' \
+    sh "$build/moat" "$out/doctor_undelegated.out"
+# A cgroup marked delegated the way systemd marks a Delegate=yes unit's: the helper moves the
+# cgroup's processes (the caller included) into moat-leaf and puts sandboxes under moat.
+mkdir /sys/fs/cgroup/delegated
+python3 -c 'import os; os.setxattr("/sys/fs/cgroup/delegated", "trusted.delegate", b"1")'
+step doctor_in_delegated_cgroup sh -c '
+    echo $$ >/sys/fs/cgroup/delegated/cgroup.procs && "$1" doctor' sh "$build/moat"
+step delegated_leaf_and_parent sh -c '
+    test -d /sys/fs/cgroup/delegated/moat-leaf && test -d /sys/fs/cgroup/delegated/moat &&
+    test -z "$(cat /sys/fs/cgroup/delegated/cgroup.procs)" &&
+    test -z "$(find /sys/fs/cgroup/delegated/moat -mindepth 1 -type d)"'
+echo finished >>"$out/status"
+sync
+echo o >/proc/sysrq-trigger
+while :; do sleep 10; done
