@@ -18,6 +18,12 @@ if(Asio_FOUND AND NOT TARGET Asio::asio)
     set_target_properties(Asio::asio PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${ASIO_INCLUDE_DIR}")
     target_compile_definitions(Asio::asio INTERFACE
         ASIO_STANDALONE ASIO_SEPARATE_COMPILATION ASIO_NO_DEPRECATED
+        # One allocation configuration for every translation unit. Asio 1.22 detects
+        # std::aligned_alloc from a libstdc++ macro, so it depends on include order: a file that
+        # includes Asio before any standard header (src/core/asio_impl.cpp) allocates with
+        # operator new/delete, the others with aligned_alloc/free, and a block allocated in one
+        # and freed in the other is an alloc-dealloc mismatch (glibc has aligned_alloc).
+        ASIO_HAS_STD_ALIGNED_ALLOC=1
         # Asio 1.22 does not detect coroutine support under clang with libstdc++.
         $<$<CXX_COMPILER_ID:Clang>:ASIO_HAS_CO_AWAIT=1 ASIO_HAS_STD_COROUTINE=1>)
 endif()

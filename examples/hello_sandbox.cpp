@@ -2,7 +2,8 @@
 // handle (ordered operations, deadlines, quarantine), run Python in it twice (files persist between
 // commands), stream one command's output, and destroy the sandbox.
 //
-// Build: part of the moat build (target moat_example_hello); run: build/dev/examples/hello_sandbox
+// Build: cmake --build --preset dev --target hello_sandbox; run (as root):
+// build/dev/examples/hello_sandbox
 #include <moat/local_backend.hpp>
 #include <moat/runtime.hpp>
 

@@ -2,6 +2,9 @@
 // imitate or split the driver's end marker), fed in chunks whose sizes come from the input.
 // Checks: the output before a marker is exactly what was fed before it, memory stays bounded,
 // and a parsed marker line never exceeds its limit.
+//
+//   cmake --preset fuzz && cmake --build --preset fuzz --target moat_cell_output_fuzzer &&
+//   build/fuzz/fuzz/moat_cell_output_fuzzer -max_total_time=60 fuzz/corpus/cell_output
 #include "tools/cell_output.hpp"
 
 #include <cstddef>

@@ -1,9 +1,8 @@
 // libFuzzer target for the JSON-RPC line parser (every line an MCP client sends) and the params
 // field readers, with round trips through the writers.
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
-//   -DMOAT_BUILD_FUZZERS=ON cmake --build build/fuzz --target moat_jsonrpc_fuzzer &&
-//   build/fuzz/fuzz/moat_jsonrpc_fuzzer -max_total_time=60
+//   cmake --preset fuzz && cmake --build --preset fuzz --target moat_jsonrpc_fuzzer &&
+//   build/fuzz/fuzz/moat_jsonrpc_fuzzer -max_total_time=60 fuzz/corpus/jsonrpc
 #include "mcp/jsonrpc.hpp"
 
 #include <cstddef>

@@ -2,9 +2,8 @@
 // reads back is valid UTF-8 without escapes or control characters, within the character bound,
 // and a fixed point of cleaning.
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
-//   -DMOAT_BUILD_FUZZERS=ON && cmake --build build/fuzz --target moat_model_text_fuzzer &&
-//   build/fuzz/fuzz/moat_model_text_fuzzer -max_total_time=60
+//   cmake --preset fuzz && cmake --build --preset fuzz --target moat_model_text_fuzzer &&
+//   build/fuzz/fuzz/moat_model_text_fuzzer -max_total_time=60 fuzz/corpus/model_text
 #include <moat/model_text.hpp>
 
 #include "support/utf8_check.hpp"

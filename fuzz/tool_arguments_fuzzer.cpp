@@ -2,9 +2,8 @@
 // byte picks the tool; the rest is the arguments. The same bytes also go through base64_decode
 // (write_file's encoding "base64"), which must agree with base64_encode both ways.
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
-//   -DMOAT_BUILD_FUZZERS=ON cmake --build build/fuzz --target moat_tool_arguments_fuzzer &&
-//   build/fuzz/fuzz/moat_tool_arguments_fuzzer -max_total_time=60
+//   cmake --preset fuzz && cmake --build --preset fuzz --target moat_tool_arguments_fuzzer &&
+//   build/fuzz/fuzz/moat_tool_arguments_fuzzer -max_total_time=60 fuzz/corpus/tool_arguments
 #include "tools/tool_arguments.hpp"
 
 #include <cstddef>

@@ -1,14 +1,16 @@
 // libFuzzer target for the wire format parsers: everything the library accepts from a sandbox's
 // agent (fixed records) and everything the agent accepts from the library (exec records).
 //
-//   cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
-//   -DMOAT_BUILD_FUZZERS=ON cmake --build build/fuzz --target moat_wire_fuzzer &&
-//   build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60
+//   cmake --preset fuzz && cmake --build --preset fuzz --target moat_wire_fuzzer &&
+//   build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60 fuzz/corpus/wire
 #include "wire/protocol.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <string>
+#include <vector>
 
 namespace wire = moat::wire;
 
@@ -26,7 +28,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (!wire::encode_exec(view.exec_id, view.wall_limit_ms, argv, env, view.cwd, again)) {
             __builtin_trap();
         }
-        if (again.size() != record.size()) __builtin_trap();
+        // encode_exec writes no flags (exec_none is the only one) and a zero reserved field; every
+        // other byte must come back as it was.
+        std::vector<std::byte> expected(record.begin(), record.end());
+        std::memset(expected.data() + offsetof(wire::exec_message, flags), 0,
+                    sizeof(wire::exec_message::flags));
+        std::memset(expected.data() + offsetof(wire::exec_message, reserved), 0,
+                    sizeof(wire::exec_message::reserved));
+        if (again != expected) __builtin_trap();
     }
 
     wire::ready_message ready{};

@@ -73,3 +73,12 @@ TEST_CASE("marker lines parse to ok, an exception type, or nothing usable") {
     CHECK_FALSE(moat::parse_marker_line("garbage").raised);
     CHECK(moat::parse_marker_line("004 error").raised);
 }
+
+TEST_CASE("a marker line whose newline comes past its limit in the same read is cut at the limit") {
+    // Found by the cell_output fuzzer: the newline was found, so the cap was not applied.
+    auto r = reader();
+    r.feed("out" + marker + "001 error " + std::string(1'000, 'z') + "\nlater");
+    REQUIRE(r.is_done());
+    CHECK(r.marker_line().size() == moat::cell_output::max_marker_line);
+    CHECK(r.finish().text() == "out");
+}

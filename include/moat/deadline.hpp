@@ -2,8 +2,8 @@
 // request enters and passed down, so that nested steps share one budget instead of each adding
 // its own timeout.
 //
-// A caller's deadline is per-operation cancellation (see DESIGN.md, "Stopping work"): when it
-// passes, the operation stops its work (killing a process it started) and completes with
+// A caller's deadline is per-operation cancellation (docs/cancellation.md): when it passes, the
+// operation stops its work (killing a process it started) and completes with
 // errc::deadline_exceeded. It is unrelated to a program's wall limit, which is part of the
 // request and whose outcome is data in the result.
 #pragma once

@@ -10,8 +10,8 @@
 
 namespace moat {
 
-// Resource limits of one sandbox. Defaults are DESIGN.md's. A limit the backend cannot enforce
-// fails the create with errc::layer_unavailable naming it, unless sandbox_spec::best_effort.
+// Resource limits of one sandbox, with their defaults. A limit the backend cannot enforce fails
+// the create with errc::layer_unavailable naming it, unless sandbox_spec::best_effort.
 struct resource_limits {
     std::uint64_t memory_bytes = std::uint64_t{1} << 30;       // cgroup memory, tmpfs included
     std::uint32_t pids = 256;                                  // cgroup pids (processes + threads)

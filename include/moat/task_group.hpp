@@ -28,8 +28,8 @@ class task_group {
     ~task_group();
 
     // Starts `task` and returns its id (for cancel()). Pass a named coroutine function's
-    // awaitable, not a capturing lambda (g++ 12 miscompiles those; see STYLE.md). Tasks spawned
-    // after cancel_all() are cancelled at once.
+    // awaitable, not a capturing lambda (g++ 12 miscompiles those; see docs/development.md).
+    // Tasks spawned after cancel_all() are cancelled at once.
     std::uint64_t spawn(asio::awaitable<void> task);
 
     // Asks one task to stop; false if it has already finished.

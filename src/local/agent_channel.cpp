@@ -59,7 +59,7 @@ asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::millisec
     auto confirmed = std::make_shared<async_event>(executor_);
     ttl_requests_[message.request_id] = confirmed;
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
     auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
     // Once sent, the change happens whatever the caller does: wait for its confirmation (not
     // cancellable) so the answer says what the sandbox will do.

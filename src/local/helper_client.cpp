@@ -105,7 +105,7 @@ asio::awaitable<result<created_sandbox>> helper_client::async_create(wire::creat
     pending->sandbox_id = std::string(wire::read_field(request.sandbox_id));
     creates_[request.request_id] = pending;
     const auto bytes = std::as_bytes(std::span(&request, 1));
-    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
     auto sent = co_await channel_->async_send(bytes, no_descriptors, limit);
     if (!sent) {
         creates_.erase(request.request_id);
@@ -131,7 +131,7 @@ asio::awaitable<result<void>> helper_client::async_destroy(std::string sandbox_i
     auto message = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
     wire::copy_field(message.sandbox_id, sandbox_id);
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    const std::span<const int> no_descriptors;  // a named local: see STYLE.md
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
     co_return co_await channel_->async_send(bytes, no_descriptors, limit);
 }
 

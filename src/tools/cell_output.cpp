@@ -28,7 +28,8 @@ void cell_output::feed(std::string_view data) {
         }
         keep(std::string_view(pending_).substr(0, at));
         const std::size_t line_end = end == std::string::npos ? line_start + max_marker_line : end;
-        marker_line_ = pending_.substr(line_start, line_end - line_start);
+        marker_line_ =
+            pending_.substr(line_start, std::min(line_end - line_start, max_marker_line));
         pending_.clear();
         done_ = true;
         return;

@@ -111,7 +111,7 @@ asio::awaitable<void> python_kernel::async_stop() {
     (void)co_await ending->interpreter.async_signal(SIGKILL);
     const auto limit = deadline::after(reap_grace);
     for (;;) {
-        auto pulled = ending->interpreter.async_next();  // a named local: see STYLE.md (g++ 12)
+        auto pulled = ending->interpreter.async_next();  // a named local (g++ 12)
         auto next = co_await with_timeout(std::move(pulled), limit);
         if (!next || std::holds_alternative<exec_result>(*next)) break;
     }

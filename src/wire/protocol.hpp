@@ -4,8 +4,10 @@
 // travels as one SOCK_SEQPACKET record that starts with `header`; `header::size` is the record's
 // total length. Records that carry file descriptors attach them with SCM_RIGHTS.
 //
-// The library treats what the agent sends as untrusted: decode() in protocol.cpp checks the type,
-// the exact size and every field before anything reads it.
+// The library treats what the agent sends as untrusted and reads a record only through these
+// checks: read_header() (the size field must equal the record's length), read_fixed() (the type
+// and the exact size), decode_exec() (every count, length and terminator); a fixed string field is
+// read with read_field(), which never runs past the field.
 #pragma once
 
 #include <cstddef>

@@ -11,7 +11,7 @@
 
 namespace {
 
-// A named coroutine with a named local for every co_await argument (g++ 12; see STYLE.md).
+// A named coroutine with a named local for every co_await argument (g++ 12: docs/development.md).
 asio::awaitable<int> print_42(moat::backend& sandboxes) {
     moat::sandbox_spec spec;
     auto box = co_await sandboxes.async_create(spec);
