@@ -87,19 +87,29 @@ moat::result<moat::exec_result> next_exec(local_fixture& f, moat::sandbox& box) 
     return f.run(box.async_exec(shell("echo next"), moat::deadline::after(20s)));
 }
 
+// Runtime options whose on_operation hook runs `hook` once (then clears it) when an operation
+// named `operation` finishes, successfully if `only_success`. Operations report synchronously
+// as they end, after the next queue turn or admission slot was granted and before its waiter
+// resumed: the exact point where a cancellation used to wedge.
+moat::runtime_options hook_after(const char* operation, std::function<void()>& hook,
+                                 bool only_success = false) {
+    moat::runtime_options options;
+    options.on_operation = [operation, &hook, only_success](const moat::operation_event& e) {
+        if (e.operation != operation || !hook) return;
+        if (only_success && e.error) return;
+        std::exchange(hook, nullptr)();
+    };
+    return options;
+}
+
 }  // namespace
 
 TEST_CASE_FIXTURE(
     local_fixture,
     "an operation cancelled just as its turn is granted leaves the queue to the next") {
     MOAT_REQUIRE_NAMESPACES();
-    // The hook runs when the first exec finishes: the queue has just been handed to the second,
-    // which has not resumed yet. That is where the cancellation lands.
     std::function<void()> on_first_done;
-    moat::runtime_options options;
-    options.on_operation = [&](const moat::operation_event& e) {
-        if (e.operation == "exec" && on_first_done) std::exchange(on_first_done, nullptr)();
-    };
+    auto options = hook_after("exec", on_first_done);
     moat::runtime rt(*local, options);
     auto box = create_handle(*this, rt);
     for (int round = 0; round < 5; ++round) {
@@ -152,10 +162,7 @@ TEST_CASE_FIXTURE(local_fixture,
                   "a stream cancelled just as its turn is granted leaves the queue to the next") {
     MOAT_REQUIRE_NAMESPACES();
     std::function<void()> on_first_done;
-    moat::runtime_options options;
-    options.on_operation = [&](const moat::operation_event& e) {
-        if (e.operation == "exec" && on_first_done) std::exchange(on_first_done, nullptr)();
-    };
+    auto options = hook_after("exec", on_first_done);
     moat::runtime rt(*local, options);
     auto box = create_handle(*this, rt);
     auto first = std::make_shared<exec_slot>();
@@ -178,11 +185,8 @@ TEST_CASE_FIXTURE(local_fixture,
                   "a create cancelled just as admission lets it in gives its slot back") {
     MOAT_REQUIRE_NAMESPACES();
     std::function<void()> on_first_created;
-    moat::runtime_options options;
+    auto options = hook_after("create", on_first_created);
     options.admission.max_concurrent_creates = 1;
-    options.on_operation = [&](const moat::operation_event& e) {
-        if (e.operation == "create" && on_first_created) std::exchange(on_first_created, nullptr)();
-    };
     moat::runtime rt(*local, options);
     create_handle(*this, rt).reset();  // the helper is warm
     for (int round = 0; round < 5; ++round) {
@@ -330,10 +334,7 @@ TEST_CASE_FIXTURE(local_fixture,
                   "an acquire cancelled just after its create finishes does not wedge its key") {
     MOAT_REQUIRE_NAMESPACES();
     std::function<void()> on_created;
-    moat::runtime_options runtime_options;
-    runtime_options.on_operation = [&](const moat::operation_event& e) {
-        if (e.operation == "create" && !e.error && on_created) std::exchange(on_created, nullptr)();
-    };
+    auto runtime_options = hook_after("create", on_created, true);
     moat::runtime rt(*local, runtime_options);
     moat::manager_options options;
     options.spec.labels["test"] = "stuck-acquire";
@@ -362,10 +363,7 @@ TEST_CASE_FIXTURE(local_fixture,
                   "a run_once cancelled just after its create still destroys its sandbox") {
     MOAT_REQUIRE_NAMESPACES();
     std::function<void()> on_created;
-    moat::runtime_options runtime_options;
-    runtime_options.on_operation = [&](const moat::operation_event& e) {
-        if (e.operation == "create" && !e.error && on_created) std::exchange(on_created, nullptr)();
-    };
+    auto runtime_options = hook_after("create", on_created, true);
     moat::runtime rt(*local, runtime_options);
     moat::manager_options options;
     options.spec.labels["test"] = "stuck-run-once";
