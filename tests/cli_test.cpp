@@ -3,6 +3,7 @@
 
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
+#include "support/moat_cli.hpp"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -24,24 +25,8 @@
 
 namespace {
 
-struct cli_outcome {
-    int exit_code = -1;
-    std::string output;  // stdout and stderr together
-};
-
-cli_outcome moat_cli(const std::string& args) {
-    const std::string command = std::string(MOAT_CLI_PATH) + " " + args + " 2>&1";
-    FILE* pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    cli_outcome o;
-    std::array<char, 4096> buffer{};
-    std::size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-        o.output.append(buffer.data(), n);
-    const int status = ::pclose(pipe);
-    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return o;
-}
+using moat::test::cli_outcome;
+using moat::test::moat_cli;
 
 }  // namespace
 

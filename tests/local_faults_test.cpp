@@ -10,6 +10,7 @@
 #include "support/async_wait.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
+#include "support/moat_cli.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -101,25 +102,8 @@ std::size_t lines(const std::string& text) {
     return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
 }
 
-struct cli_outcome {
-    int exit_code = -1;
-    std::string output;  // stdout and stderr together
-};
-
-// Runs `prefix moat args` through the shell, as tests/cli_test.cpp does.
-cli_outcome moat_cli(const std::string& prefix, const std::string& args) {
-    const std::string command = prefix + " " + std::string(MOAT_CLI_PATH) + " " + args + " 2>&1";
-    FILE* pipe = ::popen(command.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    cli_outcome o;
-    std::array<char, 4096> buffer{};
-    std::size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-        o.output.append(buffer.data(), n);
-    const int status = ::pclose(pipe);
-    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return o;
-}
+using moat::test::cli_outcome;
+using moat::test::moat_cli;
 
 // One thread's share of the dumpable test: a backend of its own, one sandbox, many file
 // operations (each switches the thread's filesystem identity and back).
