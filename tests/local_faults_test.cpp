@@ -345,6 +345,19 @@ std::string create_failure_in_child(const moat::local_options& options, uid_t ui
 
 }  // namespace
 
+namespace {
+
+// `moat run` on a host it cannot use: one line, exit 3, layer_unavailable naming `reason`.
+void check_setup_failure(const cli_outcome& o, const std::string& reason) {
+    CHECK(o.exit_code == 3);  // exit_failure: moat could not do what was asked
+    CHECK_MESSAGE(lines(o.output) == 1, o.output);
+    CHECK_MESSAGE(o.output.rfind("moat run: cannot create a sandbox: layer_unavailable: ", 0) == 0,
+                  o.output);
+    CHECK_MESSAGE(o.output.find(reason) != std::string::npos, o.output);
+}
+
+}  // namespace
+
 TEST_CASE("a state directory others cannot search fails create with the helper's reason") {
     MOAT_REQUIRE_NAMESPACES();
     const std::string dir = temporary_dir();  // 0700: sandbox uids cannot pass it
@@ -375,13 +388,7 @@ TEST_CASE("a state directory others cannot search fails create with the helper's
             "unshare --mount --propagation private sh -c 'mount -t tmpfs -o mode=0700 tmpfs "
             "/run && exec \"$0\" \"$@\"'",
             "run -- true");
-        CHECK(o.exit_code == 3);  // exit_failure: moat could not do what was asked
-        CHECK_MESSAGE(lines(o.output) == 1, o.output);
-        CHECK_MESSAGE(
-            o.output.rfind("moat run: cannot create a sandbox: layer_unavailable: ", 0) == 0,
-            o.output);
-        CHECK_MESSAGE(o.output.find("/run is not searchable by others") != std::string::npos,
-                      o.output);
+        check_setup_failure(o, "/run is not searchable by others");
     }
     std::error_code ignored;
     std::filesystem::remove_all(dir, ignored);
@@ -406,12 +413,7 @@ TEST_CASE("a backend that is not root fails create with the helper's reason") {
             "env -u XDG_RUNTIME_DIR setpriv --reuid=65534 --regid=65534 "
             "--clear-groups",
             "run -- true");
-        CHECK(o.exit_code == 3);  // exit_failure: moat could not do what was asked
-        CHECK_MESSAGE(lines(o.output) == 1, o.output);
-        CHECK_MESSAGE(
-            o.output.rfind("moat run: cannot create a sandbox: layer_unavailable: ", 0) == 0,
-            o.output);
-        CHECK_MESSAGE(o.output.find("needs euid 0") != std::string::npos, o.output);
+        check_setup_failure(o, "needs euid 0");
     }
     std::error_code ignored;
     std::filesystem::remove_all(dir, ignored);
