@@ -22,7 +22,8 @@ namespace moat {
 // the local backend sets every field (defaults resolved, /workspace after its clamp to half the
 // memory limit); a remote backend leaves unset only what it cannot know.
 struct resource_limits {
-    // cgroup memory, tmpfs pages and (cgroup v1) TCP socket buffers included; at least 16 MiB.
+    // cgroup memory, tmpfs pages included; TCP socket buffers count on cgroup v2, and on v1 have
+    // a limit of their own, a quarter of this one. At least 16 MiB.
     std::optional<std::uint64_t> memory_bytes;
     // cgroup pids (processes + threads) and RLIMIT_NPROC; 1 to 1000000.
     std::optional<std::uint32_t> pids;
