@@ -1,5 +1,6 @@
 #include "local/spec_validation.hpp"
 
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -19,9 +20,12 @@ template <class Int>
 result<void> check_range(const std::optional<Int>& value, Int low, Int high, const char* field,
                          const char* unit) {
     if (!value || (*value >= low && *value <= high)) return {};
-    std::string detail = std::string("limits.") + field + ": " + std::to_string(*value) +
-                         " is outside " + std::to_string(low) + " to " + std::to_string(high) +
-                         unit;
+    std::string detail = std::string("limits.") + field + ": " + std::to_string(*value) + unit;
+    if (high == std::numeric_limits<Int>::max()) {
+        detail += ", expected at least " + std::to_string(low) + unit;
+    } else {
+        detail += ", expected " + std::to_string(low) + " to " + std::to_string(high) + unit;
+    }
     if (*value == 0) detail += " (0 would mean unlimited; leave it unset for the default)";
     return make_error(errc::invalid_argument, std::move(detail));
 }
