@@ -420,3 +420,71 @@ TEST_CASE("moat mcp stops reading a client that does not read its responses, the
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
 }
+
+namespace {
+
+// Runs `moat args` with stdout and stderr on a pseudo-terminal (script(1) allocates it and copies
+// to its own stdout what the terminal received), or on a pipe when `on_terminal` is false.
+std::string terminal_output(const std::string& args, bool on_terminal = true) {
+    const std::string command = std::string(MOAT_CLI_PATH) + " " + args;
+    std::string quoted = "'";
+    for (const char c : command) {
+        if (c == '\'') {
+            quoted += "'\\''";
+        } else {
+            quoted += c;
+        }
+    }
+    quoted += "'";
+    const std::string line =
+        on_terminal ? "script -qec " + quoted + " /dev/null </dev/null" : command + " 2>&1";
+    FILE* pipe = ::popen(line.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string out;
+    std::array<char, 4096> buffer{};
+    std::size_t n;
+    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+        out.append(buffer.data(), n);
+    ::pclose(pipe);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "escape sequences from a sandbox never reach the host terminal unless --raw, and pass "
+    "unchanged into a pipe") {
+    MOAT_REQUIRE_NAMESPACES();
+    // OSC 52 (clipboard), OSC 0 (title), CSI 2J (clear), on stdout and stderr.
+    const std::string hostile =
+        "-- sh -c \"printf 'clip\\033]52;c;aGk=\\007 clear\\033[2J\\n'; "
+        "printf 'title\\033]0;owned\\007\\n' >&2\"";
+    const auto shown = terminal_output("run " + hostile);
+    CHECK(shown.find('\x1b') == std::string::npos);
+    CHECK(shown.find('\x07') == std::string::npos);
+    CHECK(shown.find("clip^[]52;c;aGk=^G clear^[[2J") != std::string::npos);
+    CHECK(shown.find("title^[]0;owned^G") != std::string::npos);
+    const auto raw = terminal_output("run --raw " + hostile);
+    CHECK(raw.find("\x1b]52;c;aGk=\x07") != std::string::npos);
+    const auto piped = terminal_output("run " + hostile, false);
+    CHECK(piped.find("\x1b]52;c;aGk=\x07") != std::string::npos);
+    CHECK(piped.find("\x1b]0;owned\x07") != std::string::npos);
+
+    const auto created = moat_stdout("create --ttl 120 --label test=cli");
+    REQUIRE(created.exit_code == 0);
+    const std::string id = last_line(created.output);
+    CHECK(
+        moat_cli("exec " + id + " -- sh -c \"printf 'file\\033]52;c;aGk=\\007\\n' > /workspace/e\"")
+            .exit_code == 0);
+    const auto exec_shown = terminal_output("exec " + id + " -- cat /workspace/e");
+    CHECK(exec_shown.find('\x1b') == std::string::npos);
+    CHECK(exec_shown.find("file^[]52;c;aGk=^G") != std::string::npos);
+    CHECK(terminal_output("exec --raw " + id + " -- cat /workspace/e").find('\x1b') !=
+          std::string::npos);
+    const auto cp_shown = terminal_output("cp " + id + ":/workspace/e -");
+    CHECK(cp_shown.find('\x1b') == std::string::npos);
+    CHECK(cp_shown.find("file^[]52;c;aGk=^G") != std::string::npos);
+    CHECK(terminal_output("cp --raw " + id + ":/workspace/e -").find('\x1b') != std::string::npos);
+    CHECK(terminal_output("cp " + id + ":/workspace/e -", false) == "file\x1b]52;c;aGk=\x07\n");
+    CHECK(moat_cli("destroy " + id).exit_code == 0);
+}
