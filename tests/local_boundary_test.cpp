@@ -1,10 +1,12 @@
 // The sandbox boundary against the kernel: the seccomp allow-list (each denied family attempted
 // for real, on the host without and with the very filter the helper compiles, and inside a
-// sandbox) and the workloads it must keep working.
+// sandbox), the workloads it must keep working, and the host state a sandbox must not inherit
+// (/proc entries, keyrings, the terminal and the session).
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
 #include <fcntl.h>
+#include <linux/keyctl.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -308,4 +310,106 @@ with open('/workspace/index/simple/moatprobe/index.html', 'w') as page:
     CHECK(git.out.text() == "first\n");
     CHECK(git.exit_code == 0);
     destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the /proc entries containers mask are masked and /proc/sys is read-only") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    // Of runc's masked files, those this kernel has (checked from the host): each is /dev/null
+    // inside (character device 1:3), so reading it gives nothing.
+    std::string files;
+    for (const char* name : {"kcore", "keys", "key-users", "latency_stats", "timer_list",
+                             "timer_stats", "sched_debug"}) {
+        if (::access((std::string("/proc/") + name).c_str(), F_OK) == 0) {
+            files += std::string(" /proc/") + name;
+        }
+    }
+    REQUIRE_FALSE(files.empty());
+    const auto masked =
+        sh(box.id, "for f in" + files + "; do stat -c '%n %t:%T' $f; wc -c < $f; done 2>&1");
+    std::string expected;
+    std::istringstream names(files);
+    std::string name;
+    while (names >> name) expected += name + " 1:3\n0\n";
+    CHECK(masked.out.text() == expected);
+    // Masked directories are empty; read-only ones and /proc/sys refuse writes at the mount, not
+    // only by file permissions.
+    const auto read_only =
+        sh(box.id,
+           "python3 -c \"import os\n"
+           "for p in ['/proc/sys', '/proc/sys/net', '/proc/bus', '/proc/fs', '/proc/irq',"
+           " '/proc/acpi']:\n"
+           "    if os.path.exists(p): print(p, os.statvfs(p).f_flag & os.ST_RDONLY != 0)\n"
+           "print(os.listdir('/proc/acpi') if os.path.exists('/proc/acpi') else [])\n"
+           "print(os.statvfs('/proc/self').f_flag & os.ST_RDONLY != 0)\"");
+    const std::string out = read_only.out.text();
+    INFO(out);
+    CHECK(out.find("/proc/sys True\n") != std::string::npos);
+    CHECK(out.find("/proc/sys/net True\n") != std::string::npos);
+    CHECK(out.find("False\n") == out.rfind("False\n"));  // only /proc itself stays writable
+    CHECK(out.ends_with("[]\nFalse\n"));
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "pid 1 leads its own session without a terminal and the host's /dev/tty is "
+                  "absent") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    // Fields 6 and 7 of /proc/1/stat: the session (1: pid 1 leads it; 0 would be a session
+    // outside the sandbox's pid namespace, the embedding application's) and the controlling tty.
+    const auto stat = sh(box.id, "cut -d' ' -f6,7 /proc/1/stat");
+    CHECK(stat.out.text() == "1 0\n");
+    CHECK(sh(box.id, "test -e /dev/tty && echo present || echo absent").out.text() == "absent\n");
+    destroy(box.id);
+}
+
+namespace {
+
+// The usage count /proc/keys shows for the key `serial` (this process possesses it), or -1.
+long key_usage(long serial) {
+    std::istringstream lines(moat::test::read_file("/proc/keys"));
+    std::string line;
+    char id[16];
+    std::snprintf(id, sizeof id, "%08lx", serial);
+    while (std::getline(lines, line)) {
+        std::istringstream fields(line);
+        std::string key, flags;
+        long usage = -1;
+        if (fields >> key >> flags >> usage && key == id) return usage;
+    }
+    return -1;
+}
+
+}  // namespace
+
+TEST_CASE("a sandbox's processes hold no keyring of the embedding process") {
+    MOAT_REQUIRE_NAMESPACES();
+    // A session keyring of this test's own, holding a key, before the backend (and its helper)
+    // exist, so that the helper inherits it as it would an application's login keyring.
+    const long ring = ::syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, "moat-boundary-test-ring");
+    REQUIRE(ring > 0);
+    const char secret[] = "host secret";
+    REQUIRE(::syscall(SYS_add_key, "user", "moat-boundary-secret", secret, sizeof secret - 1,
+                      KEY_SPEC_SESSION_KEYRING) > 0);
+    local_fixture f;
+    const auto box = f.create();
+    // Each process that still had the ring as its session keyring holds a reference to it. Eight
+    // sleeps inside would add at least eight.
+    const long before = key_usage(ring);
+    REQUIRE(before > 0);
+    moat::exec_request holding =
+        moat::test::shell("for i in 1 2 3 4 5 6 7 8; do sleep 30 & done; echo started; wait");
+    auto stream = f.run(f.local->async_exec_stream(box.id, holding));
+    REQUIRE(stream);
+    auto first = f.run(stream->async_next());
+    REQUIRE(first);
+    const auto* chunk = std::get_if<moat::output_chunk>(&*first);
+    REQUIRE(chunk != nullptr);
+    CHECK(chunk->data == "started\n");
+    const long during = key_usage(ring);
+    INFO("usage before " << before << ", with nine processes inside " << during);
+    CHECK(during - before < 8);
+    f.destroy(box.id);
 }
