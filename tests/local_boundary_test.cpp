@@ -191,10 +191,14 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE_FALSE(plain.empty());
     REQUIRE_FALSE(filtered.empty());
     REQUIRE_FALSE(inside.empty());
+    // A test run that is itself under a seccomp filter (a container's) has no unfiltered control.
+    const bool host_unfiltered =
+        moat::test::read_file("/proc/self/status").find("\nSeccomp:\t0\n") != std::string::npos;
+    if (!host_unfiltered) MESSAGE("this test process is under a seccomp filter: no plain control");
     for (const auto& [name, expected] : denied_families) {
         INFO(name);
         REQUIRE(plain.count(name) == 1);
-        CHECK(plain.at(name) != expected);
+        if (host_unfiltered) CHECK(plain.at(name) != expected);
         CHECK(filtered.at(name) == expected);
         CHECK(inside.at(name) == expected);
     }
