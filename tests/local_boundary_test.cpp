@@ -353,6 +353,12 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(out.find("/proc/sys/net True\n") != std::string::npos);
     CHECK(out.find("False\n") == out.rfind("False\n"));  // only /proc itself stays writable
     CHECK(out.ends_with("[]\nFalse\n"));
+    // mountinfo names mount points as the sandbox sees them and, for the template's binds, the
+    // same path in the source filesystem: never the helper's state directory or template path.
+    const auto mounts = sh(box.id, "cat /proc/self/mountinfo");
+    CHECK(mounts.out.text().find(" /usr /usr ") != std::string::npos);
+    CHECK(mounts.out.text().find("moat") == std::string::npos);
+    CHECK(mounts.out.text().find("template") == std::string::npos);
     destroy(box.id);
 }
 
