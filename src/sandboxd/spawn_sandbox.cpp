@@ -1,6 +1,7 @@
 #include "sandboxd/spawn_sandbox.hpp"
 
 #include <fcntl.h>
+#include <linux/keyctl.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
@@ -92,6 +93,8 @@ enum class step : int {
     bind_template,
     chdir_template,
     setresuid,
+    session_keyring,
+    setsid,
     pdeathsig,
     owner_gone,
     mount_proc,
@@ -101,8 +104,10 @@ enum class step : int {
     pivot_root,
     umount_old_root,
     chdir_root,
+    mask_proc,
     sethostname,
     loopback,
+    proc_sys_read_only,
     rlimit_core,
     arrange_fds,
     open_dev_null,
@@ -122,6 +127,8 @@ constexpr const char* step_names[] = {
     "bind template root",
     "chdir template root",
     "setresuid",
+    "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
+    "setsid",
     "PR_SET_PDEATHSIG",
     "helper exited during create",
     "mount /proc",
@@ -131,8 +138,10 @@ constexpr const char* step_names[] = {
     "pivot_root",
     "umount old root",
     "chdir /",
+    "mask /proc entries",
     "sethostname",
     "loopback up",
+    "read-only /proc/sys",
     "RLIMIT_CORE",
     "arrange fds",
     "open /dev/null",
@@ -197,6 +206,59 @@ void bring_up_loopback(child_args& a) {
     request.ifr_flags = static_cast<short>(request.ifr_flags | IFF_UP | IFF_RUNNING);
     checked(a, step::loopback, SYS_ioctl, fd, SIOCSIFFLAGS, &request);
     raw(SYS_close, fd);
+}
+
+// A fresh, empty session keyring: the inherited one is the embedding process's (often the login
+// session's), whose keys a possessor may read. Before seccomp, which denies keyctl. A kernel built
+// without keys has nothing to inherit.
+void join_session_keyring(child_args& a) {
+    const long result = raw(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
+    if (result < 0 && result != -ENOSYS) child_fail(a, step::session_keyring, result);
+}
+
+// pid 1 leads its own session, without a controlling terminal, instead of staying in the
+// embedding application's session.
+void lead_own_session(child_args& a) {
+    checked(a, step::setsid, SYS_setsid);
+}
+
+// What containers mask in /proc (runc's default masked and read-only paths): host-wide kernel
+// state that is not the sandbox's. Files are covered by /dev/null, directories by an empty
+// read-only tmpfs, and the rest is made read-only; entries this kernel lacks are skipped.
+constexpr const char* masked_proc_files[] = {
+    "/proc/kcore",      "/proc/keys",        "/proc/key-users",   "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+};
+constexpr const char* masked_proc_dirs[] = {"/proc/acpi", "/proc/asound", "/proc/scsi"};
+constexpr const char* read_only_proc[] = {"/proc/bus", "/proc/fs", "/proc/irq",
+                                          "/proc/sysrq-trigger"};
+constexpr unsigned long proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+
+void bind_read_only(child_args& a, step failed, const char* path) {
+    const long bound = raw(SYS_mount, path, path, nullptr, MS_BIND | MS_REC, nullptr);
+    if (bound == -ENOENT) return;
+    if (bound < 0) child_fail(a, failed, bound);
+    checked(a, failed, SYS_mount, nullptr, path, nullptr,
+            MS_BIND | MS_REMOUNT | MS_RDONLY | proc_flags, nullptr);
+}
+
+void mask_proc(child_args& a) {
+    for (const char* file : masked_proc_files) {
+        const long result = raw(SYS_mount, "/dev/null", file, nullptr, MS_BIND, nullptr);
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* dir : masked_proc_dirs) {
+        const long result =
+            raw(SYS_mount, "tmpfs", dir, "tmpfs", MS_RDONLY | proc_flags, "size=0,mode=0555");
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* path : read_only_proc) bind_read_only(a, step::mask_proc, path);
+}
+
+// Last of the mount steps: a sysctl the child writes for its own namespaces (net.*) must be
+// written before this.
+void make_proc_sys_read_only(child_args& a) {
+    bind_read_only(a, step::proc_sys_read_only, "/proc/sys");
 }
 
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
@@ -273,6 +335,8 @@ int child_main(void* opaque) {
             MS_BIND | MS_REC, nullptr);
     checked(a, step::chdir_template, SYS_chdir, a.template_path);
     checked(a, step::setresuid, SYS_setresuid, 0, 0, 0);
+    join_session_keyring(a);
+    lead_own_session(a);
 
     // After setresuid: changing the euid clears the parent-death signal. The helper keeps the
     // release pipe's write end open until exec, so a hang-up means it already died.
@@ -293,9 +357,11 @@ int child_main(void* opaque) {
     checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
     checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);
     checked(a, step::chdir_root, SYS_chdir, "/");
+    mask_proc(a);
 
     checked(a, step::sethostname, SYS_sethostname, "sandbox", 7);
     bring_up_loopback(a);
+    make_proc_sys_read_only(a);
     const rlimit no_core{0, 0};
     checked(a, step::rlimit_core, SYS_prlimit64, 0, RLIMIT_CORE, &no_core, nullptr);
     arrange_fds(a);
