@@ -43,7 +43,10 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
         "are an unprivileged user: no package installs, no sudo. A command runs for at most "
         "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
         "(" +
-            p + "write_file) run from here.",
+            p +
+            "write_file) run from here. What the command leaves running is stopped when it "
+            "ends: start a server with " +
+            p + "start_process.",
         R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line."},)" +
             std::string(timeout_schema) +
             R"(},"required":["command"],"additionalProperties":false})"});
