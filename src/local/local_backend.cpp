@@ -304,6 +304,7 @@ class local_backend final : public backend {
   private:
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
+        sweep_dead_once();
         auto started =
             co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
         if (!started) co_return std::move(started).error();
@@ -451,6 +452,7 @@ class local_backend final : public backend {
     // This backend's sandboxes, then every other one recorded in the state directory.
     asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
         try {
+            sweep_dead_once();
             const auto matches = [&filter](const sandbox_info& info) {
                 for (const auto& [key, value] : filter) {
                     auto it = info.labels.find(key);
@@ -635,6 +637,38 @@ class local_backend final : public backend {
             timer.expires_after(std::chrono::milliseconds(10));
             auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
             if (ec) co_await asio::this_coro::reset_cancellation_state();
+        }
+    }
+
+    // Once per backend, at its first create or list: what an earlier process left that is proven
+    // dead (janitor_rules.hpp's is_sweepable: a survivor that ended at its TTL with no moat
+    // process alive) loses its cgroups, socket and record, so it does not wait for a janitor.
+    // Bounded in records looked at, in records removed and in time; system calls only (one
+    // removal attempt: cgroups the kernel still counts as busy are left for the janitor).
+    void sweep_dead_once() {
+        if (swept_) return;
+        swept_ = true;
+        constexpr std::size_t max_looked = 256;
+        constexpr std::size_t max_swept = 64;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+        std::size_t looked = 0;
+        std::size_t swept = 0;
+        for (const auto& id : records_.ids()) {
+            if (looked++ == max_looked || swept == max_swept ||
+                std::chrono::steady_clock::now() > until)
+                break;
+            if (sandboxes_.contains(id)) continue;
+            auto record = records_.read(id);
+            if (!record || !is_sweepable(*record)) continue;
+            if (const int err = remove_cgroups(*record); err != 0) {
+                detail::log(log_level::info, "local",
+                            std::string("left for the janitor: its cgroups: ") + std::strerror(err),
+                            id);
+                continue;
+            }
+            records_.remove(id);
+            ++swept;
+            detail::log(log_level::info, "local", "swept: its pid 1 is gone", id);
         }
     }
 
@@ -1073,6 +1107,7 @@ class local_backend final : public backend {
     sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
     std::uint64_t next_exec_id_ = 1;
+    bool swept_ = false;  // sweep_dead_once ran
 };
 
 }  // namespace
