@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -443,6 +444,20 @@ TEST_CASE(
             CHECK(closed);
             CHECK(serves_hello(s.port));
         }
+        // Garbage after a good request on the same keep-alive connection still gets its 400.
+        {
+            bool closed = false;
+            const auto replies = round_trip(s.port,
+                                            "HEAD /hello HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                                            "GARBAGE\r\n\r\n",
+                                            &closed);
+            CAPTURE(replies);
+            CHECK(replies.starts_with("HTTP/1.1 200 OK\r\n"));
+            CHECK(replies.find("\r\n\r\nHTTP/1.1 400 Bad Request\r\n") != std::string::npos);
+            CHECK(replies.ends_with(
+                R"(,"message":"malformed request: Invalid method encountered"})"));
+            CHECK(closed);
+        }
         // A chunked body cut off by the client: no answer is owed, the server moves on.
         {
             client_socket c(s.port);
@@ -522,6 +537,13 @@ TEST_CASE("a handler that stops reading the body stops the client from sending")
 }
 
 TEST_CASE("a thousand idle connections past the cap do not stop the server serving others") {
+    // 1000 client sockets and the server's 100 need more than a default soft limit of 1024.
+    rlimit files{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+    if (files.rlim_cur < 4096 && files.rlim_max >= 4096) {
+        files.rlim_cur = 4096;
+        REQUIRE(::setrlimit(RLIMIT_NOFILE, &files) == 0);
+    }
     const auto fds = open_descriptors();
     {
         auto options = fast_options();

@@ -10,6 +10,8 @@
 //     ...
 //     co_await s.async_stop(std::chrono::seconds(5));      // graceful: in-flight requests finish
 //
+// A HEAD request with no HEAD route runs the GET route; the server sends its head only.
+//
 // A handler pulls the body piece by piece (async_read_some): while it does not ask, the server
 // does not read the socket, so the client's sends block (backpressure). It answers once with
 // async_send(), or streams: async_begin(), async_write() per frame (each written and flushed

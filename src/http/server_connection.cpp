@@ -168,7 +168,8 @@ asio::awaitable<std::error_code> server_connection::async_read_more() {
 }
 
 asio::awaitable<void> server_connection::async_answer_parse_error() {
-    ++state_->counters.requests;
+    begin_request();  // the previous request's state must not leak into this answer
+    body_done_ = true;
     const auto error = parser_.error();
     int status = 400;
     std::string message = "malformed request: " + parser_.error_detail();
@@ -183,14 +184,17 @@ asio::awaitable<void> server_connection::async_answer_parse_error() {
     co_await async_answer_error(status, message);
 }
 
-asio::awaitable<void> server_connection::async_handle_request() {
+void server_connection::begin_request() noexcept {
     ++state_->counters.requests;
     close_after_ = false;
     response_started_ = streaming_ = stream_ended_ = chunked_ = head_only_ = false;
     body_done_ = !parser_.has_body();
     continue_sent_ = false;
     body_error_status_ = 0;
+}
 
+asio::awaitable<void> server_connection::async_handle_request() {
+    begin_request();
     auto& head = parser_.request();
     close_after_ = wants_close(head) || state_->stopping;
     head_only_ = head.method == "HEAD";
@@ -204,7 +208,11 @@ asio::awaitable<void> server_connection::async_handle_request() {
         co_await async_answer_error(421, "this server does not serve that host");
         co_return;
     }
-    const auto match = state_->routes.match(head.method, head.path());
+    auto match = state_->routes.match(head.method, head.path());
+    if (head_only_ && match.result != route_match::outcome::found) {
+        auto as_get = state_->routes.match("GET", head.path());  // HEAD is GET without the body
+        if (as_get.result == route_match::outcome::found) match = std::move(as_get);
+    }
     if (match.result == route_match::outcome::not_found) {
         co_await async_answer_error(404, "no route for this path");
         co_return;

@@ -71,6 +71,8 @@ class server_connection {
     enum class head_outcome { head, closed, failed };
 
     asio::awaitable<head_outcome> async_read_head(bool idle);
+    // Resets the per-request state for the next head (or for the answer to a failed one).
+    void begin_request() noexcept;
     asio::awaitable<void> async_handle_request();
     asio::awaitable<void> async_run_handler(const server::state::route_entry& route,
                                             const path_params& params);
