@@ -5,6 +5,7 @@
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
 #include <fstream>
@@ -82,6 +83,11 @@ result<std::shared_ptr<asio::ssl::context>> make_server_context(const std::strin
     }
     // The key's bytes never reach an error: only the file's name does.
     context->use_private_key_file(key_file, asio::ssl::context::pem, ec);
+    if (ec && ec.category() == asio::error::get_ssl_category() &&
+        ERR_GET_REASON(static_cast<unsigned long>(ec.value())) == X509_R_KEY_VALUES_MISMATCH) {
+        return make_error(errc::invalid_argument,
+                          "TLS key " + key_file + ": does not match " + certificate_file);
+    }
     if (ec) {
         return make_error(errc::invalid_argument,
                           "TLS key " + key_file + ": not a PEM private key");
