@@ -210,6 +210,8 @@ TEST_CASE("malformed requests are errors, never a message") {
         "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n",
+        // llhttp's loose mode skipped the two bytes after the data and read "f" as the next size.
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked, identity\r\n\r\n",
         "GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
     };

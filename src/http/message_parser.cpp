@@ -278,6 +278,11 @@ struct message_parser::state {
         failure = parse_error::malformed;
         if (code == HPE_INVALID_EOF_STATE) failure = parse_error::truncated;
         if (code == HPE_PAUSED_UPGRADE) failure = parse_error::unsupported;
+        if (code == HPE_PAUSED_H2_UPGRADE) {
+            failure = parse_error::unsupported;
+            detail = "HTTP version 2 (connection preface)";
+            return;
+        }
         const char* reason = llhttp_get_error_reason(&parser);
         detail = reason != nullptr && *reason != '\0' ? reason : llhttp_errno_name(code);
     }
