@@ -3,6 +3,7 @@
 // the status (or the closed connection), that the server keeps serving, and that the process
 // holds the same descriptors afterwards. Timeouts are short (server_options) so the suite is fast.
 #include "http/server.hpp"
+#include "http/tls_server_stream.hpp"
 
 #include "core/asio_compat.hpp"
 
@@ -701,4 +702,38 @@ TEST_CASE("a graceful stop lets the request in flight finish and refuses new con
     s.work.reset();
     s.thread.join();
     s.server.reset();
+}
+
+TEST_CASE("over TLS the server serves curl, and a plaintext client is dropped without harm") {
+    char pattern[] = "/tmp/moat-http-server-ca-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    const std::string certs = pattern;
+    REQUIRE(std::system((std::string(MOAT_HTTP_TEST_DIR) + "/make_test_ca.sh " + certs).c_str()) ==
+            0);
+    const auto fds = open_descriptors();
+    {
+        auto factory = http::make_tls_stream_factory(certs + "/good.pem", certs + "/good.key");
+        REQUIRE(factory);
+        auto options = fast_options();
+        options.make_stream = std::move(*factory);
+        running_server s(options);
+        const auto url = "https://localhost:" + std::to_string(s.port);
+        const auto curl = "curl -sS --cacert " + certs + "/ca.pem ";
+        CHECK(run(curl + url + "/hello") == "hello");
+        CHECK(run(curl + "-H 'Transfer-Encoding: chunked' --data-binary @" + certs + "/good.pem " +
+                  url + "/echo") == run("cat " + certs + "/good.pem"));
+        // Two requests on one TLS connection (keep-alive), and a 404's JSON body.
+        CHECK(run(curl + url + "/sandboxes/a/logs " + url + "/sandboxes/b/logs") == "ab");
+        CHECK(run(curl + url + "/nowhere") == R"({"code":404,"message":"no route for this path"})");
+
+        bool closed = false;
+        const auto plain =
+            round_trip(s.port, "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n", &closed);
+        CHECK(closed);
+        CHECK_FALSE(plain.starts_with("HTTP/1.1"));
+        CHECK(run(curl + url + "/hello") == "hello");
+        s.stop();
+    }
+    CHECK(open_descriptors() == fds);
+    std::filesystem::remove_all(certs);
 }
