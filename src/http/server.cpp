@@ -50,8 +50,9 @@ struct open_connection {
     open_connection& operator=(const open_connection&) = delete;
 };
 
+// `counted` is held for the task's life: the connection counts as open until it ends.
 asio::awaitable<void> serve_connection(std::shared_ptr<server::state> state,
-                                       std::shared_ptr<open_connection> /*counted: held for the task's life*/,
+                                       [[maybe_unused]] std::shared_ptr<open_connection> counted,
                                        asio::ip::tcp::socket socket) {
     const auto deadline = clock::now() + state->options.head_timeout;
     std::unique_ptr<stream> s;
