@@ -7,6 +7,7 @@
 #include "http/connect_envelope.hpp"
 #include "http/server.hpp"
 #include "http/tls.hpp"
+#include "http/tls_stream.hpp"
 
 #include <moat/log.hpp>
 
@@ -616,6 +617,40 @@ asio::awaitable<void> against_moat_server() {
     co_await server.async_stop(std::chrono::milliseconds(1000));
 }
 
+// moat's server over TLS (make_tls_stream_factory), and moat's client trusting the test CA.
+asio::awaitable<void> against_moat_tls_server() {
+    const auto executor = co_await asio::this_coro::executor;
+    auto context =
+        http::make_server_context(certificates() + "/good.pem", certificates() + "/good.key");
+    REQUIRE(context);
+    http::server_options server_options;
+    server_options.make_stream = http::make_tls_stream_factory(*context);
+    http::server server(executor, server_options);
+    REQUIRE(server.route("GET", "/hello", serve_hello));
+    auto endpoint = server.start();
+    REQUIRE(endpoint);
+    const auto url = "https://localhost:" + std::to_string(endpoint->port()) + "/hello";
+    {
+        http::client_options options;
+        options.ca_file = certificates() + "/ca.pem";
+        http::client client(executor, options);
+        for (int i = 0; i < 3; ++i) {
+            auto r = co_await client.async_fetch(get(url), 1024);
+            REQUIRE(r);
+            CHECK(r->body == "hello");
+        }
+        CHECK(server.stats().accepted == 1);
+        http::client untrusting(executor);
+        auto refused = co_await untrusting.async_fetch(get(url), 1024);
+        REQUIRE(!refused);
+        CHECK(contains(refused.error().detail, "certificate verify failed: unknown CA"));
+        // The server keeps serving after a refused handshake.
+        auto again = co_await client.async_fetch(get(url), 1024);
+        REQUIRE(again);
+    }
+    co_await server.async_stop(std::chrono::milliseconds(1000));
+}
+
 }  // namespace
 
 TEST_CASE("a server context from a PEM pair serves the client, and a mismatched key is refused") {
@@ -765,6 +800,15 @@ TEST_CASE("moat's client against moat's server: keep-alive, a chunked upload, a 
     {
         asio::io_context io;
         moat::test::run_async(io, against_moat_server());
+    }
+    CHECK(open_descriptors() == descriptors);
+}
+
+TEST_CASE("moat's server over TLS serves moat's client, and a client without the CA is refused") {
+    const auto descriptors = open_descriptors();
+    {
+        asio::io_context io;
+        moat::test::run_async(io, against_moat_tls_server());
     }
     CHECK(open_descriptors() == descriptors);
 }
