@@ -812,3 +812,31 @@ TEST_CASE("moat's server over TLS serves moat's client, and a client without the
     }
     CHECK(open_descriptors() == descriptors);
 }
+
+TEST_CASE("a failing status becomes a typed error, and 429 carries the server's Retry-After") {
+    http::header_list headers;
+    headers.add("Retry-After", " 7 ");
+    headers.add("X-API-Key", "e2b_0123456789abcdef");
+    const auto limited = http::error_for_status(429, headers, "POST /v2/sandboxes");
+    CHECK(limited.error.code == moat::errc::rate_limited);
+    CHECK(limited.error.code == moat::condition::retryable);
+    REQUIRE(limited.retry_after);
+    CHECK(limited.retry_after->count() == 7);
+    CHECK(limited.error.detail == "POST /v2/sandboxes: HTTP 429; retry after 7 s");
+    CHECK(!contains(limited.error.detail, "e2b_"));
+
+    http::header_list dated;
+    dated.add("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT");
+    const auto undated = http::error_for_status(429, dated, "GET /x");
+    CHECK(!undated.retry_after);
+    CHECK(undated.error.detail == "GET /x: HTTP 429");
+    CHECK(!http::parse_retry_after({}));
+
+    const http::header_list none;
+    CHECK(http::error_for_status(401, none, "x").error.code == moat::errc::unauthorized);
+    CHECK(http::error_for_status(403, none, "x").error.code == moat::errc::permission_denied);
+    CHECK(http::error_for_status(404, none, "x").error.code == moat::errc::file_not_found);
+    CHECK(http::error_for_status(400, none, "x").error.code == moat::errc::invalid_argument);
+    CHECK(http::error_for_status(503, none, "x").error.code == moat::errc::backend_failure);
+    CHECK(!http::error_for_status(503, headers, "x").retry_after);  // only a 429's is read
+}
