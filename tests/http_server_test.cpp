@@ -3,6 +3,7 @@
 // the status (or the closed connection), that the server keeps serving, and that the process
 // holds the same descriptors afterwards. Timeouts are short (server_options) so the suite is fast.
 #include "http/server.hpp"
+#include "http/tls_server_stream.hpp"
 
 #include "core/asio_compat.hpp"
 
@@ -500,6 +501,62 @@ TEST_CASE("a slowloris client and a stalled upload are disconnected after their 
     CHECK(open_descriptors() == fds);
 }
 
+TEST_CASE("a keep-alive connection serves requests in turn and closes after the idle timeout") {
+    const auto fds = open_descriptors();
+    {
+        running_server s;
+        client_socket c(s.port);
+        // Two pipelined requests, answered in order on the same connection.
+        REQUIRE(
+            c.send_all("GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                       "GET /sandboxes/two/logs HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+        bool closed = false;
+        const auto replies = c.read_all(&closed);  // idle_timeout (500 ms) then closed
+        CHECK(closed);
+        CHECK(replies ==
+              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+              "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo");
+        CHECK(s.stats().open_connections == 0);
+        s.stop();
+    }
+    CHECK(open_descriptors() == fds);
+}
+
+namespace {
+
+// The TLS seam with the plain stream behind it: proves the server runs every connection over
+// what server_options::make_stream returns, and drops the connection when it fails.
+asio::awaitable<moat::result<std::unique_ptr<http::stream>>> counting_factory(
+    std::shared_ptr<std::atomic<int>> made, asio::ip::tcp::socket socket,
+    std::chrono::steady_clock::time_point deadline) {
+    CHECK(deadline > std::chrono::steady_clock::now());
+    if (made->fetch_add(1) == 1) {  // the second connection: a failed "handshake"
+        co_return moat::make_error(moat::errc::backend_failure, "handshake refused");
+    }
+    co_return http::make_tcp_stream(std::move(socket));
+}
+
+}  // namespace
+
+TEST_CASE("connections run over the stream the factory makes, and a failed factory drops one") {
+    auto made = std::make_shared<std::atomic<int>>(0);
+    auto options = fast_options();
+    options.make_stream = [made](asio::ip::tcp::socket socket,
+                                 std::chrono::steady_clock::time_point deadline) {
+        return counting_factory(made, std::move(socket), deadline);
+    };
+    running_server s(options);
+    CHECK(serves_hello(s.port));
+    bool closed = false;
+    const auto refused =
+        round_trip(s.port, "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n", &closed);
+    CHECK(refused.empty());
+    CHECK(closed);
+    CHECK(serves_hello(s.port));
+    CHECK(made->load() == 3);
+    s.stop();
+}
+
 TEST_CASE("a client that never reads a streamed response is dropped after the write deadline") {
     const auto fds = open_descriptors();
     {
@@ -645,4 +702,38 @@ TEST_CASE("a graceful stop lets the request in flight finish and refuses new con
     s.work.reset();
     s.thread.join();
     s.server.reset();
+}
+
+TEST_CASE("over TLS the server serves curl, and a plaintext client is dropped without harm") {
+    char pattern[] = "/tmp/moat-http-server-ca-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    const std::string certs = pattern;
+    REQUIRE(std::system((std::string(MOAT_HTTP_TEST_DIR) + "/make_test_ca.sh " + certs).c_str()) ==
+            0);
+    const auto fds = open_descriptors();
+    {
+        auto factory = http::make_tls_stream_factory(certs + "/good.pem", certs + "/good.key");
+        REQUIRE(factory);
+        auto options = fast_options();
+        options.make_stream = std::move(*factory);
+        running_server s(options);
+        const auto url = "https://localhost:" + std::to_string(s.port);
+        const auto curl = "curl -sS --cacert " + certs + "/ca.pem ";
+        CHECK(run(curl + url + "/hello") == "hello");
+        CHECK(run(curl + "-H 'Transfer-Encoding: chunked' --data-binary @" + certs + "/good.pem " +
+                  url + "/echo") == run("cat " + certs + "/good.pem"));
+        // Two requests on one TLS connection (keep-alive), and a 404's JSON body.
+        CHECK(run(curl + url + "/sandboxes/a/logs " + url + "/sandboxes/b/logs") == "ab");
+        CHECK(run(curl + url + "/nowhere") == R"({"code":404,"message":"no route for this path"})");
+
+        bool closed = false;
+        const auto plain =
+            round_trip(s.port, "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n", &closed);
+        CHECK(closed);
+        CHECK_FALSE(plain.starts_with("HTTP/1.1"));
+        CHECK(run(curl + url + "/hello") == "hello");
+        s.stop();
+    }
+    CHECK(open_descriptors() == fds);
+    std::filesystem::remove_all(certs);
 }

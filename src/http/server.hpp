@@ -54,9 +54,9 @@ namespace moat::http {
 class server_connection;
 class path_params;
 
-// Turns an accepted socket into the stream the connection runs over: empty means plain TCP. The
-// TLS seam: a factory that performs the server-side handshake (bounded by `deadline`, the head
-// deadline) and returns the TLS stream, or an error that closes the connection.
+// Turns an accepted socket into the stream the connection runs over: empty means plain TCP. For
+// TLS, make_tls_stream_factory (tls_server_stream.hpp) performs the handshake, bounded by
+// `deadline` (the head deadline); an error closes that connection.
 using stream_factory = std::function<asio::awaitable<result<std::unique_ptr<stream>>>(
     asio::ip::tcp::socket socket, std::chrono::steady_clock::time_point deadline)>;
 

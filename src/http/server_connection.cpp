@@ -462,10 +462,10 @@ asio::awaitable<result<std::string>> server_connection::async_read_body() {
 }
 
 asio::awaitable<void> server_connection::async_linger_close() {
-    co_await stream_->async_shutdown();
     auto linger = state_->options.head_timeout;
     if (linger > max_linger) linger = max_linger;
-    arm(clock::now() + linger);
+    arm(clock::now() + linger);  // bounds the shutdown too (TLS waits for the peer's close_notify)
+    co_await stream_->async_shutdown();
     std::size_t drained = 0;
     while (drained < max_linger_bytes) {
         const auto buffer = asio::buffer(buffer_);
