@@ -7,7 +7,7 @@
 #include "http/connect_envelope.hpp"
 #include "http/server.hpp"
 #include "http/tls.hpp"
-#include "http/tls_stream.hpp"
+#include "http/tls_server_stream.hpp"
 
 #include <moat/log.hpp>
 
