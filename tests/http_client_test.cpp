@@ -57,17 +57,26 @@ std::size_t open_descriptors() {
     return n - 1;  // the directory stream itself
 }
 
-// The test certificates, made once per test run in a temporary directory.
-const std::string& certificates() {
-    static const std::string dir = [] {
+// The test certificates, made once per test run in a temporary directory that is removed when
+// the test program exits (no key outlives the run).
+struct certificate_dir {
+    std::string path;
+    certificate_dir() {
         char pattern[] = "/tmp/moat-http-ca-XXXXXX";
         REQUIRE(::mkdtemp(pattern) != nullptr);
-        const std::string d = pattern;
-        const auto command = source_dir + "/tests/http/make_test_ca.sh " + d;
+        path = pattern;
+        const auto command = source_dir + "/tests/http/make_test_ca.sh " + path;
         REQUIRE(std::system(command.c_str()) == 0);
-        return d;
-    }();
-    return dir;
+    }
+    ~certificate_dir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+const std::string& certificates() {
+    static const certificate_dir dir;
+    return dir.path;
 }
 
 // A Node peer (tests/http/client_peer.js): started by the constructor, which reads its port;
