@@ -4,7 +4,10 @@
 // unknown CA and an expired one). Every failure is a typed error, and the process holds the same
 // descriptors afterwards.
 #include "http/client.hpp"
+#include "http/connect_envelope.hpp"
+#include "http/server.hpp"
 #include "http/tls.hpp"
+#include "http/tls_server_stream.hpp"
 
 #include <moat/log.hpp>
 
@@ -30,6 +33,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,17 +57,26 @@ std::size_t open_descriptors() {
     return n - 1;  // the directory stream itself
 }
 
-// The test certificates, made once per test run in a temporary directory.
-const std::string& certificates() {
-    static const std::string dir = [] {
+// The test certificates, made once per test run in a temporary directory that is removed when
+// the test program exits (no key outlives the run).
+struct certificate_dir {
+    std::string path;
+    certificate_dir() {
         char pattern[] = "/tmp/moat-http-ca-XXXXXX";
         REQUIRE(::mkdtemp(pattern) != nullptr);
-        const std::string d = pattern;
-        const auto command = source_dir + "/tests/http/make_test_ca.sh " + d;
+        path = pattern;
+        const auto command = source_dir + "/tests/http/make_test_ca.sh " + path;
         REQUIRE(std::system(command.c_str()) == 0);
-        return d;
-    }();
-    return dir;
+    }
+    ~certificate_dir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+const std::string& certificates() {
+    static const certificate_dir dir;
+    return dir.path;
 }
 
 // A Node peer (tests/http/client_peer.js): started by the constructor, which reads its port;
@@ -480,6 +493,173 @@ asio::awaitable<void> fetch_from_tls_server(int port) {
     CHECK(r->body == "ok");
 }
 
+// --- moat's client against moat's server ------------------------------------------------------
+
+asio::awaitable<void> serve_hello(http::server_request&, http::server_response& response) {
+    http::header_list headers;
+    (void)co_await response.async_send(200, std::move(headers), "hello");
+}
+
+asio::awaitable<void> serve_upload(http::server_request& request, http::server_response& response) {
+    std::size_t bytes = 0;
+    for (;;) {
+        auto piece = co_await request.async_read_some();
+        if (!piece) co_return;
+        if (piece->empty()) break;
+        bytes += piece->size();
+    }
+    http::header_list headers;
+    (void)co_await response.async_send(200, std::move(headers), std::to_string(bytes));
+}
+
+// A Connect server stream: three messages, then the end-stream message with an error.
+asio::awaitable<void> serve_connect(http::server_request& request,
+                                    http::server_response& response) {
+    http::header_list headers;
+    headers.add("Content-Type", "application/connect+json");
+    if (!co_await response.async_begin(200, std::move(headers))) co_return;
+    const bool oversize = request.query() == "oversize";
+    for (int i = 0; i < 3; ++i) {
+        std::string message = R"({"event":{"data":{"stdout":")" + std::to_string(i) + R"("}}})";
+        if (oversize && i == 2) message = std::string(4096, 'x');
+        const auto frame = http::connect::encode_envelope(0, message);
+        if (!co_await response.async_write(frame)) co_return;
+    }
+    http::connect::end_stream end;
+    end.error = http::connect::connect_error{http::connect::code::not_found, "no such process"};
+    const auto last = http::connect::encode_envelope(http::connect::flag_end_stream,
+                                                     http::connect::encode_end_stream(end));
+    if (!co_await response.async_write(last)) co_return;
+    (void)co_await response.async_end();
+}
+
+// Reads a Connect stream: the data messages, then the end-stream message's error (as moat's).
+struct connect_outcome {
+    std::vector<std::string> messages;
+    std::optional<moat::error> failure;
+};
+
+asio::awaitable<connect_outcome> read_connect_stream(http::response& r) {
+    connect_outcome out;
+    http::connect::envelope_decoder decoder(1024);
+    std::vector<http::connect::envelope> envelopes;
+    for (;;) {
+        auto piece = co_await r.async_read_some();
+        REQUIRE(piece);
+        if (piece->empty()) break;
+        auto fed = decoder.feed(*piece, envelopes);
+        if (!fed) {
+            out.failure = fed.error();
+            co_return out;
+        }
+    }
+    REQUIRE(decoder.finish());
+    for (const auto& e : envelopes) {
+        if (!e.is_end_stream()) {
+            out.messages.push_back(e.payload);
+            continue;
+        }
+        auto end = http::connect::parse_end_stream(e.payload);
+        REQUIRE(end);
+        if (end->error) out.failure = http::connect::to_error(*end->error);
+    }
+    co_return out;
+}
+
+asio::awaitable<void> against_moat_server() {
+    const auto executor = co_await asio::this_coro::executor;
+    http::server_options server_options;
+    http::server server(executor, server_options);
+    REQUIRE(server.route("GET", "/hello", serve_hello));
+    REQUIRE(server.route("POST", "/upload", serve_upload));
+    REQUIRE(server.route("POST", "/process.Process/Start", serve_connect));
+    auto endpoint = server.start();
+    REQUIRE(endpoint);
+    const auto base = "http://127.0.0.1:" + std::to_string(endpoint->port());
+
+    {
+        http::client client(executor);
+        for (int i = 0; i < 3; ++i) {
+            auto r = co_await client.async_fetch(get(base + "/hello"), 1024);
+            REQUIRE(r);
+            CHECK(r->body == "hello");
+        }
+        CHECK(server.stats().accepted == 1);  // one keep-alive connection
+
+        http::request upload = get(base + "/upload");
+        upload.method = "POST";
+        auto sent = std::make_shared<std::size_t>(0);
+        upload.body_stream = [sent]() -> asio::awaitable<moat::result<std::string>> {
+            if (*sent == 64) co_return std::string();
+            ++*sent;
+            co_return std::string(16 * 1024, 'u');
+        };
+        auto uploaded = co_await client.async_fetch(std::move(upload), 1024);
+        REQUIRE(uploaded);
+        CHECK(uploaded->body == std::to_string(64 * 16 * 1024));
+
+        http::request start = get(base + "/process.Process/Start");
+        start.method = "POST";
+        start.headers.add("Content-Type", "application/connect+json");
+        start.body = http::connect::encode_envelope(0, R"({"process":{"cmd":"/bin/true"}})");
+        auto stream = co_await client.async_send(std::move(start));
+        REQUIRE(stream);
+        CHECK(stream->headers().find("content-type") == "application/connect+json");
+        auto outcome = co_await read_connect_stream(*stream);
+        REQUIRE(outcome.messages.size() == 3);
+        CHECK(outcome.messages[1] == R"({"event":{"data":{"stdout":"1"}}})");
+        REQUIRE(outcome.failure);
+        CHECK(outcome.failure->code == moat::errc::file_not_found);
+        CHECK(outcome.failure->detail == "connect not_found: no such process");
+
+        // A frame past the reader's cap is refused as a protocol error.
+        http::request oversize = get(base + "/process.Process/Start?oversize");
+        oversize.method = "POST";
+        oversize.body = http::connect::encode_envelope(0, "{}");
+        auto big = co_await client.async_send(std::move(oversize));
+        REQUIRE(big);
+        auto refused = co_await read_connect_stream(*big);
+        REQUIRE(refused.failure);
+        CHECK(refused.failure->code == moat::errc::protocol_error);
+        CHECK(contains(refused.failure->detail, "over the cap of 1024"));
+    }
+    co_await server.async_stop(std::chrono::milliseconds(1000));
+}
+
+// moat's server over TLS (make_tls_stream_factory), and moat's client trusting the test CA.
+asio::awaitable<void> against_moat_tls_server() {
+    const auto executor = co_await asio::this_coro::executor;
+    auto context =
+        http::make_server_context(certificates() + "/good.pem", certificates() + "/good.key");
+    REQUIRE(context);
+    http::server_options server_options;
+    server_options.make_stream = http::make_tls_stream_factory(*context);
+    http::server server(executor, server_options);
+    REQUIRE(server.route("GET", "/hello", serve_hello));
+    auto endpoint = server.start();
+    REQUIRE(endpoint);
+    const auto url = "https://localhost:" + std::to_string(endpoint->port()) + "/hello";
+    {
+        http::client_options options;
+        options.ca_file = certificates() + "/ca.pem";
+        http::client client(executor, options);
+        for (int i = 0; i < 3; ++i) {
+            auto r = co_await client.async_fetch(get(url), 1024);
+            REQUIRE(r);
+            CHECK(r->body == "hello");
+        }
+        CHECK(server.stats().accepted == 1);
+        http::client untrusting(executor);
+        auto refused = co_await untrusting.async_fetch(get(url), 1024);
+        REQUIRE(!refused);
+        CHECK(contains(refused.error().detail, "certificate verify failed: unknown CA"));
+        // The server keeps serving after a refused handshake.
+        auto again = co_await client.async_fetch(get(url), 1024);
+        REQUIRE(again);
+    }
+    co_await server.async_stop(std::chrono::milliseconds(1000));
+}
+
 }  // namespace
 
 TEST_CASE("a server context from a PEM pair serves the client, and a mismatched key is refused") {
@@ -622,4 +802,50 @@ TEST_CASE("TLS refuses a wrong host name, an unknown CA and an expired certifica
         CHECK(contains(e.detail, "TLS handshake with https://localhost:"));
         CHECK(open_descriptors() == descriptors);
     }
+}
+
+TEST_CASE("moat's client against moat's server: keep-alive, a chunked upload, a Connect stream") {
+    const auto descriptors = open_descriptors();
+    {
+        asio::io_context io;
+        moat::test::run_async(io, against_moat_server());
+    }
+    CHECK(open_descriptors() == descriptors);
+}
+
+TEST_CASE("moat's server over TLS serves moat's client, and a client without the CA is refused") {
+    const auto descriptors = open_descriptors();
+    {
+        asio::io_context io;
+        moat::test::run_async(io, against_moat_tls_server());
+    }
+    CHECK(open_descriptors() == descriptors);
+}
+
+TEST_CASE("a failing status becomes a typed error, and 429 carries the server's Retry-After") {
+    http::header_list headers;
+    headers.add("Retry-After", " 7 ");
+    headers.add("X-API-Key", "e2b_0123456789abcdef");
+    const auto limited = http::error_for_status(429, headers, "POST /v2/sandboxes");
+    CHECK(limited.error.code == moat::errc::rate_limited);
+    CHECK(limited.error.code == moat::condition::retryable);
+    REQUIRE(limited.retry_after);
+    CHECK(limited.retry_after->count() == 7);
+    CHECK(limited.error.detail == "POST /v2/sandboxes: HTTP 429; retry after 7 s");
+    CHECK(!contains(limited.error.detail, "e2b_"));
+
+    http::header_list dated;
+    dated.add("Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT");
+    const auto undated = http::error_for_status(429, dated, "GET /x");
+    CHECK(!undated.retry_after);
+    CHECK(undated.error.detail == "GET /x: HTTP 429");
+    CHECK(!http::parse_retry_after({}));
+
+    const http::header_list none;
+    CHECK(http::error_for_status(401, none, "x").error.code == moat::errc::unauthorized);
+    CHECK(http::error_for_status(403, none, "x").error.code == moat::errc::permission_denied);
+    CHECK(http::error_for_status(404, none, "x").error.code == moat::errc::file_not_found);
+    CHECK(http::error_for_status(400, none, "x").error.code == moat::errc::invalid_argument);
+    CHECK(http::error_for_status(503, none, "x").error.code == moat::errc::backend_failure);
+    CHECK(!http::error_for_status(503, headers, "x").retry_after);  // only a 429's is read
 }

@@ -54,7 +54,7 @@ enum class errc : int {
     unauthorized = 17,
     // A remote service refused the request for its rate (HTTP 429, Connect resource_exhausted).
     // Retryable; when the server said how long to wait (Retry-After), the detail ends with
-    // "retry after <N> s" and the HTTP client's status_error carries it as a duration.
+    // "retry after <N> s" and the HTTP layer's status_error carries it as a duration.
     rate_limited = 18,
 };
 

@@ -47,6 +47,8 @@ constexpr const char* usage_text =
     "  bench sweep [--n N] | memory [--count N] | pool [--n N] | hostsize [--n N]\n"
     "      throughput and tail at 1-64 in flight; memory per idle sandbox with N held; warm\n"
     "      hand-out latency; create latency in a 2 GiB, 8-thread process\n"
+    "  bench http [--n N] [--concurrency C] [--stream-mib M] [--json FILE]\n"
+    "      moat's HTTP client and server on loopback: req/s, p50/p99, MB/s beside Node and curl\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"

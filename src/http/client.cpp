@@ -115,6 +115,48 @@ result<parsed_url> parse_url(std::string_view url) {
     return out;
 }
 
+std::optional<std::chrono::seconds> parse_retry_after(const header_list& headers) {
+    const auto value = headers.find("retry-after");
+    if (!value) return std::nullopt;
+    std::string_view text = *value;
+    while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+    while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+    unsigned long seconds = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || seconds > 86'400) {
+        return std::nullopt;
+    }
+    return std::chrono::seconds(seconds);
+}
+
+status_error error_for_status(int status, const header_list& headers, std::string_view what) {
+    errc code = errc::backend_failure;
+    if (status == 401) {
+        code = errc::unauthorized;
+    } else if (status == 429) {
+        code = errc::rate_limited;
+    } else if (status == 403) {
+        code = errc::permission_denied;
+    } else if (status == 404) {
+        code = errc::file_not_found;
+    } else if (status == 413) {
+        code = errc::too_large;
+    } else if (status >= 400 && status < 500) {
+        code = errc::invalid_argument;
+    }
+    status_error out;
+    std::string detail(what);
+    detail += ": HTTP ";
+    detail += std::to_string(status);
+    if (status == 429) {
+        out.retry_after = parse_retry_after(headers);
+        if (out.retry_after)
+            detail += "; retry after " + std::to_string(out.retry_after->count()) + " s";
+    }
+    out.error = make_error(code, std::move(detail));
+    return out;
+}
+
 namespace detail {
 
 // One request and its response on one leased connection. Gives the connection back when

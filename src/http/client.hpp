@@ -59,6 +59,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,6 +109,21 @@ struct parsed_url {
 // Parses an absolute http(s) URL. invalid_argument for another scheme, user info, a bad port, an
 // empty host, or bytes that cannot appear in a request target.
 result<parsed_url> parse_url(std::string_view url);
+
+// A non-2xx status as a moat error, for callers that treat one as a failure: 401 → unauthorized,
+// 429 → rate_limited (retry_after from a delta-seconds Retry-After, also written at the end of the
+// detail as "retry after <N> s"), 403 → permission_denied, 404 → file_not_found, 413 → too_large,
+// other 4xx → invalid_argument, 5xx and anything else → backend_failure. The detail is
+// "<what>: HTTP <status>" (plus the retry hint): `what` is the caller's, and no header value but
+// Retry-After's number is read.
+struct status_error {
+    ::moat::error error;
+    std::optional<std::chrono::seconds> retry_after;
+};
+status_error error_for_status(int status, const header_list& headers, std::string_view what);
+
+// Retry-After as delta-seconds (an HTTP date, a negative or absurd value: nullopt).
+std::optional<std::chrono::seconds> parse_retry_after(const header_list& headers);
 
 namespace detail {
 struct exchange;
