@@ -151,11 +151,9 @@ int add_rules(scmp_filter_ctx ctx, std::string& detail) {
             return -rc;
         }
     }
-    if (const int rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-        rc < 0) {
-        detail = "seccomp: rule for clone3";
-        return -rc;
-    }
+    // clone3 stays open here for pid 1 (the agent clones commands straight into their cgroups
+    // with CLONE_INTO_CGROUP); every command stacks a second filter on this one that fails
+    // clone3 with ENOSYS before it execs (agent.cpp), so sandbox code never reaches it.
     const int rc = ::seccomp_rule_add(ctx, eperm, SCMP_SYS(ioctl), 1,
                                       SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI));
     if (rc < 0) {

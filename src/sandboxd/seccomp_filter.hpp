@@ -5,8 +5,9 @@
 // io_uring, userfaultfd, perf events, namespace creation and entry, module and kexec loading,
 // reboot, swap, accounting, quotas, file handles, the kernel log, raw port I/O, clock setting,
 // pidfd_getfd, kcmp, personality changes (only PER_LINUX and the 0xffffffff query pass) and the
-// TIOCSTI terminal injection ioctl; clone with any CLONE_NEW* flag fails with EPERM and clone3 with
-// ENOSYS (so libc falls back to clone, whose flags a filter can see). A foreign architecture or
+// TIOCSTI terminal injection ioctl; clone with any CLONE_NEW* flag fails with EPERM. clone3 is left
+// to pid 1 (CLONE_INTO_CGROUP); each command adds a filter failing it with ENOSYS (so libc falls
+// back to clone, whose flags a filter can see) before it execs. A foreign architecture or
 // the x32 ABI kills the process.
 #pragma once
 

@@ -146,8 +146,10 @@ static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) 
 // Everything the child needs, prepared by the parent before clone; the child only reads it,
 // except for the failure record, which the parent reads after the exec pipe reaches EOF.
 struct child_args {
-    int attach_fds[controller_count];  // cgroup files pid 1 joins through, or -1
-    int command_cgroup;                // v2: the commands' cgroup.procs (fd 8), or -1
+    int attach_fds[controller_count];  // v1 cgroup files pid 1 joins through, or -1
+    int unified_before_namespace;      // v2 cgroup.procs pid 1 joins before / after it makes its
+    int unified_after_namespace;       // cgroup namespace, or -1 (see cgroup_join_fds)
+    int command_cgroup;                // v2: the commands' directory (fd 8), or -1
     int command_cgroup_kill;           // v2: the commands' cgroup.kill (fd 9), or -1
     int release_read;
     int release_write;
@@ -201,8 +203,8 @@ void bring_up_loopback(child_args& a) {
 
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
 // 6 exec pipe (close-on-exec), 7 the attach socket (survivors only), 8 and 9 the commands'
-// cgroup files (v2 only). Sources may sit on any of the target numbers, so first move them all
-// above the targets.
+// cgroup directory and cgroup.kill (v2, or the hybrid tracking tree). Sources may sit on any of the
+// target numbers, so first move them all above the targets.
 long move_above(child_args& a, int fd, int first_free) {
     if (fd < 0) return -1;
     return checked(a, step::arrange_fds, SYS_fcntl, fd, F_DUPFD_CLOEXEC, first_free);
@@ -259,7 +261,12 @@ int child_main(void* opaque) {
     for (const int fd : a.attach_fds) {
         if (fd >= 0) checked(a, step::cgroup_attach, SYS_write, fd, "0", 1);
     }
+    if (a.unified_before_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_before_namespace, "0", 1);
     checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
+    // Under nsdelegate the namespace's root is the sandbox's own v2 cgroup; pid 1 lives in init.
+    if (a.unified_after_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_after_namespace, "0", 1);
 
     // Without setgroups the child would keep host gid 0 as a supplementary group. pid 1 takes the
     // sandbox's group (its uid stays 0 in the namespace), so that commands, which inherit it,
@@ -495,7 +502,9 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         }
     }
     std::copy(attach_fds.init.begin(), attach_fds.init.end(), args.attach_fds);
-    args.command_cgroup = attach_fds.commands;
+    args.unified_before_namespace = attach_fds.unified_before_namespace;
+    args.unified_after_namespace = attach_fds.unified_after_namespace;
+    args.command_cgroup = attach_fds.commands_dir;
     args.command_cgroup_kill = attach_fds.commands_kill;
     const auto close_attach_fds = [&attach_fds] { attach_fds.close_all(); };
 
@@ -549,6 +558,15 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     if (err == 0 && failed_step != 0) {
         err = args.failed_errno;
         detail = std::string(step_names[failed_step]) + ": " + errno_name(err);
+    }
+    // pid 1 runs the agent and has left the sandbox's top v2 cgroup: now its children may get
+    // controllers, and `commands` goes to the sandbox's root (per-command cgroups).
+    if (err == 0) {
+        err = hierarchy.delegate(group, slot.uid_base, detail);
+        if (err != 0) {
+            code = moat::errc::layer_unavailable;
+            ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+        }
     }
     if (err != 0) {
         // The child is dead or dying: reap it before the stack can be reused.
