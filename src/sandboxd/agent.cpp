@@ -142,6 +142,12 @@ long long read_keyed(int dir, const char* file, std::string_view key) {
     return -1;
 }
 
+// Signals a command: its process group, or the child itself while it has not made that group
+// yet (it is still on its way to exec).
+void signal_command(pid_t pid, int signal) {
+    if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
 bool write_at(int dir, const char* file, const char* text) {
     const int fd = ::openat(dir, file, O_WRONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -177,6 +183,7 @@ class agent {
         int status_pipe;            // read end: errno if the child failed before exec
         cgroup_slot cgroup;         // its own cgroup (exec_own_cgroup), or dir -1
         bool timed_out = false;
+        bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
     };
 
     struct connection {
@@ -194,6 +201,9 @@ class agent {
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
     void handle_kill(int fd, const wire::kill_message& m);
+    // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
+    // out), an errno that it failed (reported when it is reaped).
+    void check_starts();
     // Closes connections marked `closing`; false if the owner's went and the sandbox must end.
     bool close_connections();
     void reap();
@@ -228,7 +238,7 @@ class agent {
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
     int command_cgroup_ = -1;           // see command_cgroup_fd
-    int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd
+    int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
     bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_
     bool clone3_usable_ = true;         // false once the kernel refused CLONE_INTO_CGROUP
     std::uint64_t next_cgroup_ = 1;
@@ -305,6 +315,10 @@ int agent::run() {
         poll_fds_.push_back({signal_fd_, POLLIN, 0});
         poll_fds_.push_back({listen_fd_, POLLIN, 0});  // a negative fd is skipped by poll
         for (const auto& c : connections_) poll_fds_.push_back({c.fd, POLLIN, 0});
+        const std::size_t first_start = poll_fds_.size();
+        for (const auto& c : commands_) {
+            if (!c.started && c.status_pipe >= 0) poll_fds_.push_back({c.status_pipe, POLLIN, 0});
+        }
         const int ready = ::poll(poll_fds_.data(), poll_fds_.size(), poll_timeout_ms());
         if (ready < 0 && errno != EINTR) return 1;
         if (ttl_deadline_us_ != 0 && now_us() >= ttl_deadline_us_) return 0;
@@ -313,7 +327,12 @@ int agent::run() {
         if (!draining_cgroups_.empty()) check_draining();
         enforce_deadlines();
         if (ready <= 0) continue;
-        for (std::size_t i = 2; i < poll_fds_.size(); ++i) {
+        bool any_started = false;
+        for (std::size_t i = first_start; i < poll_fds_.size(); ++i) {
+            any_started = any_started || poll_fds_[i].revents != 0;
+        }
+        if (any_started) check_starts();
+        for (std::size_t i = 2; i < first_start; ++i) {
             if (poll_fds_[i].revents != 0 && !handle_control(poll_fds_[i].fd)) {
                 mark_closing(poll_fds_[i].fd);
             }
@@ -351,7 +370,7 @@ bool agent::close_connections() {
         // What a connection started dies with it: nobody is left to read its result.
         for (auto& running : commands_) {
             if (running.connection != c.fd) continue;
-            ::kill(-running.pid, SIGKILL);
+            signal_command(running.pid, SIGKILL);
             running.connection = -1;
         }
         ::close(c.fd);
@@ -382,7 +401,7 @@ void agent::enforce_deadlines() {
     const std::uint64_t now = now_us();
     for (auto& c : commands_) {
         if (c.deadline_us != 0 && !c.timed_out && now >= c.deadline_us) {
-            ::kill(-c.pid, SIGKILL);
+            signal_command(c.pid, SIGKILL);
             c.timed_out = true;
         }
     }
@@ -469,11 +488,28 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     }
     const std::uint64_t deadline =
         request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
+    // `started` follows once the child has exec'd (check_starts), never waited for here.
     commands_.push_back({request.exec_id, pid, start, deadline, fd, status[0], slot});
-    auto started = wire::make_message<wire::started_message>(wire::message_type::started);
-    started.exec_id = request.exec_id;
-    started.pid = pid;
-    send(fd, started);
+}
+
+void agent::check_starts() {
+    for (auto& c : commands_) {
+        if (c.started || c.status_pipe < 0) continue;
+        int spawn_errno = 0;
+        const ssize_t n = ::read(c.status_pipe, &spawn_errno, sizeof spawn_errno);
+        if (n < 0) continue;  // EAGAIN: still on its way to exec
+        if (n == 0) {
+            // Exec'd: the program runs in its own process group from here.
+            c.started = true;
+            ::close(c.status_pipe);
+            c.status_pipe = -1;
+            auto started = wire::make_message<wire::started_message>(wire::message_type::started);
+            started.exec_id = c.exec_id;
+            started.pid = c.pid;
+            send(c.connection, started);
+        }
+        // An errno: the child exits at once and reap() reads the rest of the story.
+    }
 }
 
 pid_t agent::start_child(const command_args& args, int cgroup_dir) {
@@ -524,8 +560,10 @@ agent::cgroup_slot agent::acquire_cgroup() {
     std::snprintf(name, sizeof name, "c%llu", static_cast<unsigned long long>(slot.number));
     if (::mkdirat(command_cgroup_, name, 0755) != 0 && errno != EEXIST) {
         // Not delegated (a hybrid host whose unified hierarchy moat may not write): every command
-        // shares the commands' cgroup, and strays are killed when the sandbox is idle.
-        per_command_cgroups_ = false;
+        // shares the commands' cgroup, and strays are killed when the sandbox is idle. Anything
+        // else (a descendant limit, memory) costs this exec its own cgroup only.
+        if (errno == EACCES || errno == EPERM || errno == EROFS || errno == ENOENT)
+            per_command_cgroups_ = false;
         return {};
     }
     slot.dir = ::openat(command_cgroup_, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -601,7 +639,7 @@ void agent::handle_kill(int fd, const wire::kill_message& m) {
     if (m.signal < 0 || m.signal >= NSIG) return;
     // Exec ids are chosen by each connection: a connection signals only its own commands.
     for (const auto& c : commands_) {
-        if (c.exec_id == m.exec_id && c.connection == fd) ::kill(-c.pid, m.signal);
+        if (c.exec_id == m.exec_id && c.connection == fd) signal_command(c.pid, m.signal);
     }
 }
 
@@ -624,14 +662,15 @@ void agent::reap() {
             if (c.cgroup.dir >= 0 && release_cgroup(c.cgroup)) flags |= wire::exited_strays_killed;
             // The child has exited, so its end of the status pipe is closed: this never blocks.
             int spawn_errno = 0;
-            if (::read(c.status_pipe, &spawn_errno, sizeof spawn_errno) ==
+            if (c.status_pipe >= 0 &&
+                ::read(c.status_pipe, &spawn_errno, sizeof spawn_errno) ==
                     static_cast<ssize_t>(sizeof spawn_errno) &&
                 spawn_errno != 0) {
                 flags = wire::exited_spawn_failed;
             } else {
                 spawn_errno = 0;
             }
-            ::close(c.status_pipe);
+            if (c.status_pipe >= 0) ::close(c.status_pipe);
             send_exited(c.connection, c.exec_id, status, flags, spawn_errno, c.start_us);
             command_ended = true;
             break;

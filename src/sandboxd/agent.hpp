@@ -18,7 +18,8 @@
 //
 // Per-command cgroups: fd 8 is the commands' cgroup v2 directory and fd 9 its cgroup.kill (the
 // helper opened them and handed the directory to the sandbox's root, see cgroups.hpp); neither is
-// inherited. An exec flagged exec_own_cgroup is cloned (CLONE_INTO_CGROUP) into a cgroup of its
+// inherited, and fd 9 is not written (a cgroup once killed through cgroup.kill kills every child
+// later cloned into it or below it, on Linux 6.18). An exec flagged exec_own_cgroup is cloned (CLONE_INTO_CGROUP) into a cgroup of its
 // own, `c<n>` below fd 8, made by pid 1 and reused once empty (at most a few idle ones are kept);
 // spawned processes go to fd 8's cgroup itself. When the exec's main process exits, anything
 // left in its cgroup is killed at once (cgroup.kill) and `exited` carries exited_strays_killed.
