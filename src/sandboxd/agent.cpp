@@ -184,6 +184,7 @@ class agent {
         cgroup_slot cgroup;         // its own cgroup (exec_own_cgroup), or dir -1
         bool timed_out = false;
         bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
+        int spawn_errno = 0;   // what the child reported before it could exec
     };
 
     struct connection {
@@ -508,7 +509,12 @@ void agent::check_starts() {
             started.pid = c.pid;
             send(c.connection, started);
         }
-        // An errno: the child exits at once and reap() reads the rest of the story.
+        // An errno: the child exits at once, and reap() reports it.
+        if (n == static_cast<ssize_t>(sizeof spawn_errno) && spawn_errno != 0) {
+            c.spawn_errno = spawn_errno;
+            ::close(c.status_pipe);
+            c.status_pipe = -1;
+        }
     }
 }
 
@@ -661,16 +667,24 @@ void agent::reap() {
             std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
             if (c.cgroup.dir >= 0 && release_cgroup(c.cgroup)) flags |= wire::exited_strays_killed;
             // The child has exited, so its end of the status pipe is closed: this never blocks.
-            int spawn_errno = 0;
-            if (c.status_pipe >= 0 &&
-                ::read(c.status_pipe, &spawn_errno, sizeof spawn_errno) ==
-                    static_cast<ssize_t>(sizeof spawn_errno) &&
-                spawn_errno != 0) {
-                flags = wire::exited_spawn_failed;
-            } else {
-                spawn_errno = 0;
+            int spawn_errno = c.spawn_errno;
+            if (c.status_pipe >= 0) {
+                if (::read(c.status_pipe, &spawn_errno, sizeof spawn_errno) !=
+                    static_cast<ssize_t>(sizeof spawn_errno)) {
+                    spawn_errno = 0;
+                }
+                ::close(c.status_pipe);
             }
-            if (c.status_pipe >= 0) ::close(c.status_pipe);
+            if (spawn_errno != 0) {
+                flags = wire::exited_spawn_failed;
+            } else if (!c.started) {
+                // It exec'd and ended before its status pipe was read: started, then exited.
+                auto started =
+                    wire::make_message<wire::started_message>(wire::message_type::started);
+                started.exec_id = c.exec_id;
+                started.pid = c.pid;
+                send(c.connection, started);
+            }
             send_exited(c.connection, c.exec_id, status, flags, spawn_errno, c.start_us);
             command_ended = true;
             break;
