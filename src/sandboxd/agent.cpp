@@ -292,6 +292,9 @@ bool agent::setup() {
     if (::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0) {
         command_cgroup_ = command_cgroup_fd;
         per_command_cgroups_ = true;
+        // The helper made the first exec's cgroup with the sandbox (c0).
+        const int first = ::openat(command_cgroup_, "c0", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (first >= 0) idle_cgroups_.push_back({first, 0, 0});
     }
     if (::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0)
         command_cgroup_kill_ = command_cgroup_kill_fd;

@@ -20,6 +20,7 @@ namespace {
 constexpr std::array<std::uint32_t, controller_count> layer_bits = {
     wire::layer_cgroup_memory, wire::layer_cgroup_pids, wire::layer_cgroup_cpu};
 constexpr std::string_view leaf_name = "moat-leaf";  // where the helper's cgroup's processes go
+constexpr const char* first_command_cgroup = "c0";   // see agent.hpp
 // The fix comes before the path in every reason: the hello record's detail field is 255 bytes.
 constexpr const char* delegate_fix =
     "run moat in a systemd unit with Delegate=yes, or in a container with its own cgroup "
@@ -191,6 +192,12 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             err = errno;
             step = "mkdir commands";
         }
+        // The first exec's own cgroup, made here so that no exec pays for a mkdir until several
+        // run at once (the agent makes the rest; removal takes it with the other children).
+        if (err == 0 && ::mkdir((out.dirs[1] + "/" + first_command_cgroup).c_str(), 0755) != 0) {
+            err = errno;
+            step = "mkdir commands/c0";
+        }
         if (err != 0) {
             detail = "cgroup v2: " + dir + ": " + step + ": " + errno_name(err);
             discard(out);
@@ -214,8 +221,9 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         // pid 1 (the sandbox's root, `owner` on the host) makes per-command cgroups in
         // `commands` and clones commands into them; every such move is also checked against the
         // common ancestor's cgroup.procs, <id>'s. Commands run as another uid and can do neither.
-        for (const std::string& path :
-             {commands, commands + "/cgroup.procs", top + "/cgroup.procs"}) {
+        const std::string first = commands + "/" + first_command_cgroup;
+        for (const std::string& path : {commands, commands + "/cgroup.procs", first,
+                                        first + "/cgroup.procs", top + "/cgroup.procs"}) {
             if (err != 0) break;
             step = "chown";
             if (::chown(path.c_str(), owner, static_cast<gid_t>(-1)) != 0) err = errno;
@@ -243,6 +251,8 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             }
         }
         if (err == 0) {
+            const std::string& dir = nsdelegate_ ? group.dirs[2] : group.dirs[0];
+            fds.unified_dir = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
             fds.commands_dir = ::open(group.dirs[1].c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
             if (fds.commands_dir < 0) {
                 err = errno;
@@ -251,8 +261,8 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         }
         if (err != 0) {
             detail = "cgroup v2: open " + *failed + ": " + errno_name(err);
-            for (int* fd :
-                 {&fds.unified_before_namespace, &fds.unified_after_namespace, &fds.commands_dir}) {
+            for (int* fd : {&fds.unified_before_namespace, &fds.unified_after_namespace,
+                            &fds.unified_dir, &fds.commands_dir}) {
                 if (*fd >= 0) ::close(*fd);
                 *fd = -1;
             }

@@ -47,7 +47,7 @@ sandbox_cgroups tracking_view(const sandbox_cgroups& group) {
 
 void cgroup_join_fds::close_all() {
     for (int* fd : {&init[0], &init[1], &init[2], &unified_before_namespace,
-                    &unified_after_namespace, &commands_dir, &commands_kill}) {
+                    &unified_after_namespace, &unified_dir, &commands_dir, &commands_kill}) {
         if (*fd >= 0) ::close(*fd);
         *fd = -1;
     }

@@ -78,6 +78,10 @@ struct cgroup_join_fds {
     // or -1).
     int unified_before_namespace = -1;
     int unified_after_namespace = -1;
+    // The directory of the "before" cgroup (O_PATH): the helper clones pid 1 straight into it
+    // (clone3 CLONE_INTO_CGROUP), so that pid 1 need not write the file above, which waits for an
+    // RCU grace period on a global lock. The write is the fallback.
+    int unified_dir = -1;
     int commands_dir = -1;   // v2: the commands' directory (O_PATH), handed to the agent as fd 8
     int commands_kill = -1;  // v2: commands/cgroup.kill (5.14+), fd 9
     void close_all();
