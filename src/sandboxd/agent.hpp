@@ -24,9 +24,9 @@
 // sandbox, the rest by pid 1), reused while it never had to be killed (at most a few idle ones
 // are kept); spawned processes go to fd 8's cgroup itself. When the exec's main process exits,
 // anything left in its cgroup is killed at once (cgroup.kill), the cgroup is removed once empty,
-// and `exited` carries exited_strays_killed. Without fd 8 (no cgroup2 mount), or if the kernel refuses
-// the cgroup, commands share pid 1's cgroup and everything else in the sandbox is killed once no
-// command is running, so an idle sandbox runs nothing but pid 1.
+// and `exited` carries exited_strays_killed. Without fd 8 (no cgroup2 mount), or if the kernel
+// refuses the cgroup, commands share pid 1's cgroup and everything else in the sandbox is killed
+// once no command is running, so an idle sandbox runs nothing but pid 1.
 //
 // With --survive-owner, fd 7 is a unix SOCK_SEQPACKET socket the helper bound in its 0700 state
 // directory; the agent listens on it, so other host processes can attach. Each accepted
