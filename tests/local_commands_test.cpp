@@ -237,3 +237,26 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
     const auto inspected = run(local->async_inspect(box.id));
     CHECK((!inspected || inspected->state != moat::sandbox_state::running));
 }
+
+TEST_CASE("a survivor's per-command cgroups are gone after another backend destroys it") {
+    MOAT_REQUIRE_NAMESPACES();
+    if (!host_has_cgroup2()) {
+        MESSAGE("SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host");
+        return;
+    }
+    moat::test::local_fixture creator;
+    moat::sandbox_spec spec;
+    spec.survive_owner = true;
+    spec.ttl = 10min;
+    const auto box = creator.create(spec);
+    const std::string init_dir = unified_cgroup_of(*box.host_pid);
+    REQUIRE(init_dir.ends_with("/" + box.id + "/init"));
+    const std::string top = init_dir.substr(0, init_dir.size() - 5);
+    CHECK(creator.sh(box.id, "sleep 100 >/dev/null 2>&1 & echo").strays_killed);
+    creator.shut_down();  // its helper is gone: it cannot remove them
+
+    moat::test::local_fixture other;
+    REQUIRE(other.run(other.local->async_attach(box.id)));
+    REQUIRE(other.run(other.local->async_destroy(box.id)));
+    CHECK(moat::test::eventually([&] { return !exists(top); }));
+}

@@ -360,7 +360,7 @@ class local_backend final : public backend {
         record.uid_base = made->message.uid_base;
         record.memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
         for (const auto* field : {&made->message.memory_cgroup, &made->message.pids_cgroup,
-                                  &made->message.cpu_cgroup}) {
+                                  &made->message.cpu_cgroup, &made->message.tracking_cgroup}) {
             const std::string_view dir = wire::read_field(*field);
             if (!dir.empty() && std::find(record.cgroups.begin(), record.cgroups.end(), dir) ==
                                     record.cgroups.end())

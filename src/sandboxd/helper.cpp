@@ -553,6 +553,9 @@ void helper::handle_create(const wire::create_message& m) {
     wire::copy_field(created.memory_cgroup, s.cgroups.paths[0]);
     wire::copy_field(created.pids_cgroup, s.cgroups.paths[1]);
     wire::copy_field(created.cpu_cgroup, s.cgroups.paths[2]);
+    if (!s.cgroups.tracking_dirs.empty()) {
+        wire::copy_field(created.tracking_cgroup, s.cgroups.tracking_dirs.back());
+    }
     const int passed[] = {spawned.pidfd, spawned.library_socket};
     const int lost = send(created, passed);
     ::close(spawned.library_socket);

@@ -22,7 +22,7 @@ namespace moat::wire {
 
 // 2: set_ttl / ttl_set; exec requests the agent cannot run are answered.
 // 3: created carries the cpu cgroup; survivors' agents accept attach connections.
-// 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups.
+// 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups; created.tracking_cgroup.
 inline constexpr std::uint32_t protocol_version = 4;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
@@ -125,6 +125,9 @@ struct created_message {
     char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
     char pids_cgroup[path_bytes];    // absolute path of the sandbox's v1 pids cgroup, or ""
     char cpu_cgroup[path_bytes];     // absolute path of the sandbox's v1 cpu cgroup, or ""
+    // Hybrid hosts: the sandbox's tracking tree in the unified hierarchy (per-command cgroups),
+    // or "": whoever confirms the sandbox gone removes it with the others.
+    char tracking_cgroup[path_bytes];
 };
 
 struct create_failed_message {
