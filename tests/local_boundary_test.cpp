@@ -112,11 +112,14 @@ std::string compile_probe_on_host() {
 }
 
 // Runs `binary` on the host as this (root) process's child, optionally under `filter` (loaded the
-// way the sandbox child loads it: no_new_privs, then seccomp), and returns its stdout.
+// way a sandbox command has it: no_new_privs, the sandbox's filter, then the command filter every
+// command stacks on it), and returns its stdout.
 std::string run_on_host(const std::string& binary, const std::vector<sock_filter>* filter) {
     int out[2];
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     sock_fprog program{};
+    sock_fprog command_program{static_cast<unsigned short>(std::size(moat::sandboxd::command_filter)),
+                               const_cast<sock_filter*>(moat::sandboxd::command_filter)};
     if (filter != nullptr) {
         program.len = static_cast<unsigned short>(filter->size());
         program.filter = const_cast<sock_filter*>(filter->data());
@@ -129,7 +132,8 @@ std::string run_on_host(const std::string& binary, const std::vector<sock_filter
         char* envp[] = {nullptr};
         if (filter != nullptr &&
             (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
-             ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) != 0)) {
+             ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) != 0 ||
+             ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &command_program) != 0)) {
             ::_exit(126);
         }
         ::execve(argv[0], argv, envp);

@@ -12,8 +12,10 @@
 #include "tools/python_kernel.hpp"
 #include "tools/tool_arguments.hpp"
 
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -792,4 +794,47 @@ TEST_CASE_FIXTURE(tool_fixture,
     REQUIRE(pid);
     REQUIRE(run(tools.async_end()));
     CHECK_FALSE(moat::test::is_running(*pid));
+
+namespace {
+
+// True if some process on the host has exactly `command` as its command line.
+bool host_runs(const std::string& command) {
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return false;
+    bool found = false;
+    while (const dirent* e = ::readdir(proc)) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        std::string line = moat::test::read_file(std::string("/proc/") + e->d_name + "/cmdline");
+        std::replace(line.begin(), line.end(), '\0', ' ');
+        if (line == command + " ") {
+            found = true;
+            break;
+        }
+    }
+    ::closedir(proc);
+    return found;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "after run_python, a run_shell command's setsid escapes are stopped when it "
+                  "ends and it returns long before its wall limit") {
+    MOAT_REQUIRE_NAMESPACES();
+    // The interpreter stays alive between calls: the sandbox is never idle from here on.
+    CHECK(python("x = 1").status == moat::tool_status::ok);
+    auto detached = shell("setsid sleep 4271 >/dev/null 2>&1 & sleep 0.3; echo started");
+    CHECK(detached.status == moat::tool_status::ok);
+    CHECK(detached.stdout_text == "started\n");
+    CHECK(has_notice(detached, "stopped when it ended"));
+    CHECK(moat::test::eventually([] { return !host_runs("sleep 4271"); }));
+    // The escaped process holds the pipe: before, the call ended at its wall limit plus slack
+    // (35 s); the watchdog here is far below that.
+    auto r = run(tools.async_run_shell("setsid sleep 4373 & sleep 0.3; echo started", 30s), 20s);
+    REQUIRE(r);
+    CHECK(r->status == moat::tool_status::ok);
+    CHECK(r->stdout_text == "started\n");
+    CHECK(moat::test::eventually([] { return !host_runs("sleep 4373"); }));
+    // The interpreter was not touched.
+    CHECK(python("print(x)").stdout_text == "1\n");
 }

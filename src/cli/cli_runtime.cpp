@@ -153,6 +153,7 @@ void print_exec_json(const std::string& id, const result<exec_result>& r) {
         w.key("signal").value(r->signal);
         w.key("timed_out").value(r->timed_out);
         w.key("oom_killed").value(r->oom_killed);
+        w.key("strays_killed").value(r->strays_killed);
         w.key("duration_ms").value(static_cast<double>(r->duration.count()) / 1000.0);
         w.key("stdout").value(r->out.text());
         w.key("stderr").value(r->err.text());
@@ -171,6 +172,9 @@ void report_exec_end(const exec_result& r, std::chrono::milliseconds wall_limit)
     } else if (r.oom_killed) {
         std::fputs("moat: the command was killed: out of memory (the sandbox's memory limit)\n",
                    stderr);
+    }
+    if (r.strays_killed) {
+        std::fputs("moat: processes the command left running were stopped when it ended\n", stderr);
     }
 }
 

@@ -87,6 +87,7 @@ std::vector<std::string> layer_names(std::uint32_t bits) {
         {wire::layer_cgroup_pids, "cgroup_pids"},
         {wire::layer_cgroup_cpu, "cgroup_cpu"},
         {wire::layer_no_new_privs, "no_new_privs"},
+        {wire::layer_command_cgroups, "command_cgroups"},
     };
     std::vector<std::string> out;
     for (const auto& [bit, name] : names) {
@@ -360,7 +361,7 @@ class local_backend final : public backend {
         record.uid_base = made->message.uid_base;
         record.memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
         for (const auto* field : {&made->message.memory_cgroup, &made->message.pids_cgroup,
-                                  &made->message.cpu_cgroup}) {
+                                  &made->message.cpu_cgroup, &made->message.tracking_cgroup}) {
             const std::string_view dir = wire::read_field(*field);
             if (!dir.empty() && std::find(record.cgroups.begin(), record.cgroups.end(), dir) ==
                                     record.cgroups.end())
@@ -838,7 +839,10 @@ class local_backend final : public backend {
 
     asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request) {
         std::string stdin_data = std::move(request.stdin_data);
-        auto started = co_await start_command(std::move(id), std::move(request));
+        // An exec's processes end with it (its own cgroup, where the sandbox has them).
+        const auto ceiling = exec_request::max_wall_limit;
+        auto started = co_await start_command(std::move(id), std::move(request), ceiling,
+                                              wire::exec_own_cgroup);
         if (!started) co_return std::move(started).error();
         if (!stdin_data.empty()) {
             auto socket = std::make_shared<asio::posix::stream_descriptor>(
@@ -865,7 +869,8 @@ class local_backend final : public backend {
 
     asio::awaitable<result<started_command>> start_command(
         std::string id, exec_request request,
-        std::chrono::milliseconds ceiling = exec_request::max_wall_limit) {
+        std::chrono::milliseconds ceiling = exec_request::max_wall_limit,
+        std::uint32_t exec_flags = wire::exec_none) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
@@ -886,7 +891,7 @@ class local_backend final : public backend {
         const std::uint64_t exec_id = next_exec_id_++;
         std::vector<std::byte> record;
         if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()),
-                               argv, env_list, cwd, record)) {
+                               argv, env_list, cwd, record, exec_flags)) {
             co_return make_error(errc::invalid_argument,
                                  "command, environment and cwd exceed " +
                                      std::to_string(wire::max_message_bytes / 1024) + " KiB");

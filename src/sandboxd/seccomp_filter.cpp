@@ -109,7 +109,7 @@ constexpr const char* denied[] = {
     "fsmount", "fspick", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev",
     "process_madvise", "pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "bpf",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "perf_event_open",
-    "fanotify_init", "unshare", "setns", "clone3", "kexec_load", "kexec_file_load", "init_module",
+    "fanotify_init", "unshare", "setns", "kexec_load", "kexec_file_load", "init_module",
     "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl",
     "quotactl_fd", "open_by_handle_at", "name_to_handle_at", "syslog", "iopl", "ioperm",
     "modify_ldt", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
@@ -119,7 +119,7 @@ constexpr const char* denied[] = {
 // clang-format on
 
 // clone's flags word also carries the exit signal in its low byte, so CLONE_NEWTIME (0x80) cannot
-// be filtered there; it is only reachable through clone3 and unshare, both denied.
+// be filtered there; it is only reachable through clone3 (closed to commands by command_filter) and unshare (denied).
 constexpr unsigned long clone_namespace_flags = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS |
                                                 CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |
                                                 CLONE_NEWNET;
@@ -262,8 +262,11 @@ int add_rules(scmp_filter_ctx ctx, std::string& detail) {
         detail = "seccomp: rule for clone";
         return -rc;
     }
-    // clone3 passes its flags in memory a filter cannot read: ENOSYS, so libc falls back to clone.
-    if ((rc = ::seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0)) < 0) {
+    // clone3 passes its flags in memory a filter cannot read. It stays open here for pid 1 (the
+    // agent clones commands straight into their cgroups with CLONE_INTO_CGROUP); every command
+    // stacks command_filter on this one before it execs, which fails clone3 with ENOSYS (so libc
+    // falls back to clone), so sandbox code never reaches it.
+    if ((rc = ::seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone3), 0)) < 0) {
         detail = "seccomp: rule for clone3";
         return -rc;
     }

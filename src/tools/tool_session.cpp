@@ -43,6 +43,9 @@ constexpr output_limits capture_limits{256 * 1024, 256 * 1024};
 const char* notice_rebuilt =
     "the environment was rebuilt: files and variables from earlier calls are gone";
 const char* notice_restarted = "the interpreter restarted: variables and imports are gone";
+const char* notice_strays_killed =
+    "processes the command left running in the background were stopped when it ended: a "
+    "command's processes end with it";
 
 std::string seconds_text(std::chrono::milliseconds d) {
     const auto ms = d.count();
@@ -568,6 +571,7 @@ struct tool_session::state {
             if (ran->out.total_bytes == 0 && ran->err.total_bytes == 0)
                 r.notices.emplace_back("the command ran successfully but printed nothing");
         }
+        if (ran->strays_killed) r.notices.emplace_back(notice_strays_killed);
         co_await add_artifacts(r, *box, limit);
         co_return r;
     }
