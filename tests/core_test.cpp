@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <string>
 
 using namespace std::chrono_literals;
 
@@ -27,6 +28,18 @@ TEST_CASE("errors compare equal to the condition of their kind") {
     CHECK(moat::make_error_code(moat::errc::invalid_argument) != moat::condition::retryable);
     CHECK(moat::make_error(moat::errc::invalid_argument, "--timeout: negative").to_string() ==
           "invalid_argument: --timeout: negative");
+}
+
+TEST_CASE("the HTTP-layer codes keep their values, names and kinds") {
+    CHECK(static_cast<int>(moat::errc::unauthorized) == 17);
+    CHECK(static_cast<int>(moat::errc::rate_limited) == 18);
+    CHECK(std::string(moat::to_string(moat::errc::unauthorized)) == "unauthorized");
+    CHECK(std::string(moat::to_string(moat::errc::rate_limited)) == "rate_limited");
+    CHECK(moat::make_error_code(moat::errc::unauthorized).message() == "unauthorized");
+    CHECK(moat::make_error_code(moat::errc::rate_limited) == moat::condition::retryable);
+    CHECK(moat::make_error_code(moat::errc::unauthorized) == moat::condition::caller_error);
+    CHECK(moat::make_error_code(moat::errc::unauthorized) != moat::condition::retryable);
+    CHECK(moat::make_error_code(moat::errc::protocol_error) == moat::condition::backend_failure);
 }
 
 TEST_CASE("a result holds either a value or an error") {

@@ -93,7 +93,8 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
             return sleeper > 0;
         }));
         const std::string own = first_line("/proc/" + std::to_string(sleeper) + "/cgroup");
-        CHECK_MESSAGE(own.ends_with("/" + box.id + "/commands"), own);
+        // An exec runs in a cgroup of its own below commands (per-command cgroups).
+        CHECK_MESSAGE(own.find("/" + box.id + "/commands/c") != std::string::npos, own);
     } else {
         CHECK(first_line(memory + "/memory.limit_in_bytes") == std::to_string(200ull << 20));
         CHECK(first_line(pids + "/pids.max") == "50");

@@ -265,6 +265,41 @@ TEST_CASE("a survivor past its TTL ends with no host process of moat alive") {
     check_gone(traces);
 }
 
+TEST_CASE(
+    "the next backend on the host sweeps a survivor that ended at its TTL, and nothing live") {
+    MOAT_REQUIRE_NAMESPACES();
+    local_fixture creator;
+    auto spec = survivor_spec();
+    spec.ttl = 500ms;
+    const auto expired = creator.create(spec);
+    const auto traces = traces_of(expired);
+    const auto alive = creator.create(survivor_spec());  // a survivor that is still running
+    const auto alive_traces = traces_of(alive);
+    local_fixture bystander;  // another live backend's own sandbox
+    const auto theirs = bystander.create();
+    const auto their_traces = traces_of(theirs);
+    creator.shut_down();
+    REQUIRE(moat::test::eventually([&] { return !moat::test::is_running(traces.pid); }));
+
+    // One operation of a new backend on the same state directory, with no destroy or janitor.
+    local_fixture next;
+    auto listed = next.run(next.local->async_list({}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) CHECK_MESSAGE(info.id != expired.id, "still listed");
+    check_gone(traces);
+    // Nothing live was touched.
+    for (const auto* live : {&alive_traces, &their_traces}) {
+        CHECK(moat::test::is_running(live->pid));
+        CHECK(exists(live->record));
+        for (const auto& dir : live->cgroups) CHECK_MESSAGE(exists(dir), dir);
+    }
+    moat::exec_request probe;
+    probe.argv = {"true"};
+    CHECK(bystander.run(bystander.local->async_exec(theirs.id, probe)));
+    REQUIRE(next.run(next.local->async_destroy(alive.id)));
+    check_gone(alive_traces);
+}
+
 TEST_CASE("a record whose pid now belongs to another process is stale, never that process") {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture fixture;

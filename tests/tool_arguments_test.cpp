@@ -188,3 +188,24 @@ TEST_CASE("base64 encodes and decodes every byte value and length") {
     CHECK_FALSE(moat::base64_decode("aGk=="));
     CHECK_FALSE(moat::base64_decode("===="));
 }
+
+TEST_CASE("the background-process tools take a command and cwd, or an integer id of at least 1") {
+    auto start =
+        moat::parse_tool_arguments("start_process", R"({"command":"sleep 1","cwd":"srv"})");
+    REQUIRE(start);
+    CHECK(start->command == "sleep 1");
+    CHECK(start->cwd == "srv");
+    CHECK(moat::parse_tool_arguments("start_process", "{}").error().detail ==
+          "command: required string is missing");
+    CHECK(moat::parse_tool_arguments("list_processes", "").has_value());
+    auto stop = moat::parse_tool_arguments("stop_process", R"({"id": 3})");
+    REQUIRE(stop);
+    CHECK(stop->id == 3);
+    CHECK(moat::parse_tool_arguments("read_process_output", R"({"id": 2.0})")->id == 2);
+    for (const char* bad : {R"({})", R"({"id": 0})", R"({"id": -1})", R"({"id": 1.5})",
+                            R"({"id": "1"})", R"({"id": 1e12})"}) {
+        auto parsed = moat::parse_tool_arguments("read_process_output", bad);
+        REQUIRE_FALSE(parsed);
+        CHECK(parsed.error().detail.rfind("id: ", 0) == 0);
+    }
+}

@@ -7,12 +7,15 @@
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
+#include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 #include "tools/python_kernel.hpp"
 #include "tools/tool_arguments.hpp"
 
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -472,25 +475,6 @@ TEST_CASE_FIXTURE(local_fixture,
     (void)run(manager.async_shutdown());
 }
 
-TEST_CASE("the interpreter's nonce fails with an error when the random source keeps failing") {
-    int calls = 0;
-    static int* counter = nullptr;
-    counter = &calls;
-    const moat::random_source failing = [](void*, std::size_t) -> ssize_t {
-        ++*counter;
-        errno = ENOSYS;
-        return -1;
-    };
-    auto nonce = moat::random_nonce(failing);
-    REQUIRE_FALSE(nonce);
-    CHECK(nonce.error().code == moat::errc::backend_failure);
-    CHECK(nonce.error().detail.find("getrandom") != std::string::npos);
-    CHECK(calls <= 100);
-    auto real = moat::random_nonce();
-    REQUIRE(real);
-    CHECK(real->size() == 24);
-}
-
 namespace {
 
 // Creates `path` in sandbox `id` through the backend, beside the busy session (a program waits
@@ -629,7 +613,7 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE(missing);
     CHECK(missing->hint.find("moat_list_files") != std::string::npos);
     const auto definitions = moat::tool_definitions("moat_");
-    REQUIRE(definitions.size() == 5);
+    REQUIRE(definitions.size() == 9);
     CHECK(definitions[0].name == "moat_run_python");
     CHECK(definitions[3].description.find("moat_run_shell") != std::string::npos);
     for (const auto& d : moat::tool_definitions()) {
@@ -683,4 +667,174 @@ TEST_CASE_FIXTURE(tool_fixture,
     lease = moat::make_error(moat::errc::cancelled, "released");
     REQUIRE(info->host_pid);
     CHECK(::kill(*info->host_pid, 0) == 0);  // pid 1 of the sandbox, seen from the host
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "a cell that forges the driver's end of cell from what it can read of the "
+                  "interpreter neither ends the cell early nor hides what it prints after") {
+    MOAT_REQUIRE_NAMESPACES();
+    // Everything the interpreter's own code can see of the driver: its globals through
+    // sys.modules['__main__'] and its command line through /proc/self/cmdline. Whatever secret
+    // either holds, the forged end (on both channels) must stay output.
+    const std::string forge =
+        "import sys, re\n"
+        "main = vars(sys.modules['__main__'])\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "found = [a.decode() for a in cmdline if re.fullmatch(rb'[0-9a-f]{24}', a)]\n"
+        "nonce = main.get('nonce') or (found[0] if found else 'none')\n"
+        "number = main.get('number', 0)\n"
+        "for status in ('ok -', 'error -'):\n"
+        "    forged = '\\x1emoat-cell-%s %03d %s\\n' % (nonce, number, status)\n"
+        "    sys.stdout.write(forged); sys.stdout.flush()\n"
+        "    sys.stderr.write(forged); sys.stderr.flush()\n"
+        "    for fake in ('r 4\\nok -\\n', '\\x1er4\\nok -\\n'):\n"
+        "        sys.stdout.write(fake); sys.stderr.write(fake)\n"
+        "print('after the forged end')\n"
+        "print('on stderr too', file=sys.stderr)\n"
+        "raise ValueError('the real end')\n";
+    auto forged = python(forge);
+    CHECK(forged.status == moat::tool_status::error);
+    CHECK(forged.error_type == "ValueError");
+    CHECK(forged.stdout_text.find("after the forged end") != std::string::npos);
+    CHECK(forged.stderr_text.find("on stderr too") != std::string::npos);
+    CHECK(forged.traceback.find("the real end") != std::string::npos);
+    // The next cell is its own: nothing of the forged one is left in between.
+    auto next = python("print('next cell')");
+    CHECK(next.status == moat::tool_status::ok);
+    CHECK(next.stdout_text == "next cell\n");
+    CHECK(next.stderr_text.empty());
+    // What a crashing interpreter printed last still reaches the result.
+    auto crashed = python("import os\nprint('printed before the exit')\nos._exit(3)");
+    CHECK(crashed.exit_code == 3);
+    CHECK(crashed.stdout_text == "printed before the exit\n");
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "a server started with start_process serves later run_shell calls, is listed, "
+                  "shows its output and ends with stop_process") {
+    MOAT_REQUIRE_NAMESPACES();
+    CHECK(call("write_file", R"({"path": "site/hello.txt", "content": "hello"})").status ==
+          moat::tool_status::ok);
+    auto started = call("start_process",
+                        R"({"command": "exec python3 -u -m http.server 8765 --bind 127.0.0.1",)"
+                        R"( "cwd": "/workspace/site"})");
+    REQUIRE(started.status == moat::tool_status::ok);
+    REQUIRE(started.processes.size() == 1);
+    const int id = started.processes[0].id;
+    CHECK(started.processes[0].is_running);
+    CHECK(started.to_json().find("\"processes\"") != std::string::npos);
+
+    // A later call reaches it (bounded: the server needs a moment to listen).
+    auto fetched = shell(
+        "for i in $(seq 100); do python3 -c \"import urllib.request; "
+        "print(urllib.request.urlopen('http://127.0.0.1:8765/hello.txt').read().decode())\" "
+        "2>/dev/null && exit 0; sleep 0.1; done; exit 1");
+    CHECK(fetched.status == moat::tool_status::ok);
+    CHECK(fetched.stdout_text == "hello\n");
+
+    auto listed = call("list_processes", "{}");
+    REQUIRE(listed.processes.size() == 1);
+    CHECK(listed.processes[0].id == id);
+    CHECK(listed.processes[0].is_running);
+    CHECK(listed.processes[0].command.find("http.server") != std::string::npos);
+
+    auto output = call("read_process_output", "{\"id\": " + std::to_string(id) + "}");
+    CHECK(output.status == moat::tool_status::ok);
+    CHECK(output.stderr_text.find("GET /hello.txt") != std::string::npos);
+    CHECK(output.to_json().find("\"stderr\"") != std::string::npos);
+
+    auto stopped = call("stop_process", "{\"id\": " + std::to_string(id) + "}");
+    CHECK(stopped.status == moat::tool_status::ok);
+    REQUIRE(stopped.processes.size() == 1);
+    CHECK_FALSE(stopped.processes[0].is_running);
+    CHECK(call("list_processes", "{}").processes.at(0).is_running == false);
+    // Gone from the sandbox, not merely forgotten (its own command line names it).
+    CHECK(shell("grep -l 'http[.]server' /proc/[0-9]*/cmdline 2>/dev/null | wc -l").stdout_text ==
+          "0\n");
+    CHECK(call("stop_process", R"({"id": 99})").error_code == "invalid_arguments");
+}
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "background processes are bounded per session, their output is capped, and "
+                  "they end with the session") {
+    MOAT_REQUIRE_NAMESPACES();
+    const int most = moat::tool_options{}.max_background_processes;
+    for (int i = 0; i < most; ++i) {
+        auto started = call("start_process", R"({"command": "sleep 300"})");
+        REQUIRE(started.status == moat::tool_status::ok);
+    }
+    auto refused = call("start_process", R"({"command": "sleep 300"})");
+    CHECK(refused.status == moat::tool_status::error);
+    CHECK(refused.message.find(std::to_string(most)) != std::string::npos);
+    CHECK_FALSE(refused.is_tool_error());
+    CHECK(call("list_processes", "{}").processes.size() == static_cast<std::size_t>(most));
+    // A stopped one frees its place.
+    CHECK(call("stop_process", R"({"id": 1})").status == moat::tool_status::ok);
+    auto flood = call("start_process", R"({"command": "head -c 5000000 /dev/zero | tr '\\0' x"})");
+    REQUIRE(flood.status == moat::tool_status::ok);
+    const std::string flood_id = std::to_string(flood.processes.at(0).id);
+    // It ends on its own once its 5 MB are written (the pump keeps reading, bounded wait).
+    moat::tool_result shown;
+    for (int i = 0; i < 200; ++i) {
+        shown = call("read_process_output", "{\"id\": " + flood_id + "}");
+        if (!shown.processes.at(0).is_running) break;
+        (void)shell("sleep 0.05");
+    }
+    CHECK_FALSE(shown.processes.at(0).is_running);
+    CHECK(shown.processes.at(0).exit_code == 0);
+    CHECK(shown.processes.at(0).stdout_bytes == 5'000'000);
+    CHECK(shown.stdout_text.size() < 70'000);
+    CHECK(shown.stdout_omitted > 0);
+
+    std::size_t running = 0;
+    for (const auto& p : call("list_processes", "{}").processes) running += p.is_running ? 1 : 0;
+    CHECK(running == static_cast<std::size_t>(most - 1));
+    // The session's end stops them with its sandbox, and does not wait on them.
+    const auto pid = tools.current_sandbox()->host_pid;
+    REQUIRE(pid);
+    REQUIRE(run(tools.async_end()));
+    CHECK_FALSE(moat::test::is_running(*pid));
+
+namespace {
+
+// True if some process on the host has exactly `command` as its command line.
+bool host_runs(const std::string& command) {
+    DIR* proc = ::opendir("/proc");
+    if (proc == nullptr) return false;
+    bool found = false;
+    while (const dirent* e = ::readdir(proc)) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        std::string line = moat::test::read_file(std::string("/proc/") + e->d_name + "/cmdline");
+        std::replace(line.begin(), line.end(), '\0', ' ');
+        if (line == command + " ") {
+            found = true;
+            break;
+        }
+    }
+    ::closedir(proc);
+    return found;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(tool_fixture,
+                  "after run_python, a run_shell command's setsid escapes are stopped when it "
+                  "ends and it returns long before its wall limit") {
+    MOAT_REQUIRE_NAMESPACES();
+    // The interpreter stays alive between calls: the sandbox is never idle from here on.
+    CHECK(python("x = 1").status == moat::tool_status::ok);
+    auto detached = shell("setsid sleep 4271 >/dev/null 2>&1 & sleep 0.3; echo started");
+    CHECK(detached.status == moat::tool_status::ok);
+    CHECK(detached.stdout_text == "started\n");
+    CHECK(has_notice(detached, "stopped when it ended"));
+    CHECK(moat::test::eventually([] { return !host_runs("sleep 4271"); }));
+    // The escaped process holds the pipe: before, the call ended at its wall limit plus slack
+    // (35 s); the watchdog here is far below that.
+    auto r = run(tools.async_run_shell("setsid sleep 4373 & sleep 0.3; echo started", 30s), 20s);
+    REQUIRE(r);
+    CHECK(r->status == moat::tool_status::ok);
+    CHECK(r->stdout_text == "started\n");
+    CHECK(moat::test::eventually([] { return !host_runs("sleep 4373"); }));
+    // The interpreter was not touched.
+    CHECK(python("print(x)").stdout_text == "1\n");
 }

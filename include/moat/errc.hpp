@@ -49,15 +49,23 @@ enum class errc : int {
     is_directory = 14,
     permission_denied = 15,
     too_large = 16,
+    // A remote service rejected the credentials (HTTP 401, Connect unauthenticated). Not
+    // retryable with the same credentials.
+    unauthorized = 17,
+    // A remote service refused the request for its rate (HTTP 429, Connect resource_exhausted).
+    // Retryable; when the server said how long to wait (Retry-After), the detail ends with
+    // "retry after <N> s" and the HTTP layer's status_error carries it as a duration.
+    rate_limited = 18,
 };
 
 // Kinds of failure, for branching. A code belongs to at most one condition.
 enum class condition : int {
     cancelled = 1,     // errc::cancelled
     timeout = 2,       // errc::deadline_exceeded
-    retryable = 3,     // backend_failure, limit_exceeded: the same request may succeed later
+    retryable = 3,     // backend_failure, limit_exceeded, rate_limited: the same request may
+                       // succeed later
     caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
-                       // permission_denied, not_supported, sandbox_not_found
+                       // permission_denied, not_supported, sandbox_not_found, unauthorized
     backend_failure = 5,  // protocol_error, layer_unavailable: the backend cannot do this as is
     unavailable = 6,      // sandbox_unavailable, shutting_down
 };

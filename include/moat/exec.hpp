@@ -68,6 +68,12 @@ struct exec_result {
     // The sandbox's memory limit ended it: the command died of SIGKILL (or, run through a shell,
     // exited 137) while the sandbox's memory cgroup counted an OOM kill.
     bool oom_killed = false;
+    // Processes the command left running (background jobs, daemons, anything that called setsid)
+    // were killed when its main process exited: a command's processes end with it. Long-lived
+    // services belong in backend::async_spawn, whose processes are not stopped this way. Local
+    // backend only, and only where the sandbox has per-command cgroups (cgroup v2 or a hybrid
+    // host's unified hierarchy; docs/security.md); always false elsewhere.
+    bool strays_killed = false;
     captured_output out;  // stdout (empty for a streamed exec: the chunks carried it)
     captured_output err;  // stderr
     std::chrono::microseconds duration{0};  // from start to exit, measured in the sandbox

@@ -26,13 +26,15 @@
 // Persistence: the backend records every sandbox in <state_dir>/sandboxes/<id>.json (0700
 // directory, atomic writes; the record holds the spec's environment). list() and inspect() see
 // every sandbox on the host that shares the state directory, whichever process created it (state
-// `exited` for a record whose pid 1 is gone: stale, kept for the janitor). destroy() works on any
-// of them: it kills pid 1 through a pidfd checked against the recorded start time, waits for its
-// end, removes the cgroups, the attach socket and the record. attach() connects to a sandbox
-// created with survive_owner by another process (its pid 1 listens on <id>.sock in the same
-// directory; each side checks the other with SO_PEERCRED); after that, exec, files and
-// extend_ttl work on it as on an owned one. Commands an attached process started die when it
-// detaches (its connection closes); the sandbox lives on until its TTL or a destroy.
+// `exited` for a record whose pid 1 is gone: stale). The first create() or list() of a backend
+// sweeps stale records it can prove dead (pid 1 gone, checked through a pidfd and the start time;
+// it survived its owner or its owner is gone): their cgroups, attach socket and record go.
+// destroy() works on any of them: it kills pid 1 through a pidfd checked against the recorded
+// start time, waits for its end, removes the cgroups, the attach socket and the record. attach()
+// connects to a sandbox created with survive_owner by another process (its pid 1 listens on
+// <id>.sock in the same directory; each side checks the other with SO_PEERCRED); after that, exec,
+// files and extend_ttl work on it as on an owned one. Commands an attached process started die when
+// it detaches (its connection closes); the sandbox lives on until its TTL or a destroy.
 //
 // Host requirements: root (the helper writes uid maps and cgroups), user namespaces, and cgroup
 // v1 memory, pids and cpu controllers (hybrid hierarchy). cgroup v2-only hosts (stock Debian 12

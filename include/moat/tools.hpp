@@ -67,6 +67,19 @@ struct artifact {
     std::string media_type;  // from the file name's extension; application/octet-stream if unknown
 };
 
+// A process started with start_process: it runs in the background across calls until it ends,
+// stop_process stops it, or the session ends. Its stdout and stderr are read all the time (so it
+// never blocks on a full pipe); the last tool_options::background_output_bytes of each are kept.
+struct background_process {
+    int id = 0;           // the session's number for it: 1, 2, ... (never reused in a session)
+    std::string command;  // as given (at most 200 bytes of it)
+    std::string cwd;
+    bool is_running = true;
+    std::optional<int> exit_code;    // once ended: its code, 128+N when signal N ended it
+    std::uint64_t stdout_bytes = 0;  // written so far, whatever was kept
+    std::uint64_t stderr_bytes = 0;
+};
+
 // One tool call's outcome, as the model will read it. Every text field is shaped (ANSI-free,
 // valid UTF-8, clamped with a marker) and free of host details: no host paths, no host
 // environment, no credentials.
@@ -87,6 +100,10 @@ struct tool_result {
     std::uint64_t bytes = 0;           // write_file, read_file: the file's size
     std::vector<dir_entry> entries;    // list_files
     std::vector<artifact> artifacts;   // run_python, run_shell: what /workspace/out now holds
+    // start_process, stop_process, read_process_output: that process; list_processes: all the
+    // session's (running ones and the last ended ones). stdout_text / stderr_text hold
+    // read_process_output's kept output.
+    std::vector<background_process> processes;
     bool artifacts_truncated = false;  // the listing stopped at its bound (see docs/tools.md)
     // Characters the shaping cut from stdout, stderr (run tools) and content (a text read_file).
     std::uint64_t stdout_omitted = 0;
@@ -114,7 +131,9 @@ struct tool_result {
     // truncated and bytes for a successful read_file (a failed read_file has no "content", so a
     // missing file never reads as an empty one); entries for a successful list_files;
     // omitted_chars ({"stdout": N, "stderr": M} or {"content": N}, only the cut ones) when
-    // truncated; the optional texts and lists only when non-empty.
+    // truncated; the optional texts and lists only when non-empty; "processes" (id, command, cwd,
+    // running, exit_code once ended, stdout_bytes, stderr_bytes) for the process tools, with
+    // stdout / stderr / truncated for read_process_output.
     std::string to_json() const;
 };
 
@@ -126,7 +145,8 @@ struct tool_definition {
 };
 
 // run_python {code, timeout_seconds?}, run_shell {command, timeout_seconds?},
-// write_file {path, content, encoding?}, read_file {path, encoding?}, list_files {path?}.
+// write_file {path, content, encoding?}, read_file {path, encoding?}, list_files {path?},
+// start_process {command, cwd?}, list_processes {}, read_process_output {id}, stop_process {id}.
 // Every bound a schema states (the timeout's range, the encodings) is also stated in the
 // description text, for model APIs whose schema conversion drops keywords such as "maximum".
 const std::vector<tool_definition>& tool_definitions();
@@ -150,6 +170,10 @@ struct tool_options {
     // The tool names a model sees: prefix + "run_python" and so on. async_call takes the prefixed
     // names (and only those, when a prefix is set); hints name the tools the same way.
     std::string tool_prefix;
+    // Background processes (start_process): at most this many running at once per session, and
+    // this much of each one's stdout and of its stderr kept (the latest bytes).
+    int max_background_processes = 8;
+    std::size_t background_output_bytes = 64 * 1024;
 };
 
 class tool_session {
@@ -201,6 +225,19 @@ class tool_session {
                                                          deadline limit = {});
     asio::awaitable<result<tool_result>> async_list_files(std::string path = "/workspace",
                                                           deadline limit = {});
+
+    // Background processes. start_process runs `/bin/sh -c command` in `cwd` (default
+    // /workspace; relative to it) with the backend's spawn: it outlives the call, its output is
+    // pumped into bounded buffers, and it ends at stop_process (SIGTERM, then SIGKILL after 3 s),
+    // on its own, or with the session (async_end, a rebuilt sandbox). A session already running
+    // max_background_processes gets an error result. `id` is background_process::id; an unknown
+    // id is an argument error.
+    asio::awaitable<result<tool_result>> async_start_process(std::string command,
+                                                             std::string cwd = "",
+                                                             deadline limit = {});
+    asio::awaitable<result<tool_result>> async_list_processes(deadline limit = {});
+    asio::awaitable<result<tool_result>> async_read_process_output(int id, deadline limit = {});
+    asio::awaitable<result<tool_result>> async_stop_process(int id, deadline limit = {});
 
     // Files under /workspace/out, and one of them as bytes (for the application, not the model).
     asio::awaitable<result<std::vector<artifact>>> async_list_artifacts(deadline limit = {});

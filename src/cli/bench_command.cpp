@@ -8,6 +8,8 @@
 //   host posix_spawn of /bin/true. Prints n, success rate, p50, p90, p99, p999 and max per series
 //   and the ratios to the baselines; --json writes them, --plot draws their CDFs.
 //
+// moat bench http: see cli/bench/http_bench.hpp.
+//
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
 //   Recommends creating on demand or a pool, and its size, with the reasoning (bench/advisor.hpp).
@@ -18,6 +20,7 @@
 #include "cli/bench/advisor.hpp"
 #include "cli/bench/baselines.hpp"
 #include "cli/bench/fleet_benches.hpp"
+#include "cli/bench/http_bench.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
@@ -332,7 +335,7 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool or hostsize (see moat --help)");
+            "expected create, advise, sweep, memory, pool, hostsize or http (see moat --help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -341,7 +344,8 @@ int bench_command(int argc, char** argv) {
     if (what == "memory") return bench_memory(argc - 1, argv + 1);
     if (what == "pool") return bench_pool(argc - 1, argv + 1);
     if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
-    throw usage_error("expected create, advise, sweep, memory, pool or hostsize, got '" +
+    if (what == "http") return bench_http(argc - 1, argv + 1);
+    throw usage_error("expected create, advise, sweep, memory, pool, hostsize or http, got '" +
                       std::string(what) + "'");
 }
 

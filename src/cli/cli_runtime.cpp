@@ -94,15 +94,24 @@ int interrupting_signal() noexcept {
 
 namespace {
 
-asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream) {
+asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream, bool raw) {
     bool terminal_open = true;
+    terminal_safe safe_out;
+    terminal_safe safe_err;
     for (;;) {
         auto next = co_await stream.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
-            const int fd = chunk->channel == output_channel::out ? STDOUT_FILENO : STDERR_FILENO;
-            if (terminal_open && !write_all(fd, chunk->data)) terminal_open = false;
+            const bool is_out = chunk->channel == output_channel::out;
+            const int fd = is_out ? STDOUT_FILENO : STDERR_FILENO;
+            auto& safe = is_out ? safe_out : safe_err;
+            if (terminal_open && !write_for_terminal(fd, chunk->data, safe, raw))
+                terminal_open = false;
             continue;
+        }
+        if (terminal_open && !raw) {
+            (void)write_for_terminal(STDOUT_FILENO, {}, safe_out, raw);
+            (void)write_for_terminal(STDERR_FILENO, {}, safe_err, raw);
         }
         co_return std::get<exec_result>(std::move(*next));
     }
@@ -111,11 +120,18 @@ asio::awaitable<result<exec_result>> stream_to_terminal(exec_stream stream) {
 }  // namespace
 
 asio::awaitable<result<exec_result>> exec_for_terminal(std::shared_ptr<sandbox> box,
-                                                       exec_request request, bool json) {
+                                                       exec_request request, bool json, bool raw) {
     if (json) co_return co_await box->async_exec(std::move(request));
     auto stream = co_await box->async_exec_stream(std::move(request));
     if (!stream) co_return std::move(stream).error();
-    co_return co_await stream_to_terminal(std::move(*stream));
+    co_return co_await stream_to_terminal(std::move(*stream), raw);
+}
+
+bool write_for_terminal(int fd, std::string_view data, terminal_safe& safe, bool raw) {
+    if (raw || !is_terminal(fd)) return write_all(fd, data);
+    // An empty chunk ends the stream: what the filter held is written.
+    const std::string shown = data.empty() ? safe.finish() : safe.filter(data);
+    return write_all(fd, shown);
 }
 
 std::optional<int> read_stdin_into(std::string_view command, exec_request& request) {
@@ -137,6 +153,7 @@ void print_exec_json(const std::string& id, const result<exec_result>& r) {
         w.key("signal").value(r->signal);
         w.key("timed_out").value(r->timed_out);
         w.key("oom_killed").value(r->oom_killed);
+        w.key("strays_killed").value(r->strays_killed);
         w.key("duration_ms").value(static_cast<double>(r->duration.count()) / 1000.0);
         w.key("stdout").value(r->out.text());
         w.key("stderr").value(r->err.text());
@@ -155,6 +172,9 @@ void report_exec_end(const exec_result& r, std::chrono::milliseconds wall_limit)
     } else if (r.oom_killed) {
         std::fputs("moat: the command was killed: out of memory (the sandbox's memory limit)\n",
                    stderr);
+    }
+    if (r.strays_killed) {
+        std::fputs("moat: processes the command left running were stopped when it ended\n", stderr);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <moat/sandbox.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/terminal_safe.hpp"
 
 #include <asio/awaitable.hpp>
 
@@ -32,9 +33,15 @@ int report_error(std::string_view command, const error& e);
 bool write_all(int fd, std::string_view data);
 
 // Runs a command in `box`: streamed live to stdout/stderr, or with `json` collected (and printed
-// by the caller with print_exec_json).
+// by the caller with print_exec_json). Streamed output bound for a terminal goes through
+// write_for_terminal unless `raw`.
 asio::awaitable<result<exec_result>> exec_for_terminal(std::shared_ptr<sandbox> box,
-                                                       exec_request request, bool json);
+                                                       exec_request request, bool json,
+                                                       bool raw = false);
+
+// Writes sandbox output to `fd` like write_all, with its control characters rendered visibly
+// (terminal_safe) when `fd` is a terminal and not `raw`; `safe` carries the state across chunks.
+bool write_for_terminal(int fd, std::string_view data, terminal_safe& safe, bool raw);
 
 // For --stdin: reads this process's stdin (up to 10 MiB) into the request. Returns an exit code
 // (the error was printed) if it cannot.

@@ -1,5 +1,6 @@
 // moat cp SRC DST: copies one file into or out of a sandbox; exactly one side is ID:/abs/path.
-// Binary-safe. "-" is stdin (upload) or stdout (download). A destination that is a directory
+// Binary-safe. "-" is stdin (upload) or stdout (download; on a terminal its control characters
+// are shown visibly unless --raw, see terminal_safe.hpp). A destination that is a directory
 // (or, in the sandbox, a path ending in "/") receives the source's file name. Downloads are
 // written to a temporary file beside the destination and renamed over it once complete, so a
 // failed copy never leaves a partial file under the destination's name.
@@ -28,6 +29,7 @@ struct cp_options {
     std::string local;  // a host path, or "-"
     remote_path remote;
     bool upload = false;
+    bool raw = false;  // "-" on a terminal: write control characters unchanged
 };
 
 // "ID:/path" when the text before the first ':' is non-empty and has no '/'.
@@ -39,13 +41,18 @@ std::optional<remote_path> parse_remote(std::string_view text) {
 }
 
 cp_options parse_cp_options(int argc, char** argv) {
+    cp_options o;
+    if (argc > 0 && std::string_view(argv[0]) == "--raw") {
+        o.raw = true;
+        --argc;
+        ++argv;
+    }
     if (argc != 2) throw usage_error("expected SRC DST, one of them ID:/absolute/path");
     auto source = parse_remote(argv[0]);
     auto target = parse_remote(argv[1]);
     if (source.has_value() == target.has_value()) {
         throw usage_error("exactly one of SRC and DST must be a sandbox path (ID:/absolute/path)");
     }
-    cp_options o;
     o.upload = target.has_value();
     o.remote = o.upload ? *target : *source;
     o.local = o.upload ? argv[0] : argv[1];
@@ -112,7 +119,12 @@ asio::awaitable<int> download(backend& b, cp_options o) {
     if (!read) co_return report_error("cp", read.error());
     auto& content = read->front().content;
     if (!content) co_return report_error("cp", content.error());
-    if (o.local == "-") co_return write_all(STDOUT_FILENO, *content) ? 0 : exit_failure;
+    if (o.local == "-") {
+        terminal_safe safe;
+        const bool written = write_for_terminal(STDOUT_FILENO, *content, safe, o.raw) &&
+                             write_for_terminal(STDOUT_FILENO, {}, safe, o.raw);
+        co_return written ? 0 : exit_failure;
+    }
     std::string target = o.local;
     struct stat st {};
     if (::stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {

@@ -13,6 +13,7 @@ struct exec_options {
     std::string id;
     exec_request request;
     bool json = false;
+    bool raw = false;         // stream control characters to a terminal unchanged
     bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
 };
 
@@ -23,6 +24,8 @@ exec_options parse_exec_options(int argc, char** argv) {
         const std::string_view arg = argv[i];
         if (arg == "--json") {
             o.json = true;
+        } else if (arg == "--raw") {
+            o.raw = true;
         } else if (arg == "--stdin") {
             o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
@@ -52,7 +55,7 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
     auto attached = co_await sandboxes.async_attach(o.id);
     if (!attached) co_return report_error("exec", attached.error());
     auto box = std::move(*attached);
-    auto outcome = co_await exec_for_terminal(box, o.request, o.json);
+    auto outcome = co_await exec_for_terminal(box, o.request, o.json, o.raw);
     if (o.json) print_exec_json(o.id, outcome);
     co_return exec_exit_code("exec", outcome, o.json, o.request.wall_limit);
 }

@@ -17,6 +17,7 @@ struct run_options {
     sandbox_spec spec;
     exec_request request;
     bool json = false;
+    bool raw = false;         // stream control characters to a terminal unchanged
     bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
 };
 
@@ -31,6 +32,8 @@ run_options parse_run_options(int argc, char** argv) {
         }
         if (arg == "--json") {
             o.json = true;
+        } else if (arg == "--raw") {
+            o.raw = true;
         } else if (arg == "--stdin") {
             o.read_stdin = true;
         } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
@@ -71,7 +74,7 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
         co_return exit_failure;
     }
     auto box = std::move(*created);
-    auto outcome = co_await exec_for_terminal(box, o.request, o.json);
+    auto outcome = co_await exec_for_terminal(box, o.request, o.json, o.raw);
     // Destroy whatever happened, cancellation included, and confirm it.
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await box->async_destroy();

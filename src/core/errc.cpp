@@ -16,6 +16,7 @@ class errc_category final : public std::error_category {
                 return condition::timeout;
             case errc::backend_failure:
             case errc::limit_exceeded:
+            case errc::rate_limited:
                 return condition::retryable;
             case errc::invalid_argument:
             case errc::invalid_path:
@@ -25,6 +26,7 @@ class errc_category final : public std::error_category {
             case errc::permission_denied:
             case errc::not_supported:
             case errc::sandbox_not_found:
+            case errc::unauthorized:
                 return condition::caller_error;
             case errc::protocol_error:
             case errc::layer_unavailable:
@@ -113,6 +115,10 @@ const char* to_string(errc e) noexcept {
             return "permission_denied";
         case errc::too_large:
             return "too_large";
+        case errc::unauthorized:
+            return "unauthorized";
+        case errc::rate_limited:
+            return "rate_limited";
     }
     return "unknown";
 }

@@ -34,8 +34,8 @@ int pid_of(int pidfd) {
     return at != nullptr ? std::atoi(at + 5) : -1;
 }
 
-// The helper's largest record is `created` (two cgroup paths).
-constexpr std::size_t max_helper_record = 2048;
+// The helper's largest record is `created` (four cgroup paths).
+constexpr std::size_t max_helper_record = 4096;
 static_assert(sizeof(wire::created_message) <= max_helper_record);
 
 }  // namespace

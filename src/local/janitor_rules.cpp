@@ -58,6 +58,10 @@ std::string janitor_reason(const sandbox_record& r, std::chrono::system_clock::t
     return "";
 }
 
+bool is_sweepable(const sandbox_record& r) {
+    return init_is_gone(r) && (r.survive_owner || !process_exists(r.owner_pid));
+}
+
 std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records) {
     std::set<std::string> parents;
     for (const auto& r : records) {

@@ -15,6 +15,11 @@ namespace moat {
 // and its owner alive or it survives its owner).
 std::string janitor_reason(const sandbox_record& record, std::chrono::system_clock::time_point now);
 
+// Whether any moat process may remove the record's sandbox (cgroups, socket, record) at once,
+// without the janitor: its pid 1 is proven gone (init_is_gone), and it survived its owner or its
+// owner process is gone too (a live owner cleans up its own sandboxes).
+bool is_sweepable(const sandbox_record& record);
+
 // The `moat` cgroup directories sandbox cgroups live in: the parents of the recorded ones, and
 // this process's own (<own cgroup>/moat in each v1 hierarchy and in the v2 one).
 std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records);

@@ -87,6 +87,7 @@ std::vector<std::string> layer_names(std::uint32_t bits) {
         {wire::layer_cgroup_pids, "cgroup_pids"},
         {wire::layer_cgroup_cpu, "cgroup_cpu"},
         {wire::layer_no_new_privs, "no_new_privs"},
+        {wire::layer_command_cgroups, "command_cgroups"},
     };
     std::vector<std::string> out;
     for (const auto& [bit, name] : names) {
@@ -304,6 +305,7 @@ class local_backend final : public backend {
   private:
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
+        sweep_dead_once();
         auto started =
             co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
         if (!started) co_return std::move(started).error();
@@ -362,7 +364,7 @@ class local_backend final : public backend {
         record.uid_base = made->message.uid_base;
         record.memory_cgroup = std::string(wire::read_field(made->message.memory_cgroup));
         for (const auto* field : {&made->message.memory_cgroup, &made->message.pids_cgroup,
-                                  &made->message.cpu_cgroup}) {
+                                  &made->message.cpu_cgroup, &made->message.tracking_cgroup}) {
             const std::string_view dir = wire::read_field(*field);
             if (!dir.empty() && std::find(record.cgroups.begin(), record.cgroups.end(), dir) ==
                                     record.cgroups.end())
@@ -454,6 +456,7 @@ class local_backend final : public backend {
     // This backend's sandboxes, then every other one recorded in the state directory.
     asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
         try {
+            sweep_dead_once();
             const auto matches = [&filter](const sandbox_info& info) {
                 for (const auto& [key, value] : filter) {
                     auto it = info.labels.find(key);
@@ -641,6 +644,38 @@ class local_backend final : public backend {
         }
     }
 
+    // Once per backend, at its first create or list: what an earlier process left that is proven
+    // dead (janitor_rules.hpp's is_sweepable: a survivor that ended at its TTL with no moat
+    // process alive) loses its cgroups, socket and record, so it does not wait for a janitor.
+    // Bounded in records looked at, in records removed and in time; system calls only (one
+    // removal attempt: cgroups the kernel still counts as busy are left for the janitor).
+    void sweep_dead_once() {
+        if (swept_) return;
+        swept_ = true;
+        constexpr std::size_t max_looked = 256;
+        constexpr std::size_t max_swept = 64;
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+        std::size_t looked = 0;
+        std::size_t swept = 0;
+        for (const auto& id : records_.ids()) {
+            if (looked++ == max_looked || swept == max_swept ||
+                std::chrono::steady_clock::now() > until)
+                break;
+            if (sandboxes_.contains(id)) continue;
+            auto record = records_.read(id);
+            if (!record || !is_sweepable(*record)) continue;
+            if (const int err = remove_cgroups(*record); err != 0) {
+                detail::log(log_level::info, "local",
+                            std::string("left for the janitor: its cgroups: ") + std::strerror(err),
+                            id);
+                continue;
+            }
+            records_.remove(id);
+            ++swept;
+            detail::log(log_level::info, "local", "swept: its pid 1 is gone", id);
+        }
+    }
+
     // The rules are in janitor_rules.hpp; this walks the state directory and the cgroup tree.
     asio::awaitable<result<std::vector<janitor_action>>> janitor(bool dry_run) {
         std::vector<janitor_action> actions;
@@ -807,7 +842,10 @@ class local_backend final : public backend {
 
     asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request) {
         std::string stdin_data = std::move(request.stdin_data);
-        auto started = co_await start_command(std::move(id), std::move(request));
+        // An exec's processes end with it (its own cgroup, where the sandbox has them).
+        const auto ceiling = exec_request::max_wall_limit;
+        auto started = co_await start_command(std::move(id), std::move(request), ceiling,
+                                              wire::exec_own_cgroup);
         if (!started) co_return std::move(started).error();
         if (!stdin_data.empty()) {
             auto socket = std::make_shared<asio::posix::stream_descriptor>(
@@ -834,7 +872,8 @@ class local_backend final : public backend {
 
     asio::awaitable<result<started_command>> start_command(
         std::string id, exec_request request,
-        std::chrono::milliseconds ceiling = exec_request::max_wall_limit) {
+        std::chrono::milliseconds ceiling = exec_request::max_wall_limit,
+        std::uint32_t exec_flags = wire::exec_none) {
         auto found = find(id);
         if (!found) co_return std::move(found).error();
         auto sandbox = *found;
@@ -855,7 +894,7 @@ class local_backend final : public backend {
         const std::uint64_t exec_id = next_exec_id_++;
         std::vector<std::byte> record;
         if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()),
-                               argv, env_list, cwd, record)) {
+                               argv, env_list, cwd, record, exec_flags)) {
             co_return make_error(errc::invalid_argument,
                                  "command, environment and cwd exceed " +
                                      std::to_string(wire::max_message_bytes / 1024) + " KiB");
@@ -1076,6 +1115,7 @@ class local_backend final : public backend {
     sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
     std::uint64_t next_exec_id_ = 1;
+    bool swept_ = false;  // sweep_dead_once ran
 };
 
 }  // namespace

@@ -17,6 +17,10 @@ namespace moat {
 namespace {
 
 constexpr std::size_t chunk_bytes = 64 * 1024;
+// Once the command's exit is known, output still in the pipes is read for this long at most: a
+// process outside the command's reach (handed a pipe end, or on a host without per-command
+// cgroups) must not hold the result back until the wall limit.
+constexpr std::chrono::milliseconds drain_time{100};
 
 }  // namespace
 
@@ -46,8 +50,10 @@ bool local_exec_stream::try_read(asio::posix::stream_descriptor& pipe, std::stri
 asio::awaitable<local_exec_stream::wait_outcome> local_exec_stream::wait_for_output() {
     auto& first = out_.is_open() ? out_ : err_;
     auto* second = out_.is_open() && err_.is_open() ? &err_ : nullptr;
-    const auto waited = co_await async_wait_until(first, asio::posix::descriptor_base::wait_read,
-                                                  command_.backstop, second);
+    if (command_.state->exit && drain_.is_never()) drain_ = deadline::after(drain_time);
+    const deadline limit = earliest(command_.backstop, drain_);
+    const auto waited =
+        co_await async_wait_until(first, asio::posix::descriptor_base::wait_read, limit, second);
     switch (waited) {
         case wait_result::ready:
             co_return wait_outcome::readable;
@@ -159,6 +165,7 @@ exec_result local_exec_stream::make_result(const wire::exited_message& exit) con
         r.signal = WTERMSIG(status);
         r.exit_code = 128 + r.signal;
     }
+    r.strays_killed = (exit.flags & wire::exited_strays_killed) != 0;
     // The command ended by SIGKILL (directly, or as a shell's exit status 137 for its killed
     // child) and the sandbox's memory cgroup counted an OOM kill since the library last looked.
     const bool killed = r.signal == SIGKILL || (r.signal == 0 && r.exit_code == 128 + SIGKILL);

@@ -48,6 +48,7 @@ class local_exec_stream final : public exec_stream::impl {
     local_command command_;
     asio::posix::stream_descriptor out_;
     asio::posix::stream_descriptor err_;
+    deadline drain_ = deadline::never();  // set once the exit is known (see drain_time)
     bool read_err_first_ = false;
     bool spawn_message_sent_ = false;
     bool finished_ = false;

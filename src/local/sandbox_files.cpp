@@ -317,7 +317,7 @@ result<void> write_one(int root_fd, const file_write& file, const file_limits& l
 // Reads at most limits.max_file_bytes; the file may grow while it is read.
 result<std::string> read_one(int root_fd, const std::string& path, const file_limits& limits) {
     if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
-    // Look before opening: opening a device (the sandbox's /dev/tty is the host's) or a FIFO can
+    // Look before opening: opening a device (the sandbox's /dev nodes are the host's) or a FIFO can
     // have effects of its own. The O_PATH descriptor is then reopened through /proc/self/fd,
     // which names that same inode, so nothing can be swapped in between.
     const unique_fd located(resolve(root_fd, path, O_PATH));

@@ -344,6 +344,17 @@ result<unique_fd> open_live_init(const sandbox_record& record) {
     return pidfd;
 }
 
+bool init_is_gone(const sandbox_record& record) {
+    if (record.init_pid <= 0) return false;
+    unique_fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, record.init_pid, 0)));
+    if (!pidfd.is_open()) return errno == ESRCH;
+    pollfd exited{pidfd.get(), POLLIN, 0};
+    if (::poll(&exited, 1, 0) == 1) return true;
+    // Alive (or a zombie, which reads as 0): the pid is the record's only if it started then.
+    const std::uint64_t ticks = process_start_ticks(record.init_pid);
+    return ticks != 0 && ticks != record.init_start_ticks;
+}
+
 int remove_cgroups(const sandbox_record& record) {
     int first = 0;
     for (const auto& dir : record.cgroups) {

@@ -81,6 +81,11 @@ class sandbox_records {
 // time); sandbox_unavailable saying why not (still being created, exited, pid reused).
 result<unique_fd> open_live_init(const sandbox_record& record);
 
+// Whether the record's pid 1 is proven gone: no process has its pid, the process there started at
+// another time (the pid was reused), or its pidfd reports it exited. False when it is alive or
+// cannot be told (a record still being created, pidfd_open failing for another reason).
+bool init_is_gone(const sandbox_record& record);
+
 // Start time (field 22 of /proc/<pid>/stat) of a live process, or 0.
 std::uint64_t process_start_ticks(int pid);
 

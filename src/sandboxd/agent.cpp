@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/sched.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,9 +20,14 @@
 #include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstddef>
+#include <cstdio>
 #include <ctime>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "sandboxd/seccomp_filter.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
 
@@ -27,12 +35,15 @@ namespace moat::sandboxd {
 namespace {
 
 constexpr int control_fd = 3;
-constexpr int listen_fd = 7;                 // survivors only: the attach socket the helper bound
-constexpr int command_cgroup_fd = 8;         // cgroup v2: the commands' cgroup.procs, if present
-constexpr int command_cgroup_kill_fd = 9;    // cgroup v2: the commands' cgroup.kill, if present
-constexpr std::size_t max_connections = 32;  // the owner's plus attached processes
-constexpr std::size_t stack_bytes = 1024 * 1024;  // execvp may put a PATH-sized buffer on it
-constexpr std::size_t guard_bytes = 4096;
+constexpr int listen_fd = 7;                  // survivors only: the attach socket the helper bound
+constexpr int command_cgroup_fd = 8;          // the commands' cgroup directory (v2), if present
+constexpr int command_cgroup_kill_fd = 9;     // cgroup v2: the commands' cgroup.kill, if present
+constexpr std::size_t max_connections = 32;   // the owner's plus attached processes
+constexpr std::size_t idle_cgroups_kept = 4;  // empty per-command cgroups kept for reuse
+// A per-command cgroup still populated this long after its kill is not reused (a process stuck
+// in the kernel); the helper removes it with the sandbox.
+constexpr std::uint64_t drain_give_up_us = 10'000'000;
+constexpr int drain_poll_ms = 20;  // how often a killed cgroup is looked at while it empties
 
 std::uint64_t now_us() {
     timespec ts{};
@@ -52,34 +63,38 @@ int read_cap_last_cap() {
     return cap;
 }
 
-// What the command child reads; the parent is suspended (CLONE_VFORK) while it runs.
+// What the command child needs. It is a copy of pid 1 (no CLONE_VM, no CLONE_VFORK): pid 1 never
+// waits for it, so nothing the child meets before exec (sandbox code can SIGSTOP it once it has
+// the sandbox's uid) can stall pid 1.
 struct command_args {
     int stdio[3];
     const char* cwd;
     char* const* argv;
     char** envp;
-    int cgroup;  // the commands' cgroup.procs, or -1
-    int spawn_errno;
+    int status_pipe;  // close-on-exec write end: the errno if the child fails, EOF once it execs
+    int join_procs;   // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
 };
 
-[[noreturn]] void command_fail(command_args& a) {
-    a.spawn_errno = errno != 0 ? errno : EINVAL;
+[[noreturn]] void command_fail(const command_args& a) {
+    const int err = errno != 0 ? errno : EINVAL;
+    (void)::write(a.status_pipe, &err, sizeof err);
     ::_exit(127);
 }
 
-int command_main(void* opaque) {
-    auto& a = *static_cast<command_args*>(opaque);
-    // Into the commands' cgroup (v2) before anything else; the descriptor carries the helper's
-    // permission to move there.
-    if (a.cgroup >= 0 && ::write(a.cgroup, "0", 1) != 1) command_fail(a);
+[[noreturn]] void command_main(const command_args& a) {
+    if (a.join_procs >= 0 && ::write(a.join_procs, "0", 1) != 1) command_fail(a);
     ::setsid();
     for (int fd = 0; fd < 3; ++fd) {
         if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
     }
-    ::close_range(3, ~0u, 0);
+    // Everything above 2 closes at exec, the status pipe included.
+    if (::close_range(3, ~0u, CLOSE_RANGE_CLOEXEC) != 0) command_fail(a);
     // Limits, the bounding set and the groups were set once in pid 1 (agent::setup) and are
     // inherited; what is left here is what must differ from pid 1.
     if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) command_fail(a);
+    sock_fprog no_clone3{static_cast<unsigned short>(std::size(command_filter)),
+                         const_cast<sock_filter*>(command_filter)};
+    if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &no_clone3) != 0) command_fail(a);
     // Raw calls: glibc's set*id wrappers would try to broadcast to other threads.
     const uid_t user = wire::sandbox_user_id;
     if (::syscall(SYS_setresuid, user, user, user) != 0) command_fail(a);
@@ -87,10 +102,49 @@ int command_main(void* opaque) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    // execvp searches the PATH of `environ`, so the request's environment must be in place.
+    // execvp searches the PATH of `environ`, so the request's environment must be in place (this
+    // is the child's own copy of it).
     environ = a.envp;
     ::execvp(a.argv[0], a.argv);
     command_fail(a);
+}
+
+// The value of `key` in a cgroup's flat keyed file below `dir`, or -1.
+long long read_keyed(int dir, const char* file, std::string_view key) {
+    const int fd = ::openat(dir, file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char text[256];
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) return -1;
+    std::string_view rest(text, static_cast<std::size_t>(n));
+    while (!rest.empty()) {
+        const auto newline = rest.find('\n');
+        const std::string_view line = rest.substr(0, newline);
+        if (line.size() > key.size() && line.starts_with(key) && line[key.size()] == ' ') {
+            long long value = -1;
+            std::from_chars(line.data() + key.size() + 1, line.data() + line.size(), value);
+            return value;
+        }
+        if (newline == std::string_view::npos) break;
+        rest.remove_prefix(newline + 1);
+    }
+    return -1;
+}
+
+// Signals a command: its process group, or the child itself while it has not made that group
+// yet (it is still on its way to exec).
+void signal_command(pid_t pid, int signal) {
+    if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+bool write_at(int dir, const char* file, const char* text) {
+    const int fd = ::openat(dir, file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const std::size_t length = std::char_traits<char>::length(text);
+    const bool ok = ::write(fd, text, length) == static_cast<ssize_t>(length);
+    ::close(fd);
+    return ok;
 }
 
 class agent {
@@ -105,13 +159,24 @@ class agent {
     int run();
 
   private:
+    // A per-command cgroup below the commands' one: "c<number>".
+    struct cgroup_slot {
+        int dir = -1;  // O_PATH descriptor of the directory
+        std::uint64_t number = 0;
+        std::uint64_t killed_us = 0;  // while draining: when its leftovers were killed
+    };
+
     struct command {
         std::uint64_t exec_id;
         pid_t pid;
         std::uint64_t start_us;
         std::uint64_t deadline_us;  // 0 = none
         int connection;             // the control connection that started it, or -1 once gone
+        int status_pipe;            // read end: errno if the child failed before exec
+        cgroup_slot cgroup;         // its own cgroup (exec_own_cgroup), or dir -1
         bool timed_out = false;
+        bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
+        int spawn_errno = 0;   // what the child reported before it could exec
     };
 
     struct connection {
@@ -130,9 +195,21 @@ class agent {
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
     void handle_kill(int fd, const wire::kill_message& m);
+    // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
+    // out), an errno that it failed (reported when it is reaped).
+    void check_starts();
     // Closes connections marked `closing`; false if the owner's went and the sandbox must end.
     bool close_connections();
     void reap();
+    // A cgroup of its own for a command: an idle one, or a new one; dir -1 if there is none.
+    cgroup_slot acquire_cgroup();
+    // After the command's main process exited: kills what is left in its cgroup (true if
+    // anything was) and keeps the cgroup for reuse once it is empty.
+    bool release_cgroup(cgroup_slot slot);
+    // Moves killed cgroups that have emptied back to the idle list.
+    void check_draining();
+    void drop_cgroup(const cgroup_slot& slot);
+    pid_t start_child(const command_args& args, int cgroup_dir);
     void send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
                      int spawn_errno, std::uint64_t start_us);
 
@@ -155,10 +232,14 @@ class agent {
     std::uint32_t open_files_;
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
-    int command_cgroup_ = -1;       // see command_cgroup_fd
-    int command_cgroup_kill_ = -1;  // see command_cgroup_kill_fd
+    int command_cgroup_ = -1;           // see command_cgroup_fd
+    int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
+    bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_
+    bool clone3_usable_ = true;         // false once the kernel refused CLONE_INTO_CGROUP
+    std::uint64_t next_cgroup_ = 1;
+    std::vector<cgroup_slot> idle_cgroups_;
+    std::vector<cgroup_slot> draining_cgroups_;
     int signal_fd_ = -1;
-    char* stack_top_ = nullptr;
     std::vector<connection> connections_;
     std::vector<command> commands_;
     std::vector<pollfd> poll_fds_;
@@ -213,13 +294,14 @@ bool agent::setup() {
         processes.rlim_cur = processes.rlim_max;
         if (::setrlimit(RLIMIT_NPROC, &processes) != 0) return false;
     }
-    void* stack = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-    if (stack == MAP_FAILED) return false;
-    ::mprotect(stack, guard_bytes, PROT_NONE);
-    stack_top_ = static_cast<char*>(stack) + guard_bytes + stack_bytes;
     // The commands' cgroup files (v2): kept, but never inherited by a command.
-    if (::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0) command_cgroup_ = command_cgroup_fd;
+    if (::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0) {
+        command_cgroup_ = command_cgroup_fd;
+        per_command_cgroups_ = true;
+        // The helper made the first exec's cgroup with the sandbox (c0).
+        const int first = ::openat(command_cgroup_, "c0", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (first >= 0) idle_cgroups_.push_back({first, 0, 0});
+    }
     if (::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0)
         command_cgroup_kill_ = command_cgroup_kill_fd;
     if (survive_owner_) {
@@ -243,14 +325,24 @@ int agent::run() {
         poll_fds_.push_back({signal_fd_, POLLIN, 0});
         poll_fds_.push_back({listen_fd_, POLLIN, 0});  // a negative fd is skipped by poll
         for (const auto& c : connections_) poll_fds_.push_back({c.fd, POLLIN, 0});
+        const std::size_t first_start = poll_fds_.size();
+        for (const auto& c : commands_) {
+            if (!c.started && c.status_pipe >= 0) poll_fds_.push_back({c.status_pipe, POLLIN, 0});
+        }
         const int ready = ::poll(poll_fds_.data(), poll_fds_.size(), poll_timeout_ms());
         if (ready < 0 && errno != EINTR) return 1;
         if (ttl_deadline_us_ != 0 && now_us() >= ttl_deadline_us_) return 0;
         // Reap first: a command that exited just as its wall limit came is not a timeout.
         if (ready > 0 && poll_fds_[0].revents != 0) reap();
+        if (!draining_cgroups_.empty()) check_draining();
         enforce_deadlines();
         if (ready <= 0) continue;
-        for (std::size_t i = 2; i < poll_fds_.size(); ++i) {
+        bool any_started = false;
+        for (std::size_t i = first_start; i < poll_fds_.size(); ++i) {
+            any_started = any_started || poll_fds_[i].revents != 0;
+        }
+        if (any_started) check_starts();
+        for (std::size_t i = 2; i < first_start; ++i) {
             if (poll_fds_[i].revents != 0 && !handle_control(poll_fds_[i].fd)) {
                 mark_closing(poll_fds_[i].fd);
             }
@@ -288,7 +380,7 @@ bool agent::close_connections() {
         // What a connection started dies with it: nobody is left to read its result.
         for (auto& running : commands_) {
             if (running.connection != c.fd) continue;
-            ::kill(-running.pid, SIGKILL);
+            signal_command(running.pid, SIGKILL);
             running.connection = -1;
         }
         ::close(c.fd);
@@ -305,18 +397,21 @@ int agent::poll_timeout_ms() const {
             next = c.deadline_us;
         }
     }
-    if (next == 0) return -1;
+    int drain = -1;
+    if (!draining_cgroups_.empty()) drain = drain_poll_ms;
+    if (next == 0) return drain;
     const std::uint64_t now = now_us();
     if (next <= now) return 0;
     const std::uint64_t ms = (next - now + 999) / 1000;
-    return ms > 3'600'000 ? 3'600'000 : static_cast<int>(ms);
+    const int until = ms > 3'600'000 ? 3'600'000 : static_cast<int>(ms);
+    return drain >= 0 && drain < until ? drain : until;
 }
 
 void agent::enforce_deadlines() {
     const std::uint64_t now = now_us();
     for (auto& c : commands_) {
         if (c.deadline_us != 0 && !c.timed_out && now >= c.deadline_us) {
-            ::kill(-c.pid, SIGKILL);
+            signal_command(c.pid, SIGKILL);
             c.timed_out = true;
         }
     }
@@ -374,39 +469,192 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
     envp.push_back(nullptr);
 
-    command_args args{
-        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), command_cgroup_, 0};
-    char** const saved_environ = environ;
+    const bool own_cgroup = (request.flags & wire::exec_own_cgroup) != 0;
+    cgroup_slot slot;
+    if (own_cgroup) slot = acquire_cgroup();
+    int status[2];
     const std::uint64_t start = now_us();
-    const pid_t pid = ::clone(command_main, stack_top_, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+    if (::pipe2(status, O_CLOEXEC | O_NONBLOCK) != 0) {
+        const int err = errno;
+        for (const int f : fds) ::close(f);
+        if (slot.dir >= 0) idle_cgroups_.push_back(slot);
+        send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, start);
+        return;
+    }
+    const command_args args{
+        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), status[1], -1};
+    // Spawned processes go to the commands' cgroup (they outlive execs); an exec to its own.
+    const int cgroup_dir = slot.dir >= 0 ? slot.dir : command_cgroup_;
+    const pid_t pid = start_child(args, cgroup_dir);
     const int clone_errno = errno;
-    environ = saved_environ;
+    ::close(status[1]);
     for (const int f : fds) ::close(f);
 
-    if (pid < 0 || args.spawn_errno != 0) {
-        int status = 0;
-        if (pid > 0) {
-            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-            }
-        }
-        send_exited(fd, request.exec_id, status, wire::exited_spawn_failed,
-                    pid < 0 ? clone_errno : args.spawn_errno, start);
+    if (pid < 0) {
+        ::close(status[0]);
+        if (slot.dir >= 0) idle_cgroups_.push_back(slot);
+        send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, clone_errno, start);
         return;
     }
     const std::uint64_t deadline =
         request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
-    commands_.push_back({request.exec_id, pid, start, deadline, fd});
-    auto started = wire::make_message<wire::started_message>(wire::message_type::started);
-    started.exec_id = request.exec_id;
-    started.pid = pid;
-    send(fd, started);
+    // `started` follows once the child has exec'd (check_starts), never waited for here.
+    commands_.push_back({request.exec_id, pid, start, deadline, fd, status[0], slot});
+}
+
+void agent::check_starts() {
+    for (auto& c : commands_) {
+        if (c.started || c.status_pipe < 0) continue;
+        int spawn_errno = 0;
+        const ssize_t n = ::read(c.status_pipe, &spawn_errno, sizeof spawn_errno);
+        if (n < 0) continue;  // EAGAIN: still on its way to exec
+        if (n == 0) {
+            // Exec'd: the program runs in its own process group from here.
+            c.started = true;
+            ::close(c.status_pipe);
+            c.status_pipe = -1;
+            auto started = wire::make_message<wire::started_message>(wire::message_type::started);
+            started.exec_id = c.exec_id;
+            started.pid = c.pid;
+            send(c.connection, started);
+        }
+        // An errno: the child exits at once, and reap() reports it.
+        if (n == static_cast<ssize_t>(sizeof spawn_errno) && spawn_errno != 0) {
+            c.spawn_errno = spawn_errno;
+            ::close(c.status_pipe);
+            c.status_pipe = -1;
+        }
+    }
+}
+
+pid_t agent::start_child(const command_args& args, int cgroup_dir) {
+    if (clone3_usable_) {
+        clone_args ca{};
+        ca.exit_signal = SIGCHLD;
+        if (cgroup_dir >= 0) {
+            ca.flags = CLONE_INTO_CGROUP;
+            ca.cgroup = static_cast<std::uint64_t>(cgroup_dir);
+        }
+        long pid = ::syscall(SYS_clone3, &ca, sizeof ca);
+        if (pid == 0) command_main(args);
+        if (pid < 0 && cgroup_dir >= 0 && errno != ENOSYS && errno != EAGAIN && errno != ENOMEM) {
+            // The cgroup refused (not delegated to pid 1, or a kernel before 5.7): commands run
+            // in pid 1's cgroup from now on, and strays are killed when the sandbox is idle.
+            per_command_cgroups_ = false;
+            command_cgroup_ = -1;
+            ca.flags = 0;
+            ca.cgroup = 0;
+            pid = ::syscall(SYS_clone3, &ca, sizeof ca);
+            if (pid == 0) command_main(args);
+        }
+        if (pid > 0 || errno != ENOSYS) return static_cast<pid_t>(pid);
+        clone3_usable_ = false;  // no clone3 here: fork, and the child moves itself
+    }
+    command_args moving = args;
+    if (cgroup_dir >= 0 && command_cgroup_ >= 0) {
+        moving.join_procs = ::openat(cgroup_dir, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) command_main(moving);
+    const int fork_errno = errno;
+    if (moving.join_procs >= 0) ::close(moving.join_procs);
+    errno = fork_errno;
+    return pid;
+}
+
+agent::cgroup_slot agent::acquire_cgroup() {
+    if (!idle_cgroups_.empty()) {
+        const cgroup_slot slot = idle_cgroups_.back();
+        idle_cgroups_.pop_back();
+        return slot;
+    }
+    if (!per_command_cgroups_) return {};
+    cgroup_slot slot;
+    slot.number = next_cgroup_++;
+    char name[24];
+    std::snprintf(name, sizeof name, "c%llu", static_cast<unsigned long long>(slot.number));
+    if (::mkdirat(command_cgroup_, name, 0755) != 0 && errno != EEXIST) {
+        // Not delegated (a hybrid host whose unified hierarchy moat may not write): every command
+        // shares the commands' cgroup, and strays are killed when the sandbox is idle. Anything
+        // else (a descendant limit, memory) costs this exec its own cgroup only.
+        if (errno == EACCES || errno == EPERM || errno == EROFS || errno == ENOENT)
+            per_command_cgroups_ = false;
+        return {};
+    }
+    slot.dir = ::openat(command_cgroup_, name, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (slot.dir < 0) {
+        (void)::unlinkat(command_cgroup_, name, AT_REMOVEDIR);
+        return {};
+    }
+    return slot;
+}
+
+bool agent::release_cgroup(cgroup_slot slot) {
+    if (read_keyed(slot.dir, "cgroup.events", "populated") == 0) {
+        if (idle_cgroups_.size() < idle_cgroups_kept) {
+            idle_cgroups_.push_back(slot);
+        } else {
+            drop_cgroup(slot);
+        }
+        return false;
+    }
+    // Whatever it started lives on: kill all of it at once, however it forked or detached.
+    if (!write_at(slot.dir, "cgroup.kill", "1")) {
+        // Before Linux 5.14: freeze, signal every member, thaw (a frozen cgroup cannot fork).
+        (void)write_at(slot.dir, "cgroup.freeze", "1");
+        const int procs = ::openat(slot.dir, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+        if (procs >= 0) {
+            char text[4096];
+            ssize_t n;
+            while ((n = ::read(procs, text, sizeof text)) > 0) {
+                std::string_view rest(text, static_cast<std::size_t>(n));
+                while (!rest.empty()) {
+                    const auto newline = rest.find('\n');
+                    int member = 0;
+                    std::from_chars(rest.data(), rest.data() + rest.size(), member);
+                    if (member > 1) ::kill(member, SIGKILL);
+                    if (newline == std::string_view::npos) break;
+                    rest.remove_prefix(newline + 1);
+                }
+            }
+            ::close(procs);
+        }
+        (void)write_at(slot.dir, "cgroup.freeze", "0");
+    }
+    slot.killed_us = now_us();
+    draining_cgroups_.push_back(slot);
+    return true;
+}
+
+void agent::check_draining() {
+    const std::uint64_t now = now_us();
+    for (std::size_t i = draining_cgroups_.size(); i-- > 0;) {
+        const cgroup_slot slot = draining_cgroups_[i];
+        const bool empty = read_keyed(slot.dir, "cgroup.events", "populated") == 0;
+        if (!empty && now - slot.killed_us < drain_give_up_us) continue;
+        draining_cgroups_.erase(draining_cgroups_.begin() + static_cast<std::ptrdiff_t>(i));
+        // Never reused: a cgroup once killed through cgroup.kill kills every child cloned into
+        // it afterwards (seen on Linux 6.18: its kill count no longer matches the parent's).
+        if (empty) {
+            drop_cgroup(slot);
+        } else {
+            ::close(slot.dir);  // still populated: left for the helper, which removes it
+        }
+    }
+}
+
+void agent::drop_cgroup(const cgroup_slot& slot) {
+    char name[24];
+    std::snprintf(name, sizeof name, "c%llu", static_cast<unsigned long long>(slot.number));
+    (void)::unlinkat(command_cgroup_, name, AT_REMOVEDIR);
+    ::close(slot.dir);
 }
 
 void agent::handle_kill(int fd, const wire::kill_message& m) {
     if (m.signal < 0 || m.signal >= NSIG) return;
     // Exec ids are chosen by each connection: a connection signals only its own commands.
     for (const auto& c : commands_) {
-        if (c.exec_id == m.exec_id && c.connection == fd) ::kill(-c.pid, m.signal);
+        if (c.exec_id == m.exec_id && c.connection == fd) signal_command(c.pid, m.signal);
     }
 }
 
@@ -421,22 +669,42 @@ void agent::reap() {
         for (std::size_t i = 0; i < commands_.size(); ++i) {
             const command c = commands_[i];
             if (c.pid != pid) continue;
-            // Background processes die with the command.
+            // Background processes die with the command: its process group always, and where it
+            // has a cgroup of its own, everything in it.
             ::kill(-c.pid, SIGKILL);
             commands_.erase(commands_.begin() + static_cast<std::ptrdiff_t>(i));
-            const std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
-            send_exited(c.connection, c.exec_id, status, flags, 0, c.start_us);
+            std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
+            if (c.cgroup.dir >= 0 && release_cgroup(c.cgroup)) flags |= wire::exited_strays_killed;
+            // The child has exited, so its end of the status pipe is closed: this never blocks.
+            int spawn_errno = c.spawn_errno;
+            if (c.status_pipe >= 0) {
+                if (::read(c.status_pipe, &spawn_errno, sizeof spawn_errno) !=
+                    static_cast<ssize_t>(sizeof spawn_errno)) {
+                    spawn_errno = 0;
+                }
+                ::close(c.status_pipe);
+            }
+            if (spawn_errno != 0) {
+                flags = wire::exited_spawn_failed;
+            } else if (!c.started) {
+                // It exec'd and ended before its status pipe was read: started, then exited.
+                auto started =
+                    wire::make_message<wire::started_message>(wire::message_type::started);
+                started.exec_id = c.exec_id;
+                started.pid = c.pid;
+                send(c.connection, started);
+            }
+            send_exited(c.connection, c.exec_id, status, flags, spawn_errno, c.start_us);
             command_ended = true;
             break;
         }
     }
-    // Nothing runs in an idle sandbox: this also catches processes that escaped with setsid.
-    // Their exits arrive as new SIGCHLDs and are reaped on the next pass. On v2 the commands'
-    // cgroup.kill takes the whole command tree at once, however fast it forks.
-    if (command_ended && commands_.empty()) {
-        if (command_cgroup_kill_ >= 0) (void)::write(command_cgroup_kill_, "1", 1);
-        ::kill(-1, SIGKILL);
-    }
+    // Nothing runs in an idle sandbox: this also catches processes that escaped with setsid where
+    // there are no per-command cgroups. Their exits arrive as new SIGCHLDs and are reaped on the
+    // next pass.
+    // (Not the commands' cgroup.kill: a cgroup once killed that way kills every child later cloned
+    // into it or below it, see check_draining.)
+    if (command_ended && commands_.empty()) ::kill(-1, SIGKILL);
 }
 
 void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,

@@ -5,19 +5,28 @@
 //
 // It sends `ready`, then runs `exec` requests (SCM_RIGHTS: stdin, stdout, stderr) as uid/gid
 // 1000 with no capabilities, each in its own session and process group, replying `started` and,
-// when the command's main process exits, `exited` (spawn failures reply `exited` with
-// exited_spawn_failed right away). Whatever the command left in its process group is killed when
-// it exits, and once no command is running everything else in the sandbox is killed too, so an
-// idle sandbox runs nothing but pid 1. `kill` signals a command's process group; a wall limit
-// SIGKILLs it and reports exited_timed_out. `set_ttl` moves the sandbox's end and is answered
-// with `ttl_set`.
+// when the command's main process exits, `exited` (a command that cannot be exec'd replies
+// `exited` with exited_spawn_failed and the errno). Commands are started with clone3 as copies of
+// pid 1 (no CLONE_VM, no CLONE_VFORK): pid 1 never waits for a child, so nothing sandbox code does
+// to a half-started one (SIGSTOP once it has the sandbox's uid) can stall it. Whatever the command
+// left in its process group is killed when it exits. `kill` signals a command's process group; a
+// wall limit SIGKILLs it and reports exited_timed_out. `set_ttl` moves the sandbox's end and is
+// answered with `ttl_set`.
 //
 // EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
 // unless --survive-owner was given; the TTL, when non-zero, ends it regardless.
 //
-// On cgroup v2, fd 8 and fd 9 are the commands' cgroup.procs and cgroup.kill (opened by the
-// helper, see cgroups.hpp): each command moves itself in through fd 8 before exec, and an idle
-// sandbox's leftovers are killed through fd 9 as well as by signal. Neither is inherited.
+// Per-command cgroups: fd 8 is the commands' cgroup v2 directory and fd 9 its cgroup.kill (the
+// helper opened them and handed the directory to the sandbox's root, see cgroups.hpp); neither is
+// inherited, and fd 9 is not written (a cgroup once killed through cgroup.kill kills every child
+// later cloned into it or below it, on Linux 6.18). An exec flagged exec_own_cgroup is cloned
+// (CLONE_INTO_CGROUP) into a cgroup of its own, `c<n>` below fd 8 (c0 made by the helper with the
+// sandbox, the rest by pid 1), reused while it never had to be killed (at most a few idle ones
+// are kept); spawned processes go to fd 8's cgroup itself. When the exec's main process exits,
+// anything left in its cgroup is killed at once (cgroup.kill), the cgroup is removed once empty,
+// and `exited` carries exited_strays_killed. Without fd 8 (no cgroup2 mount), or if the kernel
+// refuses the cgroup, commands share pid 1's cgroup and everything else in the sandbox is killed
+// once no command is running, so an idle sandbox runs nothing but pid 1.
 //
 // With --survive-owner, fd 7 is a unix SOCK_SEQPACKET socket the helper bound in its 0700 state
 // directory; the agent listens on it, so other host processes can attach. Each accepted

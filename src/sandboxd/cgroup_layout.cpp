@@ -124,6 +124,7 @@ cgroup_layout parse_cgroup_layout(std::string_view mountinfo, std::string_view s
         if (m.type == "cgroup2") {
             if (layout.v2_mount.empty()) {
                 layout.v2_mount = unescape(m.mount_point);
+                layout.v2_nsdelegate = has_token(m.options, "nsdelegate");
                 v2_root = unescape(m.root);
             }
             return;

@@ -35,6 +35,7 @@ struct cgroup_layout {
     std::array<v1_hierarchy, controller_count> v1;  // per controller
     std::string v2_mount;  // the cgroup2 mount point, "" when none is mounted
     std::string v2_own;    // this process's cgroup from the "0::" line ("/" = the mount's root)
+    bool v2_nsdelegate = false;  // mounted with nsdelegate: cgroup namespaces bound moves
 
     bool has_v1(controller c) const { return !v1[static_cast<std::size_t>(c)].mount_point.empty(); }
     // True when v1 carries any of memory, pids, cpu: then v1 is used for every limit.

@@ -205,6 +205,7 @@ class v1_hierarchy_impl final : public cgroup_hierarchy {
         return 0;
     }
 
+    int delegate(sandbox_cgroups&, uid_t, std::string&) const override { return 0; }
     void kill(const sandbox_cgroups&) const override {}  // v1 has no cgroup.kill
 
     int try_remove(sandbox_cgroups& group) const override { return remove_dirs(group); }

@@ -1,5 +1,7 @@
 // cgroup v2: the subtree moat may use, the helper's move into a leaf, and one
-// <parent>/<id>/{init,commands} tree per sandbox (see cgroups.hpp).
+// <parent>/<id>/{init,commands} tree per sandbox (see cgroups.hpp); on hybrid hosts the same tree
+// in the unified hierarchy, for per-command tracking only.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -18,6 +20,7 @@ namespace {
 constexpr std::array<std::uint32_t, controller_count> layer_bits = {
     wire::layer_cgroup_memory, wire::layer_cgroup_pids, wire::layer_cgroup_cpu};
 constexpr std::string_view leaf_name = "moat-leaf";  // where the helper's cgroup's processes go
+constexpr const char* first_command_cgroup = "c0";   // see agent.hpp
 // The fix comes before the path in every reason: the hello record's detail field is 255 bytes.
 constexpr const char* delegate_fix =
     "run moat in a systemd unit with Delegate=yes, or in a container with its own cgroup "
@@ -77,6 +80,23 @@ int move_processes(const std::string& from, const std::string& to, std::string& 
     return EBUSY;
 }
 
+// Removes the cgroups directly below `dir` (the per-command ones pid 1 made: a bounded number,
+// since the agent reuses them and holds at most one per running command).
+int remove_children(const std::string& dir) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return errno == ENOENT || errno == ENOTDIR ? 0 : errno;
+    int err = 0;
+    for (int seen = 0; seen < 4096; ++seen) {
+        const dirent* e = ::readdir(d);
+        if (e == nullptr) break;
+        if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+        if (::unlinkat(::dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT && err == 0)
+            err = errno;
+    }
+    ::closedir(d);
+    return err;
+}
+
 // Removes a sandbox's directories (children first) once its cgroup reports no process. Only a
 // sandbox of this helper is killed again while populated, never a directory found in the way.
 int remove_tree(sandbox_cgroups& group, bool is_ours) {
@@ -87,6 +107,8 @@ int remove_tree(sandbox_cgroups& group, bool is_ours) {
         return EBUSY;
     }
     for (const auto& dir : group.dirs) {
+        // pid 1 makes (and reuses) per-command cgroups in `commands`; it may have died with some.
+        if (const int err = remove_children(dir)) return err;
         if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) continue;
         return errno;
     }
@@ -96,9 +118,12 @@ int remove_tree(sandbox_cgroups& group, bool is_ours) {
 
 class v2_hierarchy_impl final : public cgroup_hierarchy {
   public:
-    explicit v2_hierarchy_impl(const cgroup_layout& layout) : kind_(layout.kind) {
+    v2_hierarchy_impl(const cgroup_layout& layout, bool tracking_only)
+        : kind_(layout.kind), tracking_only_(tracking_only), nsdelegate_(layout.v2_nsdelegate) {
         std::string detail;
-        if (const int err = find_parent(layout, detail); err != 0 || !detail.empty()) {
+        const int err =
+            tracking_only ? find_tracking_parent(layout, detail) : find_parent(layout, detail);
+        if (err != 0 || !detail.empty()) {
             // One reason for all three (the helper reports it once).
             for (auto& why : why_) why = "memory, pids and cpu cgroups: v2: " + detail;
             parent_.clear();
@@ -121,7 +146,7 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
                 return ENOENT;
             }
         }
-        if (parent_.empty()) return 0;  // best effort, or nothing asked for
+        if (parent_.empty()) return 0;  // best effort, or nothing asked for, or no tracking
         const std::string dir = parent_ + "/" + std::string(sandbox_id);
         out.unified = true;
         out.dirs = {dir + "/init", dir + "/commands", dir};
@@ -155,12 +180,11 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             out.paths[i] = dir;
             out.applied_layers |= layer_bits[i];
         }
-        // The memory controller for the children, so that the commands' cgroup can have
-        // memory.oom.group: an OOM kill then takes the whole command tree and never pid 1.
-        const bool memory = why_[0].empty();
-        err = memory ? write_small_file(dir + "/cgroup.subtree_control", "+memory") : 0;
-        const char* step = "write cgroup.subtree_control";
-        if (err == 0 && ::mkdir(out.dirs[0].c_str(), 0755) != 0) {
+        // init and commands now; the memory controller for the children (and with it the
+        // commands' memory.oom.group) only once pid 1 has left <id> for init (delegate()).
+        err = 0;
+        const char* step = "";
+        if (::mkdir(out.dirs[0].c_str(), 0755) != 0) {
             err = errno;
             step = "mkdir init";
         }
@@ -168,9 +192,11 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             err = errno;
             step = "mkdir commands";
         }
-        if (err == 0 && memory) {
-            err = write_small_file(out.dirs[1] + "/memory.oom.group", "1");
-            step = "write commands/memory.oom.group";
+        // The first exec's own cgroup, made here so that no exec pays for a mkdir until several
+        // run at once (the agent makes the rest; removal takes it with the other children).
+        if (err == 0 && ::mkdir((out.dirs[1] + "/" + first_command_cgroup).c_str(), 0755) != 0) {
+            err = errno;
+            step = "mkdir commands/c0";
         }
         if (err != 0) {
             detail = "cgroup v2: " + dir + ": " + step + ": " + errno_name(err);
@@ -180,19 +206,67 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         return 0;
     }
 
+    int delegate(sandbox_cgroups& group, uid_t owner, std::string& detail) const override {
+        if (group.dirs.size() != 3) return 0;
+        const std::string& top = group.dirs[2];
+        const std::string& commands = group.dirs[1];
+        const bool memory = !tracking_only_ && why_[0].empty();
+        const char* step = "write cgroup.subtree_control";
+        int err = memory ? write_small_file(top + "/cgroup.subtree_control", "+memory") : 0;
+        if (err == 0 && memory) {
+            // An OOM kill takes the whole command tree, never pid 1.
+            step = "write commands/memory.oom.group";
+            err = write_small_file(commands + "/memory.oom.group", "1");
+        }
+        // pid 1 (the sandbox's root, `owner` on the host) makes per-command cgroups in
+        // `commands` and clones commands into them; every such move is also checked against the
+        // common ancestor's cgroup.procs, <id>'s. Commands run as another uid and can do neither.
+        const std::string first = commands + "/" + first_command_cgroup;
+        for (const std::string& path : {commands, commands + "/cgroup.procs", first,
+                                        first + "/cgroup.procs", top + "/cgroup.procs"}) {
+            if (err != 0) break;
+            step = "chown";
+            if (::chown(path.c_str(), owner, static_cast<gid_t>(-1)) != 0) err = errno;
+        }
+        if (err != 0) detail = "cgroup v2: " + top + ": " + step + ": " + errno_name(err);
+        return err;
+    }
+
     int open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
                   std::string& detail) const override {
-        if (group.empty()) return 0;
+        if (group.dirs.size() != 3) return 0;
+        // Under nsdelegate a cgroup namespace bounds every move its processes make: pid 1 makes
+        // its namespace in <id>, so that commands/c<n> is inside it, then moves on to init.
         const std::string init = group.dirs[0] + "/cgroup.procs";
-        const std::string commands = group.dirs[1] + "/cgroup.procs";
-        fds.init[0] = ::open(init.c_str(), O_WRONLY | O_CLOEXEC);
-        fds.commands = ::open(commands.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fds.init[0] < 0 || fds.commands < 0) {
-            const int err = errno;
-            const std::string& failed = fds.init[0] < 0 ? init : commands;
-            detail = "cgroup v2: open " + failed + ": " + errno_name(err);
-            fds.close_all();
-            if (!best_effort) return err;
+        const std::string top = group.dirs[2] + "/cgroup.procs";
+        const std::string& before = nsdelegate_ ? top : init;
+        fds.unified_before_namespace = ::open(before.c_str(), O_WRONLY | O_CLOEXEC);
+        int err = fds.unified_before_namespace < 0 ? errno : 0;
+        const std::string* failed = &before;
+        if (err == 0 && nsdelegate_) {
+            fds.unified_after_namespace = ::open(init.c_str(), O_WRONLY | O_CLOEXEC);
+            if (fds.unified_after_namespace < 0) {
+                err = errno;
+                failed = &init;
+            }
+        }
+        if (err == 0) {
+            const std::string& dir = nsdelegate_ ? group.dirs[2] : group.dirs[0];
+            fds.unified_dir = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+            fds.commands_dir = ::open(group.dirs[1].c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+            if (fds.commands_dir < 0) {
+                err = errno;
+                failed = &group.dirs[1];
+            }
+        }
+        if (err != 0) {
+            detail = "cgroup v2: open " + *failed + ": " + errno_name(err);
+            for (int* fd : {&fds.unified_before_namespace, &fds.unified_after_namespace,
+                            &fds.unified_dir, &fds.commands_dir}) {
+                if (*fd >= 0) ::close(*fd);
+                *fd = -1;
+            }
+            if (!best_effort && !tracking_only_) return err;
             detail.clear();
             discard(group);
             return 0;
@@ -204,7 +278,7 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
     }
 
     void kill(const sandbox_cgroups& group) const override {
-        (void)write_small_file(group.dirs.back() + "/cgroup.kill", "1");
+        if (!group.dirs.empty()) (void)write_small_file(group.dirs.back() + "/cgroup.kill", "1");
     }
 
     int try_remove(sandbox_cgroups& group) const override { return remove_tree(group, true); }
@@ -259,6 +333,32 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             return errno;
         }
         return enable_controllers(parent_, detail);
+    }
+
+    // Hybrid hosts: `<own>/moat` in the unified hierarchy, which carries no controllers, so no
+    // process has to move and nothing is enabled. Only where moat may write there: its own
+    // cgroup is the root, or delegated to it.
+    int find_tracking_parent(const cgroup_layout& layout, std::string& detail) {
+        if (layout.v2_mount.empty()) {
+            detail = "no cgroup2 hierarchy mounted";
+            return ENOENT;
+        }
+        const std::string base = layout.v2_own_dir();
+        const bool is_root = !exists(base + "/cgroup.type");
+        if (!is_root && !has_delegate_mark(base) && !owned_by_us(base)) {
+            detail = "moat's unified cgroup is not delegated to it: " + base;
+            return EPERM;
+        }
+        parent_ = base + "/moat";
+        if (::mkdir(parent_.c_str(), 0755) != 0 && errno != EEXIST) {
+            detail = "mkdir " + parent_ + ": " + errno_name(errno);
+            return errno;
+        }
+        for (std::size_t i = 0; i < controller_count; ++i) {
+            why_[i] =
+                std::string(controller_names[i]) + " cgroup: the unified hierarchy only tracks";
+        }
+        return 0;
     }
 
     int enable_controllers(const std::string& dir, std::string& detail) {
@@ -324,6 +424,8 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
     }
 
     cgroup_layout_kind kind_;
+    bool tracking_only_;
+    bool nsdelegate_;
     std::string parent_;
     std::array<std::string, controller_count> why_;
 };
@@ -331,7 +433,11 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
 }  // namespace
 
 std::unique_ptr<cgroup_hierarchy> make_v2_hierarchy(const cgroup_layout& layout) {
-    return std::make_unique<v2_hierarchy_impl>(layout);
+    return std::make_unique<v2_hierarchy_impl>(layout, false);
+}
+
+std::unique_ptr<cgroup_hierarchy> make_v2_tracker(const cgroup_layout& layout) {
+    return std::make_unique<v2_hierarchy_impl>(layout, true);
 }
 
 }  // namespace moat::sandboxd

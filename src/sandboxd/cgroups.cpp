@@ -24,6 +24,7 @@ class no_hierarchy final : public cgroup_hierarchy {
     int open_join(sandbox_cgroups&, cgroup_join_fds&, bool, std::string&) const override {
         return 0;
     }
+    int delegate(sandbox_cgroups&, uid_t, std::string&) const override { return 0; }
     void kill(const sandbox_cgroups&) const override {}
     int try_remove(sandbox_cgroups& group) const override {
         group = {};
@@ -34,10 +35,19 @@ class no_hierarchy final : public cgroup_hierarchy {
     std::string why_ = "cgroups: not discovered";
 };
 
+// The hybrid host's tracking tree, as the v2 code sees a sandbox's cgroups.
+sandbox_cgroups tracking_view(const sandbox_cgroups& group) {
+    sandbox_cgroups view;
+    view.dirs = group.tracking_dirs;
+    view.unified = !view.dirs.empty();
+    return view;
+}
+
 }  // namespace
 
 void cgroup_join_fds::close_all() {
-    for (int* fd : {&init[0], &init[1], &init[2], &commands, &commands_kill}) {
+    for (int* fd : {&init[0], &init[1], &init[2], &unified_before_namespace,
+                    &unified_after_namespace, &unified_dir, &commands_dir, &commands_kill}) {
         if (*fd >= 0) ::close(*fd);
         *fd = -1;
     }
@@ -51,6 +61,8 @@ void cgroups::discover() {
     // Hybrid hosts keep v1 for limits: there the v2 hierarchy has no controllers to give.
     if (layout.limits_use_v1() || layout.v2_mount.empty()) {
         impl_ = make_v1_hierarchy(layout);
+        // Per-command tracking in the unified hierarchy, where there is one.
+        if (!layout.v2_mount.empty()) tracker_ = make_v2_tracker(layout);
     } else {
         impl_ = make_v2_hierarchy(layout);
     }
@@ -78,22 +90,65 @@ std::uint32_t cgroups::host_layers() const {
 
 int cgroups::create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
                     std::string& detail) const {
-    return impl_->create(sandbox_id, limits, out, detail);
+    if (const int err = impl_->create(sandbox_id, limits, out, detail)) return err;
+    if (tracker_) {
+        // Tracking is never a reason to fail: without it the agent falls back to killing strays
+        // when idle.
+        sandbox_cgroups tracking;
+        std::string ignored;
+        if (tracker_->create(sandbox_id, cgroup_limits{}, tracking, ignored) == 0) {
+            out.tracking_dirs = std::move(tracking.dirs);
+        }
+    }
+    return 0;
 }
 
 int cgroups::open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
                        std::string& detail) const {
     fds.close_all();
-    return impl_->open_join(group, fds, best_effort, detail);
+    if (const int err = impl_->open_join(group, fds, best_effort, detail)) return err;
+    if (tracker_ && !group.tracking_dirs.empty()) {
+        sandbox_cgroups view = tracking_view(group);
+        std::string ignored;
+        (void)tracker_->open_join(view, fds, true, ignored);
+        group.tracking_dirs = std::move(view.dirs);  // emptied if it could not be joined
+    }
+    return 0;
+}
+
+int cgroups::delegate(sandbox_cgroups& group, uid_t owner, std::string& detail) const {
+    if (const int err = impl_->delegate(group, owner, detail)) return err;
+    if (tracker_ && !group.tracking_dirs.empty()) {
+        sandbox_cgroups view = tracking_view(group);
+        std::string ignored;
+        // Not fatal: the agent finds it cannot make cgroups and falls back.
+        (void)tracker_->delegate(view, owner, ignored);
+    }
+    return 0;
 }
 
 void cgroups::kill(const sandbox_cgroups& group) const {
-    if (!group.empty()) impl_->kill(group);
+    if (!group.dirs.empty()) impl_->kill(group);
+    if (tracker_ && !group.tracking_dirs.empty()) tracker_->kill(tracking_view(group));
 }
 
 int cgroups::try_remove(sandbox_cgroups& group) const {
     if (group.empty()) return 0;
-    return impl_->try_remove(group);
+    int err = 0;
+    if (!group.dirs.empty()) {
+        std::vector<std::string> tracking = std::move(group.tracking_dirs);
+        err = impl_->try_remove(group);  // clears `group` on success
+        group.tracking_dirs = std::move(tracking);
+    }
+    if (tracker_ && !group.tracking_dirs.empty()) {
+        sandbox_cgroups view = tracking_view(group);
+        const int tracking_err = tracker_->try_remove(view);
+        if (tracking_err == 0) group.tracking_dirs.clear();
+        if (err == 0) err = tracking_err;
+    } else {
+        group.tracking_dirs.clear();
+    }
+    return err;
 }
 
 }  // namespace moat::sandboxd

@@ -14,11 +14,20 @@
 //    Each sandbox gets
 //        <parent>/<id>            memory.max, memory.swap.max = 0, pids.max, cpu.max
 //        <parent>/<id>/init       pid 1 (the agent) only
-//        <parent>/<id>/commands   every command; memory.oom.group = 1 (an OOM kill takes the whole
-//                                 command tree, never pid 1)
-//    The agent moves each command in through a descriptor the helper opened, and kills all of
-//    them at once with commands/cgroup.kill. A per-command cgroup (one leaf per command under the
-//    sandbox's, on v1 one more level in each hierarchy) slots in where `commands` is now.
+//        <parent>/<id>/commands   spawned processes; memory.oom.group = 1 (an OOM kill takes the
+//                                 whole command tree, never pid 1)
+//        <parent>/<id>/commands/c<n>  one per exec, made and reused by pid 1 (see agent.hpp)
+//    pid 1 joins <id> before it makes its cgroup namespace (so that, under nsdelegate, the
+//    namespace's root is the sandbox's cgroup and pid 1 may move processes below it) and init
+//    right after; once it runs the agent, delegate() enables the memory controller for <id>'s
+//    children and hands `commands` (and <id>/cgroup.procs, the common ancestor every move into a
+//    command's cgroup is checked against) to the sandbox's root uid, so that pid 1 makes
+//    per-command cgroups and clones commands straight into them (clone3 CLONE_INTO_CGROUP).
+//  - On hybrid hosts the same <id>/{init,commands} tree is also made in the unified hierarchy,
+//    which has no controllers there: it only tracks processes, so that each exec's whole tree is
+//    known and killed (cgroup.kill) when its main process ends. Without a usable cgroup2 mount
+//    (v1-only hosts) there are no per-command cgroups: the agent kills strays only when no other
+//    command runs.
 //  - Where neither works, every controller reports why (and on v2, the exact fix) and a sandbox
 //    that asks for a limit fails to be created unless the spec says best effort.
 //
@@ -57,18 +66,30 @@ struct sandbox_cgroups {
     std::array<std::string, controller_count> paths;
     std::vector<std::string> dirs;     // every directory made, children first (removal order)
     std::uint32_t applied_layers = 0;  // wire::layer_cgroup_* whose limit is in force
-    bool unified = false;              // v2: dirs.back() is the sandbox's cgroup
+    bool unified = false;              // v2: dirs is {init, commands, top}
+    // Hybrid hosts: the sandbox's {init, commands, top} in the unified hierarchy (no limits, only
+    // per-command tracking); empty elsewhere.
+    std::vector<std::string> tracking_dirs;
 
-    bool empty() const { return dirs.empty(); }
+    bool empty() const { return dirs.empty() && tracking_dirs.empty(); }
 };
 
 // Descriptors, opened by the helper, through which a sandbox's processes join their cgroups by
 // writing "0" (the kernel checks the opener's credentials and cgroup namespace, not the writer's).
 // -1 = not used. close_all() closes the rest.
 struct cgroup_join_fds {
-    std::array<int, controller_count> init{-1, -1, -1};  // pid 1, before its cgroup namespace
-    int commands = -1;                                   // v2: commands/cgroup.procs
-    int commands_kill = -1;                              // v2: commands/cgroup.kill (5.14+)
+    std::array<int, controller_count> init{-1, -1, -1};  // v1: pid 1, before its cgroup namespace
+    // v2 (or the hybrid tracking tree): what pid 1 joins before it makes its cgroup namespace
+    // (<id>/cgroup.procs under nsdelegate, else init/cgroup.procs) and after (init/cgroup.procs,
+    // or -1).
+    int unified_before_namespace = -1;
+    int unified_after_namespace = -1;
+    // The directory of the "before" cgroup (O_PATH): the helper clones pid 1 straight into it
+    // (clone3 CLONE_INTO_CGROUP), so that pid 1 need not write the file above, which waits for an
+    // RCU grace period on a global lock. The write is the fallback.
+    int unified_dir = -1;
+    int commands_dir = -1;   // v2: the commands' directory (O_PATH), handed to the agent as fd 8
+    int commands_kill = -1;  // v2: commands/cgroup.kill (5.14+), fd 9
     void close_all();
 };
 
@@ -106,6 +127,13 @@ class cgroups {
     int open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
                   std::string& detail) const;
 
+    // Once pid 1 runs the agent (it has left <id> for init): enables the memory controller for
+    // the sandbox's children, sets commands/memory.oom.group, and hands `commands` to `owner`
+    // (the host uid of the sandbox's root) so that pid 1 can make per-command cgroups. A failure
+    // on the tracking tree of a hybrid host drops the tracking (per-command cgroups are then
+    // unavailable), never the sandbox; on v2 it fails the create.
+    int delegate(sandbox_cgroups& group, uid_t owner, std::string& detail) const;
+
     // Kills every process in the sandbox's cgroups at once where the kernel can (v2
     // cgroup.kill); a no-op on v1.
     void kill(const sandbox_cgroups& group) const;
@@ -117,6 +145,7 @@ class cgroups {
 
   private:
     std::unique_ptr<cgroup_hierarchy> impl_;
+    std::unique_ptr<cgroup_hierarchy> tracker_;  // hybrid hosts: the unified hierarchy, or null
 };
 
 // The implementations' interface (cgroup_v1.cpp, cgroup_v2.cpp).
@@ -129,11 +158,15 @@ class cgroup_hierarchy {
                        sandbox_cgroups& out, std::string& detail) const = 0;
     virtual int open_join(sandbox_cgroups& group, cgroup_join_fds& fds, bool best_effort,
                           std::string& detail) const = 0;
+    virtual int delegate(sandbox_cgroups& group, uid_t owner, std::string& detail) const = 0;
     virtual void kill(const sandbox_cgroups& group) const = 0;
     virtual int try_remove(sandbox_cgroups& group) const = 0;
 };
 
 std::unique_ptr<cgroup_hierarchy> make_v1_hierarchy(const cgroup_layout& layout);
 std::unique_ptr<cgroup_hierarchy> make_v2_hierarchy(const cgroup_layout& layout);
+// The unified hierarchy of a hybrid host, for per-command tracking only: no controllers, no
+// processes moved; unavailable (every create makes nothing) unless moat may write there.
+std::unique_ptr<cgroup_hierarchy> make_v2_tracker(const cgroup_layout& layout);
 
 }  // namespace moat::sandboxd

@@ -14,7 +14,9 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
 #include <ctime>
@@ -140,6 +142,9 @@ class helper {
         // Its attach socket, when the library never learned of the sandbox (its `created` was
         // lost) and nobody else will remove it.
         std::string orphaned_socket;
+        // The TTL's backstop (wall clock, Unix ms; 0 = no TTL): pid 1 ends the sandbox at its
+        // TTL; if it is still alive this long after (stopped, stuck), the helper ends it.
+        std::uint64_t backstop_ms = 0;
     };
 
     // A reaped sandbox whose cgroups still count a process (an exiting task, or one that has
@@ -157,6 +162,9 @@ class helper {
     };
 
     void fail_setup(moat::errc code, int err, const std::string& detail);
+    // Ends sandboxes whose TTL passed while pid 1 did not end them; returns the poll timeout
+    // until the next backstop (-1: none).
+    int enforce_backstops();
     // Removes `group` now if it can, or queues the removal; then (or later) sends `reaped`.
     void remove_cgroups(std::string id, sandbox_cgroups group, bool report, int wait_status,
                         int wait_errno);
@@ -206,6 +214,61 @@ std::uint64_t monotonic_ms() {
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
            static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+}
+
+std::uint64_t realtime_ms() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
+           static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
+}
+
+// How long after its TTL a sandbox's pid 1 has to end it before the helper does.
+constexpr std::uint64_t backstop_grace_ms = 1000;
+
+// The expiry the library last recorded for a sandbox (extend_ttl moves it: from any process,
+// through the agent, which the helper does not hear), or 0. The record is JSON the library wrote;
+// a key inside a string value would have its quotes escaped, so the first match is the key.
+std::uint64_t recorded_expiry_ms(const std::string& state_dir, const std::string& id) {
+    // The key comes near the start (after the id and owner fields): 4 KiB is plenty.
+    char buffer[4096];
+    const int fd = ::open(wire::record_path(state_dir, id).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    ::close(fd);
+    if (n <= 0) return 0;
+    const std::string_view text(buffer, static_cast<std::size_t>(n));
+    constexpr std::string_view key = "\"expires_at_ms\":";
+    const auto at = text.find(key);
+    if (at == std::string_view::npos) return 0;
+    std::uint64_t value = 0;
+    const char* begin = text.data() + at + key.size();
+    std::from_chars(begin, text.data() + text.size(), value);
+    return value;
+}
+
+int helper::enforce_backstops() {
+    std::uint64_t next = 0;
+    const std::uint64_t now = realtime_ms();
+    for (auto& s : sandboxes_) {
+        if (s.backstop_ms == 0) continue;
+        if (now >= s.backstop_ms) {
+            const std::uint64_t recorded = recorded_expiry_ms(state_dir_, s.id);
+            if (recorded != 0 && recorded + backstop_grace_ms > now) {
+                s.backstop_ms = recorded + backstop_grace_ms;  // extended meanwhile
+            } else {
+                // Expired and pid 1 did not end it: end it from here. The reap follows from the
+                // pidfd as for a destroy; a stopped pid 1 dies of SIGKILL all the same.
+                cgroups_.kill(s.cgroups);
+                ::syscall(SYS_pidfd_send_signal, s.pidfd, SIGKILL, nullptr, 0);
+                s.backstop_ms = 0;
+                continue;
+            }
+        }
+        if (next == 0 || s.backstop_ms < next) next = s.backstop_ms;
+    }
+    if (next == 0) return -1;
+    return next > now ? static_cast<int>(std::min<std::uint64_t>(next - now, 3'600'000)) : 0;
 }
 
 // Retries at 1, 2, 4, ... ms, then every 50 ms; EBUSY is reported after 5 s.
@@ -346,7 +409,11 @@ void helper::run() {
 
     std::vector<pollfd> fds;
     for (;;) {
-        const int timeout_ms = retry_removals();
+        int timeout_ms = retry_removals();
+        if (const int backstop = enforce_backstops();
+            backstop >= 0 && (timeout_ms < 0 || backstop < timeout_ms)) {
+            timeout_ms = backstop;
+        }
         fds.clear();
         fds.push_back({control_fd, POLLIN, 0});
         for (const auto& s : sandboxes_) fds.push_back({s.pidfd, POLLIN, 0});
@@ -491,14 +558,21 @@ void helper::handle_create(const wire::create_message& m) {
     created.uid_base = slot.uid_base;
     created.applied_layers = namespace_layers | wire::layer_seccomp | wire::layer_no_new_privs |
                              s.cgroups.applied_layers;
+    if (s.cgroups.unified || !s.cgroups.tracking_dirs.empty()) {
+        created.applied_layers |= wire::layer_command_cgroups;
+    }
     created.start_time_ticks = spawned.start_time_ticks;
     wire::copy_field(created.memory_cgroup, s.cgroups.paths[0]);
     wire::copy_field(created.pids_cgroup, s.cgroups.paths[1]);
     wire::copy_field(created.cpu_cgroup, s.cgroups.paths[2]);
+    if (!s.cgroups.tracking_dirs.empty()) {
+        wire::copy_field(created.tracking_cgroup, s.cgroups.tracking_dirs.back());
+    }
     const int passed[] = {spawned.pidfd, spawned.library_socket};
     const int lost = send(created, passed);
     ::close(spawned.library_socket);
     s.pidfd = spawned.pidfd;
+    if (m.ttl_ms != 0) s.backstop_ms = realtime_ms() + m.ttl_ms + backstop_grace_ms;
     if (lost != 0) {
         // Nobody knows this sandbox: a survivor would run to its TTL. Kill it (it is reaped and
         // its cgroups removed as usual) and tell the library, if a smaller record still gets

@@ -1,10 +1,13 @@
 #include "sandboxd/spawn_sandbox.hpp"
 
 #include <fcntl.h>
+#include <linux/keyctl.h>
+#include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -82,6 +85,37 @@ long raw(long number, Args... args) {
     return result;
 }
 
+// clone3 for the CLONE_VM child: it starts on `ca->stack` and runs fn(arg), then exits; the
+// parent gets the pid or -errno. -ENOSYS where there is no sequence for this architecture.
+long clone3_run(clone_args* ca, int (*fn)(void*), void* arg) {
+#if defined(__x86_64__)
+    long result;
+    register long function asm("r12") = reinterpret_cast<long>(fn);
+    register long argument asm("r13") = reinterpret_cast<long>(arg);
+    asm volatile(
+        "syscall\n\t"
+        "testq %%rax, %%rax\n\t"
+        "jnz 1f\n\t"
+        "xorl %%ebp, %%ebp\n\t"
+        "movq %%r13, %%rdi\n\t"
+        "callq *%%r12\n\t"
+        "movl %%eax, %%edi\n\t"
+        "movl $60, %%eax\n\t"  // exit
+        "syscall\n\t"
+        "hlt\n\t"
+        "1:\n\t"
+        : "=a"(result)
+        : "0"(long{SYS_clone3}), "D"(ca), "S"(sizeof(clone_args)), "r"(function), "r"(argument)
+        : "rcx", "r11", "memory");
+    return result;
+#else
+    (void)ca;
+    (void)fn;
+    (void)arg;
+    return -ENOSYS;
+#endif
+}
+
 enum class step : int {
     none,
     wait_release,
@@ -92,6 +126,8 @@ enum class step : int {
     bind_template,
     chdir_template,
     setresuid,
+    session_keyring,
+    setsid,
     pdeathsig,
     owner_gone,
     mount_proc,
@@ -101,9 +137,11 @@ enum class step : int {
     pivot_root,
     umount_old_root,
     chdir_root,
+    mask_proc,
     sethostname,
     loopback,
     socket_buffers,
+    proc_sys_read_only,
     rlimit_core,
     arrange_fds,
     open_dev_null,
@@ -123,6 +161,8 @@ constexpr const char* step_names[] = {
     "bind template root",
     "chdir template root",
     "setresuid",
+    "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
+    "setsid",
     "PR_SET_PDEATHSIG",
     "helper exited during create",
     "mount /proc",
@@ -132,9 +172,11 @@ constexpr const char* step_names[] = {
     "pivot_root",
     "umount old root",
     "chdir /",
+    "mask /proc entries",
     "sethostname",
     "loopback up",
     "net.ipv4.tcp_rmem / tcp_wmem",
+    "read-only /proc/sys",
     "RLIMIT_CORE",
     "arrange fds",
     "open /dev/null",
@@ -148,8 +190,11 @@ static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) 
 // Everything the child needs, prepared by the parent before clone; the child only reads it,
 // except for the failure record, which the parent reads after the exec pipe reaches EOF.
 struct child_args {
-    int attach_fds[controller_count];  // cgroup files pid 1 joins through, or -1
-    int command_cgroup;                // v2: the commands' cgroup.procs (fd 8), or -1
+    int attach_fds[controller_count];  // v1 cgroup files pid 1 joins through, or -1
+    int unified_before_namespace;      // v2 cgroup.procs pid 1 joins before / after it makes its
+    int unified_after_namespace;       // cgroup namespace, or -1 (see cgroup_join_fds); the first
+                                       // is -1 when pid 1 was cloned into that cgroup
+    int command_cgroup;                // v2: the commands' directory (fd 8), or -1
     int command_cgroup_kill;           // v2: the commands' cgroup.kill (fd 9), or -1
     int release_read;
     int release_write;
@@ -219,10 +264,63 @@ void limit_socket_buffers(child_args& a) {
     }
 }
 
+// A fresh, empty session keyring: the inherited one is the embedding process's (often the login
+// session's), whose keys a possessor may read. Before seccomp, which denies keyctl. A kernel built
+// without keys has nothing to inherit.
+void join_session_keyring(child_args& a) {
+    const long result = raw(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
+    if (result < 0 && result != -ENOSYS) child_fail(a, step::session_keyring, result);
+}
+
+// pid 1 leads its own session, without a controlling terminal, instead of staying in the
+// embedding application's session.
+void lead_own_session(child_args& a) {
+    checked(a, step::setsid, SYS_setsid);
+}
+
+// What containers mask in /proc (runc's default masked and read-only paths): host-wide kernel
+// state that is not the sandbox's. Files are covered by /dev/null, directories by an empty
+// read-only tmpfs, and the rest is made read-only; entries this kernel lacks are skipped.
+constexpr const char* masked_proc_files[] = {
+    "/proc/kcore",      "/proc/keys",        "/proc/key-users",   "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+};
+constexpr const char* masked_proc_dirs[] = {"/proc/acpi", "/proc/asound", "/proc/scsi"};
+constexpr const char* read_only_proc[] = {"/proc/bus", "/proc/fs", "/proc/irq",
+                                          "/proc/sysrq-trigger"};
+constexpr unsigned long proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+
+void bind_read_only(child_args& a, step failed, const char* path) {
+    const long bound = raw(SYS_mount, path, path, nullptr, MS_BIND | MS_REC, nullptr);
+    if (bound == -ENOENT) return;
+    if (bound < 0) child_fail(a, failed, bound);
+    checked(a, failed, SYS_mount, nullptr, path, nullptr,
+            MS_BIND | MS_REMOUNT | MS_RDONLY | proc_flags, nullptr);
+}
+
+void mask_proc(child_args& a) {
+    for (const char* file : masked_proc_files) {
+        const long result = raw(SYS_mount, "/dev/null", file, nullptr, MS_BIND, nullptr);
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* dir : masked_proc_dirs) {
+        const long result =
+            raw(SYS_mount, "tmpfs", dir, "tmpfs", MS_RDONLY | proc_flags, "size=0,mode=0555");
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* path : read_only_proc) bind_read_only(a, step::mask_proc, path);
+}
+
+// Last of the mount steps: a sysctl the child writes for its own namespaces (net.*) must be
+// written before this.
+void make_proc_sys_read_only(child_args& a) {
+    bind_read_only(a, step::proc_sys_read_only, "/proc/sys");
+}
+
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
 // 6 exec pipe (close-on-exec), 7 the attach socket (survivors only), 8 and 9 the commands'
-// cgroup files (v2 only). Sources may sit on any of the target numbers, so first move them all
-// above the targets.
+// cgroup directory and cgroup.kill (v2, or the hybrid tracking tree). Sources may sit on any of the
+// target numbers, so first move them all above the targets.
 long move_above(child_args& a, int fd, int first_free) {
     if (fd < 0) return -1;
     return checked(a, step::arrange_fds, SYS_fcntl, fd, F_DUPFD_CLOEXEC, first_free);
@@ -274,12 +372,21 @@ int child_main(void* opaque) {
         got = raw(SYS_read, a.release_read, &byte, 1);
     } while (got == -EINTR);
     if (got != 1) child_fail(a, step::wait_release, got == 0 ? -ECANCELED : got);
+    // The parent may have cloned with a root file system uid (CLONE_INTO_CGROUP): from here on
+    // files are reached as the sandbox's root, its mapped uid 0 (the maps are written now).
+    raw(SYS_setfsuid, 0);
+    raw(SYS_setfsgid, 0);
     // Join the sandbox's cgroups by moving itself (see cgroups::open_join), before the
     // cgroup namespace is made so that its root is the sandbox's cgroup.
     for (const int fd : a.attach_fds) {
         if (fd >= 0) checked(a, step::cgroup_attach, SYS_write, fd, "0", 1);
     }
+    if (a.unified_before_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_before_namespace, "0", 1);
     checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
+    // Under nsdelegate the namespace's root is the sandbox's own v2 cgroup; pid 1 lives in init.
+    if (a.unified_after_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_after_namespace, "0", 1);
 
     // Without setgroups the child would keep host gid 0 as a supplementary group. pid 1 takes the
     // sandbox's group (its uid stays 0 in the namespace), so that commands, which inherit it,
@@ -293,6 +400,8 @@ int child_main(void* opaque) {
             MS_BIND | MS_REC, nullptr);
     checked(a, step::chdir_template, SYS_chdir, a.template_path);
     checked(a, step::setresuid, SYS_setresuid, 0, 0, 0);
+    join_session_keyring(a);
+    lead_own_session(a);
 
     // After setresuid: changing the euid clears the parent-death signal. The helper keeps the
     // release pipe's write end open until exec, so a hang-up means it already died.
@@ -314,9 +423,11 @@ int child_main(void* opaque) {
     checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
     checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);
     checked(a, step::chdir_root, SYS_chdir, "/");
+    mask_proc(a);
 
     checked(a, step::sethostname, SYS_sethostname, "sandbox", 7);
     bring_up_loopback(a);
+    make_proc_sys_read_only(a);
     const rlimit no_core{0, 0};
     checked(a, step::rlimit_core, SYS_prlimit64, 0, RLIMIT_CORE, &no_core, nullptr);
     arrange_fds(a);
@@ -519,7 +630,9 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         }
     }
     std::copy(attach_fds.init.begin(), attach_fds.init.end(), args.attach_fds);
-    args.command_cgroup = attach_fds.commands;
+    args.unified_before_namespace = attach_fds.unified_before_namespace;
+    args.unified_after_namespace = attach_fds.unified_after_namespace;
+    args.command_cgroup = attach_fds.commands_dir;
     args.command_cgroup_kill = attach_fds.commands_kill;
     const auto close_attach_fds = [&attach_fds] { attach_fds.close_all(); };
 
@@ -531,11 +644,41 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     // its own quotas, never root's or another sandbox's. Raw calls: this process is
     // single-threaded and glibc's set*id would broadcast to threads.
     pid_t pid = -1;
+    int clone_errno = 0;
     if (::syscall(SYS_setresgid, -1, slot.uid_base, -1) == 0 &&
         ::syscall(SYS_setresuid, -1, slot.uid_base, -1) == 0) {
-        pid = ::clone(child_main, stack_top, clone_flags, &args, &pidfd);
+        if (attach_fds.unified_dir >= 0) {
+            // Straight into its v2 cgroup: a write to cgroup.procs would wait for an RCU grace
+            // period on a global lock (milliseconds, and creates queue behind each other). The
+            // kernel checks the move against the file system uid, which goes back to root for it
+            // (the namespace's owner is the effective uid, which stays the sandbox's).
+            (void)::setfsuid(0);
+            (void)::setfsgid(0);
+            clone_args ca{};
+            ca.flags = static_cast<std::uint64_t>(clone_flags & ~0xff) | CLONE_INTO_CGROUP;
+            ca.exit_signal = SIGCHLD;
+            ca.pidfd = reinterpret_cast<std::uint64_t>(&pidfd);
+            ca.stack = reinterpret_cast<std::uint64_t>(static_cast<char*>(stack_) + guard_bytes);
+            ca.stack_size = stack_bytes;
+            ca.cgroup = static_cast<std::uint64_t>(attach_fds.unified_dir);
+            const int saved_join = args.unified_before_namespace;
+            args.unified_before_namespace = -1;
+            const long made = clone3_run(&ca, child_main, &args);
+            if (made > 0) {
+                pid = static_cast<pid_t>(made);
+            } else {
+                args.unified_before_namespace = saved_join;  // no child: it joins by writing
+                clone_errno = static_cast<int>(-made);
+            }
+            (void)::setfsuid(slot.uid_base);
+            (void)::setfsgid(slot.uid_base);
+        }
+        if (pid < 0) {
+            pid = ::clone(child_main, stack_top, clone_flags, &args, &pidfd);
+            clone_errno = errno;
+        }
     }
-    const int clone_errno = errno;
+    if (pid < 0 && clone_errno == 0) clone_errno = errno;
     // Back to euid 0, which restores the effective capabilities from the permitted set.
     if (::syscall(SYS_setresuid, -1, 0, -1) != 0 || ::syscall(SYS_setresgid, -1, 0, -1) != 0) {
         ::abort();  // a helper that cannot become root again must not go on
@@ -573,6 +716,15 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     if (err == 0 && failed_step != 0) {
         err = args.failed_errno;
         detail = std::string(step_names[failed_step]) + ": " + errno_name(err);
+    }
+    // pid 1 runs the agent and has left the sandbox's top v2 cgroup: now its children may get
+    // controllers, and `commands` goes to the sandbox's root (per-command cgroups).
+    if (err == 0) {
+        err = hierarchy.delegate(group, slot.uid_base, detail);
+        if (err != 0) {
+            code = moat::errc::layer_unavailable;
+            ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+        }
     }
     if (err != 0) {
         // The child is dead or dying: reap it before the stack can be reused.

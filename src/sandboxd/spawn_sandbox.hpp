@@ -15,7 +15,8 @@
 //   fd 3        the agent end of the control socket
 //   fd 4        the uid slot lock (held for the sandbox's lifetime)
 //   fd 7        survivors only: the bound attach socket the agent listens on
-//   fd 8, 9     cgroup v2 only: the commands' cgroup.procs and cgroup.kill (see cgroups.hpp)
+//   fd 8, 9     cgroup v2 (or a hybrid host's tracking tree): the commands' cgroup directory and
+//               cgroup.kill (see cgroups.hpp)
 //
 // A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
 #pragma once

@@ -141,8 +141,9 @@ int build_dev(builder& b) {
     if (::mount("tmpfs", dev.c_str(), "tmpfs", flags, "mode=0755,size=64k") != 0) {
         return b.fail("mount tmpfs", dev);
     }
+    // No /dev/tty: commands have no controlling terminal, and the host's would be its own.
     for (const char* node :
-         {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}) {
+         {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}) {
         // Device nodes stay writable through a read-only mount; their own mounts must not be nodev.
         if (const int err = b.mirror(node, MS_NOEXEC)) return err;
     }

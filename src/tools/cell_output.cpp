@@ -1,52 +1,101 @@
 #include "tools/cell_output.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 namespace moat {
 
-cell_output::cell_output(std::string marker, output_limits limits)
-    : marker_(std::move(marker)), capture_(limits) {}
+cell_output::cell_output(output_limits limits) : out_(limits), err_(limits) {}
 
-void cell_output::keep(std::string_view data) {
+void cell_output::keep(output_channel channel, std::string_view data) {
     if (data.empty()) return;
-    capture_.append(data);
-    if (sink_) sink_(data);
+    (channel == output_channel::out ? out_ : err_).append(data);
+    if (sink_) sink_(channel, data);
 }
 
 void cell_output::feed(std::string_view data) {
-    if (done_) return;
-    pending_ += data;
-    const auto at = pending_.find(marker_);
-    if (at != std::string::npos) {
-        const auto end = pending_.find('\n', at);
-        const std::size_t line_start = at + marker_.size();
-        if (end == std::string::npos && pending_.size() - line_start < max_marker_line) {
-            // Wait for the rest of the line; keep what precedes the marker out of the buffer.
-            keep(std::string_view(pending_).substr(0, at));
-            pending_.erase(0, at);
-            return;
-        }
-        keep(std::string_view(pending_).substr(0, at));
-        const std::size_t line_end = end == std::string::npos ? line_start + max_marker_line : end;
-        marker_line_ =
-            pending_.substr(line_start, std::min(line_end - line_start, max_marker_line));
-        pending_.clear();
-        done_ = true;
+    if (done_) {
+        leftover_ += data;
         return;
     }
-    // Hold back only a suffix that could be the start of a marker split across reads, so the
-    // rest reaches the sink (a streaming caller) as soon as it arrives.
-    const std::string_view marker(marker_);
-    std::size_t held = std::min(pending_.size(), marker.size() - 1);
-    while (held > 0 && !std::string_view(pending_).ends_with(marker.substr(0, held))) --held;
-    keep(std::string_view(pending_).substr(0, pending_.size() - held));
-    pending_.erase(0, pending_.size() - held);
+    if (broken_) {
+        keep(output_channel::out, data);
+        return;
+    }
+    while (!data.empty() && !done_ && !broken_) {
+        if (tag_ == 'o' || tag_ == 'e') {
+            // A data record: its bytes go straight to the capture, never buffered.
+            const std::size_t n = std::min(remaining_, data.size());
+            keep(tag_ == 'o' ? output_channel::out : output_channel::err, data.substr(0, n));
+            data.remove_prefix(n);
+            remaining_ -= n;
+            if (remaining_ == 0) tag_ = 0;
+            continue;
+        }
+        if (tag_ == 'r') {
+            const std::size_t n = std::min(remaining_, data.size());
+            pending_.append(data.substr(0, n));
+            data.remove_prefix(n);
+            remaining_ -= n;
+            if (remaining_ == 0) {
+                std::string_view line(pending_);
+                if (line.ends_with('\n')) line.remove_suffix(1);
+                status_line_ = std::string(line.substr(0, max_status_line));
+                pending_.clear();
+                tag_ = 0;
+                done_ = true;
+            }
+            continue;
+        }
+        const auto newline = data.find('\n');
+        const std::size_t take = newline == std::string_view::npos ? data.size() : newline + 1;
+        pending_.append(data.substr(0, take));
+        data.remove_prefix(take);
+        if (pending_.back() != '\n') {
+            if (pending_.size() > max_header) broken_ = true;
+            continue;
+        }
+        consume();
+    }
+    if (broken_) {
+        keep(output_channel::out, pending_);
+        pending_.clear();
+        keep(output_channel::out, data);
+    } else if (done_) {
+        leftover_ += data;
+    }
 }
 
-captured_output cell_output::finish() {
-    if (!done_) keep(pending_);
+void cell_output::consume() {
+    // pending_ is one header line: a tag, a decimal length, a newline.
+    const std::string_view header(pending_);
+    const char tag = header.front();
+    std::size_t length = 0;
+    const auto digits = header.substr(1, header.size() - 2);
+    const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), length);
+    const bool valid = (tag == 'o' || tag == 'e' || tag == 'r') && header.size() <= max_header &&
+                       !digits.empty() && parsed.ec == std::errc() &&
+                       parsed.ptr == digits.data() + digits.size() && length <= max_record &&
+                       (tag != 'r' || length <= max_status_line + 1);
+    if (!valid) {
+        broken_ = true;
+        return;
+    }
     pending_.clear();
-    return capture_.finish();
+    tag_ = tag;
+    remaining_ = length;
+    if (length == 0) {
+        tag_ = 0;
+        if (tag == 'r') done_ = true;
+    }
+}
+
+captured_output cell_output::finish_out() {
+    return out_.finish();
+}
+
+captured_output cell_output::finish_err() {
+    return err_.finish();
 }
 
 cell_status parse_marker_line(std::string_view line) {

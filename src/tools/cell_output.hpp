@@ -1,6 +1,8 @@
-// Splitting one output channel of the Python driver (stdout or stderr: bytes a sandboxed program
-// writes, so untrusted) into the cell's own output and the driver's end marker. A pure state
-// machine, unit-tested and fuzzed.
+// Decoding the Python driver's results channel (its stdout: framed records written by the
+// driver's forwarder process, see python_driver.hpp) into a cell's stdout, stderr and end record.
+// The channel carries bytes a sandboxed program could also write, so it is untrusted: a pure
+// state machine, unit-tested and fuzzed. Nothing in the cell's output is ever read as a record:
+// the cell's bytes only arrive inside data records, so text that imitates a record is output.
 #pragma once
 
 #include <moat/exec.hpp>
@@ -15,41 +17,58 @@ namespace moat {
 
 class cell_output {
   public:
-    // The longest marker line waited for ("<prefix>NNN error <exception type>\n"); a longer one
-    // ends at this many bytes.
-    static constexpr std::size_t max_marker_line = 512;
+    // The longest record header ("o65536\n"), the longest record and the longest end record
+    // kept; a channel that breaks one of them is broken.
+    static constexpr std::size_t max_header = 24;
+    static constexpr std::size_t max_record = 1 << 20;
+    static constexpr std::size_t max_status_line = 512;
 
-    // `marker` is the driver's end-marker prefix for this interpreter (python_cell_marker).
-    cell_output(std::string marker, output_limits limits);
+    explicit cell_output(output_limits limits);
 
-    // Also hands each piece of the cell's own output (never the marker) to `sink` as soon as it
-    // is known not to be part of a marker, in order, whatever the capture keeps.
-    void on_output(std::function<void(std::string_view)> sink) { sink_ = std::move(sink); }
+    // Also hands each piece of the cell's own output to `sink` as it is decoded, in order,
+    // whatever the captures keep.
+    void on_output(std::function<void(output_channel, std::string_view)> sink) {
+        sink_ = std::move(sink);
+    }
 
-    // Feeds bytes as they arrive, in any split. Bytes after the marker line are dropped (late
-    // output of a background thread). Memory: the capture's limits plus the marker's length.
+    // Feeds the results channel as it arrives, in any split. Bytes after the end record are not
+    // the cell's: leftover() hands them to the next cell. Memory: the captures' limits plus one
+    // record.
     void feed(std::string_view data);
+    // Bytes that arrive outside the framing (the driver's own stderr: Python's start-up and fatal
+    // errors) are the cell's stderr.
+    void feed_unframed(std::string_view data) { keep(output_channel::err, data); }
 
-    // The marker line has been seen.
+    // The end record has been seen.
     bool is_done() const noexcept { return done_; }
-    // What followed the marker prefix up to its newline ("003 error KeyError"), once done.
-    const std::string& marker_line() const noexcept { return marker_line_; }
+    // A record header was malformed: from there on, everything fed is kept as stdout.
+    bool is_broken() const noexcept { return broken_; }
+    // The end record's text ("003 error KeyError"), once done.
+    const std::string& status_line() const noexcept { return status_line_; }
+    // What followed the end record (late output of a background thread or child); empty after.
+    std::string take_leftover() { return std::move(leftover_); }
 
-    // The cell's output (everything before the marker; all of it if none came), as head + tail.
-    captured_output finish();
+    // The cell's output on each channel, as head + tail. Call each once.
+    captured_output finish_out();
+    captured_output finish_err();
 
   private:
-    void keep(std::string_view data);
+    void keep(output_channel channel, std::string_view data);
+    void consume();
 
-    std::function<void(std::string_view)> sink_;
-    std::string marker_;
-    output_capture capture_;
-    std::string pending_;  // bytes that may be the start of the marker, or the marker line itself
-    std::string marker_line_;
+    std::function<void(output_channel, std::string_view)> sink_;
+    output_capture out_;
+    output_capture err_;
+    std::string pending_;   // an incomplete header, or an end record's partial text
+    std::string leftover_;  // after the end record
+    char tag_ = 0;          // the record being read, 0 between records
+    std::size_t remaining_ = 0;
+    std::string status_line_;
     bool done_ = false;
+    bool broken_ = false;
 };
 
-// The parsed marker line: the cell raised (status "error") and the exception's type ("" for "-").
+// The parsed end record: the cell raised (status "error") and the exception's type ("" for "-").
 struct cell_status {
     bool raised = false;
     std::string exception_type;

@@ -7,11 +7,8 @@
 
 #include <asio/this_coro.hpp>
 
-#include <sys/random.h>
-#include <cerrno>
 #include <csignal>
-#include <cstdio>
-#include <cstring>
+#include <utility>
 #include <variant>
 
 namespace moat {
@@ -25,43 +22,10 @@ constexpr auto reap_grace = std::chrono::seconds(3);
 
 }  // namespace
 
-ssize_t system_random(void* buffer, std::size_t size) {
-    return ::getrandom(buffer, size, 0);
-}
-
-result<std::string> random_nonce(random_source source) {
-    // getrandom(2) on 12 bytes returns them all at once in practice; a source that keeps failing
-    // (ENOSYS under a seccomp filter, EINTR storms) is an error, not a spin.
-    constexpr int max_attempts = 16;
-    unsigned char bytes[12] = {};
-    std::size_t filled = 0;
-    int last_error = 0;
-    for (int attempt = 0; filled < sizeof bytes; ++attempt) {
-        if (attempt == max_attempts) {
-            return make_error(errc::backend_failure,
-                              std::string("getrandom failed for the interpreter's nonce: ") +
-                                  std::strerror(last_error));
-        }
-        const ssize_t n = source(bytes + filled, sizeof bytes - filled);
-        if (n > 0) {
-            filled += static_cast<std::size_t>(n);
-        } else {
-            last_error = n < 0 ? errno : EIO;
-        }
-    }
-    std::string hex;
-    for (const unsigned char b : bytes) {
-        char pair[3];
-        std::snprintf(pair, sizeof pair, "%02x", b);
-        hex += pair;
-    }
-    return hex;
-}
-
 struct python_kernel::running {
     std::string sandbox_id;
     process interpreter;
-    std::string marker;
+    std::string leftover;  // results-channel bytes after the last cell's end record
 };
 
 namespace {
@@ -70,15 +34,17 @@ struct cell_read {
     std::optional<exec_result> exited;  // set when the interpreter ended during the cell
 };
 
-asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& out,
-                                             cell_output& err) {
+asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& results) {
     cell_read read;
-    while (!out.is_done() || !err.is_done()) {
+    while (!results.is_done() && !results.is_broken()) {
         auto next = co_await interpreter.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
-            auto& reader = chunk->channel == output_channel::out ? out : err;
-            reader.feed(chunk->data);
+            if (chunk->channel == output_channel::out) {
+                results.feed(chunk->data);
+            } else {
+                results.feed_unframed(chunk->data);
+            }
             continue;
         }
         read.exited = std::get<exec_result>(std::move(*next));
@@ -87,15 +53,16 @@ asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& 
     co_return read;
 }
 
-// Writes the cell to the interpreter's command channel, then reads its output up to the markers.
+// Writes the cell to the interpreter's command channel, then reads its results up to the end
+// record.
 asio::awaitable<result<cell_read>> send_and_read(process& interpreter, std::string framed,
-                                                 cell_output& out, cell_output& err) {
+                                                 cell_output& results) {
     auto written = co_await interpreter.async_write_stdin(std::move(framed));
     if (!written) {
         // The interpreter stopped reading: it is exiting. Its end is what the cell reports.
         if (written.error().code == errc::cancelled) co_return std::move(written).error();
     }
-    co_return co_await read_cell(interpreter, out, err);
+    co_return co_await read_cell(interpreter, results);
 }
 
 }  // namespace
@@ -123,42 +90,35 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     cell_outcome outcome;
     if (running_ && running_->sandbox_id != box->id()) co_await async_stop();
     if (!running_) {
-        auto made = random_nonce();
-        if (!made) co_return std::move(made).error();
-        const std::string nonce = std::move(*made);
         exec_request start;
-        start.argv = {python_, "-u",
-                      "-c",    std::string(python_driver_source()),
-                      nonce,   std::to_string(cells_)};
+        start.argv = {python_, "-u", "-c", std::string(python_driver_source()),
+                      std::to_string(cells_)};
         start.wall_limit = exec_request::max_spawn_wall_limit;
         auto spawned = co_await box->async_spawn(std::move(start), limit);
         if (!spawned) co_return std::move(spawned).error();
         auto fresh = std::make_unique<running>();
         fresh->sandbox_id = box->id();
         fresh->interpreter = std::move(*spawned);
-        fresh->marker = python_cell_marker(nonce);
         running_ = std::move(fresh);
         outcome.started_interpreter = true;
     }
     ++cells_;
 
-    cell_output out(running_->marker, capture_);
-    cell_output err(running_->marker, capture_);
-    if (on_output) {
-        out.on_output([on_output](std::string_view data) { on_output(output_channel::out, data); });
-        err.on_output([on_output](std::string_view data) { on_output(output_channel::err, data); });
-    }
+    cell_output results(capture_);
+    if (on_output) results.on_output(on_output);
+    // What a background thread or child printed after the previous cell ended is this cell's.
+    results.feed(std::exchange(running_->leftover, {}));
     std::string framed = std::to_string(code.size()) + "\n" + code;
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
     const auto first = earliest(cell_limit, limit);
-    auto exchange = send_and_read(running_->interpreter, std::move(framed), out, err);
+    auto exchange = send_and_read(running_->interpreter, std::move(framed), results);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
-    outcome.out = out.finish();
-    outcome.err = err.finish();
+    outcome.out = results.finish_out();
+    outcome.err = results.finish_err();
 
     if (!read) {
         // Whatever stopped the read, the interpreter is in an unknown state: end it.
@@ -180,7 +140,17 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
         outcome.oom_killed = ended.oom_killed;
         co_return outcome;
     }
-    const auto status = parse_marker_line(out.marker_line());
+    if (results.is_broken()) {
+        // Only code that writes to the driver's own descriptors gets here: the channel can no
+        // longer be trusted to mark a cell's end, so the interpreter ends like a crashed one.
+        co_await async_stop();
+        outcome.how = cell_outcome::ending::crashed;
+        outcome.signal = SIGKILL;
+        outcome.exit_code = 128 + SIGKILL;
+        co_return outcome;
+    }
+    running_->leftover = results.take_leftover();
+    const auto status = parse_marker_line(results.status_line());
     outcome.raised = status.raised;
     outcome.exception_type = status.exception_type;
     co_return outcome;

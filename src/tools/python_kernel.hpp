@@ -21,13 +21,6 @@
 
 namespace moat {
 
-// Where random bytes come from: getrandom(2)'s contract (the count filled, or -1 with errno).
-using random_source = ssize_t (*)(void* buffer, std::size_t size);
-ssize_t system_random(void* buffer, std::size_t size);
-
-// A fresh hex nonce (12 random bytes) for an interpreter's end markers.
-result<std::string> random_nonce(random_source source = system_random);
-
 struct cell_outcome {
     enum class ending {
         completed,  // the cell ran to its end (ok or with an exception)
@@ -57,8 +50,8 @@ class python_kernel {
     // interpreter in another sandbox is killed). `timeout` is the cell's limit: past it the
     // interpreter is killed and the outcome says timed_out. Errors: the interpreter could not be
     // started (the sandbox's error), or the caller's cancellation / `limit` (the interpreter is
-    // killed and confirmed gone first), or random_nonce's. `on_output`, if set, receives the
-    // cell's own output (never the end markers) as it arrives.
+    // killed and confirmed gone first). `on_output`, if set, receives the cell's own output (never
+    // the driver's records) as it arrives.
     asio::awaitable<result<cell_outcome>> async_run(
         std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
         deadline limit, std::function<void(output_channel, std::string_view)> on_output = {});

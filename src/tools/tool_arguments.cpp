@@ -86,6 +86,21 @@ std::optional<error> read_encoding(simdjson::dom::object o, bool& base64) {
     return bad("encoding", "must be \"text\" or \"base64\"");
 }
 
+// A background process's number: an integer (1, or 1.0 as some clients send it) of at least 1.
+std::optional<error> read_id(simdjson::dom::object o, int& out) {
+    simdjson::dom::element e;
+    if (o.at_key("id").get(e) != simdjson::SUCCESS || e.is_null()) {
+        return bad("id", "required integer is missing");
+    }
+    double value = 0;
+    if (!e.is_number() || e.get_double().get(value) != simdjson::SUCCESS || value < 1 ||
+        value > 1e9 || value != static_cast<double>(static_cast<int>(value))) {
+        return bad("id", "must be an integer of at least 1");
+    }
+    out = static_cast<int>(value);
+    return std::nullopt;
+}
+
 // The tool's name for a detail line: bounded, printable ASCII only (it came from a model).
 std::string printable(std::string_view s) {
     constexpr std::size_t max_chars = 64;
@@ -106,7 +121,11 @@ result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_v
     const bool is_write = tool == "write_file";
     const bool is_read = tool == "read_file";
     const bool is_list = tool == "list_files";
-    if (!is_python && !is_shell && !is_write && !is_read && !is_list) {
+    const bool is_start = tool == "start_process";
+    const bool is_by_id = tool == "read_process_output" || tool == "stop_process";
+    const bool is_processes = tool == "list_processes";
+    if (!is_python && !is_shell && !is_write && !is_read && !is_list && !is_start && !is_by_id &&
+        !is_processes) {
         return make_error(errc::invalid_argument, "unknown tool '" + printable(tool) + "'");
     }
 
@@ -140,6 +159,13 @@ result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_v
             if (!bytes) return bad("content", "not valid base64 (encoding is \"base64\")");
             args.content = std::move(*bytes);
         }
+    } else if (is_start) {
+        failed = read_program(o, "command", args.command);
+        if (!failed) failed = read_string(o, "cwd", false, args.cwd);
+    } else if (is_by_id) {
+        failed = read_id(o, args.id);
+    } else if (is_processes) {
+        // No arguments.
     } else {
         failed = read_string(o, "path", is_read, args.path);
         if (!failed && is_read) failed = read_encoding(o, args.base64);

@@ -20,13 +20,16 @@ struct tool_arguments {
                           // encoding is "base64"
     bool base64 = false;  // read_file, write_file: encoding "base64" (optional; "text" if absent)
     std::optional<double> timeout_seconds;  // run_python, run_shell (optional): > 0, <= the max
+    std::string cwd;  // start_process (optional; "" if absent), with `command` (required)
+    int id = 0;       // read_process_output, stop_process (required): an integer >= 1
 };
 
 // Parses `json` as the arguments of `tool` (one of run_python, run_shell, write_file, read_file,
-// list_files). Errors are errc::invalid_argument with a one-line detail that names the field and
-// what was wrong: "code: required string is missing", "code: must be a string, not a number",
-// "code: is empty" (only whitespace), "timeout_seconds: must be a number greater than 0 and at
-// most 600", "arguments: not valid JSON", "arguments: not a JSON object", "unknown tool
+// list_files, start_process, list_processes, read_process_output, stop_process; "id: must be an
+// integer of at least 1"). Errors are errc::invalid_argument with a one-line detail that names the
+// field and what was wrong: "code: required string is missing", "code: must be a string, not a
+// number", "code: is empty" (only whitespace), "timeout_seconds: must be a number greater than 0
+// and at most 600", "arguments: not valid JSON", "arguments: not a JSON object", "unknown tool
 // 'run_java'" (the name shown bounded and with non-printable bytes replaced). The first problem
 // found is reported. Unknown extra fields, and fields of other tools, are ignored; JSON null is
 // the same as an absent field; empty (or all-whitespace) `json` is the empty object, as when an

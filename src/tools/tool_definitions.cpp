@@ -43,7 +43,10 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
         "are an unprivileged user: no package installs, no sudo. A command runs for at most "
         "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
         "(" +
-            p + "write_file) run from here.",
+            p +
+            "write_file) run from here. What the command leaves running is stopped when it "
+            "ends: start a server with " +
+            p + "start_process.",
         R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line."},)" +
             std::string(timeout_schema) +
             R"(},"required":["command"],"additionalProperties":false})"});
@@ -75,6 +78,41 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
         "directory; files for the user belong in /workspace/out.",
         R"({"type":"object","properties":{"path":{"type":"string","description":"Directory to list (default /workspace)."}},)"
         R"("additionalProperties":false})"});
+    tools.push_back(tool_definition{
+        p + "start_process",
+        "Start a long-running program in the background in this conversation's sandbox, such "
+        "as a server (python3 -m http.server 8000) that later " +
+            p + "run_shell or " + p +
+            "run_python calls talk to over 127.0.0.1. The command (/bin/sh -c) runs in cwd "
+            "(default /workspace) and keeps running across calls until it exits, " +
+            p + "stop_process stops it, or the conversation ends. Programs that " + p +
+            "run_shell leaves running are stopped when its command ends, so start services "
+            "here. At most 8 run at once. The result has the process's id; read what it prints "
+            "with " +
+            p + "read_process_output (the last 64 KiB of stdout and of stderr are kept).",
+        R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line, e.g. python3 -m http.server 8000."},)"
+        R"("cwd":{"type":"string","description":"Working directory (default /workspace)."}},)"
+        R"("required":["command"],"additionalProperties":false})"});
+    tools.push_back(tool_definition{
+        p + "list_processes",
+        "List this conversation's background processes (from " + p +
+            "start_process): id, command, whether each is running, its exit code once ended, "
+            "and how many bytes it has printed.",
+        R"({"type":"object","properties":{},"additionalProperties":false})"});
+    tools.push_back(tool_definition{
+        p + "read_process_output",
+        "Show what a background process (from " + p +
+            "start_process) has printed so far: the last 64 KiB of its stdout and of its "
+            "stderr, cut to head and tail when long, and whether it is still running.",
+        R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
+        R"("required":["id"],"additionalProperties":false})"});
+    tools.push_back(tool_definition{
+        p + "stop_process",
+        "Stop a background process (from " + p +
+            "start_process): SIGTERM, then SIGKILL after 3 seconds. The result says how it "
+            "ended.",
+        R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
+        R"("required":["id"],"additionalProperties":false})"});
     return tools;
 }
 

@@ -44,8 +44,8 @@ std::string tool_result::to_json() const {
     json_writer w;
     w.begin_object();
     w.key("status").value(to_string(status));
-    if (exit_code) {
-        w.key("exit_code").value(*exit_code);
+    if (exit_code) w.key("exit_code").value(*exit_code);
+    if (exit_code || (tool == "read_process_output" && !processes.empty())) {
         w.key("stdout").value(stdout_text);
         w.key("stderr").value(stderr_text);
         w.key("truncated").value(stdout_omitted != 0 || stderr_omitted != 0);
@@ -104,6 +104,21 @@ std::string tool_result::to_json() const {
         w.end_array();
     }
     if (artifacts_truncated) w.key("artifacts_truncated").value(true);
+    if (!processes.empty() || (tool == "list_processes" && is_ok)) {
+        w.key("processes").begin_array();
+        for (const auto& p : processes) {
+            w.begin_object();
+            w.key("id").value(p.id);
+            w.key("command").value(p.command);
+            w.key("cwd").value(p.cwd);
+            w.key("running").value(p.is_running);
+            if (p.exit_code) w.key("exit_code").value(*p.exit_code);
+            w.key("stdout_bytes").value(p.stdout_bytes);
+            w.key("stderr_bytes").value(p.stderr_bytes);
+            w.end_object();
+        }
+        w.end_array();
+    }
     w.end_object();
     return w.take();
 }

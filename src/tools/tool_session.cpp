@@ -1,6 +1,9 @@
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
+#include <moat/task_group.hpp>
+
+#include "core/async_event.hpp"
 #include "core/exception_boundary.hpp"
 #include "core/output_capture.hpp"
 #include "handle/operation_queue.hpp"
@@ -40,6 +43,9 @@ constexpr output_limits capture_limits{256 * 1024, 256 * 1024};
 const char* notice_rebuilt =
     "the environment was rebuilt: files and variables from earlier calls are gone";
 const char* notice_restarted = "the interpreter restarted: variables and imports are gone";
+const char* notice_strays_killed =
+    "processes the command left running in the background were stopped when it ended: a "
+    "command's processes end with it";
 
 std::string seconds_text(std::chrono::milliseconds d) {
     const auto ms = d.count();
@@ -158,6 +164,70 @@ std::string_view before_traceback(std::string_view err) {
     return err.substr(0, at);
 }
 
+// A background process (start_process), shared by the session and the pump that reads it.
+struct background_entry {
+    explicit background_entry(asio::any_io_executor executor) : ended(std::move(executor)) {}
+    background_process info;
+    process handle;
+    std::size_t cap = 0;
+    std::string out;  // the latest bytes: at most 2 * cap, of which the last cap are shown
+    std::string err;
+    async_event ended;
+};
+
+// Keeps the latest `cap` bytes of a stream in `kept`, trimming in amortized O(1) per byte.
+void keep_latest(std::string& kept, std::string_view data, std::size_t cap) {
+    if (data.size() >= cap) {
+        kept.assign(data.substr(data.size() - cap));
+        return;
+    }
+    kept.append(data);
+    if (kept.size() > 2 * cap) kept.erase(0, kept.size() - cap);
+}
+
+// What a model sees of a kept stream: its last `cap` bytes, and how much came before them.
+captured_output latest_output(const std::string& kept, std::size_t cap, std::uint64_t total) {
+    captured_output c;
+    const std::string_view shown =
+        std::string_view(kept).substr(kept.size() - std::min(cap, kept.size()));
+    c.total_bytes = total;
+    if (shown.size() == total) {
+        c.head = std::string(shown);
+    } else {
+        c.tail = std::string(shown);
+        c.omitted_bytes = total - shown.size();
+    }
+    return c;
+}
+
+// Reads a background process to its end, so it never blocks on a full pipe. Cancellation (the
+// session's end) kills it: the stream does that when its read is cancelled.
+asio::awaitable<void> pump_background(std::shared_ptr<background_entry> entry) {
+    for (;;) {
+        auto next = co_await entry->handle.async_next();
+        if (!next) break;  // the sandbox went away, or the session ended: it is gone
+        if (auto* chunk = std::get_if<output_chunk>(&*next)) {
+            if (chunk->channel == output_channel::out) {
+                entry->info.stdout_bytes += chunk->data.size();
+                keep_latest(entry->out, chunk->data, entry->cap);
+            } else {
+                entry->info.stderr_bytes += chunk->data.size();
+                keep_latest(entry->err, chunk->data, entry->cap);
+            }
+            continue;
+        }
+        const auto& ended = std::get<exec_result>(*next);
+        entry->info.exit_code = ended.signal != 0 ? 128 + ended.signal : ended.exit_code;
+        break;
+    }
+    entry->info.is_running = false;
+    entry->ended.set();
+}
+
+// How long stop_process waits after SIGTERM, then after SIGKILL.
+constexpr auto stop_grace = std::chrono::seconds(3);
+constexpr std::size_t max_shown_command = 200;
+
 }  // namespace
 
 struct tool_session::state {
@@ -166,12 +236,16 @@ struct tool_session::state {
           key(std::move(k)),
           options(std::move(o)),
           kernel(options.python, capture_limits),
+          pumps(executor, "background processes"),
           calls(std::move(executor)) {}
 
     session_manager& sessions;
     std::string key;
     tool_options options;
     python_kernel kernel;
+    task_group pumps;  // one per background process, until it ends
+    std::vector<std::shared_ptr<background_entry>> background;
+    int next_process_id = 1;
     operation_queue calls;
     int failures = 0;
     bool uses_turns = false;
@@ -497,6 +571,7 @@ struct tool_session::state {
             if (ran->out.total_bytes == 0 && ran->err.total_bytes == 0)
                 r.notices.emplace_back("the command ran successfully but printed nothing");
         }
+        if (ran->strays_killed) r.notices.emplace_back(notice_strays_killed);
         co_await add_artifacts(r, *box, limit);
         co_return r;
     }
@@ -634,6 +709,115 @@ struct tool_session::state {
                   [](const dir_entry& a, const dir_entry& b) { return a.name < b.name; });
         co_return r;
     }
+
+    std::size_t running_processes() const {
+        return static_cast<std::size_t>(
+            std::count_if(background.begin(), background.end(),
+                          [](const auto& e) { return e->info.is_running; }));
+    }
+
+    std::shared_ptr<background_entry> find_process(int id) const {
+        for (const auto& e : background)
+            if (e->info.id == id) return e;
+        return nullptr;
+    }
+
+    tool_result unknown_process(const char* tool, int id) const {
+        return bad_arguments(tool,
+                             "id: no background process " + std::to_string(id) + " in this session",
+                             "call " + named("list_processes") + " to see the ids");
+    }
+
+    asio::awaitable<result<tool_result>> start_process(std::string command, std::string cwd,
+                                                       deadline limit) {
+        const auto most = static_cast<std::size_t>(std::max(0, options.max_background_processes));
+        if (running_processes() >= most) {
+            co_return failed("start_process", tool_status::error,
+                             "at most " + std::to_string(most) +
+                                 " background processes run at once in a session, and " +
+                                 std::to_string(running_processes()) + " are running",
+                             "stop one with " + named("stop_process") + " (" +
+                                 named("list_processes") + " shows them)");
+        }
+        auto got = co_await lease(limit);
+        if (!got) co_return failed_step("start_process", std::move(got).error());
+        auto box = got->lease.box;
+        exec_request request;
+        request.argv = {"/bin/sh", "-c", command};
+        request.cwd = sandbox_path(cwd.empty() ? std::string(workspace) : cwd);
+        request.wall_limit = exec_request::max_spawn_wall_limit;
+        auto entry = std::make_shared<background_entry>(pumps.get_executor());
+        entry->info.id = next_process_id;
+        entry->info.command = command.substr(0, max_shown_command);
+        entry->info.cwd = request.cwd;
+        entry->cap = std::max<std::size_t>(1, options.background_output_bytes);
+        auto spawned = co_await box->async_spawn(std::move(request), limit);
+        if (!spawned) co_return failed_step("start_process", std::move(spawned).error());
+        ++next_process_id;
+        entry->handle = std::move(*spawned);
+        pumps.spawn(pump_background(entry));
+        // Bounded bookkeeping: the running ones plus the latest ended ones.
+        while (background.size() >= 2 * most + 1) {
+            const auto finished = std::find_if(background.begin(), background.end(),
+                                               [](const auto& e) { return !e->info.is_running; });
+            if (finished == background.end()) break;
+            background.erase(finished);
+        }
+        background.push_back(entry);
+        tool_result r;
+        r.tool = "start_process";
+        if (got->rebuilt) r.notices.emplace_back(notice_rebuilt);
+        r.processes.push_back(entry->info);
+        co_return r;
+    }
+
+    tool_result list_processes() const {
+        tool_result r;
+        r.tool = "list_processes";
+        for (const auto& e : background) r.processes.push_back(e->info);
+        return r;
+    }
+
+    tool_result read_process_output(int id) const {
+        auto entry = find_process(id);
+        if (!entry) return unknown_process("read_process_output", id);
+        tool_result r;
+        r.tool = "read_process_output";
+        auto out = shape(latest_output(entry->out, entry->cap, entry->info.stdout_bytes));
+        r.stdout_text = std::move(out.text);
+        r.stdout_omitted = out.omitted_chars;
+        set_stderr(r, shape(latest_output(entry->err, entry->cap, entry->info.stderr_bytes)));
+        r.processes.push_back(entry->info);
+        return r;
+    }
+
+    asio::awaitable<result<tool_result>> stop_process(int id) {
+        auto entry = find_process(id);
+        if (!entry) co_return unknown_process("stop_process", id);
+        // Cleanup is not cancellable and bounded: SIGTERM, a grace, SIGKILL, a grace.
+        for (const int signal : {SIGTERM, SIGKILL}) {
+            if (!entry->info.is_running) break;
+            (void)co_await entry->handle.async_signal(signal);
+            const auto grace = deadline::after(stop_grace);
+            (void)co_await entry->ended.async_wait(grace);
+        }
+        tool_result r;
+        r.tool = "stop_process";
+        if (entry->info.is_running) {
+            r.status = tool_status::error;
+            r.message = "the process did not end within " + seconds_text(2 * stop_grace);
+            r.hint = "call " + named("list_processes") + " later to see if it has ended";
+        }
+        r.processes.push_back(entry->info);
+        co_return r;
+    }
+
+    // The session's end: every background process is killed (its read is cancelled) and its
+    // pump has finished.
+    asio::awaitable<void> stop_background() {
+        pumps.cancel_all();
+        co_await pumps.async_wait_all();
+    }
 };
 
 namespace {
@@ -659,7 +843,9 @@ tool_result invalid_arguments(std::shared_ptr<tool_session::state>& s, std::stri
                               std::string message) {
     std::string hint = "call one of ";
     bool first = true;
-    for (const char* name : {"run_python", "run_shell", "write_file", "read_file", "list_files"}) {
+    for (const char* name :
+         {"run_python", "run_shell", "write_file", "read_file", "list_files", "start_process",
+          "list_processes", "read_process_output", "stop_process"}) {
         if (!first) hint += ", ";
         first = false;
         hint += s->named(name);
@@ -786,6 +972,59 @@ asio::awaitable<result<tool_result>> tool_session::async_list_files(std::string 
     co_return co_await call_in_turn(s, std::move(operation), limit);
 }
 
+asio::awaitable<result<tool_result>> tool_session::async_start_process(std::string command,
+                                                                       std::string cwd,
+                                                                       deadline limit) {
+    auto s = state_;
+    if (command.find_first_not_of(" \t\r\n") == std::string::npos)
+        co_return invalid_arguments(s, "start_process", "command: is empty");
+    if (command.size() > max_inline_command) {
+        co_return s->finish(tool_session::state::bad_arguments(
+            "start_process",
+            "command: too long (" + std::to_string(command.size()) + " bytes; at most " +
+                std::to_string(max_inline_command) + ")",
+            "write the program to a script file with " + s->named("write_file") +
+                " and start that"));
+    }
+    tool_operation operation = [s, command = std::move(command), cwd = std::move(cwd),
+                                limit]() mutable {
+        return s->start_process(std::move(command), std::move(cwd), limit);
+    };
+    co_return co_await call_in_turn(s, std::move(operation), limit);
+}
+
+namespace {
+
+asio::awaitable<result<tool_result>> listed_processes(std::shared_ptr<tool_session::state> s) {
+    co_return s->list_processes();
+}
+
+asio::awaitable<result<tool_result>> process_output(std::shared_ptr<tool_session::state> s,
+                                                    int id) {
+    co_return s->read_process_output(id);
+}
+
+}  // namespace
+
+asio::awaitable<result<tool_result>> tool_session::async_list_processes(deadline limit) {
+    auto s = state_;
+    tool_operation operation = [s]() { return listed_processes(s); };
+    co_return co_await call_in_turn(s, std::move(operation), limit);
+}
+
+asio::awaitable<result<tool_result>> tool_session::async_read_process_output(int id,
+                                                                             deadline limit) {
+    auto s = state_;
+    tool_operation operation = [s, id]() { return process_output(s, id); };
+    co_return co_await call_in_turn(s, std::move(operation), limit);
+}
+
+asio::awaitable<result<tool_result>> tool_session::async_stop_process(int id, deadline limit) {
+    auto s = state_;
+    tool_operation operation = [s, id]() { return s->stop_process(id); };
+    co_return co_await call_in_turn(s, std::move(operation), limit);
+}
+
 asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view named_tool,
                                                               std::string_view arguments_json,
                                                               deadline limit,
@@ -824,6 +1063,12 @@ asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view n
         const auto encoding = args.base64 ? file_encoding::base64 : file_encoding::text;
         co_return co_await async_read_file(std::move(args.path), encoding, limit);
     }
+    if (tool == "start_process") {
+        co_return co_await async_start_process(std::move(args.command), std::move(args.cwd), limit);
+    }
+    if (tool == "list_processes") co_return co_await async_list_processes(limit);
+    if (tool == "read_process_output") co_return co_await async_read_process_output(args.id, limit);
+    if (tool == "stop_process") co_return co_await async_stop_process(args.id, limit);
     std::string path = args.path.empty() ? std::string(workspace) : std::move(args.path);
     co_return co_await async_list_files(std::move(path), limit);
 }
@@ -868,6 +1113,7 @@ asio::awaitable<result<void>> tool_session::async_end() {
     if (auto refused = co_await s->take_turn(never)) co_return std::move(*refused);
     s->ended = true;
     co_await s->kernel.async_stop();
+    co_await s->stop_background();
     s->calls.release();
     s->calls.refuse_all();
     auto ended = co_await s->sessions.async_end(s->key);

@@ -32,7 +32,7 @@ bool has_nul(std::string_view s) {
 
 bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
                  std::span<const std::string> argv, std::span<const std::string> env,
-                 std::string_view cwd, std::vector<std::byte>& out) {
+                 std::string_view cwd, std::vector<std::byte>& out, std::uint32_t flags) {
     if (argv.empty() || has_nul(cwd)) return false;
     std::size_t size = sizeof(exec_message) + cwd.size() + 1;
     for (const auto& s : argv) {
@@ -51,6 +51,7 @@ bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
     m.wall_limit_ms = wall_limit_ms;
     m.argc = static_cast<std::uint32_t>(argv.size());
     m.envc = static_cast<std::uint32_t>(env.size());
+    m.flags = flags;
     const std::size_t start = out.size();
     out.resize(start + size);
     std::byte* p = out.data() + start;

@@ -22,7 +22,8 @@ namespace moat::wire {
 
 // 2: set_ttl / ttl_set; exec requests the agent cannot run are answered.
 // 3: created carries the cpu cgroup; survivors' agents accept attach connections.
-inline constexpr std::uint32_t protocol_version = 3;
+// 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups; created.tracking_cgroup.
+inline constexpr std::uint32_t protocol_version = 4;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -74,6 +75,9 @@ enum layer_bits : std::uint32_t {
     layer_cgroup_pids = 1u << 9,
     layer_cgroup_cpu = 1u << 10,
     layer_no_new_privs = 1u << 11,
+    // created only: the sandbox has a cgroup v2 tree (its own, or a hybrid host's tracking tree)
+    // in which each exec gets a cgroup of its own (see exec_own_cgroup).
+    layer_command_cgroups = 1u << 12,
 };
 
 inline constexpr std::size_t sandbox_id_bytes = 32;  // ASCII, NUL padded
@@ -123,6 +127,9 @@ struct created_message {
     char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
     char pids_cgroup[path_bytes];    // absolute path of the sandbox's v1 pids cgroup, or ""
     char cpu_cgroup[path_bytes];     // absolute path of the sandbox's v1 cpu cgroup, or ""
+    // Hybrid hosts: the sandbox's tracking tree in the unified hierarchy (per-command cgroups),
+    // or "": whoever confirms the sandbox gone removes it with the others.
+    char tracking_cgroup[path_bytes];
 };
 
 struct create_failed_message {
@@ -147,6 +154,10 @@ struct reaped_message {
 
 enum exec_flags : std::uint32_t {
     exec_none = 0,
+    // A command (exec, exec_stream; not spawn) whose whole process tree ends with its main
+    // process: the agent runs it in a cgroup of its own, where the sandbox has per-command cgroups,
+    // and kills whatever is left in it when the main process exits.
+    exec_own_cgroup = 1u << 0,
 };
 
 // Followed by `argc` argv strings, then `envc` "K=V" strings, then the working directory; each
@@ -195,8 +206,9 @@ struct started_message {
 };
 
 enum exited_flags : std::uint32_t {
-    exited_timed_out = 1u << 0,     // the agent killed it at the wall limit
-    exited_spawn_failed = 1u << 1,  // exec of argv[0] failed; spawn_errno says why
+    exited_timed_out = 1u << 0,      // the agent killed it at the wall limit
+    exited_spawn_failed = 1u << 1,   // exec of argv[0] failed; spawn_errno says why
+    exited_strays_killed = 1u << 2,  // processes it left behind were killed when it exited
 };
 
 struct exited_message {
@@ -252,7 +264,8 @@ struct exec_request_view {
 // max_message_bytes, argv is empty, or a string contains a NUL byte.
 bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
                  std::span<const std::string> argv, std::span<const std::string> env,
-                 std::string_view cwd, std::vector<std::byte>& out);
+                 std::string_view cwd, std::vector<std::byte>& out,
+                 std::uint32_t flags = exec_none);
 
 // Parses an exec record; false if any count, length or terminator is inconsistent.
 bool decode_exec(std::span<const std::byte> record, exec_request_view& out);

@@ -43,7 +43,9 @@ await check('without a prefix the built-in tools refuse moat\'s names, with --to
     }
     moatTools = await prefixed.getTools();
     assert.deepEqual(moatTools.map((t) => t.name).sort(),
-        ['moat_list_files', 'moat_read_file', 'moat_run_python', 'moat_run_shell', 'moat_write_file']);
+        ['moat_list_files', 'moat_list_processes', 'moat_read_file', 'moat_read_process_output',
+            'moat_run_python', 'moat_run_shell', 'moat_start_process', 'moat_stop_process',
+            'moat_write_file']);
     const runPython = moatTools.find((t) => t.name === 'moat_run_python');
     assert.ok(!/\brun_shell\b/.test(moatTools.find((t) => t.name === 'moat_read_file').description.replace(/moat_run_shell/g, '')),
         'descriptions name the prefixed tools');

@@ -23,10 +23,11 @@ const client = new MultiServerMCPClient({ mcpServers: { moat: { transport: 'stdi
 onCleanup(() => client.close());
 let tools;
 
-await check('the adapter loads the five tools from moat mcp', async () => {
+await check('the adapter loads the nine tools from moat mcp', async () => {
     tools = await client.getTools();
     assert.deepEqual(tools.map((t) => t.name).sort(),
-        ['list_files', 'read_file', 'run_python', 'run_shell', 'write_file']);
+        ['list_files', 'list_processes', 'read_file', 'read_process_output', 'run_python',
+            'run_shell', 'start_process', 'stop_process', 'write_file']);
 });
 
 const checkpointer = new MemorySaver();

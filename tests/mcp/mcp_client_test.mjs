@@ -31,7 +31,8 @@ const { StdioClientTransport } = await import('@modelcontextprotocol/sdk/client/
 const moat = path.resolve(process.argv[2]);
 const secret = `moat-secret-${randomBytes(16).toString('hex')}`;
 const environment = { ...process.env, MOAT_MCP_TEST_SECRET: secret };
-const tools = ['list_files', 'read_file', 'run_python', 'run_shell', 'write_file'];
+const tools = ['list_files', 'list_processes', 'read_file', 'read_process_output', 'run_python',
+    'run_shell', 'start_process', 'stop_process', 'write_file'];
 const statuses = ['ok', 'error', 'timeout', 'unavailable'];
 const runTools = new Set(['run_python', 'run_shell']);
 const csv = 'a,b\n1,2\n';
@@ -189,7 +190,7 @@ await check('the server initializes and says it is moat', async () => {
 });
 
 let pythonDescription = '';
-await check('tools/list gives exactly the five tools, each with an object input schema', async () => {
+await check('tools/list gives exactly the nine tools, each with an object input schema', async () => {
     const { tools: listed } = await client.listTools();
     remember(JSON.stringify(listed));
     assert.deepEqual(listed.map((t) => t.name).sort(), tools);
@@ -470,6 +471,37 @@ await check('cancelling a call kills its process and the session keeps working',
     assert.equal(r.stdout, 'gone\n', r.text);
     const after = await python("print('after cancel')");
     assert.equal(after.stdout, 'after cancel\n', after.text);
+});
+
+await check('start_process runs a server that later calls reach, list_processes shows it, stop_process ends it', async () => {
+    await call('write_file', { path: 'site/index.txt', content: 'served\n' });
+    const started = await call('start_process', { command: 'exec python3 -u -m http.server 8766 --bind 127.0.0.1', cwd: 'site' });
+    assert.equal(started.status, 'ok', started.text);
+    assert.equal(started.processes.length, 1, started.text);
+    const { id } = started.processes[0];
+    assert.equal(started.processes[0].running, true, started.text);
+    assert.equal(started.processes[0].cwd, '/workspace/site', started.text);
+    const fetch = "for i in $(seq 100); do python3 -c \"import urllib.request; " +
+        "print(urllib.request.urlopen('http://127.0.0.1:8766/index.txt').read().decode(), end='')\" " +
+        '2>/dev/null && exit 0; sleep 0.1; done; exit 1';
+    const fetched = await shell(fetch);
+    assert.equal(fetched.stdout, 'served\n', fetched.text);
+    // A Python cell reaches it too, in a later call.
+    const cell = await python("import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:8766/index.txt').status)");
+    assert.equal(cell.stdout, '200\n', cell.text);
+    const listed = await call('list_processes', {});
+    const entry = listed.processes.find((p) => p.id === id);
+    assert.ok(entry?.running && entry.command.includes('http.server'), listed.text);
+    const output = await call('read_process_output', { id });
+    assert.ok(output.stderr.includes('GET /index.txt'), output.text);
+    const stopped = await call('stop_process', { id });
+    assert.equal(stopped.status, 'ok', stopped.text);
+    assert.equal(stopped.processes[0].running, false, stopped.text);
+    assert.equal((await call('list_processes', {})).processes.find((p) => p.id === id).running, false);
+    const left = await shell("grep -l 'http[.]server' /proc/[0-9]*/cmdline 2>/dev/null | wc -l");
+    assert.equal(left.stdout, '0\n', left.text);
+    const unknown = await call('stop_process', { id: 999 });
+    assert.equal(unknown.error_code, 'invalid_arguments', unknown.text);
 });
 
 await check('no result revealed the host secret or the moat binary path', async () => {
