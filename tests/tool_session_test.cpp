@@ -794,6 +794,7 @@ TEST_CASE_FIXTURE(tool_fixture,
     REQUIRE(pid);
     REQUIRE(run(tools.async_end()));
     CHECK_FALSE(moat::test::is_running(*pid));
+}
 
 namespace {
 
