@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include <moat/sandbox_spec.hpp>
+
 #include "sandboxd/agent.hpp"
 #include "sandboxd/cgroups.hpp"
 #include "sandboxd/seccomp_filter.hpp"
@@ -81,7 +83,8 @@ struct raw_runner {
         if (sandboxd::compile_seccomp_filter(filter, detail) != 0) return detail;
         self_exe = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
         if (self_exe < 0) return "open /proc/self/exe failed";
-        if (slots.open(state_dir) != 0) return "uid slots: cannot open " + state_dir + "/uids";
+        if (slots.open() != 0)
+            return std::string("uid slots: cannot open ") + sandboxd::host_lock_dir;
         if (spawner.init(template_path, std::move(filter), self_exe, detail) != 0) return detail;
         hierarchy.discover();
         return "";
@@ -108,17 +111,20 @@ struct raw_runner {
         if (slots.claim(slot) != 0) return "uid slot";
         sandboxd::sandbox_cgroups group;
         std::string detail;
-        const sandboxd::cgroup_limits limits{std::uint64_t{1} << 30, 256, 1000, false};
+        const resource_limits defaults = resource_limits{}.with_defaults();
+        const sandboxd::cgroup_limits limits{*defaults.memory_bytes, *defaults.pids,
+                                             *defaults.cpu_millicores, false};
         if (hierarchy.create(id, limits, group, detail) != 0) {
             ::close(slot.lock_fd);
             return detail;
         }
         sandboxd::spawn_request request;
         request.sandbox_id = id;
-        request.workspace_bytes = std::uint64_t{512} << 20;
-        request.tmp_bytes = std::uint64_t{64} << 20;
+        request.workspace_bytes = *defaults.workspace_bytes;
+        request.tmp_bytes = *defaults.tmp_bytes;
         request.ttl_ms = 3'600'000;
-        request.max_processes = 256;
+        request.max_processes = *defaults.pids;
+        request.open_files = *defaults.open_files;
         sandboxd::spawned_sandbox spawned;
         sandboxd::spawn_failure failure;
         const bool ok = spawner.spawn(request, slot, hierarchy, group, spawned, failure);
@@ -167,6 +173,7 @@ struct raw_runner {
 int run_agent_mode(int argc, char** argv) {
     std::uint64_t ttl_ms = 0;
     std::uint32_t max_processes = 0;
+    std::uint32_t open_files = 0;
     bool survive = false;
     for (int i = 2; i < argc; ++i) {
         const std::string_view arg = argv[i];
@@ -176,11 +183,14 @@ int run_agent_mode(int argc, char** argv) {
         } else if (arg == "--max-processes" && i + 1 < argc) {
             const char* t = argv[++i];
             std::from_chars(t, t + std::strlen(t), max_processes);
+        } else if (arg == "--open-files" && i + 1 < argc) {
+            const char* t = argv[++i];
+            std::from_chars(t, t + std::strlen(t), open_files);
         } else if (arg == "--survive-owner") {
             survive = true;
         }
     }
-    return sandboxd::run_agent(ttl_ms, max_processes, survive);
+    return sandboxd::run_agent(ttl_ms, max_processes, open_files, survive);
 }
 
 }  // namespace

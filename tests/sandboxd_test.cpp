@@ -502,7 +502,7 @@ TEST_CASE("the hostname is sandbox and only the sandbox's processes are visible"
     const command_result r = shell(box, "ls -d /proc/[0-9]* | wc -l");
     CHECK(std::atoi(r.out.c_str()) <= 4);
     CHECK(shell(box, "cat /proc/1/cmdline | tr '\\0' ' '").out ==
-          "moat-sandboxd agent --ttl-ms 60000 --max-processes 64 ");
+          "moat-sandboxd agent --ttl-ms 60000 --max-processes 64 --open-files 0 ");
 }
 
 TEST_CASE("the host environment does not reach commands") {

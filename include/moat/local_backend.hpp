@@ -52,8 +52,9 @@
 namespace moat {
 
 struct local_options {
-    // 0700 directory for the helper's state (template root, uid-range locks); every moat process on
-    // a host should share it, since uid ranges are unique per state directory. Default:
+    // 0700 directory for the helper's state (template root, sandbox records); every moat process
+    // on a host should share it, so that list() and the janitor see every sandbox. (Uid ranges are
+    // allocated host-wide whatever the state directory, under /run/moat-uid-ranges.) Default:
     // /run/moat as root, else $XDG_RUNTIME_DIR/moat or /tmp/moat-<uid>. The helper makes it 0711
     // (sandbox setup runs as unprivileged host uids that must reach the read-only template in
     // it); every ancestor must be searchable by others too, or create fails naming the one that

@@ -10,14 +10,54 @@
 
 namespace moat {
 
-// Resource limits of one sandbox, with their defaults. A limit the backend cannot enforce fails
-// the create with errc::layer_unavailable naming it, unless sandbox_spec::best_effort.
+// Resource limits of one sandbox. Each limit is explicit or unset: unset means the backend's
+// default (the local backend's are the default_* constants below; a remote backend may leave an
+// unset limit to its template), so a backend can tell "asked for" from "default". No limit can be
+// switched off: an explicit 0, which the kernel would read as "unlimited" (a tmpfs of size 0, a
+// cgroup without a memory limit), fails the create with errc::invalid_argument naming the field,
+// as does a value outside the range given per field. A limit the backend cannot enforce fails the
+// create with errc::layer_unavailable naming it, unless sandbox_spec::best_effort.
+//
+// In sandbox_info::limits (what a backend reports) the same struct carries the effective values:
+// the local backend sets every field (defaults resolved, /workspace after its clamp to half the
+// memory limit); a remote backend leaves unset only what it cannot know.
 struct resource_limits {
-    std::uint64_t memory_bytes = std::uint64_t{1} << 30;       // cgroup memory, tmpfs included
-    std::uint32_t pids = 256;                                  // cgroup pids (processes + threads)
-    std::uint32_t cpu_millicores = 1000;                       // cgroup cpu quota; 1000 = one core
-    std::uint64_t workspace_bytes = std::uint64_t{512} << 20;  // /workspace tmpfs size
-    std::uint64_t tmp_bytes = std::uint64_t{64} << 20;         // /tmp and /dev/shm tmpfs size
+    // cgroup memory, tmpfs pages included; TCP socket buffers count on cgroup v2, and on v1 have
+    // a limit of their own, a quarter of this one. At least 16 MiB.
+    std::optional<std::uint64_t> memory_bytes;
+    // cgroup pids (processes + threads) and RLIMIT_NPROC; 1 to 1000000.
+    std::optional<std::uint32_t> pids;
+    // cgroup cpu quota, 1000 = one core; 1 to 1000000.
+    std::optional<std::uint32_t> cpu_millicores;
+    // /workspace tmpfs size (at least 1 MiB; clamped to half the memory limit).
+    std::optional<std::uint64_t> workspace_bytes;
+    // /tmp and /dev/shm tmpfs size, each; at least 1 MiB.
+    std::optional<std::uint64_t> tmp_bytes;
+    // RLIMIT_NOFILE, soft and hard, of every process in the sandbox (pid 1 included), so that no
+    // sandbox inherits the embedding process's hard limit; 64 to 65536 and at most the
+    // application's own hard limit.
+    std::optional<std::uint32_t> open_files;
+
+    static constexpr std::uint64_t default_memory_bytes = std::uint64_t{1} << 30;
+    static constexpr std::uint32_t default_pids = 256;
+    static constexpr std::uint32_t default_cpu_millicores = 1000;
+    static constexpr std::uint64_t default_workspace_bytes = std::uint64_t{512} << 20;
+    static constexpr std::uint64_t default_tmp_bytes = std::uint64_t{64} << 20;
+    // A shell, Python, gcc and git stay far below it; 256 processes x 1024 files bound one
+    // sandbox to 262144 open files (see `moat doctor` for the host's fs.file-max).
+    static constexpr std::uint32_t default_open_files = 1024;
+
+    // These limits with every unset field replaced by its default_* constant.
+    resource_limits with_defaults() const {
+        resource_limits out = *this;
+        if (!out.memory_bytes) out.memory_bytes = default_memory_bytes;
+        if (!out.pids) out.pids = default_pids;
+        if (!out.cpu_millicores) out.cpu_millicores = default_cpu_millicores;
+        if (!out.workspace_bytes) out.workspace_bytes = default_workspace_bytes;
+        if (!out.tmp_bytes) out.tmp_bytes = default_tmp_bytes;
+        if (!out.open_files) out.open_files = default_open_files;
+        return out;
+    }
 };
 
 struct sandbox_spec {
@@ -56,6 +96,7 @@ struct sandbox_info {
     // "seccomp", "cgroup_memory", ...). Empty for remote backends.
     std::optional<int> host_pid;
     std::vector<std::string> layers;
+    // The effective limits (see resource_limits).
     resource_limits limits;
     // The backend instance that created it (local: local_options::owner_instance) and whether it
     // outlives that instance's process.

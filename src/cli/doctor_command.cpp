@@ -81,6 +81,55 @@ void print_row(const char* name, const std::string& value) {
     std::printf("  %-18s %s\n", name, value.c_str());
 }
 
+std::uint64_t read_number(const char* path, const char* key = nullptr) {
+    std::ifstream in(path);
+    std::string word;
+    if (key == nullptr) {
+        std::uint64_t value = 0;
+        return in >> value ? value : 0;
+    }
+    while (in >> word) {
+        if (word == key) {
+            std::uint64_t value = 0;
+            return in >> value ? value : 0;
+        }
+    }
+    return 0;
+}
+
+// The host's file table against the worst case the limits allow: every process of a sandbox
+// (pids) holding open_files descriptors, for one sandbox and for as many as the host's memory
+// holds at the memory limit each. Either reaching fs.file-max is a warning, not a failure: it is
+// a sizing choice (lower the limits or raise fs.file-max), and each open file is also charged to
+// its sandbox's memory, which bounds them further.
+void check_file_table(const resource_limits& limits) {
+    const std::uint64_t file_max = read_number("/proc/sys/fs/file-max");
+    const std::uint64_t per_sandbox = std::uint64_t{*limits.pids} * *limits.open_files;
+    const std::uint64_t memory_kib = read_number("/proc/meminfo", "MemTotal:");
+    const std::uint64_t fits =
+        std::max<std::uint64_t>(1, (memory_kib << 10) / *limits.memory_bytes);
+    std::printf("\nhost-wide tables (worst case of the default limits)\n");
+    if (file_max == 0) {
+        print_row("file table", "fs.file-max unreadable");
+        return;
+    }
+    std::string row = "one sandbox: " + std::to_string(*limits.pids) + " processes x " +
+                      std::to_string(*limits.open_files) + " = " + std::to_string(per_sandbox) +
+                      " files of fs.file-max " + std::to_string(file_max) + "; " +
+                      std::to_string(fits) +
+                      " sandboxes (as many as memory holds): " + std::to_string(per_sandbox * fits);
+    if (per_sandbox >= file_max) {
+        row +=
+            " (WARNING: one sandbox can fill the host's file table: lower open_files or pids, "
+            "or raise fs.file-max)";
+    } else if (per_sandbox * fits >= file_max) {
+        row += " (warning: full sandboxes together could fill it: raise fs.file-max)";
+    } else {
+        row += " (ok)";
+    }
+    print_row("file table", row);
+}
+
 asio::awaitable<int> diagnose(backend& b) {
     std::vector<std::string> problems;
     std::printf("host\n");
@@ -130,18 +179,20 @@ asio::awaitable<int> diagnose(backend& b) {
     }
 
     const sandbox_spec defaults;
+    const resource_limits limits = defaults.limits.with_defaults();
     const exec_request exec_defaults;
     std::printf("\ndefault limits (per sandbox)\n");
-    print_row("memory",
-              std::to_string(defaults.limits.memory_bytes >> 20) + " MiB (tmpfs included)");
-    print_row("processes", std::to_string(defaults.limits.pids));
-    print_row("cpu", std::to_string(defaults.limits.cpu_millicores) + " millicores");
-    print_row("/workspace", std::to_string(defaults.limits.workspace_bytes >> 20) + " MiB");
-    print_row("/tmp", std::to_string(defaults.limits.tmp_bytes >> 20) + " MiB");
+    print_row("memory", std::to_string(*limits.memory_bytes >> 20) + " MiB (tmpfs included)");
+    print_row("processes", std::to_string(*limits.pids));
+    print_row("cpu", std::to_string(*limits.cpu_millicores) + " millicores");
+    print_row("/workspace", std::to_string(*limits.workspace_bytes >> 20) + " MiB");
+    print_row("/tmp", std::to_string(*limits.tmp_bytes >> 20) + " MiB");
+    print_row("open files", std::to_string(*limits.open_files) + " per process (hard limit)");
     print_row("exec wall time", std::to_string(exec_defaults.wall_limit.count() / 1000) + " s");
     print_row("ttl", std::to_string(
                          std::chrono::duration_cast<std::chrono::seconds>(defaults.ttl).count()) +
                          " s");
+    check_file_table(limits);
 
     std::printf("\nlive check\n");
     using clock = std::chrono::steady_clock;

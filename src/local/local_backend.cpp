@@ -318,12 +318,16 @@ class local_backend final : public backend {
         const std::string id = std::move(*made_id);
         auto request = wire::make_message<wire::create_message>(wire::message_type::create);
         wire::copy_field(request.sandbox_id, id);
-        request.memory_bytes = spec.limits.memory_bytes;
-        request.workspace_bytes = effective_workspace_bytes(spec.limits);
-        request.tmp_bytes = spec.limits.tmp_bytes;
+        // Every limit is set from here on (unset ones get the defaults); none is ever 0.
+        resource_limits limits = spec.limits.with_defaults();
+        limits.workspace_bytes = effective_workspace_bytes(limits);
+        request.memory_bytes = *limits.memory_bytes;
+        request.workspace_bytes = *limits.workspace_bytes;
+        request.tmp_bytes = *limits.tmp_bytes;
         request.ttl_ms = static_cast<std::uint64_t>(spec.ttl.count());
-        request.pids_max = spec.limits.pids;
-        request.cpu_millicores = spec.limits.cpu_millicores;
+        request.pids_max = *limits.pids;
+        request.cpu_millicores = *limits.cpu_millicores;
+        request.open_files = *limits.open_files;
         request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
                         (spec.survive_owner ? wire::create_survive_owner : 0u);
 
@@ -340,8 +344,7 @@ class local_backend final : public backend {
         record.survive_owner = spec.survive_owner;
         record.env = spec.env;
         record.workdir = spec.workdir;
-        record.limits = spec.limits;
-        record.limits.workspace_bytes = request.workspace_bytes;
+        record.limits = limits;
         if (auto written = records_.write(record); !written) co_return std::move(written).error();
 
         const auto create_limit = deadline::after(create_timeout);

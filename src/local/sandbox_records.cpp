@@ -72,6 +72,20 @@ bool read_uint64(simdjson::dom::object& o, std::string_view name, std::uint64_t&
     return o[name].get_uint64().get(out) == simdjson::SUCCESS;
 }
 
+// A limit that may be absent (records older than the field); present, it must be an integer of
+// the field's type.
+template <class Int>
+bool read_optional_limit(simdjson::dom::object& o, std::string_view name, std::optional<Int>& out) {
+    out.reset();
+    if (o[name].error() == simdjson::NO_SUCH_FIELD) return true;
+    std::uint64_t v = 0;
+    if (o[name].get_uint64().get(v) != simdjson::SUCCESS ||
+        v > static_cast<std::uint64_t>(std::numeric_limits<Int>::max()))
+        return false;
+    out = static_cast<Int>(v);
+    return true;
+}
+
 bool read_string_map(simdjson::dom::object& o, std::string_view name,
                      std::map<std::string, std::string>& out) {
     simdjson::dom::object map;
@@ -188,11 +202,12 @@ result<sandbox_record> record_from_json(std::string_view json) {
     if (!read_string(o, "workdir", r.workdir)) return bad_field("workdir");
     simdjson::dom::object limits;
     if (o["limits"].get_object().get(limits) != simdjson::SUCCESS) return bad_field("limits");
-    if (!read_uint64(limits, "memory_bytes", r.limits.memory_bytes) ||
-        !read_int(limits, "pids", r.limits.pids) ||
-        !read_int(limits, "cpu_millicores", r.limits.cpu_millicores) ||
-        !read_uint64(limits, "workspace_bytes", r.limits.workspace_bytes) ||
-        !read_uint64(limits, "tmp_bytes", r.limits.tmp_bytes))
+    if (!read_optional_limit(limits, "memory_bytes", r.limits.memory_bytes) ||
+        !read_optional_limit(limits, "pids", r.limits.pids) ||
+        !read_optional_limit(limits, "cpu_millicores", r.limits.cpu_millicores) ||
+        !read_optional_limit(limits, "workspace_bytes", r.limits.workspace_bytes) ||
+        !read_optional_limit(limits, "tmp_bytes", r.limits.tmp_bytes) ||
+        !read_optional_limit(limits, "open_files", r.limits.open_files))
         return bad_field("limits");
     if (!read_string_list(o, "layers", r.layers)) return bad_field("layers");
     if (o["condemned"].get_bool().get(r.condemned) != simdjson::SUCCESS)

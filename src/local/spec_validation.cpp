@@ -1,5 +1,6 @@
 #include "local/spec_validation.hpp"
 
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -7,6 +8,27 @@ namespace moat {
 namespace {
 
 constexpr std::uint64_t min_memory_bytes = 16ull << 20;
+constexpr std::uint64_t min_tmpfs_bytes = 1ull << 20;
+constexpr std::uint32_t max_pids = 1'000'000;
+constexpr std::uint32_t max_millicores = 1'000'000;
+constexpr std::uint32_t min_open_files = 64;  // pid 1 keeps a few descriptors per command
+constexpr std::uint32_t max_open_files = 65536;
+
+// An explicit value outside [low, high]. 0 is always below `low`: for every limit the kernel
+// would read it as "no limit" (memory, pids, cpu quota, a tmpfs size) or as unusable.
+template <class Int>
+result<void> check_range(const std::optional<Int>& value, Int low, Int high, const char* field,
+                         const char* unit) {
+    if (!value || (*value >= low && *value <= high)) return {};
+    std::string detail = std::string("limits.") + field + ": " + std::to_string(*value) + unit;
+    if (high == std::numeric_limits<Int>::max()) {
+        detail += ", expected at least " + std::to_string(low) + unit;
+    } else {
+        detail += ", expected " + std::to_string(low) + " to " + std::to_string(high) + unit;
+    }
+    if (*value == 0) detail += " (0 would mean unlimited; leave it unset for the default)";
+    return make_error(errc::invalid_argument, std::move(detail));
+}
 
 bool is_printable(std::string_view s) {
     for (const char c : s) {
@@ -34,16 +56,7 @@ result<void> validate_spec(const sandbox_spec& spec) {
         return make_error(errc::invalid_argument,
                           "template_name: the local backend has only the default root ('')");
     }
-    if (l.memory_bytes != 0 && l.memory_bytes < min_memory_bytes) {
-        return make_error(errc::invalid_argument, "limits.memory_bytes: at least 16 MiB");
-    }
-    if (l.workspace_bytes == 0 || l.tmp_bytes == 0) {
-        return make_error(errc::invalid_argument,
-                          "limits: workspace_bytes and tmp_bytes must be > 0");
-    }
-    if (l.cpu_millicores > 1'000'000) {
-        return make_error(errc::invalid_argument, "limits.cpu_millicores: at most 1000000");
-    }
+    if (auto limits = validate_limits(l); !limits) return limits;
     if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
     if (spec.workdir.empty() || spec.workdir.front() != '/' ||
         spec.workdir.find('\0') != std::string::npos) {
@@ -55,6 +68,25 @@ result<void> validate_spec(const sandbox_spec& spec) {
         }
     }
     return validate_env(spec.env, "env");
+}
+
+result<void> validate_limits(const resource_limits& l) {
+    constexpr std::uint64_t no_max = ~std::uint64_t{0};
+    if (auto r = check_range(l.memory_bytes, min_memory_bytes, no_max, "memory_bytes", " bytes");
+        !r)
+        return r;
+    if (auto r = check_range<std::uint32_t>(l.pids, 1, max_pids, "pids", ""); !r) return r;
+    if (auto r = check_range<std::uint32_t>(l.cpu_millicores, 1, max_millicores, "cpu_millicores",
+                                            " millicores");
+        !r)
+        return r;
+    if (auto r =
+            check_range(l.workspace_bytes, min_tmpfs_bytes, no_max, "workspace_bytes", " bytes");
+        !r)
+        return r;
+    if (auto r = check_range(l.tmp_bytes, min_tmpfs_bytes, no_max, "tmp_bytes", " bytes"); !r)
+        return r;
+    return check_range(l.open_files, min_open_files, max_open_files, "open_files", "");
 }
 
 result<void> validate_exec(const exec_request& request, std::chrono::milliseconds ceiling) {
@@ -85,10 +117,9 @@ result<void> validate_ttl(std::chrono::milliseconds ttl) {
 }
 
 std::uint64_t effective_workspace_bytes(const resource_limits& limits) noexcept {
-    if (limits.memory_bytes != 0 && limits.workspace_bytes >= limits.memory_bytes) {
-        return limits.memory_bytes / 2;
-    }
-    return limits.workspace_bytes;
+    const resource_limits l = limits.with_defaults();
+    if (*l.workspace_bytes >= *l.memory_bytes) return *l.memory_bytes / 2;
+    return *l.workspace_bytes;
 }
 
 }  // namespace moat

@@ -9,13 +9,16 @@
 namespace moat {
 
 result<void> validate_spec(const sandbox_spec& spec);
+// The explicit limits of `limits` against the ranges documented in resource_limits.
+result<void> validate_limits(const resource_limits& limits);
 // `ceiling` is exec_request::max_wall_limit for a command, max_spawn_wall_limit for a spawn.
 result<void> validate_exec(const exec_request& request,
                            std::chrono::milliseconds ceiling = exec_request::max_wall_limit);
 result<void> validate_ttl(std::chrono::milliseconds ttl);
 
 // /workspace is a tmpfs charged to the sandbox's memory: a size at or above the memory limit is
-// clamped to half of it, so filling /workspace ends in ENOSPC rather than an OOM kill.
+// clamped to half of it, so filling /workspace ends in ENOSPC rather than an OOM kill. Unset
+// limits count as their defaults.
 std::uint64_t effective_workspace_bytes(const resource_limits& limits) noexcept;
 
 }  // namespace moat

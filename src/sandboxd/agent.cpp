@@ -149,9 +149,11 @@ bool write_at(int dir, const char* file, const char* text) {
 
 class agent {
   public:
-    agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner)
+    agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
+          bool survive_owner)
         : survive_owner_(survive_owner),
           max_processes_(max_processes),
+          open_files_(open_files),
           ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
 
     int run();
@@ -184,6 +186,7 @@ class agent {
     };
 
     bool setup();
+    bool limit_open_files();
     int poll_timeout_ms() const;
     void enforce_deadlines();
     void accept_connection();
@@ -226,6 +229,7 @@ class agent {
 
     bool survive_owner_;
     std::uint32_t max_processes_;
+    std::uint32_t open_files_;
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
     int command_cgroup_ = -1;           // see command_cgroup_fd
@@ -241,6 +245,22 @@ class agent {
     std::vector<pollfd> poll_fds_;
     std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
 };
+
+// The descriptor limit, soft and hard, of pid 1 and so of everything the sandbox runs: the
+// hard limit would otherwise be the application's (often 524288), which every process could
+// raise its soft limit to, together past the host's fs.file-max. Without a request (the
+// low-level tests) only the soft limit is lowered, as before.
+bool agent::limit_open_files() {
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return false;
+    if (open_files_ != 0) {
+        files.rlim_cur = open_files_;
+        files.rlim_max = open_files_;
+    } else if (files.rlim_cur > 1024) {
+        files.rlim_cur = 1024;
+    }
+    return ::setrlimit(RLIMIT_NOFILE, &files) == 0;
+}
 
 bool agent::setup() {
     // The helper ignores SIGPIPE and an ignored disposition survives exec: restore it so
@@ -267,11 +287,7 @@ bool agent::setup() {
     // command changes only its uid.
     const rlimit no_core{0, 0};
     if (::setrlimit(RLIMIT_CORE, &no_core) != 0) return false;
-    rlimit files{};
-    if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 1024) {
-        files.rlim_cur = 1024;
-        if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return false;
-    }
+    if (!limit_open_files()) return false;
     rlimit processes{};
     if (max_processes_ != 0 && ::getrlimit(RLIMIT_NPROC, &processes) == 0) {
         processes.rlim_max = std::min<rlim_t>(processes.rlim_max, max_processes_);
@@ -704,8 +720,9 @@ void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t
 
 }  // namespace
 
-int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner) {
-    agent a(ttl_ms, max_processes, survive_owner);
+int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
+              bool survive_owner) {
+    agent a(ttl_ms, max_processes, open_files, survive_owner);
     return a.run();
 }
 

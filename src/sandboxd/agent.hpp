@@ -42,6 +42,7 @@
 namespace moat::sandboxd {
 
 // Runs the agent. Returns the process exit code.
-int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, bool survive_owner);
+int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
+              bool survive_owner);
 
 }  // namespace moat::sandboxd

@@ -39,10 +39,19 @@ int write_limit(controller c, const std::string& dir, const cgroup_limits& limit
             // Memory + swap gets the same limit, so swap cannot extend a sandbox's memory. Without
             // swap accounting (no memsw files) the sandbox is told not to swap at all.
             file = "memory.memsw.limit_in_bytes";
-            const int err = write_number(dir, file, limits.memory_bytes);
-            if (err != ENOENT) return err;
-            file = "memory.swappiness";
-            return write_number(dir, file, 0);
+            if (const int err = write_number(dir, file, limits.memory_bytes); err == ENOENT) {
+                file = "memory.swappiness";
+                if (const int none = write_number(dir, file, 0)) return none;
+            } else if (err != 0) {
+                return err;
+            }
+            // v1 charges TCP socket buffers only once this limit is written (v2 charges them to
+            // memory.max by default), and to a counter of their own: without it a sandbox could
+            // queue gigabytes in loopback connections and push the host past net.ipv4.tcp_mem.
+            // A kernel without the file (v1 TCP accounting is deprecated) is left as it is.
+            file = "memory.kmem.tcp.limit_in_bytes";
+            const int err = write_number(dir, file, tcp_buffer_bytes(limits.memory_bytes));
+            return err == ENOENT ? 0 : err;
         }
         case controller::pids:
             file = "pids.max";

@@ -53,6 +53,12 @@ struct cgroup_limits {
     bool best_effort = false;          // skip a limit that cannot be set instead of failing
 };
 
+// cgroup v1: the limit of a sandbox's TCP socket buffers (memory.kmem.tcp.limit_in_bytes), a
+// quarter of its memory limit, charged besides it.
+constexpr std::uint64_t tcp_buffer_bytes(std::uint64_t memory_bytes) {
+    return memory_bytes / 4;
+}
+
 // One sandbox's cgroups.
 struct sandbox_cgroups {
     // Per controller, the directory whose counters describe the sandbox ("" = not in that

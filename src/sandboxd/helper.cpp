@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -366,8 +367,9 @@ void helper::setup() {
     if (agent_exe_fd_ < 0) {
         return fail_setup(moat::errc::layer_unavailable, errno, "helper: open /proc/self/exe");
     }
-    if (const int err = slots_.open(state_dir_)) {
-        return fail_setup(moat::errc::layer_unavailable, err, "helper: uid slot directory");
+    if (const int err = slots_.open()) {
+        return fail_setup(moat::errc::layer_unavailable, err,
+                          std::string("helper: uid range locks ") + host_lock_dir);
     }
     if (const int err = spawner_.init(template_path, std::move(filter), agent_exe_fd_, detail)) {
         return fail_setup(moat::errc::layer_unavailable, err, "helper: " + detail);
@@ -491,6 +493,15 @@ void helper::handle_create(const wire::create_message& m) {
     const bool best_effort = (m.flags & wire::create_best_effort) != 0;
     const bool survive_owner = (m.flags & wire::create_survive_owner) != 0;
 
+    // Only lowering is possible inside the sandbox (its pid 1 has no CAP_SYS_RESOURCE here).
+    rlimit own_files{};
+    if (m.open_files != 0 && ::getrlimit(RLIMIT_NOFILE, &own_files) == 0 &&
+        m.open_files > own_files.rlim_max) {
+        return send_create_failed(m.request_id, moat::errc::invalid_argument, 0,
+                                  "limits.open_files: " + std::to_string(m.open_files) +
+                                      " is above the application's hard RLIMIT_NOFILE " +
+                                      std::to_string(own_files.rlim_max));
+    }
     uid_slot slot;
     if (const int err = slots_.claim(slot)) {
         const auto code = err == EAGAIN ? moat::errc::limit_exceeded : moat::errc::backend_failure;
@@ -526,6 +537,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.tmp_bytes = m.tmp_bytes;
     request.ttl_ms = m.ttl_ms;
     request.max_processes = m.pids_max;
+    request.open_files = m.open_files;
     request.survive_owner = survive_owner;
     request.best_effort = best_effort;
     spawned_sandbox spawned;

@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
     if (mode == "agent") {
         std::uint64_t ttl_ms = 0;
         std::uint32_t max_processes = 0;
+        std::uint32_t open_files = 0;
         bool survive_owner = false;
         for (int i = 2; i < argc; ++i) {
             const std::string_view arg = argv[i];
@@ -97,6 +98,11 @@ int main(int argc, char** argv) {
                 const char* end = text + std::strlen(text);
                 const auto [ptr, ec] = std::from_chars(text, end, max_processes);
                 if (ec != std::errc() || ptr != end) return usage();
+            } else if (arg == "--open-files" && i + 1 < argc) {
+                const char* text = argv[++i];
+                const char* end = text + std::strlen(text);
+                const auto [ptr, ec] = std::from_chars(text, end, open_files);
+                if (ec != std::errc() || ptr != end) return usage();
             } else if (arg == "--survive-owner") {
                 survive_owner = true;
             } else {
@@ -104,7 +110,7 @@ int main(int argc, char** argv) {
             }
         }
         ::prctl(PR_SET_NAME, "moat-agent", 0, 0, 0);
-        return moat::sandboxd::run_agent(ttl_ms, max_processes, survive_owner);
+        return moat::sandboxd::run_agent(ttl_ms, max_processes, open_files, survive_owner);
     }
     return usage();
 }

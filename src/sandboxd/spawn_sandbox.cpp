@@ -140,6 +140,7 @@ enum class step : int {
     mask_proc,
     sethostname,
     loopback,
+    socket_buffers,
     proc_sys_read_only,
     rlimit_core,
     arrange_fds,
@@ -174,6 +175,7 @@ constexpr const char* step_names[] = {
     "mask /proc entries",
     "sethostname",
     "loopback up",
+    "net.ipv4.tcp_rmem / tcp_wmem",
     "read-only /proc/sys",
     "RLIMIT_CORE",
     "arrange fds",
@@ -208,7 +210,8 @@ struct child_args {
     sock_fprog filter;
     char ttl_text[24];
     char max_processes_text[24];
-    const char* argv[8];
+    char open_files_text[24];
+    const char* argv[10];
     const char* envp[2];
     int failed_step;
     int failed_errno;
@@ -242,6 +245,23 @@ void bring_up_loopback(child_args& a) {
     request.ifr_flags = static_cast<short>(request.ifr_flags | IFF_UP | IFF_RUNNING);
     checked(a, step::loopback, SYS_ioctl, fd, SIOCSIFFLAGS, &request);
     raw(SYS_close, fd);
+}
+
+// The sandbox's own network namespace gets small TCP buffers (the sysctls are per namespace; the
+// pool, net.ipv4.tcp_mem, is the host's). The memory cgroup charges socket buffers, but the kernel
+// lets every socket past a full charge for one packet on each side; with the host defaults
+// (initial buffers 128 KiB to receive, sender autotuning to 4 MiB) that floor was ~64 KiB per
+// connection: ~4x the memory limit of a sandbox with thousands of idle connections. With these,
+// ~11 KiB. Written through the fresh /proc (relative to the template root), before anything makes
+// /proc/sys read-only.
+void limit_socket_buffers(child_args& a) {
+    static constexpr char sizes[] = "4096 16384 1048576";  // min, initial, autotuning max
+    for (const char* file : {"proc/sys/net/ipv4/tcp_rmem", "proc/sys/net/ipv4/tcp_wmem"}) {
+        const long fd =
+            checked(a, step::socket_buffers, SYS_openat, AT_FDCWD, file, O_WRONLY | O_CLOEXEC);
+        checked(a, step::socket_buffers, SYS_write, fd, sizes, sizeof sizes - 1);
+        raw(SYS_close, fd);
+    }
 }
 
 // A fresh, empty session keyring: the inherited one is the embedding process's (often the login
@@ -396,6 +416,7 @@ int child_main(void* opaque) {
     // A fresh /proc may only be mounted while a full one is visible: before pivot_root.
     checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
             MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    limit_socket_buffers(a);
     mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
     mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
     mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
@@ -588,8 +609,11 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.argv[3] = args.ttl_text;
     args.argv[4] = "--max-processes";
     args.argv[5] = args.max_processes_text;
-    args.argv[6] = request.survive_owner ? "--survive-owner" : nullptr;
-    args.argv[7] = nullptr;
+    std::snprintf(args.open_files_text, sizeof args.open_files_text, "%u", request.open_files);
+    args.argv[6] = "--open-files";
+    args.argv[7] = args.open_files_text;
+    args.argv[8] = request.survive_owner ? "--survive-owner" : nullptr;
+    args.argv[9] = nullptr;
     args.envp[0] = "PATH=/usr/bin:/bin";
     args.envp[1] = nullptr;
 

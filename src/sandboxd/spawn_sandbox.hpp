@@ -40,6 +40,7 @@ struct spawn_request {
     std::uint64_t tmp_bytes = 0;        // /tmp and /dev/shm, same rule
     std::uint64_t ttl_ms = 0;
     std::uint32_t max_processes = 0;  // RLIMIT_NPROC of commands (0 = none); see agent.hpp
+    std::uint32_t open_files = 0;     // RLIMIT_NOFILE in the sandbox (0 = inherited)
     bool survive_owner = false;
     int listen_socket = -1;    // survivors: the bound attach socket, passed to the agent as fd 7
     bool best_effort = false;  // for the cgroup attach

@@ -104,14 +104,16 @@ struct create_message {
     header h;
     std::uint64_t request_id;
     char sandbox_id[sandbox_id_bytes];
-    std::uint64_t memory_bytes;     // cgroup memory limit; 0 = none
+    // The library always sends every limit (resource_limits::with_defaults); 0 keeps the
+    // kernel's "no limit" for the low-level tests of the helper.
+    std::uint64_t memory_bytes;     // cgroup memory limit (v1: and TCP buffers); 0 = none
     std::uint64_t workspace_bytes;  // tmpfs size of /workspace
     std::uint64_t tmp_bytes;        // tmpfs size of /tmp and of /dev/shm
     std::uint64_t ttl_ms;           // pid 1 ends the sandbox after this long; 0 = never
     std::uint32_t pids_max;         // cgroup pids limit; 0 = none
     std::uint32_t cpu_millicores;   // cgroup cpu quota, 1000 = one core; 0 = none
     std::uint32_t flags;            // create_flags
-    std::uint32_t reserved;
+    std::uint32_t open_files;       // RLIMIT_NOFILE (soft and hard) in the sandbox; 0 = inherited
 };
 
 struct created_message {

@@ -3,7 +3,7 @@
 //   <state_dir>/                0711, root: searchable so sandbox setup (unprivileged host uids)
 //                               reaches the read-only template
 //   <state_dir>/template/       the template root (helper)
-//   <state_dir>/uids/           one lock file per uid range (helper)
+//   (uid range locks are host-wide, not here: see sandboxd/uid_slots.hpp)
 //   <state_dir>/sandboxes/      0700, root: per sandbox
 //       <id>.json               its record (written by the library, atomically; 0600)
 //       <id>.sock               survivors: the attach socket its pid 1 listens on (0600)
