@@ -118,8 +118,9 @@ std::string run_on_host(const std::string& binary, const std::vector<sock_filter
     int out[2];
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     sock_fprog program{};
-    sock_fprog command_program{static_cast<unsigned short>(std::size(moat::sandboxd::command_filter)),
-                               const_cast<sock_filter*>(moat::sandboxd::command_filter)};
+    sock_fprog command_program{
+        static_cast<unsigned short>(std::size(moat::sandboxd::command_filter)),
+        const_cast<sock_filter*>(moat::sandboxd::command_filter)};
     if (filter != nullptr) {
         program.len = static_cast<unsigned short>(filter->size());
         program.filter = const_cast<sock_filter*>(filter->data());

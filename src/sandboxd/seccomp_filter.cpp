@@ -119,7 +119,8 @@ constexpr const char* denied[] = {
 // clang-format on
 
 // clone's flags word also carries the exit signal in its low byte, so CLONE_NEWTIME (0x80) cannot
-// be filtered there; it is only reachable through clone3 (closed to commands by command_filter) and unshare (denied).
+// be filtered there; it is only reachable through clone3 (closed to commands by command_filter) and
+// unshare (denied).
 constexpr unsigned long clone_namespace_flags = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS |
                                                 CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID |
                                                 CLONE_NEWNET;
