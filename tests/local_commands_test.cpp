@@ -37,6 +37,16 @@ bool host_has_cgroup2() {
     return false;
 }
 
+// Ends the test case with a message where per-command cgroups cannot exist.
+#define MOAT_SKIP_WITHOUT_CGROUP2()                                                             \
+    do {                                                                                        \
+        if (!host_has_cgroup2()) {                                                              \
+            MESSAGE(                                                                            \
+                "SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host"); \
+            return;                                                                             \
+        }                                                                                       \
+    } while (false)
+
 // The sandbox's cgroup2 directory of `init` (the host pid of pid 1): <mount><path>, or "".
 std::string unified_cgroup_of(pid_t init) {
     std::string mount;
@@ -96,10 +106,7 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
                   "a process an exec started with setsid is killed when the exec ends, while a "
                   "spawned service keeps running") {
     MOAT_REQUIRE_NAMESPACES();
-    if (!host_has_cgroup2()) {
-        MESSAGE("SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host");
-        return;
-    }
+    MOAT_SKIP_WITHOUT_CGROUP2();
     const auto box = create();
     REQUIRE(has_layer(box, "command_cgroups"));
     const pid_t init = *box.host_pid;
@@ -132,10 +139,7 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
                   "an exec whose escaped process holds its output pipe returns when its main "
                   "process ends, long before its wall limit") {
     MOAT_REQUIRE_NAMESPACES();
-    if (!host_has_cgroup2()) {
-        MESSAGE("SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host");
-        return;
-    }
+    MOAT_SKIP_WITHOUT_CGROUP2();
     const auto box = create();
     const pid_t init = *box.host_pid;
     auto service = spawn_service(*this, box.id, "exec sleep 4141");
@@ -157,10 +161,7 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
 TEST_CASE_FIXTURE(moat::test::local_fixture,
                   "per-command cgroups are reused, never pile up, and are gone after destroy") {
     MOAT_REQUIRE_NAMESPACES();
-    if (!host_has_cgroup2()) {
-        MESSAGE("SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host");
-        return;
-    }
+    MOAT_SKIP_WITHOUT_CGROUP2();
     const auto box = create();
     const pid_t init = *box.host_pid;
     const std::string init_dir = unified_cgroup_of(init);
@@ -240,10 +241,7 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
 
 TEST_CASE("a survivor's per-command cgroups are gone after another backend destroys it") {
     MOAT_REQUIRE_NAMESPACES();
-    if (!host_has_cgroup2()) {
-        MESSAGE("SKIPPED: no cgroup2 mount: per-command cgroups are unavailable on this host");
-        return;
-    }
+    MOAT_SKIP_WITHOUT_CGROUP2();
     moat::test::local_fixture creator;
     moat::sandbox_spec spec;
     spec.survive_owner = true;

@@ -115,31 +115,17 @@ void check_refused(moat::test::local_fixture& f, moat::sandbox_spec spec, const 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
                   "an explicit 0 for a limit where 0 would mean unlimited is refused, naming it") {
     MOAT_REQUIRE_NAMESPACES();
-    {
+    // Each field set to 0 on its own, everything else left to the defaults.
+    const auto refused_alone = [this](auto set_zero, const char* field) {
         moat::sandbox_spec spec;
-        spec.limits.memory_bytes = 0;
-        check_refused(*this, spec, "memory_bytes");
-    }
-    {
-        moat::sandbox_spec spec;
-        spec.limits.pids = 0;
-        check_refused(*this, spec, "pids");
-    }
-    {
-        moat::sandbox_spec spec;
-        spec.limits.cpu_millicores = 0;
-        check_refused(*this, spec, "cpu_millicores");
-    }
-    {
-        moat::sandbox_spec spec;
-        spec.limits.workspace_bytes = 0;
-        check_refused(*this, spec, "workspace_bytes");
-    }
-    {
-        moat::sandbox_spec spec;
-        spec.limits.tmp_bytes = 0;
-        check_refused(*this, spec, "tmp_bytes");
-    }
+        set_zero(spec.limits);
+        check_refused(*this, spec, field);
+    };
+    refused_alone([](moat::resource_limits& l) { l.memory_bytes = 0; }, "memory_bytes");
+    refused_alone([](moat::resource_limits& l) { l.pids = 0; }, "pids");
+    refused_alone([](moat::resource_limits& l) { l.cpu_millicores = 0; }, "cpu_millicores");
+    refused_alone([](moat::resource_limits& l) { l.workspace_bytes = 0; }, "workspace_bytes");
+    refused_alone([](moat::resource_limits& l) { l.tmp_bytes = 0; }, "tmp_bytes");
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
