@@ -182,6 +182,35 @@ TEST_CASE_FIXTURE(local_fixture,
 }
 
 TEST_CASE_FIXTURE(local_fixture,
+                  "a stream cancelled just as its command started kills it and says cancelled") {
+    MOAT_REQUIRE_NAMESPACES();
+    // `moat run -- sleep 1000` and Ctrl-C as the sleep started: the cancellation used to be
+    // consumed by the handle's wait, and the stream ran on to its wall limit.
+    moat::test::fault_injecting_backend hooked(*local);
+    moat::runtime rt(hooked);
+    auto box = create_handle(*this, rt);
+    const pid_t init = *box->info().host_pid;
+    using stream_slot = outcome_slot<moat::result<moat::exec_stream>>;
+    for (int round = 0; round < 3; ++round) {
+        CAPTURE(round);
+        auto stream = std::make_shared<stream_slot>();
+        auto starting = box->async_exec_stream(shell("sleep 4545"));
+        const auto task = tasks.spawn(capture(std::move(starting), stream));
+        hooked.on_stream_started = [&, task] { tasks.cancel(task); };
+        REQUIRE(run(until([&] { return stream->done(); })));
+        CHECK_MESSAGE(stream->escaped.empty(), stream->escaped);
+        REQUIRE(stream->value);
+        REQUIRE_FALSE(*stream->value);
+        CHECK(stream->value->error().code == moat::errc::cancelled);
+        CHECK(run(until([&] { return moat::test::find_descendant(init, "sleep 4545") < 0; })));
+        auto next = next_exec(*this, *box);
+        REQUIRE_MESSAGE(next, next.error().to_string());
+        CHECK(box->state() == moat::handle_state::ready);
+    }
+    REQUIRE(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
                   "a create cancelled just as admission lets it in gives its slot back") {
     MOAT_REQUIRE_NAMESPACES();
     std::function<void()> on_first_created;

@@ -11,6 +11,8 @@
 
 #include <asio/this_coro.hpp>
 
+#include <type_traits>
+
 namespace moat {
 namespace {
 
@@ -250,6 +252,17 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
     }
     result<T> outcome = std::move(*op->outcome);
     if (!outcome && is_quarantine_cause(outcome.error())) self->quarantine(outcome.error());
+    if constexpr (std::is_same_v<T, exec_stream>) {
+        // The command started just as the caller's cancellation or deadline arrived: the wait
+        // above consumed it, so a stream handed back now would run on unobserved (until its wall
+        // limit). Dropping it kills the command, as a stop during the start would have.
+        if (stopped_by && outcome) {
+            outcome = result<T>{};
+            co_return make_error(*stopped_by, std::string(what) + " was stopped by its " +
+                                                  stop_name + " as the command started; " +
+                                                  "the command was killed");
+        }
+    }
     if (stopped_by && !outcome && outcome.error().code == errc::cancelled) {
         co_return make_error(*stopped_by, std::string(what) + " was stopped by its " + stop_name +
                                               "; " + outcome.error().detail);

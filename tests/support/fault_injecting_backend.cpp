@@ -8,6 +8,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <memory>
+#include <utility>
 
 namespace moat::test {
 namespace {
@@ -69,6 +70,13 @@ asio::awaitable<result<exec_result>> fault_injecting_backend::async_exec(std::st
         co_await state->done.async_wait(deadline::never());
     }
     co_return std::move(*state->outcome);
+}
+
+asio::awaitable<result<exec_stream>> fault_injecting_backend::async_exec_stream(
+    std::string id, exec_request request) {
+    auto started = co_await real_.async_exec_stream(std::move(id), std::move(request));
+    if (started && on_stream_started) std::exchange(on_stream_started, nullptr)();
+    co_return started;
 }
 
 }  // namespace moat::test

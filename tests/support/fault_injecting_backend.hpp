@@ -6,6 +6,7 @@
 #include <moat/backend.hpp>
 #include <moat/task_group.hpp>
 
+#include <functional>
 #include <optional>
 
 namespace moat::test {
@@ -24,6 +25,9 @@ class fault_injecting_backend final : public backend {
     // handle and the backend); stop_grace() counts the delay, as a real backend with such a hop
     // would.
     std::chrono::milliseconds stop_delay{0};
+    // Called once, synchronously, when the next real stream has started and before the caller
+    // learns of it: the exact point where a caller's cancellation races a command's start.
+    std::function<void()> on_stream_started;
 
     asio::any_io_executor get_executor() const override { return real_.get_executor(); }
     std::string name() const override { return "fault-injecting " + real_.name(); }
@@ -51,9 +55,7 @@ class fault_injecting_backend final : public backend {
     }
     asio::awaitable<result<exec_result>> async_exec(std::string id, exec_request request) override;
     asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
-                                                           exec_request request) override {
-        return real_.async_exec_stream(std::move(id), std::move(request));
-    }
+                                                           exec_request request) override;
     asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
         return real_.async_spawn(std::move(id), std::move(request));
     }
