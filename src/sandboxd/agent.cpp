@@ -173,7 +173,15 @@ long exec_search(const command_args& a) {
     sock_fprog no_clone3{static_cast<unsigned short>(std::size(command_filter)),
                          const_cast<sock_filter*>(command_filter)};
     if ((r = raw(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &no_clone3)) != 0) command_fail(a, r);
+    // The uid in two steps, because the child shares pid 1's memory: with only the effective uid
+    // changed, sandbox code can neither signal, stop nor ptrace the child (its real and saved
+    // uids are still 0); then the memory is made non-dumpable (the euid change set it to the
+    // host's fs.suid_dumpable, which may be 1), so that once the child has the sandbox's uid
+    // entirely, /proc/<child>/mem does not open pid 1's memory to sandbox code. The second
+    // change keeps the euid, so it leaves dumpability alone.
     const uid_t user = wire::sandbox_user_id;
+    if ((r = raw(SYS_setresuid, -1, user, -1)) != 0) command_fail(a, r);
+    if ((r = raw(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0)) != 0) command_fail(a, r);
     if ((r = raw(SYS_setresuid, user, user, user)) != 0) command_fail(a, r);
     if ((r = raw(SYS_chdir, a.cwd)) != 0) command_fail(a, r);
     const unsigned long no_signals = 0;  // the kernel's sigset_t
