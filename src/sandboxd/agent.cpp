@@ -203,13 +203,33 @@ struct start_block {
     command_args* args = nullptr;
 };
 
-void free_block(void*& base, std::size_t bytes) {
-    if (base != nullptr) ::munmap(base, bytes);
+// Start blocks, a few kept for reuse: most requests fit the usual size, and a kept block has its
+// guard and its touched pages already (no mmap, mprotect, page faults or munmap per exec).
+class start_blocks {
+  public:
+    // Lays out a start block for `request`; false with errno set if there is no memory for it.
+    bool make(const wire::exec_request_view& request, start_block& out);
+    // The child that used it has exec'd or died (base is null afterwards).
+    void release(void*& base, std::size_t bytes);
+
+  private:
+    static constexpr std::size_t usual_bytes = 4096 + child_stack_bytes + 64 * 1024;
+    static constexpr std::size_t kept = 2;
+    void* spare_[kept] = {};
+    std::size_t spares_ = 0;
+};
+
+void start_blocks::release(void*& base, std::size_t bytes) {
+    if (base == nullptr) return;
+    if (bytes == usual_bytes && spares_ < kept) {
+        spare_[spares_++] = base;
+    } else {
+        ::munmap(base, bytes);
+    }
     base = nullptr;
 }
 
-// Lays out a start block for `request`; false with errno set if there is no memory for it.
-bool make_start_block(const wire::exec_request_view& request, start_block& out) {
+bool start_blocks::make(const wire::exec_request_view& request, start_block& out) {
     const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const std::size_t argc = request.argv.size();
     const std::size_t pointers = (argc + 1) + (argc + 2) + (request.env.size() + 1);
@@ -218,15 +238,21 @@ bool make_start_block(const wire::exec_request_view& request, start_block& out) 
     for (auto s : request.env) strings += s.size() + 1;
     const std::size_t bytes =
         page + child_stack_bytes + sizeof(command_args) + pointers * sizeof(char*) + strings;
-    const std::size_t mapped = (bytes + page - 1) / page * page;
-    void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (base == MAP_FAILED) return false;
-    if (::mprotect(base, page, PROT_NONE) != 0) {
-        const int err = errno;
-        ::munmap(base, mapped);
-        errno = err;
-        return false;
+    const bool usual = bytes <= usual_bytes && usual_bytes % page == 0;
+    const std::size_t mapped = usual ? usual_bytes : (bytes + page - 1) / page * page;
+    void* base = nullptr;
+    if (usual && spares_ > 0) {
+        base = spare_[--spares_];
+    } else {
+        base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (base == MAP_FAILED) return false;
+        if (::mprotect(base, page, PROT_NONE) != 0) {
+            const int err = errno;
+            ::munmap(base, mapped);
+            errno = err;
+            return false;
+        }
     }
     char* at = static_cast<char*>(base) + page + child_stack_bytes;
     auto* args = new (at) command_args{};
@@ -326,7 +352,7 @@ class agent {
         bool timed_out = false;
         bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
         int spawn_errno = 0;   // what the child reported before it could exec
-        // Its start block (make_start_block), unmapped once the child has exec'd or died.
+        // Its start block (start_blocks), released once the child has exec'd or died.
         void* block = nullptr;
         std::size_t block_bytes = 0;
     };
@@ -394,6 +420,7 @@ class agent {
     int signal_fd_ = -1;
     std::vector<connection> connections_;
     std::vector<command> commands_;
+    start_blocks blocks_;
     std::vector<pollfd> poll_fds_;
     std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
 };
@@ -613,7 +640,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     }
     // A copy of what the child reads, which must outlive this record until the child has exec'd.
     start_block block;
-    if (!make_start_block(request, block)) {
+    if (!blocks_.make(request, block)) {
         const int err = errno;
         for (const int f : fds) ::close(f);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, now_us());
@@ -628,7 +655,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         const int err = errno;
         for (const int f : fds) ::close(f);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
-        free_block(block.base, block.bytes);
+        blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, start);
         return;
     }
@@ -645,7 +672,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     if (pid < 0) {
         ::close(status[0]);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
-        free_block(block.base, block.bytes);
+        blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, clone_errno, start);
         return;
     }
@@ -669,7 +696,7 @@ void agent::check_starts() {
             c.started = true;
             ::close(c.status_pipe);
             c.status_pipe = -1;
-            free_block(c.block, c.block_bytes);
+            blocks_.release(c.block, c.block_bytes);
             auto started = wire::make_message<wire::started_message>(wire::message_type::started);
             started.exec_id = c.exec_id;
             started.pid = c.pid;
@@ -847,7 +874,7 @@ void agent::reap() {
         for (std::size_t i = 0; i < commands_.size(); ++i) {
             command c = commands_[i];
             if (c.pid != pid) continue;
-            free_block(c.block, c.block_bytes);
+            blocks_.release(c.block, c.block_bytes);
             // Background processes die with the command: its process group always, and where it
             // has a cgroup of its own, everything in it.
             ::kill(-c.pid, SIGKILL);
