@@ -135,6 +135,70 @@ TEST_CASE_FIXTURE(local_fixture, "exit codes, stdout and stderr come back separa
     destroy(box.id);
 }
 
+// pid 1 searches PATH itself (its command child shares pid 1's memory and must not set
+// `environ`): the same entries, order and errors as execvp.
+TEST_CASE_FIXTURE(local_fixture, "argv[0] is looked up in the request's PATH as execvp would") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const auto setup = sh(box.id,
+                          "mkdir -p /tmp/denied /tmp/found /tmp/plain /tmp/first && "
+                          "touch /tmp/file && "
+                          "printf '#!/bin/sh\\necho denied\\n' > /tmp/denied/tool && "
+                          "printf '#!/bin/sh\\necho found \"$@\"\\n' > /tmp/found/tool && "
+                          "printf '#!/bin/sh\\necho first\\n' > /tmp/first/tool && "
+                          "printf 'echo plain \"$@\"\\n' > /tmp/plain/tool && "
+                          "chmod 644 /tmp/denied/tool && chmod 755 /tmp/found/tool "
+                          "/tmp/first/tool /tmp/plain/tool");
+    REQUIRE(setup.exit_code == 0);
+    const auto exec = [&](std::vector<std::string> argv, std::string path, std::string cwd = {}) {
+        moat::exec_request request;
+        request.argv = std::move(argv);
+        request.env["PATH"] = std::move(path);
+        request.cwd = std::move(cwd);
+        auto r = run(local->async_exec(box.id, request));
+        REQUIRE(r);
+        return *r;
+    };
+    // Missing, not a directory, not executable (remembered), then found: the found one runs
+    // with its arguments, and an entry after it is never tried.
+    const auto found =
+        exec({"tool", "a", "b c"}, "/tmp/missing:/tmp/file:/tmp/denied:/tmp/found:/tmp/first");
+    CHECK(found.exit_code == 0);
+    CHECK(found.out.text() == "found a b c\n");
+    // Only a file that may not run: EACCES, not the ENOENT of the entries after it.
+    const auto denied = exec({"tool"}, "/tmp/denied:/tmp/missing");
+    CHECK(denied.exit_code == 126);
+    CHECK(denied.err.text() == "moat: cannot run 'tool': Permission denied\n");
+    // Otherwise the last entry's error.
+    const auto missing = exec({"tool"}, "/tmp/file:/tmp/missing");
+    CHECK(missing.exit_code == 127);
+    CHECK(missing.err.text() == "moat: cannot run 'tool': No such file or directory\n");
+    const auto not_directory = exec({"tool"}, "/tmp/missing:/tmp/file");
+    CHECK(not_directory.err.text() == "moat: cannot run 'tool': Not a directory\n");
+    // A script without #! runs with /bin/sh, its arguments after it.
+    const auto plain = exec({"tool", "x", "y"}, "/tmp/plain");
+    CHECK(plain.out.text() == "plain x y\n");
+    // An empty entry is the working directory; a name with a slash is not searched.
+    const auto here = exec({"tool"}, "/tmp/missing::/tmp/first", "/tmp/found");
+    CHECK(here.out.text() == "found\n");
+    const auto relative = exec({"./tool"}, "/tmp/first", "/tmp/found");
+    CHECK(relative.out.text() == "found\n");
+    const auto long_name = exec({std::string(300, 'n')}, "/tmp/found");
+    CHECK(long_name.err.text().find("File name too long") != std::string::npos);
+
+    // Close to the record's cap: every argument and the environment arrive intact.
+    std::vector<std::string> many = {"sh", "-c", "echo $# ${#BIG} $1 ${600}", "sh"};
+    for (int i = 1; i <= 600; ++i) many.push_back(std::to_string(i) + std::string(150, 'a'));
+    moat::exec_request large;
+    large.argv = many;
+    large.env["BIG"] = std::string(20000, 'b');
+    const auto big = run(local->async_exec(box.id, large));
+    REQUIRE(big);
+    CHECK(big->out.text() ==
+          "600 20000 1" + std::string(150, 'a') + " 600" + std::string(150, 'a') + "\n");
+    destroy(box.id);
+}
+
 TEST_CASE_FIXTURE(local_fixture, "stdin bytes reach the program and then end") {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();

@@ -8,6 +8,7 @@
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -19,14 +20,18 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <csignal>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "sandboxd/raw_syscall.hpp"
 #include "sandboxd/seccomp_filter.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
@@ -63,50 +68,220 @@ int read_cap_last_cap() {
     return cap;
 }
 
-// What the command child needs. It is a copy of pid 1 (no CLONE_VM, no CLONE_VFORK): pid 1 never
-// waits for it, so nothing the child meets before exec (sandbox code can SIGSTOP it once it has
-// the sandbox's uid) can stall pid 1.
+// What a command child reads. With clone3_run the child shares pid 1's memory (CLONE_VM) but pid 1
+// does not wait for it (no CLONE_VFORK): nothing the child meets before exec (sandbox code can
+// SIGSTOP it once it has the sandbox's uid) can stall pid 1, and pid 1 copies no page tables and
+// takes no copy-on-write faults afterwards. So the child makes only raw system calls (errno is
+// pid 1's), writes nothing of pid 1's (not `environ`: it searches PATH itself), and reads only
+// its start block: the stack it runs on, this struct and copies of the request's strings, one
+// mapping pid 1 keeps until the child has exec'd or died (command::block).
 struct command_args {
     int stdio[3];
-    const char* cwd;
-    char* const* argv;
-    char** envp;
     int status_pipe;  // close-on-exec write end: the errno if the child fails, EOF once it execs
     int join_procs;   // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
+    const char* cwd;
+    char* const* argv;
+    std::size_t argc;
+    char* const* envp;
+    const char* path;   // the value of the request's PATH, or null
+    char** shell_argv;  // room for argc + 2 pointers: a script the kernel cannot run, see exec_file
 };
 
-[[noreturn]] void command_fail(const command_args& a) {
-    const int err = errno != 0 ? errno : EINVAL;
-    (void)::write(a.status_pipe, &err, sizeof err);
-    ::_exit(127);
+[[noreturn]] void command_fail(const command_args& a, long result) {
+    const int err = result < 0 ? static_cast<int>(-result) : EINVAL;
+    raw(SYS_write, a.status_pipe, &err, sizeof err);
+    raw(SYS_exit_group, 127);
+    __builtin_unreachable();
+}
+
+// execve, and as execvp does for a file the kernel cannot run (ENOEXEC, a script without #!):
+// the file run by /bin/sh. The result of the last execve.
+long exec_file(const command_args& a, const char* file) {
+    const long result = raw(SYS_execve, file, a.argv, a.envp);
+    if (result != -ENOEXEC) return result;
+    char** shell = a.shell_argv;
+    shell[0] = const_cast<char*>("/bin/sh");
+    shell[1] = const_cast<char*>(file);
+    shell[2] = nullptr;
+    for (std::size_t i = 1; i <= a.argc; ++i) shell[i + 1] = a.argv[i];  // argv[argc] is null
+    return raw(SYS_execve, "/bin/sh", shell, a.envp);
+}
+
+// execvp(argv[0]) without libc: a name with a slash is run as it is; otherwise each PATH entry
+// in turn (an empty one is the working directory; no PATH means /bin:/usr/bin) until one runs or
+// fails with an error other than "not there" (ENOENT, ENOTDIR, ESTALE, ENODEV, ETIMEDOUT) or
+// EACCES, which is returned if no entry ran. The result of the failed execve.
+long exec_search(const command_args& a) {
+    const char* file = a.argv[0];
+    std::size_t file_bytes = 0;
+    bool slash = false;
+    while (file[file_bytes] != '\0') {
+        slash = slash || file[file_bytes] == '/';
+        ++file_bytes;
+    }
+    if (file_bytes == 0) return -ENOENT;
+    if (slash) return exec_file(a, file);
+    if (file_bytes > NAME_MAX) return -ENAMETOOLONG;
+    const char* entry = a.path != nullptr ? a.path : "/bin:/usr/bin";
+    char candidate[PATH_MAX + NAME_MAX + 2];
+    long result = -ENOENT;
+    bool denied = false;
+    for (;;) {
+        std::size_t entry_bytes = 0;
+        while (entry[entry_bytes] != '\0' && entry[entry_bytes] != ':') ++entry_bytes;
+        if (entry_bytes < PATH_MAX) {  // a longer entry is skipped, as execvp does
+            std::size_t n = 0;
+            for (; n < entry_bytes; ++n) candidate[n] = entry[n];
+            if (n > 0) candidate[n++] = '/';
+            for (std::size_t i = 0; i <= file_bytes; ++i) candidate[n + i] = file[i];
+            result = exec_file(a, candidate);
+            switch (-result) {
+                case EACCES:
+                    denied = true;
+                    break;
+                case ENOENT:
+                case ESTALE:
+                case ENOTDIR:
+                case ENODEV:
+                case ETIMEDOUT:
+                    break;
+                default:
+                    return result;  // found, but it could not run
+            }
+        }
+        if (entry[entry_bytes] == '\0') break;
+        entry += entry_bytes + 1;
+    }
+    return denied ? -EACCES : result;
 }
 
 [[noreturn]] void command_main(const command_args& a) {
-    if (a.join_procs >= 0 && ::write(a.join_procs, "0", 1) != 1) command_fail(a);
-    ::setsid();
+    long r = 0;
+    if (a.join_procs >= 0 && (r = raw(SYS_write, a.join_procs, "0", 1)) != 1) command_fail(a, r);
+    raw(SYS_setsid);
     for (int fd = 0; fd < 3; ++fd) {
-        if (::dup2(a.stdio[fd], fd) < 0) command_fail(a);
+        // dup2: a descriptor already in place stays as it is.
+        r = a.stdio[fd] == fd ? raw(SYS_fcntl, fd, F_GETFD) : raw(SYS_dup3, a.stdio[fd], fd, 0);
+        if (r < 0) command_fail(a, r);
     }
     // Everything above 2 closes at exec, the status pipe included.
-    if (::close_range(3, ~0u, CLOSE_RANGE_CLOEXEC) != 0) command_fail(a);
+    if ((r = raw(SYS_close_range, 3, ~0u, CLOSE_RANGE_CLOEXEC)) != 0) command_fail(a, r);
     // Limits, the bounding set and the groups were set once in pid 1 (agent::setup) and are
     // inherited; what is left here is what must differ from pid 1.
-    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) command_fail(a);
+    if ((r = raw(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)) != 0)
+        command_fail(a, r);
     sock_fprog no_clone3{static_cast<unsigned short>(std::size(command_filter)),
                          const_cast<sock_filter*>(command_filter)};
-    if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &no_clone3) != 0) command_fail(a);
-    // Raw calls: glibc's set*id wrappers would try to broadcast to other threads.
+    if ((r = raw(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &no_clone3)) != 0) command_fail(a, r);
+    // The uid in two steps, because the child shares pid 1's memory: with only the effective uid
+    // changed, sandbox code can neither signal, stop nor ptrace the child (its real and saved
+    // uids are still 0); then the memory is made non-dumpable (the euid change set it to the
+    // host's fs.suid_dumpable, which may be 1), so that once the child has the sandbox's uid
+    // entirely, /proc/<child>/mem does not open pid 1's memory to sandbox code. The second
+    // change keeps the euid, so it leaves dumpability alone.
     const uid_t user = wire::sandbox_user_id;
-    if (::syscall(SYS_setresuid, user, user, user) != 0) command_fail(a);
-    if (::chdir(a.cwd) != 0) command_fail(a);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    // execvp searches the PATH of `environ`, so the request's environment must be in place (this
-    // is the child's own copy of it).
-    environ = a.envp;
-    ::execvp(a.argv[0], a.argv);
-    command_fail(a);
+    if ((r = raw(SYS_setresuid, -1, user, -1)) != 0) command_fail(a, r);
+    if ((r = raw(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0)) != 0) command_fail(a, r);
+    if ((r = raw(SYS_setresuid, user, user, user)) != 0) command_fail(a, r);
+    if ((r = raw(SYS_chdir, a.cwd)) != 0) command_fail(a, r);
+    const unsigned long no_signals = 0;  // the kernel's sigset_t
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, &no_signals, nullptr, sizeof no_signals);
+    command_fail(a, exec_search(a));
+}
+
+int command_child(void* args) {
+    command_main(*static_cast<const command_args*>(args));
+}
+
+// The mapping a command child runs on and reads (command_args): a guard page, the stack, then the
+// arguments and the request's strings, copied out of the receive buffer pid 1 reuses.
+constexpr std::size_t child_stack_bytes = 64 * 1024;
+
+struct start_block {
+    void* base = nullptr;
+    std::size_t bytes = 0;
+    command_args* args = nullptr;
+};
+
+// Start blocks, a few kept for reuse: most requests fit the usual size, and a kept block has its
+// guard and its touched pages already (no mmap, mprotect, page faults or munmap per exec).
+class start_blocks {
+  public:
+    // Lays out a start block for `request`; false with errno set if there is no memory for it.
+    bool make(const wire::exec_request_view& request, start_block& out);
+    // The child that used it has exec'd or died (base is null afterwards).
+    void release(void*& base, std::size_t bytes);
+
+  private:
+    static constexpr std::size_t usual_bytes = 4096 + child_stack_bytes + 64 * 1024;
+    static constexpr std::size_t kept = 2;
+    void* spare_[kept] = {};
+    std::size_t spares_ = 0;
+};
+
+void start_blocks::release(void*& base, std::size_t bytes) {
+    if (base == nullptr) return;
+    if (bytes == usual_bytes && spares_ < kept) {
+        spare_[spares_++] = base;
+    } else {
+        ::munmap(base, bytes);
+    }
+    base = nullptr;
+}
+
+bool start_blocks::make(const wire::exec_request_view& request, start_block& out) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t argc = request.argv.size();
+    const std::size_t pointers = (argc + 1) + (argc + 2) + (request.env.size() + 1);
+    std::size_t strings = request.cwd.size() + 1;
+    for (auto s : request.argv) strings += s.size() + 1;
+    for (auto s : request.env) strings += s.size() + 1;
+    const std::size_t bytes =
+        page + child_stack_bytes + sizeof(command_args) + pointers * sizeof(char*) + strings;
+    const bool usual = bytes <= usual_bytes && usual_bytes % page == 0;
+    const std::size_t mapped = usual ? usual_bytes : (bytes + page - 1) / page * page;
+    void* base = nullptr;
+    if (usual && spares_ > 0) {
+        base = spare_[--spares_];
+    } else {
+        base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (base == MAP_FAILED) return false;
+        if (::mprotect(base, page, PROT_NONE) != 0) {
+            const int err = errno;
+            ::munmap(base, mapped);
+            errno = err;
+            return false;
+        }
+    }
+    char* at = static_cast<char*>(base) + page + child_stack_bytes;
+    auto* args = new (at) command_args{};
+    at += sizeof(command_args);
+    auto** argv = reinterpret_cast<char**>(at);
+    args->shell_argv = argv + argc + 1;
+    auto** envp = args->shell_argv + argc + 2;
+    char* text = reinterpret_cast<char*>(envp + request.env.size() + 1);
+    const auto copy = [&text](std::string_view s) {
+        char* start = text;
+        std::memcpy(text, s.data(), s.size());
+        text[s.size()] = '\0';
+        text += s.size() + 1;
+        return start;
+    };
+    for (std::size_t i = 0; i < argc; ++i) argv[i] = copy(request.argv[i]);
+    argv[argc] = nullptr;
+    for (std::size_t i = 0; i < request.env.size(); ++i) {
+        envp[i] = copy(request.env[i]);
+        // getenv's PATH: the first entry that names it.
+        if (args->path == nullptr && request.env[i].starts_with("PATH=")) args->path = envp[i] + 5;
+    }
+    envp[request.env.size()] = nullptr;
+    args->cwd = copy(request.cwd);
+    args->argv = argv;
+    args->argc = argc;
+    args->envp = envp;
+    out = {base, mapped, args};
+    return true;
 }
 
 // The value of `key` in a cgroup's flat keyed file below `dir`, or -1.
@@ -177,6 +352,9 @@ class agent {
         bool timed_out = false;
         bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
         int spawn_errno = 0;   // what the child reported before it could exec
+        // Its start block (start_blocks), released once the child has exec'd or died.
+        void* block = nullptr;
+        std::size_t block_bytes = 0;
     };
 
     struct connection {
@@ -209,7 +387,7 @@ class agent {
     // Moves killed cgroups that have emptied back to the idle list.
     void check_draining();
     void drop_cgroup(const cgroup_slot& slot);
-    pid_t start_child(const command_args& args, int cgroup_dir);
+    pid_t start_child(const start_block& block, int cgroup_dir);
     void send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
                      int spawn_errno, std::uint64_t start_us);
 
@@ -242,6 +420,7 @@ class agent {
     int signal_fd_ = -1;
     std::vector<connection> connections_;
     std::vector<command> commands_;
+    start_blocks blocks_;
     std::vector<pollfd> poll_fds_;
     std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
 };
@@ -459,16 +638,14 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         }
         return;
     }
-    // Every string in the record is NUL terminated in place.
-    std::vector<char*> argv;
-    argv.reserve(request.argv.size() + 1);
-    for (auto s : request.argv) argv.push_back(const_cast<char*>(s.data()));
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    envp.reserve(request.env.size() + 1);
-    for (auto s : request.env) envp.push_back(const_cast<char*>(s.data()));
-    envp.push_back(nullptr);
-
+    // A copy of what the child reads, which must outlive this record until the child has exec'd.
+    start_block block;
+    if (!blocks_.make(request, block)) {
+        const int err = errno;
+        for (const int f : fds) ::close(f);
+        send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, now_us());
+        return;
+    }
     const bool own_cgroup = (request.flags & wire::exec_own_cgroup) != 0;
     cgroup_slot slot;
     if (own_cgroup) slot = acquire_cgroup();
@@ -478,14 +655,16 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         const int err = errno;
         for (const int f : fds) ::close(f);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
+        blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, start);
         return;
     }
-    const command_args args{
-        {fds[0], fds[1], fds[2]}, request.cwd.data(), argv.data(), envp.data(), status[1], -1};
+    for (int i = 0; i < 3; ++i) block.args->stdio[i] = fds[static_cast<std::size_t>(i)];
+    block.args->status_pipe = status[1];
+    block.args->join_procs = -1;
     // Spawned processes go to the commands' cgroup (they outlive execs); an exec to its own.
     const int cgroup_dir = slot.dir >= 0 ? slot.dir : command_cgroup_;
-    const pid_t pid = start_child(args, cgroup_dir);
+    const pid_t pid = start_child(block, cgroup_dir);
     const int clone_errno = errno;
     ::close(status[1]);
     for (const int f : fds) ::close(f);
@@ -493,13 +672,17 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     if (pid < 0) {
         ::close(status[0]);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
+        blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, clone_errno, start);
         return;
     }
     const std::uint64_t deadline =
         request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
     // `started` follows once the child has exec'd (check_starts), never waited for here.
-    commands_.push_back({request.exec_id, pid, start, deadline, fd, status[0], slot});
+    command c{request.exec_id, pid, start, deadline, fd, status[0], slot};
+    c.block = block.base;
+    c.block_bytes = block.bytes;
+    commands_.push_back(c);
 }
 
 void agent::check_starts() {
@@ -513,12 +696,13 @@ void agent::check_starts() {
             c.started = true;
             ::close(c.status_pipe);
             c.status_pipe = -1;
+            blocks_.release(c.block, c.block_bytes);
             auto started = wire::make_message<wire::started_message>(wire::message_type::started);
             started.exec_id = c.exec_id;
             started.pid = c.pid;
             send(c.connection, started);
         }
-        // An errno: the child exits at once, and reap() reports it.
+        // An errno: the child exits at once (on its start block still), and reap() reports it.
         if (n == static_cast<ssize_t>(sizeof spawn_errno) && spawn_errno != 0) {
             c.spawn_errno = spawn_errno;
             ::close(c.status_pipe);
@@ -527,30 +711,51 @@ void agent::check_starts() {
     }
 }
 
-pid_t agent::start_child(const command_args& args, int cgroup_dir) {
+// Starts a command child in `cgroup_dir` (if >= 0): a pid, or -1 with errno set.
+pid_t agent::start_child(const start_block& block, int cgroup_dir) {
     if (clone3_usable_) {
         clone_args ca{};
         ca.exit_signal = SIGCHLD;
+        if constexpr (clone3_run_available) {
+            // Sharing pid 1's memory, on the block's stack; pid 1 goes on at once.
+            ca.flags = CLONE_VM;
+            ca.stack = reinterpret_cast<std::uint64_t>(block.base) +
+                       static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+            ca.stack_size = child_stack_bytes;
+        }
+        const auto start = [&ca, &block]() -> long {
+            if constexpr (clone3_run_available) {
+                return clone3_run(&ca, command_child, block.args);
+            } else {
+                // A copy of pid 1 (no sequence for this architecture).
+                const long pid = ::syscall(SYS_clone3, &ca, sizeof ca);
+                if (pid == 0) command_main(*block.args);
+                return pid < 0 ? -errno : pid;
+            }
+        };
+        const std::uint64_t sharing = ca.flags;
         if (cgroup_dir >= 0) {
-            ca.flags = CLONE_INTO_CGROUP;
+            ca.flags = sharing | CLONE_INTO_CGROUP;
             ca.cgroup = static_cast<std::uint64_t>(cgroup_dir);
         }
-        long pid = ::syscall(SYS_clone3, &ca, sizeof ca);
-        if (pid == 0) command_main(args);
-        if (pid < 0 && cgroup_dir >= 0 && errno != ENOSYS && errno != EAGAIN && errno != ENOMEM) {
+        long pid = start();
+        if (pid < 0 && cgroup_dir >= 0 && pid != -ENOSYS && pid != -EAGAIN && pid != -ENOMEM) {
             // The cgroup refused (not delegated to pid 1, or a kernel before 5.7): commands run
             // in pid 1's cgroup from now on, and strays are killed when the sandbox is idle.
             per_command_cgroups_ = false;
             command_cgroup_ = -1;
-            ca.flags = 0;
+            ca.flags = sharing;
             ca.cgroup = 0;
-            pid = ::syscall(SYS_clone3, &ca, sizeof ca);
-            if (pid == 0) command_main(args);
+            pid = start();
         }
-        if (pid > 0 || errno != ENOSYS) return static_cast<pid_t>(pid);
+        if (pid > 0) return static_cast<pid_t>(pid);
+        if (pid != -ENOSYS) {
+            errno = static_cast<int>(-pid);
+            return -1;
+        }
         clone3_usable_ = false;  // no clone3 here: fork, and the child moves itself
     }
-    command_args moving = args;
+    command_args& moving = *block.args;
     if (cgroup_dir >= 0 && command_cgroup_ >= 0) {
         moving.join_procs = ::openat(cgroup_dir, "cgroup.procs", O_WRONLY | O_CLOEXEC);
     }
@@ -667,8 +872,9 @@ void agent::reap() {
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
         for (std::size_t i = 0; i < commands_.size(); ++i) {
-            const command c = commands_[i];
+            command c = commands_[i];
             if (c.pid != pid) continue;
+            blocks_.release(c.block, c.block_bytes);
             // Background processes die with the command: its process group always, and where it
             // has a cgroup of its own, everything in it.
             ::kill(-c.pid, SIGKILL);
