@@ -107,8 +107,9 @@ TEST_CASE("RFC 3339 times and base64url tokens round-trip") {
     const auto offset = parse_rfc3339("2026-12-01T16:40:11.123+02:00");
     REQUIRE(offset);
     CHECK(*offset == *t);
-    for (const char* bad : {"", "2026-12-01", "2026-13-01T00:00:00Z", "2026-12-01T00:00:00",
-                            "2026-12-01T00:00:00Zjunk"}) {
+    for (const char* bad :
+         {"", "2026-12-01", "2026-13-01T00:00:00Z", "2026-12-01T00:00:00",
+          "2026-12-01T00:00:00Zjunk", "0026-12-01T14:40:11.12342z", "9999-12-31T23:59:59Z"}) {
         CHECK_MESSAGE(!parse_rfc3339(bad), bad);
     }
     for (const std::string& s : std::vector<std::string>{
