@@ -4,7 +4,12 @@
 //
 //   node --test-reporter=spec tests/e2b/control_plane.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 
 import { isAlive, newApiKey, removeDir, requireSdk, runMoat, startServe, waitFor } from './harness.mjs';
 
@@ -267,6 +272,49 @@ describe('lifecycle of the server', () => {
             assert.deepEqual(server.descendants(), []);
         } finally {
             removeDir(server.workDir);
+        }
+    });
+});
+
+describe('TLS', () => {
+    test('with --tls-cert and --tls-key both listeners speak HTTPS to the SDK', async () => {
+        const workDir = mkdtempSync(path.join(os.tmpdir(), 'moat-e2b-tls-'));
+        const cert = path.join(workDir, 'cert.pem');
+        const key = path.join(workDir, 'key.pem');
+        execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1',
+            '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1',
+            '-keyout', key, '-out', cert], { stdio: 'ignore' });
+        const server = await startServe({ setEnv: false, workDir, args: ['--tls-cert', cert, '--tls-key', key] });
+        try {
+            assert.match(server.api, /^https:\/\/127\.0\.0\.1:\d+$/);
+            assert.match(server.envd, /^https:\/\/127\.0\.0\.1:\d+$/);
+            // The SDK in a child node that trusts the test certificate (NODE_EXTRA_CA_CERTS is
+            // read at start only).
+            const script = `
+                import { Sandbox } from 'e2b';
+                const sbx = await Sandbox.create({ metadata: { over: 'tls' } });
+                const info = await sbx.getInfo();
+                const running = await sbx.isRunning();
+                const killed = await sbx.kill();
+                console.log(JSON.stringify({ id: sbx.sandboxId, over: info.metadata.over, running, killed }));`;
+            const here = path.dirname(fileURLToPath(import.meta.url));
+            const child = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+                cwd: here, encoding: 'utf8', timeout: 60_000,
+                env: { ...process.env, NODE_EXTRA_CA_CERTS: cert, E2B_API_URL: server.api,
+                    E2B_SANDBOX_URL: server.envd, E2B_API_KEY: server.key },
+            });
+            assert.equal(child.status, 0, child.stderr);
+            const outcome = JSON.parse(child.stdout.trim().split('\n').pop());
+            assert.equal(outcome.over, 'tls');
+            assert.equal(outcome.running, true);
+            assert.equal(outcome.killed, true);
+            // Plain HTTP on a TLS listener gets nowhere.
+            await assert.rejects(fetch(server.api.replace('https:', 'http:') + '/health', { signal: AbortSignal.timeout(5_000) }));
+            assert.equal(await server.stop(), 0, server.stderr());
+            assert.deepEqual(server.descendants(), []);
+        } finally {
+            await server.stop();
+            removeDir(workDir);
         }
     });
 });
