@@ -192,6 +192,10 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     sandbox_spec spec;
     spec.labels = context.registry.scope_labels();
     spec.env = parsed->env_vars;
+    // E2B's sandboxes run commands as `user` in /home/user (its SDK assumes both).
+    spec.layout.user = "user";
+    spec.layout.home = "/home/user";
+    spec.layout.workdir = "/home/user";
     spec.ttl = std::chrono::seconds(timeout_s);
     spec.survive_owner = true;
     const auto started = system_clock::now();

@@ -67,9 +67,12 @@ for (const [version, sdk] of Object.entries(sdks)) {
             const lifetime = info.endAt.getTime() - info.startedAt.getTime();
             assert.ok(Math.abs(lifetime - 120_000) < 2_000, `lifetime ${lifetime} ms`);
             // The envs reach the sandbox's commands (seen through the host's own CLI).
-            const env = await runMoat(['exec', sbx.sandboxId, '--', 'sh', '-c', 'printf %s "$FOO"']);
+            // The envs and E2B's layout (user `user`, home and cwd /home/user) reach the
+            // sandbox's commands, seen through the host's own CLI.
+            const env = await runMoat(['exec', sbx.sandboxId, '--', 'sh', '-c',
+                'printf "%s|%s|%s|%s" "$FOO" "$HOME" "$(pwd)" "$(id -un)"']);
             assert.equal(env.code, 0, env.stderr);
-            assert.equal(env.stdout, 'bar baz');
+            assert.equal(env.stdout, 'bar baz|/home/user|/home/user|user');
             const host = await onHost(sbx.sandboxId);
             assert.ok(host && host.host_pid, 'the host lists the sandbox');
             assert.equal(await sbx.kill(), true);
