@@ -197,6 +197,39 @@ describe('scope', () => {
         }
     });
 
+    test('refreshes extend only, the v1 list filters, and bad list queries are 400 naming the field', async () => {
+        const { Sandbox } = current;
+        const sbx = await Sandbox.create({ timeoutMs: 600_000, metadata: { raw: 'yes' } });
+        try {
+            const headers = { 'X-API-Key': serve.key, 'Content-Type': 'application/json' };
+            const before = (await sbx.getInfo()).endAt.getTime();
+            const refreshed = await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}/refreshes`, {
+                method: 'POST', headers, body: '{"duration":60}',
+            });
+            assert.equal(refreshed.status, 204);
+            assert.equal((await sbx.getInfo()).endAt.getTime(), before, 'a refresh shortened the end');
+            const v1 = await fetch(`${serve.api}/sandboxes?metadata=${encodeURIComponent('raw=yes')}`, { headers });
+            assert.equal(v1.status, 200);
+            assert.deepEqual((await v1.json()).map((s) => s.sandboxID), [sbx.sandboxId]);
+            for (const [query, named] of [['order=sideways', 'order'], ['nextToken=bm9wZQ', 'next token'],
+                ['state=frozen', 'frozen'], ['metadata=novalue', 'metadata'], ['limit=abc', 'limit'],
+                ['startedAfter=yesterday', 'startedAfter']]) {
+                const response = await fetch(`${serve.api}/v2/sandboxes?${query}`, { headers });
+                assert.equal(response.status, 400, query);
+                const body = await response.json();
+                assert.equal(body.code, 400);
+                assert.match(body.message, new RegExp(named, 'i'), query);
+            }
+            const missing = await fetch(`${serve.api}/v2/sandboxes/sb-00000000000000000000/connect`, {
+                method: 'POST', headers, body: '{}',
+            });
+            assert.equal(missing.status, 404);
+            assert.equal((await missing.json()).code, 404);
+        } finally {
+            assert.equal(await sbx.kill(), true);
+        }
+    });
+
     test('GET /health answers 200 on the control plane and needs no key', async () => {
         const response = await fetch(`${serve.api}/health`);
         assert.equal(response.status, 200);
