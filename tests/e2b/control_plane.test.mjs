@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -266,6 +267,43 @@ describe('lifecycle of the server', () => {
             await assertGoneFromHost(sbx.sandboxId, host.host_pid);
         } finally {
             if (second) assert.equal(await second.stop(), 0, second.stderr());
+            removeDir(first.workDir);
+        }
+    });
+
+    test('SIGINT or SIGTERM stop it with exit 0, a stalled in-flight request included; after SIGKILL a restart adopts', async () => {
+        const first = await startServe({ setEnv: false });
+        const options = { apiUrl: first.api, sandboxUrl: first.envd, apiKey: first.key };
+        const sbx = await current.Sandbox.create({ ...options, timeoutMs: 120_000 });
+        const host = await onHost(sbx.sandboxId);
+        // A create whose body never finishes is in flight when the stop comes: the server waits
+        // its grace, then closes it.
+        const { port } = new URL(first.api);
+        const socket = net.connect(Number(port), '127.0.0.1');
+        await new Promise((resolve) => socket.on('connect', resolve));
+        socket.write(`POST /v2/sandboxes HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nX-API-Key: ${first.key}\r\n` +
+            'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"templ');
+        const closed = new Promise((resolve) => socket.on('close', resolve));
+        socket.on('error', () => {});
+        await new Promise((r) => setTimeout(r, 200));
+        assert.equal(await first.stop('SIGTERM'), 0, first.stderr());
+        await closed;
+        assert.ok(isAlive(host.host_pid));
+        let second;
+        let third;
+        try {
+            second = await startServe({ setEnv: false, stateDir: first.stateDir, key: first.key, workDir: first.workDir });
+            assert.equal(await second.stop('SIGKILL'), 128 + 9);
+            assert.ok(isAlive(host.host_pid), 'the sandbox died with a killed server');
+            third = await startServe({ setEnv: false, stateDir: first.stateDir, key: first.key, workDir: first.workDir });
+            const again = { apiUrl: third.api, sandboxUrl: third.envd, apiKey: third.key };
+            const connected = await current.Sandbox.connect(sbx.sandboxId, again);
+            assert.equal(await connected.isRunning(), true);
+            assert.equal(await connected.kill(), true);
+            await assertGoneFromHost(sbx.sandboxId, host.host_pid);
+            assert.equal(await third.stop('SIGINT'), 0, third.stderr());
+        } finally {
+            if (third) await third.stop();
             removeDir(first.workDir);
         }
     });
