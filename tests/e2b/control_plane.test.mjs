@@ -221,6 +221,16 @@ describe('scope', () => {
                 assert.equal(body.code, 400);
                 assert.match(body.message, new RegExp(named, 'i'), query);
             }
+            const started = (await sbx.getInfo()).startedAt;
+            const since = async (query) => (await (await fetch(`${serve.api}/v2/sandboxes?${query}`, { headers })).json())
+                .some((s) => s.sandboxID === sbx.sandboxId);
+            const earlier = new Date(started.getTime() - 1_000).toISOString();
+            const later = new Date(started.getTime() + 1_000).toISOString();
+            assert.equal(await since(`startedAfter=${encodeURIComponent(earlier)}`), true);
+            assert.equal(await since(`startedAfter=${encodeURIComponent(later)}`), false);
+            assert.equal(await since('template=base'), true);
+            assert.equal(await since('template=other'), false);
+            assert.equal(await since('order=asc&limit=100'), true);
             const missing = await fetch(`${serve.api}/v2/sandboxes/sb-00000000000000000000/connect`, {
                 method: 'POST', headers, body: '{}',
             });
