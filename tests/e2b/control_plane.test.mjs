@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -236,6 +237,26 @@ describe('scope', () => {
             });
             assert.equal(missing.status, 404);
             assert.equal((await missing.json()).code, 404);
+        } finally {
+            assert.equal(await sbx.kill(), true);
+        }
+    });
+
+    test("envd also finds the sandbox in a 49983-<id>.<domain> Host, and refuses other Hosts", async () => {
+        const sbx = await current.Sandbox.create();
+        try {
+            const token = (await (await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}`,
+                { headers: { 'X-API-Key': serve.key } })).json()).envdAccessToken;
+            const { hostname, port } = new URL(serve.envd);
+            const get = (host, headers = {}) => new Promise((resolve, reject) => {
+                const request = http.get({ hostname, port, path: '/health', headers: { Host: host, ...headers } },
+                    (response) => { response.resume(); resolve(response.statusCode); });
+                request.on('error', reject);
+            });
+            assert.equal(await get(`49983-${sbx.sandboxId}.moat.local`, { 'X-Access-Token': token }), 204);
+            assert.equal(await get(`49983-${sbx.sandboxId}.moat.local:443`, { 'X-Access-Token': 'wrong' }), 401);
+            assert.equal(await get('49983-sb-00000000000000000000.moat.local', { 'X-Access-Token': token }), 502);
+            assert.equal(await get('evil.example', { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token }), 421);
         } finally {
             assert.equal(await sbx.kill(), true);
         }
