@@ -8,6 +8,7 @@
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
+#include "local/sandbox_records.hpp"
 #include "support/local_fixture.hpp"
 
 #include <algorithm>
@@ -295,4 +296,36 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(started->processes[0].cwd == "/home/user");
     REQUIRE(run(tools.async_end()));
     (void)run(manager.async_shutdown());
+}
+
+TEST_CASE("a record keeps the layout, and one written before the layout reads as the default") {
+    moat::sandbox_record r;
+    r.id = "sb-0123456789abcdef0123";
+    r.owner_instance = "host/1/abc";
+    r.layout = named_layout();
+    const std::string json = moat::to_json(r);
+    auto back = moat::record_from_json(json);
+    REQUIRE(back);
+    CHECK(back->layout == named_layout());
+
+    // Before the layout, a record had only "workdir".
+    std::string old = json;
+    for (const char* key : {"user", "home", "artifacts_dir"}) {
+        const auto at = old.find(std::string("\"") + key + "\":");
+        REQUIRE(at != std::string::npos);
+        old.erase(at, old.find(',', at) + 1 - at);
+    }
+    CHECK(old.find("\"home\"") == std::string::npos);
+    back = moat::record_from_json(old);
+    REQUIRE(back);
+    CHECK(back->layout.workdir == "/home/agent/work");
+    CHECK(back->layout.home == "/workspace");
+    CHECK(back->layout.artifacts_dir == "/workspace/out");
+    CHECK(back->layout.user.empty());
+
+    std::string wrong = json;
+    wrong.replace(wrong.find("\"home\":\"/home/agent\""), 20, "\"home\":17");
+    auto refused = moat::record_from_json(wrong);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().detail.find("home") != std::string::npos);
 }
