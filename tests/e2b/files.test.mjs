@@ -177,12 +177,15 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 await assert.rejects(sbx.files.read('dlink/secret'), sdk.FileNotFoundError);
                 await assert.rejects(sbx.files.read(`root${hostFile}`), sdk.FileNotFoundError);
                 await assert.rejects(sbx.files.read(`../../../..${hostFile}`), sdk.FileNotFoundError);
-                // Writing through them lands inside the sandbox.
+                // Writing through them lands inside the sandbox, or fails (a parent that is a
+                // dangling link is not a directory to create the file in).
                 await sbx.files.write('flink', 'replaced the link');
-                await sbx.files.write('dlink/secret', 'inside');
+                await assert.rejects(sbx.files.write('dlink/secret', 'inside'), sdk.SandboxError);
                 await sbx.files.write(`root${hostDir}/planted`, 'inside too');
                 await sbx.files.write(`../../../..${hostDir}/planted2`, 'inside as well');
-                await sbx.files.rename('dlink/secret', 'dlink/renamed');
+                assert.equal(await sbx.files.read(`${hostDir}/planted2`), 'inside as well');
+                await assert.rejects(sbx.files.rename('dlink/secret', 'dlink/renamed'), sdk.FileNotFoundError);
+                await sbx.files.rename(`${hostDir}/planted`, 'dlink/renamed').catch(() => {});
                 await sbx.files.remove(`root${hostFile}`);
                 await sbx.files.remove('dlink');
                 assert.equal(readFileSync(hostFile, 'utf8'), 'host secret');
