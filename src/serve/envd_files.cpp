@@ -19,33 +19,16 @@
 
 namespace moat::serve {
 
-namespace {
-
-// The sandbox layout's home and user; before layouts existed a sandbox's home was /workspace.
-template <class Info>
-std::string layout_home(const Info& info) {
-    if constexpr (requires { info.layout.home; }) {
-        if (!info.layout.home.empty()) return info.layout.home;
-    }
-    return "/workspace";
-}
-
-template <class Info>
-std::string layout_user(const Info& info) {
-    if constexpr (requires { info.layout.user; }) {
-        if (!info.layout.user.empty()) return info.layout.user;
-    }
-    return "user";
-}
-
-}  // namespace
-
+// The sandbox layout's home and user (sandbox_layout); the local backend's default user is named
+// "user" inside the sandbox.
 std::string sandbox_home(const registry_entry& sandbox) {
-    return layout_home(sandbox.handle->info());
+    const auto& home = sandbox.handle->info().layout.home;
+    return home.empty() ? std::string("/workspace") : home;
 }
 
 std::string sandbox_user(const registry_entry& sandbox) {
-    return layout_user(sandbox.handle->info());
+    const auto& user = sandbox.handle->info().layout.user;
+    return user.empty() ? std::string("user") : user;
 }
 
 std::optional<std::string> check_rpc_user(const envd_call& call) {

@@ -219,14 +219,51 @@ describe('e2b 2.51.0 large files', () => {
             assert.ok(Buffer.from(back).equals(Buffer.from(data)), 'the 100 MiB file came back different');
             console.log(`moat serve peak RSS after reading it back: ${(servePeakRss() / 1048576).toFixed(1)} MiB`);
 
-            const over = new Uint8Array(size + 1);
-            // 413 (or the connection closed under the rest of the body, which the server stops reading).
-            await assert.rejects(sbx.files.write('over/big.bin', over.buffer, { requestTimeoutMs: 300_000 }));
-            assert.equal(await sbx.files.exists('over/big.bin'), false);
-            const leftovers = (await sbx.files.list('over')).map((e) => e.name);
-            assert.deepEqual(leftovers, []);
+            // A streamed (octet-stream) upload goes the same way.
+            const stream = new ReadableStream({
+                start(controller) {
+                    controller.enqueue(new TextEncoder().encode('streamed '));
+                    controller.enqueue(new TextEncoder().encode('body'));
+                    controller.close();
+                },
+            });
+            await sbx.files.write('streamed.txt', stream);
+            assert.equal(await sbx.files.read('streamed.txt'), 'streamed body');
         } finally {
             await killAndCheck(sbx);
+        }
+    });
+});
+
+describe('the per-file cap', () => {
+    test('a file one byte past --max-file-bytes is 413 and leaves nothing, multipart or raw', async () => {
+        const small = await startServe({ args: ['--max-file-bytes', '1048576'], setEnv: false });
+        try {
+            const { Sandbox } = sdks['e2b 2.51.0'];
+            const opts = { apiUrl: small.api, sandboxUrl: small.envd, apiKey: small.key };
+            const sbx = await Sandbox.create({ ...opts, timeoutMs: 120_000 });
+            try {
+                const headers = { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken };
+                const url = (p) => `${small.envd}/files?path=${encodeURIComponent(p)}`;
+                const exact = new Uint8Array(1048576).fill(7);
+                let r = await fetch(url('cap/exact'), { method: 'POST', headers: { ...headers, 'Content-Type': 'application/octet-stream' }, body: exact });
+                assert.equal(r.status, 200, await r.clone().text());
+                const over = new Uint8Array(1048577).fill(7);
+                r = await fetch(url('cap/raw'), { method: 'POST', headers: { ...headers, 'Content-Type': 'application/octet-stream' }, body: over });
+                assert.equal(r.status, 413);
+                assert.equal((await r.json()).code, 413);
+                const form = new FormData();
+                form.append('file', new Blob([over]), 'cap/multi');
+                r = await fetch(url('cap/multi'), { method: 'POST', headers, body: form });
+                assert.equal(r.status, 413);
+                const names = (await sbx.files.list('cap')).map((e) => e.name);
+                assert.deepEqual(names, ['exact']);
+                assert.equal((await sbx.files.getInfo('cap/exact')).size, 1048576);
+            } finally {
+                assert.equal(await sbx.kill(), true);
+            }
+        } finally {
+            assert.equal(await small.stop(), 0);
         }
     });
 });
