@@ -1,7 +1,8 @@
 // moat serve's envd file routes and filesystem service driven by the official e2b SDK, 2.51.0
 // and 2.50.0: text and binary round trips, list / exists / makeDir / rename / remove, missing-file
 // errors, signed download and upload URLs (and an expired one refused), symlinks planted inside
-// that point at host paths, and a 100 MiB upload with the server's peak RSS read from /proc.
+// that point at host paths, a 100 MiB upload and download with the server's peak RSS read from
+// /proc, and the per-file cap (413, nothing left).
 // Run: node tests/e2b/files.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
@@ -201,20 +202,24 @@ for (const [version, sdk] of Object.entries(sdks)) {
 
 describe('e2b 2.51.0 large files', () => {
     const { Sandbox } = sdks['e2b 2.51.0'];
-    test('a 100 MiB upload streams through in bounded memory, one byte more is 413 and leaves nothing', async () => {
+    test('a 100 MiB upload and its download stream through in bounded memory, and a ReadableStream upload works', async () => {
         const sbx = await Sandbox.create({ timeoutMs: 300_000 });
         try {
             const size = 100 * 1024 * 1024;
             const data = new Uint8Array(size);
             for (let i = 0; i < size; i += 4096) data[i] = (i / 4096) % 251;
             const before = servePeakRss();
+            let started = Date.now();
             await sbx.files.write('big.bin', data.buffer, { requestTimeoutMs: 300_000 });
+            console.log(`100 MiB upload: ${Date.now() - started} ms`);
             const peak = servePeakRss();
             console.log(`moat serve peak RSS: before ${(before / 1048576).toFixed(1)} MiB, after a 100 MiB upload ${(peak / 1048576).toFixed(1)} MiB`);
             assert.ok(peak < 64 * 1024 * 1024, `peak RSS ${peak} bytes: the upload was held in memory`);
             const info = await sbx.files.getInfo('big.bin');
             assert.equal(info.size, size);
+            started = Date.now();
             const back = await sbx.files.read('big.bin', { format: 'bytes', requestTimeoutMs: 300_000 });
+            console.log(`100 MiB download: ${Date.now() - started} ms`);
             assert.equal(back.length, size);
             assert.ok(Buffer.from(back).equals(Buffer.from(data)), 'the 100 MiB file came back different');
             console.log(`moat serve peak RSS after reading it back: ${(servePeakRss() / 1048576).toFixed(1)} MiB`);
