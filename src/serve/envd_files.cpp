@@ -88,7 +88,9 @@ signature_check check_signature(const http::server_request& request,
                                 const registry_entry& sandbox) {
     auto parsed = parse_file_request(request);
     if (!parsed || !parsed->signature) return signature_check::mismatch;
-    const auto operation = request.method() == "GET" ? file_operation::read : file_operation::write;
+    // GET (and HEAD, which runs the GET route) reads; POST writes.
+    auto operation = file_operation::read;
+    if (request.method() == "POST") operation = file_operation::write;
     std::optional<std::string_view> expiration;
     if (parsed->signature_expiration) expiration = *parsed->signature_expiration;
     return check_file_signature(*parsed->signature, parsed->path.value_or(""), operation,
