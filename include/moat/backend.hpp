@@ -133,7 +133,8 @@ class backend {
     // too_large (the batch exceeds file_limits; nothing was done).
     // Per-Operation Cancellation (local backend): none; the work is synchronous, runs inline on
     // the executor and is bounded by the limits.
-    // The defaults fail with not_supported.
+    // The defaults fail with not_supported; the streaming calls' defaults fall back to the batch
+    // calls for small files.
 
     // Writes each file (created or replaced atomically, permission bits from file_write::mode),
     // one result per file in order. At most max_files files and max_batch_bytes in all.
@@ -143,6 +144,30 @@ class backend {
     // contents read reach max_batch_bytes, the remaining paths get too_large.
     virtual asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
         std::string id, std::vector<std::string> paths);
+    // Streaming transfer of one file (files.hpp: file_write_target, byte_source,
+    // file_read_stream), for files of any size in bounded memory.
+    //
+    // Writes the bytes `source` yields into target.path, atomically: they go to a temporary file
+    // in the target's directory that is renamed over the target only once the source ended
+    // cleanly (an empty chunk). A source error, a write past target.max_bytes (too_large), a
+    // write error (no space: too_large) or a cancellation removes the temporary file before the
+    // call completes and leaves the target as it was. Per-path problems are in the
+    // file_write_result; the whole call fails only as the batch calls do, or with cancelled.
+    // Per-Operation Cancellation: terminal. It is seen at the source's pending call and between
+    // chunks; the temporary file is removed, then the call completes with errc::cancelled.
+    // The default falls back to async_write_files for what fits one batch file
+    // (file_limits::max_file_bytes): past that, too_large naming this backend's limit.
+    virtual asio::awaitable<result<file_write_result>> async_write_file_stream(
+        std::string id, file_write_target target, byte_source source);
+    // Opens one regular file for reading. Errors are the per-path ones of the batch read
+    // (file_not_found, is_directory, invalid_path, permission_denied), plus the whole-call ones;
+    // there is no size cap (memory is bounded by the chunk size). The stream may not outlive the
+    // backend. Per-Operation Cancellation: none needed; opening is one bounded step.
+    // The default falls back to async_stat + async_read_files: only files up to
+    // file_limits::max_file_bytes, held in memory (too_large past it).
+    virtual asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
+                                                                             std::string path);
+
     // Type, size and permission bits of one path; a final symlink is reported as the link itself.
     // Errors are the per-path ones of files.hpp.
     virtual asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path);

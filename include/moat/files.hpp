@@ -1,5 +1,5 @@
-// File transfer types for backend::async_write_files, async_read_files, async_stat and
-// async_list_dir.
+// File transfer types for backend::async_write_files, async_read_files, async_stat,
+// async_list_dir and the streaming calls async_write_file_stream / async_read_file_stream.
 //
 // The contract every backend follows:
 // - Paths are absolute paths inside the sandbox, without NUL bytes and at most 4095 bytes long; a
@@ -31,8 +31,12 @@
 
 #include <moat/result.hpp>
 
+#include <asio/awaitable.hpp>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace moat {
@@ -79,6 +83,73 @@ struct dir_entry {
     std::string name;
     file_type type = file_type::regular;
     std::uint64_t size = 0;
+};
+
+// Streaming transfer of one file (backend::async_write_file_stream, async_read_file_stream).
+// The contract above holds (path rules, the sandbox user's permissions, normalized per-path errors,
+// atomic replace), with these differences:
+// - Memory stays bounded by one chunk whatever the file's size: a write pulls the next chunk from
+//   its byte_source only once the previous one is in the file; a read hands out chunks of at most
+//   file_stream_chunk_bytes.
+// - A streamed write has its own cap (file_write_target::max_bytes, default 100 MiB) instead of
+//   file_limits::max_file_bytes. Past it the write stops with too_large and leaves nothing.
+// - Parent directories are created when file_write_target::create_parents says so.
+
+// The most bytes one file_read_stream::async_next() returns (local backend).
+inline constexpr std::size_t file_stream_chunk_bytes = 128 * 1024;
+// The default cap of a streamed write.
+inline constexpr std::uint64_t default_stream_write_bytes = 100 * 1024 * 1024;
+
+struct file_write_target {
+    std::string path;  // absolute, inside the sandbox
+    // Permission bits of the written file; only 0777 is kept.
+    std::uint32_t mode = 0644;
+    // Create missing parent directories (mode 0755, owned by the sandbox user), as E2B's envd
+    // does on upload. Without it a missing directory is file_not_found. Directories created
+    // before a write failed stay.
+    bool create_parents = false;
+    // The most bytes the file may have; the byte past it ends the write with too_large.
+    std::uint64_t max_bytes = default_stream_write_bytes;
+};
+
+// Where a streamed write's bytes come from: each call returns the next chunk, an empty chunk ends
+// the file, an error aborts the write (the error becomes the write's per-path outcome, its code
+// kept and its detail prefixed with the path). Called on the backend's executor, one call at a
+// time, never again after it returned an empty chunk or an error. A cancellation of the write
+// reaches the source's pending call (its own operations see it).
+using byte_source = std::function<asio::awaitable<result<std::string>>()>;
+
+// One file being read, opened by async_read_file_stream. The file's type was checked (a regular
+// file), and its size and permission bits were taken when it was opened; the stream then
+// delivers exactly stat().size bytes in chunks and an empty chunk at the end. A file that
+// shrinks while it is read fails the pull with backend_failure naming the path (the bytes
+// announced cannot be delivered); bytes appended meanwhile are not read. Move-only; dropping it
+// closes the file (and, through a sandbox handle, gives the sandbox's turn on).
+class file_read_stream {
+  public:
+    struct impl {
+        virtual ~impl() = default;
+        virtual asio::awaitable<result<std::string>> async_next() = 0;
+    };
+
+    file_read_stream() = default;
+    file_read_stream(file_stat stat, std::unique_ptr<impl> i)
+        : stat_(std::move(stat)), impl_(std::move(i)) {}
+
+    // path, type (regular), size and mode as they were when the file was opened.
+    const file_stat& stat() const noexcept { return stat_; }
+
+    // The next chunk (at most file_stream_chunk_bytes), or an empty string once stat().size bytes
+    // were delivered. Calling again after the end or an error fails with invalid_argument.
+    // Per-Operation Cancellation: the chunk being read completes first (it is bounded), then the
+    // call completes with errc::cancelled and the stream is finished.
+    asio::awaitable<result<std::string>> async_next() { return impl_->async_next(); }
+
+    explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+  private:
+    file_stat stat_;
+    std::unique_ptr<impl> impl_;
 };
 
 }  // namespace moat

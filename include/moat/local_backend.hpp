@@ -14,6 +14,13 @@
 // while stdin bytes are being written. When the application process exits, every sandbox it
 // created without survive_owner dies with it.
 //
+// Streamed file transfers (write_file_stream, read_file_stream) do their blocking work (opening,
+// each chunk's read() or write(), the rename, removing an abandoned temporary file) on a small
+// pool of moat's own threads (local_options::file_threads), one job per stream at a time, and
+// resume on the executor between chunks: a 100 MiB copy never stalls the executor for more than
+// one chunk's hand-off. Those threads take the sandbox user's filesystem identity only while they
+// open, rename or remove, with every signal blocked.
+//
 // File operations (write_files, read_files, stat, list_dir) run inline on the calling thread:
 // microseconds per small file, bounded by file_limits (a full batch copies up to 100 MiB, tens of
 // milliseconds, during which the executor serves nothing else). While one runs, that thread alone
@@ -69,6 +76,9 @@ struct local_options {
     // Names this backend instance in the records of the sandboxes it creates (sandbox_info::
     // owner_instance). Default: "<hostname>/<pid>/<6 random hex digits>".
     std::string owner_instance;
+    // Threads doing streamed file I/O off the executor (at least 1). Streams beyond this many
+    // wait in the pool's queue, one job per stream.
+    std::size_t file_threads = 2;
 };
 
 std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,

@@ -99,6 +99,17 @@ class sandbox {
         std::vector<file_write> files, deadline limit = {});
     asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
         std::vector<std::string> paths, deadline limit = {});
+    // Streaming file transfer (backend.hpp, files.hpp). The write holds the sandbox's turn until
+    // it completes; `limit` bounds the whole write (the source's calls included): past it the
+    // write is abandoned (temporary file removed) and fails with deadline_exceeded.
+    asio::awaitable<result<file_write_result>> async_write_file_stream(file_write_target target,
+                                                                       byte_source source,
+                                                                       deadline limit = {});
+    // The stream holds the sandbox's turn until its last chunk was pulled, a pull failed, or it
+    // is dropped; `limit` bounds the whole stream: past it the next pull fails with
+    // deadline_exceeded and the stream is finished.
+    asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string path,
+                                                                     deadline limit = {});
     asio::awaitable<result<file_stat>> async_stat(std::string path, deadline limit = {});
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string path,
                                                                    deadline limit = {});

@@ -74,6 +74,13 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
                                   "' must be a number from 1 to 100000");
             }
             o.max_sandboxes = static_cast<std::size_t>(*n);
+        } else if (auto bytes = flag_value("--max-file-bytes", argc, argv, i)) {
+            const auto n = parse_unsigned(*bytes);
+            if (!n || *n < 1 || *n > (std::uint64_t{1} << 36)) {
+                throw usage_error("--max-file-bytes: '" + *bytes +
+                                  "' must be a number of bytes from 1 to 64 GiB");
+            }
+            o.max_file_bytes = *n;
         } else if (auto dir = flag_value("--state-dir", argc, argv, i)) {
             o.state_dir = parse_absolute_path("--state-dir", *dir);
         } else if (arg == "--destroy-on-exit") {

@@ -103,6 +103,61 @@ class handle_stream final : public exec_stream::impl {
     bool finished_ = false;
 };
 
+// A file_read_stream that holds its sandbox's turn until its last chunk, a failed pull, or its
+// drop, under the caller's deadline. File errors on the way are the caller's (per-path), so only
+// a sandbox that went away quarantines.
+class handle_file_stream final : public file_read_stream::impl {
+  public:
+    handle_file_stream(std::shared_ptr<sandbox::impl> owner, sandbox::impl::held_turn turn,
+                       file_read_stream inner, deadline limit)
+        : owner_(std::move(owner)),
+          turn_(std::move(turn)),
+          inner_(std::move(inner)),
+          limit_(limit) {}
+    ~handle_file_stream() override {
+        inner_ = file_read_stream();
+        turn_.release();
+    }
+
+    asio::awaitable<result<std::string>> async_next() override { return guarded(next(this)); }
+
+  private:
+    static asio::awaitable<result<std::string>> next(handle_file_stream* self) {
+        if (self->finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+        std::exception_ptr failure;
+        result<std::string> pulled = make_error(errc::cancelled, "not pulled");
+        try {
+            auto pull = self->inner_.async_next();
+            pulled = co_await with_timeout(std::move(pull), self->limit_);
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        if (failure) pulled = error_from_exception(failure);
+        if (!pulled) {
+            self->finish();
+            const errc code = static_cast<errc>(pulled.error().code.value());
+            if (code == errc::sandbox_unavailable || code == errc::sandbox_not_found) {
+                self->owner_->quarantine(pulled.error());
+            }
+            co_return pulled;
+        }
+        if (pulled->empty()) self->finish();
+        co_return pulled;
+    }
+
+    void finish() {
+        finished_ = true;
+        inner_ = file_read_stream();
+        turn_.release();
+    }
+
+    std::shared_ptr<sandbox::impl> owner_;
+    sandbox::impl::held_turn turn_;
+    file_read_stream inner_;
+    deadline limit_;
+    bool finished_ = false;
+};
+
 asio::awaitable<void> destroy_in_background(std::shared_ptr<sandbox::impl> self) {
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await sandbox::impl::destroy_now(self);
@@ -252,6 +307,14 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
     }
     result<T> outcome = std::move(*op->outcome);
     if (!outcome && is_quarantine_cause(outcome.error())) self->quarantine(outcome.error());
+    if constexpr (std::is_same_v<T, file_read_stream>) {
+        // Opened just as the caller's cancellation or deadline arrived: close it.
+        if (stopped_by && outcome) {
+            outcome = result<T>{};
+            co_return make_error(*stopped_by, std::string(what) + " was stopped by its " +
+                                                  stop_name + " as the file was opened");
+        }
+    }
     if constexpr (std::is_same_v<T, exec_stream>) {
         // The command started just as the caller's cancellation or deadline arrived: the wait
         // above consumed it, so a stream handed back now would run on unobserved (until its wall
@@ -383,6 +446,18 @@ asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files
         impl::run<std::vector<file_read_result>>(state, "read_files", limit, std::move(start)));
 }
 
+asio::awaitable<result<file_write_result>> sandbox::async_write_file_stream(
+    file_write_target target, byte_source source, deadline limit) {
+    auto state = impl_;
+    std::function<asio::awaitable<result<file_write_result>>()> start = [state, target,
+                                                                         source]() mutable {
+        return state->sandboxes.async_write_file_stream(state->info.id, std::move(target),
+                                                        std::move(source));
+    };
+    return guarded(
+        impl::run<file_write_result>(state, "write_file_stream", limit, std::move(start)));
+}
+
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
     auto state = impl_;
     std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
@@ -436,6 +511,30 @@ asio::awaitable<result<exec_stream>> start_stream(std::shared_ptr<sandbox::impl>
     co_return exec_stream(std::move(wrapped));
 }
 
+asio::awaitable<result<file_read_stream>> start_file_stream(std::shared_ptr<sandbox::impl> state,
+                                                            std::string path, deadline limit) {
+    const char* what = "read_file_stream";
+    const auto called = std::chrono::steady_clock::now();
+    auto turn = co_await sandbox::impl::acquire_turn(state, what, limit);
+    const auto granted = std::chrono::steady_clock::now();
+    if (!turn) {
+        state->report(what, failure_of(turn.error()), called, granted);
+        co_return std::move(turn).error();
+    }
+    std::function<asio::awaitable<result<file_read_stream>>()> start = [state, path]() mutable {
+        return state->sandboxes.async_read_file_stream(state->info.id, std::move(path));
+    };
+    auto opened = co_await sandbox::impl::run_in_turn<file_read_stream>(state, what, limit, start);
+    std::optional<errc> failure;
+    if (!opened) failure = failure_of(opened.error());
+    state->report(what, failure, called, granted);  // the open; the stream runs on
+    if (!opened) co_return std::move(opened).error();
+    file_stat info = opened->stat();
+    auto wrapped =
+        std::make_unique<handle_file_stream>(state, std::move(*turn), std::move(*opened), limit);
+    co_return file_read_stream(std::move(info), std::move(wrapped));
+}
+
 asio::awaitable<result<void>> destroy_and_wait(std::shared_ptr<sandbox::impl> state) {
     co_await asio::this_coro::reset_cancellation_state();
     co_return co_await sandbox::impl::destroy_now(std::move(state));
@@ -446,6 +545,11 @@ asio::awaitable<result<void>> destroy_and_wait(std::shared_ptr<sandbox::impl> st
 asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
                                                                 deadline limit) {
     return guarded(start_stream(impl_, std::move(request), limit));
+}
+
+asio::awaitable<result<file_read_stream>> sandbox::async_read_file_stream(std::string path,
+                                                                          deadline limit) {
+    return guarded(start_file_stream(impl_, std::move(path), limit));
 }
 
 asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit) {

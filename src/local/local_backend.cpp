@@ -4,6 +4,7 @@
 
 #include "core/asio_compat.hpp"
 #include "core/async_event.hpp"
+#include "core/blocking_job.hpp"
 #include "core/cancellation.hpp"
 #include "core/descriptor_wait.hpp"
 #include "core/exception_boundary.hpp"
@@ -177,12 +178,55 @@ asio::awaitable<void> feed_stdin(std::shared_ptr<asio::posix::stream_descriptor>
     socket->close(ignored);
 }
 
+// A sandbox's root descriptor of its own, duplicated on the executor before a file job starts, so
+// that the backend closing the sandbox's (at its end) can never leave a job with a number that
+// names another directory.
+struct pinned_root {
+    unique_fd fd;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    sandbox_root view() const { return sandbox_root{fd.get(), uid, gid}; }
+};
+
+error cancelled_error(const std::string& what) {
+    return make_error(errc::cancelled, what + " was cancelled by the caller");
+}
+
+// A streamed read: each pull is one read() on the backend's file threads.
+class local_read_stream final : public file_read_stream::impl {
+  public:
+    local_read_stream(asio::thread_pool& pool, std::shared_ptr<stream_reader> reader)
+        : pool_(pool), reader_(std::move(reader)) {}
+
+    asio::awaitable<result<std::string>> async_next() override {
+        if (finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            finished_ = true;
+            co_return cancelled_error("reading " + reader_->stat().path);
+        }
+        std::function<result<std::string>()> work = [reader = reader_] {
+            return reader->read(file_stream_chunk_bytes);
+        };
+        auto job = async_blocking_job<std::string>(pool_, std::move(work));
+        auto chunk = co_await std::move(job);
+        if (!chunk || chunk->empty()) finished_ = true;
+        co_return chunk;
+    }
+
+  private:
+    asio::thread_pool& pool_;
+    std::shared_ptr<stream_reader> reader_;
+    bool finished_ = false;
+};
+
 class local_backend final : public backend {
   public:
     local_backend(asio::any_io_executor executor, local_options options)
         : executor_(std::move(executor)),
           options_(std::move(options)),
-          tasks_(executor_, "local backend") {
+          tasks_(executor_, "local backend"),
+          file_pool_(std::max<std::size_t>(options_.file_threads, 1)) {
         if (options_.state_dir.empty()) options_.state_dir = default_state_dir();
         if (options_.owner_instance.empty()) options_.owner_instance = default_owner_instance();
         records_ = sandbox_records(options_.state_dir);
@@ -192,6 +236,9 @@ class local_backend final : public backend {
     }
 
     ~local_backend() override {
+        // Queued and running file jobs finish (each is one bounded step; an abandoned write's
+        // temporary file is removed by its last step).
+        file_pool_.join();
         helper_->on_reaped = nullptr;
         helper_->on_helper_lost = nullptr;
         for (auto& [id, sandbox] : sandboxes_) {
@@ -283,6 +330,24 @@ class local_backend final : public backend {
         }
     }
 
+    asio::awaitable<result<file_write_result>> async_write_file_stream(
+        std::string id, file_write_target target, byte_source source) override {
+        try {
+            co_return co_await write_stream(std::move(id), std::move(target), std::move(source));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
+    asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
+                                                                     std::string path) override {
+        try {
+            co_return co_await open_read_stream(std::move(id), std::move(path));
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
         try {
             auto root = file_root(id);
@@ -306,6 +371,129 @@ class local_backend final : public backend {
     }
 
   private:
+    // Each step of a streamed write (open, every chunk, the rename or the removal) is one job on
+    // the file threads; the source is pulled on the executor between them. The caller's
+    // cancellation is looked at before every step (a step itself is not interrupted).
+    asio::awaitable<result<file_write_result>> write_stream(std::string id,
+                                                            file_write_target target,
+                                                            byte_source source) {
+        auto pinned = pin_root(id);
+        if (!pinned) co_return std::move(pinned).error();
+        file_write_result out;
+        out.path = target.path;
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            co_return cancelled_error("writing " + target.path);
+        }
+        std::function<result<std::shared_ptr<stream_writer>>()> open_work =
+            [root = *pinned, target]() -> result<std::shared_ptr<stream_writer>> {
+            auto opened = stream_writer::open(root->view(), target);
+            if (!opened) return std::move(opened).error();
+            return std::shared_ptr<stream_writer>(std::move(*opened));
+        };
+        auto open_job =
+            async_blocking_job<std::shared_ptr<stream_writer>>(file_pool_, std::move(open_work));
+        auto opened = co_await std::move(open_job);
+        if (!opened) {
+            out.outcome = std::move(opened).error();
+            co_return out;
+        }
+        std::shared_ptr<stream_writer> writer = std::move(*opened);
+        std::function<result<void>()> abandon_work = [writer]() -> result<void> {
+            writer->abandon();
+            return {};
+        };
+        std::optional<error> failed;  // the whole call's error
+        for (;;) {
+            if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+                co_await asio::this_coro::reset_cancellation_state();
+                failed = cancelled_error("writing " + target.path);
+                break;
+            }
+            std::exception_ptr thrown;
+            result<std::string> chunk = make_error(errc::cancelled, "not pulled");
+            try {
+                auto pull = source();
+                chunk = co_await std::move(pull);
+            } catch (...) {
+                thrown = std::current_exception();
+            }
+            if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+                co_await asio::this_coro::reset_cancellation_state();
+                failed = cancelled_error("writing " + target.path);
+                break;
+            }
+            if (thrown) chunk = error_from_exception(thrown);
+            if (!chunk) {
+                out.outcome = error{chunk.error().code,
+                                    target.path + ": the source failed: " + chunk.error().detail};
+                break;
+            }
+            if (auto alive = file_root(id); !alive) {
+                failed = std::move(alive).error();
+                break;
+            }
+            if (chunk->empty()) {
+                std::function<result<void>()> commit_work = [writer] { return writer->commit(); };
+                auto commit_job = async_blocking_job<void>(file_pool_, std::move(commit_work));
+                out.outcome = co_await std::move(commit_job);
+                co_return out;
+            }
+            auto data = std::make_shared<std::string>(std::move(*chunk));
+            std::function<result<void>()> append_work = [writer, data] {
+                return writer->append(*data);
+            };
+            auto append_job = async_blocking_job<void>(file_pool_, std::move(append_work));
+            auto appended = co_await std::move(append_job);
+            if (!appended) {
+                out.outcome = std::move(appended);
+                break;
+            }
+        }
+        // Removed before the call completes, so the caller never sees a temporary file left.
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+        }
+        auto abandon_job = async_blocking_job<void>(file_pool_, std::move(abandon_work));
+        auto abandoned = co_await std::move(abandon_job);
+        (void)abandoned;
+        if (failed) co_return std::move(*failed);
+        co_return out;
+    }
+
+    asio::awaitable<result<file_read_stream>> open_read_stream(std::string id, std::string path) {
+        auto pinned = pin_root(id);
+        if (!pinned) co_return std::move(pinned).error();
+        std::function<result<std::shared_ptr<stream_reader>>()> open_work =
+            [root = *pinned, path]() -> result<std::shared_ptr<stream_reader>> {
+            auto opened = stream_reader::open(root->view(), path);
+            if (!opened) return std::move(opened).error();
+            return std::shared_ptr<stream_reader>(std::move(*opened));
+        };
+        auto open_job =
+            async_blocking_job<std::shared_ptr<stream_reader>>(file_pool_, std::move(open_work));
+        auto opened = co_await std::move(open_job);
+        if (!opened) co_return std::move(opened).error();
+        file_stat info = (*opened)->stat();
+        auto stream = std::make_unique<local_read_stream>(file_pool_, std::move(*opened));
+        co_return file_read_stream(std::move(info), std::move(stream));
+    }
+
+    // file_root() with a descriptor of the job's own.
+    result<std::shared_ptr<pinned_root>> pin_root(const std::string& id) {
+        auto root = file_root(id);
+        if (!root) return std::move(root).error();
+        auto pinned = std::make_shared<pinned_root>();
+        pinned->fd.reset(::fcntl(root->root_fd, F_DUPFD_CLOEXEC, 0));
+        if (!pinned->fd.is_open()) {
+            return make_error(errc::limit_exceeded,
+                              "the application is out of file descriptors (RLIMIT_NOFILE)");
+        }
+        pinned->uid = root->uid;
+        pinned->gid = root->gid;
+        return pinned;
+    }
+
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
         sweep_dead_once();
@@ -1123,7 +1311,8 @@ class local_backend final : public backend {
     sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
     std::uint64_t next_exec_id_ = 1;
-    bool swept_ = false;  // sweep_dead_once ran
+    bool swept_ = false;           // sweep_dead_once ran
+    asio::thread_pool file_pool_;  // streamed file I/O (joined first by the destructor)
 };
 
 }  // namespace

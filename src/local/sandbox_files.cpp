@@ -359,6 +359,42 @@ result<std::string> read_one(int root_fd, const std::string& path, const file_li
     return data;
 }
 
+// The directory `parent` (absolute) under the root as an O_PATH descriptor; with `create`,
+// missing components are made one at a time (mkdirat never follows a link: a link in the way is
+// resolved inside the sandbox like any other path). -1 with the errno in `err` on failure.
+int open_parent(int root_fd, std::string_view parent, bool create, int& err) {
+    const std::string whole(parent);
+    const int fd = resolve(root_fd, whole, O_PATH | O_DIRECTORY);
+    err = errno;
+    if (fd >= 0 || err != ENOENT || !create) return fd;
+    unique_fd current(resolve(root_fd, "/", O_PATH | O_DIRECTORY));
+    err = errno;
+    if (!current.is_open()) return -1;
+    std::string prefix;
+    std::size_t at = 0;
+    while (at < parent.size()) {
+        const std::size_t slash = std::min(parent.find('/', at), parent.size());
+        const std::string name(parent.substr(at, slash - at));
+        at = slash + 1;
+        if (name.empty() || name == ".") continue;
+        prefix += '/';
+        prefix += name;
+        unique_fd next(resolve(root_fd, prefix, O_PATH | O_DIRECTORY));
+        err = errno;
+        if (!next.is_open() && err == ENOENT) {
+            if (::mkdirat(current.get(), name.c_str(), 0755) != 0 && errno != EEXIST) {
+                err = errno;
+                return -1;
+            }
+            next.reset(resolve(root_fd, prefix, O_PATH | O_DIRECTORY));
+            err = errno;
+        }
+        if (!next.is_open()) return -1;
+        current = std::move(next);
+    }
+    return current.release();
+}
+
 error batch_too_large(std::size_t files, std::size_t max_files) {
     return make_error(errc::too_large, std::to_string(files) + " files exceed the batch limit of " +
                                            std::to_string(max_files) + " files");
@@ -462,6 +498,126 @@ result<std::vector<file_read_result>> read_files(const sandbox_root& root,
         out.push_back({path, std::move(content)});
     }
     return out;
+}
+
+result<std::unique_ptr<stream_writer>> stream_writer::open(const sandbox_root& root,
+                                                           const file_write_target& target) {
+    const std::string& path = target.path;
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    const auto [parent, name] = split_path(path);
+    if (name.empty() || name == "." || name == "..") {
+        return path_error(errc::is_directory, path, "names a directory");
+    }
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    std::unique_ptr<stream_writer> writer(new stream_writer());
+    writer->uid_ = root.uid;
+    writer->gid_ = root.gid;
+    writer->path_ = path;
+    writer->name_ = std::string(name);
+    writer->mode_ = target.mode & 0777;
+    writer->max_bytes_ = target.max_bytes;
+    int err = 0;
+    writer->dir_.reset(open_parent(root.root_fd, parent, target.create_parents, err));
+    if (!writer->dir_.is_open()) return errno_error(err, path);
+    struct stat existing {};
+    if (::fstatat(writer->dir_.get(), writer->name_.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(existing.st_mode)) {
+        return path_error(errc::is_directory, path, "is a directory");
+    }
+    for (int attempt = 0; attempt < 4 && !writer->out_.is_open(); ++attempt) {
+        std::string temp = random_temp_name();
+        writer->out_.reset(::openat(writer->dir_.get(), temp.c_str(),
+                                    O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600));
+        if (writer->out_.is_open()) writer->temp_ = std::move(temp);
+        if (!writer->out_.is_open() && errno != EEXIST) break;
+    }
+    if (!writer->out_.is_open()) return errno_error(errno, path);
+    return writer;
+}
+
+result<void> stream_writer::append(std::string_view chunk) {
+    if (!out_.is_open()) return path_error(errc::invalid_argument, path_, "the write has ended");
+    if (chunk.size() > max_bytes_ - written_) {
+        return path_error(
+            errc::too_large, path_,
+            "content exceeds the per-file limit of " + std::to_string(max_bytes_) + " bytes");
+    }
+    if (auto done = write_all(out_.get(), chunk, path_); !done) return done;
+    written_ += chunk.size();
+    return {};
+}
+
+result<void> stream_writer::commit() {
+    if (!out_.is_open()) return path_error(errc::invalid_argument, path_, "the write has ended");
+    result<void> done;
+    {
+        const sandbox_identity identity(uid_, gid_);
+        done = identity.status();
+        if (done && ::fchmod(out_.get(), mode_) != 0) done = errno_error(errno, path_);
+        if (done && ::close(out_.release()) != 0) done = errno_error(errno, path_);
+        if (done && ::renameat(dir_.get(), temp_.c_str(), dir_.get(), name_.c_str()) != 0) {
+            // A directory appeared at the target since open().
+            const int err = errno;
+            done = (err == ENOTEMPTY || err == EEXIST) ? errno_error(EISDIR, path_)
+                                                       : errno_error(err, path_);
+        }
+        if (done) temp_.clear();
+    }
+    if (!done) abandon();
+    return done;
+}
+
+void stream_writer::abandon() noexcept {
+    out_.reset();
+    if (temp_.empty() || !dir_.is_open()) return;
+    const sandbox_identity identity(uid_, gid_);
+    if (identity.status()) ::unlinkat(dir_.get(), temp_.c_str(), 0);
+    temp_.clear();
+}
+
+result<std::unique_ptr<stream_reader>> stream_reader::open(const sandbox_root& root,
+                                                           const std::string& path) {
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    // As read_one: look through O_PATH first, then reopen that same inode.
+    const unique_fd located(resolve(root.root_fd, path, O_PATH));
+    if (!located.is_open()) return errno_error(errno, path);
+    struct stat st {};
+    if (::fstat(located.get(), &st) != 0) return errno_error(errno, path);
+    if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
+    if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
+    const std::string reopen = "/proc/self/fd/" + std::to_string(located.get());
+    std::unique_ptr<stream_reader> reader(new stream_reader());
+    reader->in_.reset(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!reader->in_.is_open()) return errno_error(errno, path);
+    reader->stat_.path = path;
+    reader->stat_.type = file_type::regular;
+    reader->stat_.size = static_cast<std::uint64_t>(st.st_size);
+    reader->stat_.mode = st.st_mode & 07777;
+    reader->remaining_ = reader->stat_.size;
+    return reader;
+}
+
+result<std::string> stream_reader::read(std::size_t most) {
+    if (remaining_ == 0) return std::string();
+    std::string chunk(static_cast<std::size_t>(std::min<std::uint64_t>(most, remaining_)), '\0');
+    for (;;) {
+        const ssize_t n = ::read(in_.get(), chunk.data(), chunk.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno_error(errno, stat_.path);
+        }
+        if (n == 0) {
+            return path_error(errc::backend_failure, stat_.path,
+                              "the file shrank while it was read (" + std::to_string(remaining_) +
+                                  " of " + std::to_string(stat_.size) + " bytes missing)");
+        }
+        chunk.resize(static_cast<std::size_t>(n));
+        remaining_ -= static_cast<std::uint64_t>(n);
+        return chunk;
+    }
 }
 
 result<file_stat> stat_path(const sandbox_root& root, const std::string& path) {

@@ -1,5 +1,6 @@
 // Host-side file operations on a live sandbox: plain synchronous functions that run inline on the
-// backend's executor (each is a handful of system calls per file, bounded by file_limits).
+// backend's executor (each is a handful of system calls per file, bounded by file_limits), and the
+// two stream classes whose steps the backend runs on its file threads.
 //
 // Every path is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) under the sandbox's
 // root directory, so ".." and absolute symlinks stay inside the sandbox and /proc magic links
@@ -15,6 +16,8 @@
 #include "core/unique_fd.hpp"
 
 #include <sys/types.h>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +66,63 @@ result<std::vector<file_write_result>> write_files(const sandbox_root& root,
 result<std::vector<file_read_result>> read_files(const sandbox_root& root,
                                                  const std::vector<std::string>& paths,
                                                  const file_limits& limits);
+
+// A streamed write under way: the content goes to a temporary file (mode 0600, the sandbox
+// user's) in the target's directory, renamed over the target by commit(). Until then, or if
+// anything fails, the target is as it was; the temporary file is removed by abandon(), by a failed
+// commit(), or at the latest by the destructor. open(), commit() and abandon() take the sandbox
+// user's identity on the calling thread for their system calls; append() is a plain write() to
+// the descriptor open() made, which needs none. Any thread may call them, one at a time.
+class stream_writer {
+  public:
+    // Checks the path, resolves (and with create_parents, creates) the parent directory inside
+    // the sandbox, refuses a directory at the target, creates the temporary file. Per-path errors.
+    static result<std::unique_ptr<stream_writer>> open(const sandbox_root& root,
+                                                       const file_write_target& target);
+    // too_large (nothing more is written) once the content would exceed target.max_bytes.
+    result<void> append(std::string_view chunk);
+    // Sets the mode and renames the temporary file over the target.
+    result<void> commit();
+    void abandon() noexcept;
+    ~stream_writer() { abandon(); }
+
+    stream_writer(const stream_writer&) = delete;
+    stream_writer& operator=(const stream_writer&) = delete;
+
+  private:
+    stream_writer() = default;
+
+    uid_t uid_ = 0;
+    gid_t gid_ = 0;
+    unique_fd dir_;  // the target's directory (O_PATH)
+    unique_fd out_;  // the temporary file
+    std::string path_;
+    std::string name_;  // the target's name in dir_
+    std::string temp_;  // the temporary file's name in dir_; empty once renamed or removed
+    std::uint32_t mode_ = 0644;
+    std::uint64_t max_bytes_ = 0;
+    std::uint64_t written_ = 0;
+};
+
+// One regular file open for a streamed read: open() runs under the sandbox user's identity with
+// the batch read's rules (looked at through O_PATH first, so a FIFO or device is never opened);
+// read() is a plain read() of that descriptor and delivers exactly stat().size bytes.
+class stream_reader {
+  public:
+    static result<std::unique_ptr<stream_reader>> open(const sandbox_root& root,
+                                                       const std::string& path);
+    const file_stat& stat() const noexcept { return stat_; }
+    // Up to `most` bytes; "" once stat().size bytes were delivered; backend_failure naming the
+    // path if the file ended early (it shrank).
+    result<std::string> read(std::size_t most);
+
+  private:
+    stream_reader() = default;
+
+    unique_fd in_;
+    file_stat stat_;
+    std::uint64_t remaining_ = 0;
+};
 
 // lstat-like: a final symlink is reported as a symlink.
 result<file_stat> stat_path(const sandbox_root& root, const std::string& path);

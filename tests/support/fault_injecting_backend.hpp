@@ -67,6 +67,14 @@ class fault_injecting_backend final : public backend {
         std::string id, std::vector<std::string> paths) override {
         return real_.async_read_files(std::move(id), std::move(paths));
     }
+    asio::awaitable<result<file_write_result>> async_write_file_stream(
+        std::string id, file_write_target target, byte_source source) override {
+        return real_.async_write_file_stream(std::move(id), std::move(target), std::move(source));
+    }
+    asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
+                                                                     std::string path) override {
+        return real_.async_read_file_stream(std::move(id), std::move(path));
+    }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
         return real_.async_stat(std::move(id), std::move(path));
     }
