@@ -87,6 +87,7 @@ namespace {
 struct output_item {
     output_channel channel;
     std::string data;
+    bool is_read = false;  // some subscription has had it
 };
 
 // Removes a waiter's registration when the coroutine frame holding it goes away.
@@ -114,7 +115,7 @@ struct process_table::entry {
     // Shared with the calls using it (a stdin write may outlive the pump's reference); released
     // when the pump ends, and the last reference's drop kills a process that still runs.
     std::shared_ptr<process> proc;
-    std::deque<output_item> log;  // unread output, oldest first
+    std::deque<output_item> log;  // the newest output, up to the cap, oldest first
     std::uint64_t first_seq = 0;  // sequence number of log.front()
     std::size_t bytes = 0;
     std::uint64_t dropped_bytes = 0;
@@ -137,21 +138,24 @@ struct process_table::entry {
         }
         for (auto* t : input_waiters) t->cancel();
     }
-    // Releases what every attached subscription has read.
-    void trim() {
-        if (subscribers.empty()) return;
-        std::uint64_t low = next_seq();
-        for (const auto* s : subscribers) low = std::min(low, s->cursor);
-        while (!log.empty() && first_seq < low) pop_front();
-    }
     void append(output_chunk chunk, std::size_t cap) {
         if (chunk.data.size() > cap) {
             dropped_bytes += chunk.data.size() - cap;
             chunk.data.erase(0, chunk.data.size() - cap);
         }
-        while (!log.empty() && bytes + chunk.data.size() > cap) {
-            dropped_bytes += log.front().data.size();
-            pop_front();
+        // Exactly the newest `cap` bytes stay: whole chunks go first, then the head of one.
+        std::size_t excess = bytes + chunk.data.size() > cap ? bytes + chunk.data.size() - cap : 0;
+        while (excess > 0 && !log.empty()) {
+            auto& oldest = log.front();
+            const std::size_t cut = std::min(excess, oldest.data.size());
+            if (!oldest.is_read) dropped_bytes += cut;
+            excess -= cut;
+            if (cut == oldest.data.size()) {
+                pop_front();
+            } else {
+                oldest.data.erase(0, cut);
+                bytes -= cut;
+            }
         }
         if (chunk.data.empty()) return;
         bytes += chunk.data.size();
@@ -336,7 +340,6 @@ void process_table::subscription::detach() noexcept {
     if (!entry_ || !self_) return;
     auto& subs = entry_->subscribers;
     subs.erase(std::remove(subs.begin(), subs.end(), self_.get()), subs.end());
-    entry_->trim();
     self_.reset();
     entry_.reset();
     table_.reset();
@@ -359,13 +362,13 @@ asio::awaitable<result<process_event>> process_table::subscription::async_next(d
         }
         if (self->cursor < e->first_seq) self->cursor = e->first_seq;  // dropped meanwhile
         if (self->cursor < e->next_seq()) {
-            const auto& item = e->log[self->cursor - e->first_seq];
+            auto& item = e->log[self->cursor - e->first_seq];
+            item.is_read = true;
             process_event event;
             event.type = process_event::kind::output;
             event.output.channel = item.channel;
             event.output.data = item.data;
             ++self->cursor;
-            e->trim();
             co_return event;
         }
         if (e->end) {

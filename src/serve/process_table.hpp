@@ -4,16 +4,18 @@
 //
 // A process belongs to the table, not to the stream that started it: a client that disconnects
 // leaves it running. The table pulls each process's output as it comes (one pump per process), so
-// a process never waits on a client. What no attached client has read yet stays in the process's
-// buffer (output_buffer_bytes); past that the oldest output is dropped and counted
+// a process never waits on a client. Each process keeps its most recent output, up to
+// output_buffer_bytes, whether a client has read it or not; past that the oldest output is
+// dropped, and what is dropped before any subscription had it is counted
 // (process_info::dropped_bytes). Any number of subscriptions follow one process: a subscription
-// starts at the oldest output still buffered (what arrived while nobody listened is replayed),
-// then follows live output, then gets the end exactly once. Output every attached subscription
-// has read is released at once.
+// starts at the oldest output still buffered (so a client that re-attaches gets what it missed,
+// and what it had already seen within the window, rather than losing output its old stream was
+// sent as it went away), then follows live output, then gets the end exactly once. A
+// subscription slower than the output skips what fell out of the window meanwhile.
 //
 // Bounds: at most max_processes live processes (add() fails with limit_exceeded past it), each
 // holding at most output_buffer_bytes; at most max_retained_ends finished processes, each kept
-// retained_end_age after its end (their unread output with them). Memory per sandbox is thus at
+// retained_end_age after its end (their buffered output with them). Memory per sandbox is thus at
 // most (max_processes + max_retained_ends) * output_buffer_bytes plus bookkeeping.
 //
 // close() is the sandbox's end: every subscription fails at once with sandbox_unavailable (its
@@ -79,8 +81,8 @@ struct process_info {
     std::uint32_t pid = 0;
     process_config config;
     std::optional<std::string> tag;
-    std::size_t buffered_bytes = 0;   // output not yet read by every attached subscription
-    std::uint64_t dropped_bytes = 0;  // output dropped because the buffer was full
+    std::size_t buffered_bytes = 0;   // output in its buffer now (at most output_buffer_bytes)
+    std::uint64_t dropped_bytes = 0;  // output dropped from a full buffer before anyone read it
     std::optional<process_end> end;   // once it has finished
 };
 
