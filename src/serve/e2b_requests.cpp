@@ -259,6 +259,8 @@ result<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view s) 
         second > 60) {
         return invalid("not an RFC 3339 date-time");
     }
+    // system_clock counts nanoseconds: about 1678 to 2262. Keep well inside it.
+    if (year < 1970 || year > 2200) return invalid("date-time out of range (years 1970 to 2200)");
     std::size_t at = 19;
     std::int64_t nanos = 0;
     if (at < s.size() && s[at] == '.') {

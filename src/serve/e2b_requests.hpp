@@ -62,7 +62,8 @@ result<std::map<std::string, std::string>> parse_query(std::string_view query);
 result<std::vector<std::pair<std::string, std::string>>> parse_metadata_filter(
     std::string_view value);
 
-// RFC 3339 date-time ("2026-12-01T14:40:11.123Z", "...+02:00"); invalid_argument otherwise.
+// RFC 3339 date-time ("2026-12-01T14:40:11.123Z", "...+02:00") from 1970 to 2200 (the clock's
+// range, with room); invalid_argument otherwise.
 result<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view text);
 // UTC with milliseconds: "2026-12-01T14:40:11.123Z".
 std::string format_rfc3339(std::chrono::system_clock::time_point t);

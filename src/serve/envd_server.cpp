@@ -75,8 +75,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
         }
     }
     bool verified = entry && token_matches(request, *entry);
-    const bool exempt = route.path == "/health";
-    if (!verified && !exempt) {
+    if (!verified) {
         if (route.auth == envd_auth::token_or_signature && s->routes.verifier()) {
             entry = s->routes.verifier()(request, entry);
         } else {

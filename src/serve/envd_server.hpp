@@ -8,8 +8,9 @@
 // {"code":502,"message":"The sandbox was not found","sandboxId":"<id>"}, as E2B's proxy answers.
 //
 // Access: X-Access-Token compared in constant time with the sandbox's token; wrong or missing:
-// 401 {"code":401,"message":"unauthorized access, ..."}. GET /health needs no token (envd's own
-// exemption) but still a live sandbox: 204.
+// 401 {"code":401,"message":"unauthorized access, ..."}. GET /health (204) needs it too, unlike
+// envd's own exemption: the SDK sends the token on every envd call, and a health probe that
+// checks it tells a client whether its token is still good (after a restart of the server).
 //
 // Host header: the loopback names, and `49983-<id>.<anything>` (the id is then checked as
 // above); on a non-loopback listener any Host.
