@@ -32,9 +32,8 @@ constexpr std::chrono::seconds default_keepalive{90};
 // when the client set no Connect-Timeout-Ms.
 constexpr std::chrono::seconds spawn_limit{30};
 constexpr std::chrono::seconds unary_limit{30};
-// The user commands run as and its home (the sandbox's default layout).
-constexpr std::string_view sandbox_user = "user";
-constexpr std::string_view sandbox_home = "/workspace";
+// The name USER and LOGNAME carry when the sandbox's layout names no user.
+constexpr std::string_view default_user = "user";
 // no_new_privs makes sudo useless in a sandbox: bash (every SDK command runs under /bin/bash -l
 // -c) gets a sudo function that says so, instead of sudo's own message or "command not found".
 constexpr std::string_view sudo_function_name = "BASH_FUNC_sudo%%";
@@ -99,25 +98,39 @@ error not_found(const process_selector& s) {
                       "process with tag " + s.tag.value_or("") + " not found");
 }
 
-// envd's ExpandAndResolve: "" is the default directory, "~" and "~/x" are under the home, a
-// relative path is relative to the home.
-std::string resolve_cwd(const std::string& cwd) {
+// Who commands run as and where home is: the sandbox's layout (sandbox_info::layout).
+struct sandbox_user {
+    std::string name;
+    std::string home;
+};
+
+sandbox_user user_of(const registry_entry& sandbox) {
+    const auto& layout = sandbox.handle->info().layout;
+    sandbox_user u{layout.user, layout.home};
+    if (u.name.empty()) u.name = default_user;
+    return u;
+}
+
+// envd's ExpandAndResolve: "" is the default directory (the layout's workdir), "~" and "~/x" are
+// under the home, a relative path is relative to the home.
+std::string resolve_cwd(const std::string& cwd, const sandbox_user& user) {
     if (cwd.empty()) return cwd;
-    if (cwd == "~") return std::string(sandbox_home);
-    if (cwd.starts_with("~/")) return std::string(sandbox_home) + cwd.substr(1);
+    if (cwd == "~") return user.home;
+    if (cwd.starts_with("~/")) return user.home + cwd.substr(1);
     if (cwd.front() == '/') return cwd;
-    return std::string(sandbox_home) + "/" + cwd;
+    return user.home + "/" + cwd;
 }
 
 // envd's order, later entries winning: PATH (the sandbox's), HOME, USER, LOGNAME, the sandbox's
 // own variables (create envVars; the backend applies them), the request's.
 std::map<std::string, std::string> process_environment(
-    const registry_entry& sandbox, const std::map<std::string, std::string>& envs) {
+    const registry_entry& sandbox, const sandbox_user& user,
+    const std::map<std::string, std::string>& envs) {
     std::map<std::string, std::string> env;
     const std::pair<std::string_view, std::string_view> defaults[] = {
-        {"HOME", sandbox_home},
-        {"USER", sandbox_user},
-        {"LOGNAME", sandbox_user},
+        {"HOME", user.home},
+        {"USER", user.name},
+        {"LOGNAME", user.name},
         {sudo_function_name, sudo_function},
     };
     for (const auto& [k, v] : defaults) {
@@ -222,7 +235,8 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         (void)co_await stream.async_end(c, room.error().detail);
         co_return;
     }
-    const std::string cwd = resolve_cwd(parsed->process.cwd);
+    const auto user = user_of(*call.sandbox);
+    const std::string cwd = resolve_cwd(parsed->process.cwd, user);
     const auto start_limit = deadline::after(spawn_limit);
     if (!cwd.empty()) {
         auto stat = co_await call.sandbox->handle->async_stat(cwd, start_limit);
@@ -241,7 +255,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     exec_request request;
     request.argv.push_back(parsed->process.cmd);
     for (const auto& a : parsed->process.args) request.argv.push_back(a);
-    request.env = process_environment(*call.sandbox, parsed->process.envs);
+    request.env = process_environment(*call.sandbox, user, parsed->process.envs);
     request.cwd = cwd;
     request.wall_limit = exec_request::max_spawn_wall_limit;
     if (timeout && timeout->count() > 0) {

@@ -39,6 +39,25 @@ async function assertGoneFromHost(needle) {
     assert.ok(left, `host processes still running with "${needle}": ${hostProcesses(needle)}`);
 }
 
+// A Connect server-stream call: one enveloped request; the response's envelopes, parsed.
+async function connectStream(url, headers, message) {
+    const json = Buffer.from(JSON.stringify(message));
+    const prefix = Buffer.alloc(5);
+    prefix.writeUInt32BE(json.length, 1);
+    const response = await fetch(url, { method: 'POST', headers, body: Buffer.concat([prefix, json]) });
+    assert.equal(response.status, 200);
+    assert.equal(response.headers.get('content-type'), 'application/connect+json');
+    const body = Buffer.from(await response.arrayBuffer());
+    const frames = [];
+    for (let at = 0; at < body.length;) {
+        const flags = body[at];
+        const length = body.readUInt32BE(at + 1);
+        frames.push({ flags, message: JSON.parse(body.subarray(at + 5, at + 5 + length).toString()) });
+        at += 5 + length;
+    }
+    return frames;
+}
+
 // A unique marker per case, so that host checks never see another case's processes.
 let counter = 0;
 function marker(version) {
@@ -189,6 +208,32 @@ for (const [version, sdk] of Object.entries(sdks)) {
             const result = await handle.wait();
             assert.equal(result.stdout, 'got hello\nmore\neof\n');
             await assert.rejects(sbx.commands.sendStdin(handle.pid, 'late'), /not found/);
+        });
+
+        test('on the wire: keepalives while quiet, one end, the end-stream frame, and envd errors', async () => {
+            // The SDK asks for a keepalive every 50 s; a raw Connect call asks for one per second.
+            const headers = {
+                'content-type': 'application/connect+json',
+                'connect-protocol-version': '1',
+                'keepalive-ping-interval': '1',
+                'e2b-sandbox-id': sbx.sandboxId,
+                'x-access-token': sbx.envdAccessToken,
+            };
+            const start = { process: { cmd: '/bin/bash', args: ['-c', 'sleep 2.5; echo late'] }, stdin: false };
+            const frames = await connectStream(`${serve.envd}/process.Process/Start`, headers, start);
+            const kinds = frames.map((f) => (f.flags === 2 ? 'end-stream' : Object.keys(f.message.event)[0]));
+            assert.equal(kinds[0], 'start');
+            assert.ok(kinds.indexOf('keepalive') > 0 && kinds.indexOf('keepalive') < kinds.indexOf('data'), kinds.join());
+            assert.deepEqual(kinds.slice(-2), ['end', 'end-stream']);
+            assert.equal(kinds.filter((k) => k === 'end').length, 1);
+            assert.deepEqual(frames.at(-2).message.event.end, { exited: true, status: 'exit status 0' });
+            assert.deepEqual(frames.at(-1).message, {});
+
+            const pty = await connectStream(`${serve.envd}/process.Process/Start`, headers,
+                { process: { cmd: '/bin/bash' }, pty: { size: { cols: 80, rows: 24 } } });
+            assert.equal(pty.at(-1).message.error.code, 'unimplemented');
+
+            await assert.rejects(sbx.commands.connect(999999), /process with pid 999999 not found/);
         });
 
         test('killing the sandbox ends its live streams at once and its processes with it', async () => {
