@@ -121,21 +121,25 @@ asio::awaitable<result<std::string>> read_body(http::server_request& request) {
     co_return co_await request.async_read_body();
 }
 
-// Moves the sandbox's end to `ttl` from now (shorter or longer) and records it.
-asio::awaitable<result<void>> set_end(registry_entry& e, std::chrono::milliseconds ttl) {
+// Moves the sandbox's end to `ttl` from now (shorter or longer) and records it. Through the
+// backend, not the handle: the handle's queue would hold it behind a streaming command.
+asio::awaitable<result<void>> set_end(backend& sandboxes, registry_entry& e,
+                                      std::chrono::milliseconds ttl) {
     if (ttl < std::chrono::milliseconds(1)) ttl = std::chrono::milliseconds(1);
-    auto extended = co_await e.handle->async_extend_ttl(ttl);
+    std::string id = e.id;
+    auto extended = co_await sandboxes.async_extend_ttl(std::move(id), ttl);
     if (!extended) co_return std::move(extended).error();
     e.end_at = extended->expires_at;
     co_return result<void>();
 }
 
 // Extends only: a shorter wish never shortens the end.
-asio::awaitable<result<void>> extend_to(registry_entry& e, std::chrono::seconds ttl) {
+asio::awaitable<result<void>> extend_to(backend& sandboxes, registry_entry& e,
+                                        std::chrono::seconds ttl) {
     const auto wanted = system_clock::now() + ttl;
     if (wanted <= e.end_at) co_return result<void>();
     const auto as_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ttl);
-    co_return co_await set_end(e, as_ms);
+    co_return co_await set_end(sandboxes, e, as_ms);
 }
 
 // ---- create ------------------------------------------------------------------------------------
@@ -192,6 +196,10 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     sandbox_spec spec;
     spec.labels = context.registry.scope_labels();
     spec.env = parsed->env_vars;
+    // E2B's sandboxes run commands as `user` in /home/user (its SDK assumes both).
+    spec.layout.user = "user";
+    spec.layout.home = "/home/user";
+    spec.layout.workdir = "/home/user";
     spec.ttl = std::chrono::seconds(timeout_s);
     spec.survive_owner = true;
     const auto started = system_clock::now();
@@ -283,7 +291,8 @@ asio::awaitable<void> set_timeout(control_call& call) {
         co_return;
     }
     const std::chrono::milliseconds ttl = std::chrono::seconds(*timeout);
-    auto moved = co_await set_end(*entry, ttl);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto moved = co_await set_end(sandboxes, *entry, ttl);
     if (!moved) {
         const int status = status_for(moved.error());
         std::string message = moved.error().to_string();
@@ -310,7 +319,8 @@ asio::awaitable<void> refresh(control_call& call) {
     }
     const std::int64_t seconds = std::max<std::int64_t>(15, duration->value_or(15));
     const std::chrono::seconds ttl(seconds);
-    auto extended = co_await extend_to(*entry, ttl);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto extended = co_await extend_to(sandboxes, *entry, ttl);
     if (!extended) {
         const int status = status_for(extended.error());
         std::string message = extended.error().to_string();
@@ -337,7 +347,8 @@ asio::awaitable<void> connect(control_call& call) {
     }
     const std::int64_t seconds = timeout->value_or(300);
     const std::chrono::seconds ttl(seconds);
-    auto extended = co_await extend_to(*entry, ttl);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto extended = co_await extend_to(sandboxes, *entry, ttl);
     if (!extended) {
         const int status = status_for(extended.error());
         std::string message = extended.error().to_string();

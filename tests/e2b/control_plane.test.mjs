@@ -6,6 +6,8 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -67,9 +69,12 @@ for (const [version, sdk] of Object.entries(sdks)) {
             const lifetime = info.endAt.getTime() - info.startedAt.getTime();
             assert.ok(Math.abs(lifetime - 120_000) < 2_000, `lifetime ${lifetime} ms`);
             // The envs reach the sandbox's commands (seen through the host's own CLI).
-            const env = await runMoat(['exec', sbx.sandboxId, '--', 'sh', '-c', 'printf %s "$FOO"']);
+            // The envs and E2B's layout (user `user`, home and cwd /home/user) reach the
+            // sandbox's commands, seen through the host's own CLI.
+            const env = await runMoat(['exec', sbx.sandboxId, '--', 'sh', '-c',
+                'printf "%s|%s|%s|%s" "$FOO" "$HOME" "$(pwd)" "$(id -un)"']);
             assert.equal(env.code, 0, env.stderr);
-            assert.equal(env.stdout, 'bar baz');
+            assert.equal(env.stdout, 'bar baz|/home/user|/home/user|user');
             const host = await onHost(sbx.sandboxId);
             assert.ok(host && host.host_pid, 'the host lists the sandbox');
             assert.equal(await sbx.kill(), true);
@@ -194,6 +199,69 @@ describe('scope', () => {
         }
     });
 
+    test('refreshes extend only, the v1 list filters, and bad list queries are 400 naming the field', async () => {
+        const { Sandbox } = current;
+        const sbx = await Sandbox.create({ timeoutMs: 600_000, metadata: { raw: 'yes' } });
+        try {
+            const headers = { 'X-API-Key': serve.key, 'Content-Type': 'application/json' };
+            const before = (await sbx.getInfo()).endAt.getTime();
+            const refreshed = await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}/refreshes`, {
+                method: 'POST', headers, body: '{"duration":60}',
+            });
+            assert.equal(refreshed.status, 204);
+            assert.equal((await sbx.getInfo()).endAt.getTime(), before, 'a refresh shortened the end');
+            const v1 = await fetch(`${serve.api}/sandboxes?metadata=${encodeURIComponent('raw=yes')}`, { headers });
+            assert.equal(v1.status, 200);
+            assert.deepEqual((await v1.json()).map((s) => s.sandboxID), [sbx.sandboxId]);
+            for (const [query, named] of [['order=sideways', 'order'], ['nextToken=bm9wZQ', 'next token'],
+                ['state=frozen', 'frozen'], ['metadata=novalue', 'metadata'], ['limit=abc', 'limit'],
+                ['startedAfter=yesterday', 'startedAfter']]) {
+                const response = await fetch(`${serve.api}/v2/sandboxes?${query}`, { headers });
+                assert.equal(response.status, 400, query);
+                const body = await response.json();
+                assert.equal(body.code, 400);
+                assert.match(body.message, new RegExp(named, 'i'), query);
+            }
+            const started = (await sbx.getInfo()).startedAt;
+            const since = async (query) => (await (await fetch(`${serve.api}/v2/sandboxes?${query}`, { headers })).json())
+                .some((s) => s.sandboxID === sbx.sandboxId);
+            const earlier = new Date(started.getTime() - 1_000).toISOString();
+            const later = new Date(started.getTime() + 1_000).toISOString();
+            assert.equal(await since(`startedAfter=${encodeURIComponent(earlier)}`), true);
+            assert.equal(await since(`startedAfter=${encodeURIComponent(later)}`), false);
+            assert.equal(await since('template=base'), true);
+            assert.equal(await since('template=other'), false);
+            assert.equal(await since('order=asc&limit=100'), true);
+            const missing = await fetch(`${serve.api}/v2/sandboxes/sb-00000000000000000000/connect`, {
+                method: 'POST', headers, body: '{}',
+            });
+            assert.equal(missing.status, 404);
+            assert.equal((await missing.json()).code, 404);
+        } finally {
+            assert.equal(await sbx.kill(), true);
+        }
+    });
+
+    test("envd also finds the sandbox in a 49983-<id>.<domain> Host, and refuses other Hosts", async () => {
+        const sbx = await current.Sandbox.create();
+        try {
+            const token = (await (await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}`,
+                { headers: { 'X-API-Key': serve.key } })).json()).envdAccessToken;
+            const { hostname, port } = new URL(serve.envd);
+            const get = (host, headers = {}) => new Promise((resolve, reject) => {
+                const request = http.get({ hostname, port, path: '/health', headers: { Host: host, ...headers } },
+                    (response) => { response.resume(); resolve(response.statusCode); });
+                request.on('error', reject);
+            });
+            assert.equal(await get(`49983-${sbx.sandboxId}.moat.local`, { 'X-Access-Token': token }), 204);
+            assert.equal(await get(`49983-${sbx.sandboxId}.moat.local:443`, { 'X-Access-Token': 'wrong' }), 401);
+            assert.equal(await get('49983-sb-00000000000000000000.moat.local', { 'X-Access-Token': token }), 502);
+            assert.equal(await get('evil.example', { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token }), 421);
+        } finally {
+            assert.equal(await sbx.kill(), true);
+        }
+    });
+
     test('GET /health answers 200 on the control plane and needs no key', async () => {
         const response = await fetch(`${serve.api}/health`);
         assert.equal(response.status, 200);
@@ -230,6 +298,43 @@ describe('lifecycle of the server', () => {
             await assertGoneFromHost(sbx.sandboxId, host.host_pid);
         } finally {
             if (second) assert.equal(await second.stop(), 0, second.stderr());
+            removeDir(first.workDir);
+        }
+    });
+
+    test('SIGINT or SIGTERM stop it with exit 0, a stalled in-flight request included; after SIGKILL a restart adopts', async () => {
+        const first = await startServe({ setEnv: false });
+        const options = { apiUrl: first.api, sandboxUrl: first.envd, apiKey: first.key };
+        const sbx = await current.Sandbox.create({ ...options, timeoutMs: 120_000 });
+        const host = await onHost(sbx.sandboxId);
+        // A create whose body never finishes is in flight when the stop comes: the server waits
+        // its grace, then closes it.
+        const { port } = new URL(first.api);
+        const socket = net.connect(Number(port), '127.0.0.1');
+        await new Promise((resolve) => socket.on('connect', resolve));
+        socket.write(`POST /v2/sandboxes HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nX-API-Key: ${first.key}\r\n` +
+            'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"templ');
+        const closed = new Promise((resolve) => socket.on('close', resolve));
+        socket.on('error', () => {});
+        await new Promise((r) => setTimeout(r, 200));
+        assert.equal(await first.stop('SIGTERM'), 0, first.stderr());
+        await closed;
+        assert.ok(isAlive(host.host_pid));
+        let second;
+        let third;
+        try {
+            second = await startServe({ setEnv: false, stateDir: first.stateDir, key: first.key, workDir: first.workDir });
+            assert.equal(await second.stop('SIGKILL'), 128 + 9);
+            assert.ok(isAlive(host.host_pid), 'the sandbox died with a killed server');
+            third = await startServe({ setEnv: false, stateDir: first.stateDir, key: first.key, workDir: first.workDir });
+            const again = { apiUrl: third.api, sandboxUrl: third.envd, apiKey: third.key };
+            const connected = await current.Sandbox.connect(sbx.sandboxId, again);
+            assert.equal(await connected.isRunning(), true);
+            assert.equal(await connected.kill(), true);
+            await assertGoneFromHost(sbx.sandboxId, host.host_pid);
+            assert.equal(await third.stop('SIGINT'), 0, third.stderr());
+        } finally {
+            if (third) await third.stop();
             removeDir(first.workDir);
         }
     });
