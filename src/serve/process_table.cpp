@@ -87,8 +87,13 @@ namespace {
 struct output_item {
     output_channel channel;
     std::string data;
-    bool is_read = false;  // some subscription has had it
+    bool is_read = false;     // some subscription has had it
+    std::uint64_t start = 0;  // offset of data[0] in everything the process printed
 };
+
+// What one buffered chunk costs beyond its bytes (the deque slot, the string): charged against
+// the buffer's cap, so that many small chunks cannot outgrow it.
+constexpr std::size_t item_overhead = 64;
 
 // Removes a waiter's registration when the coroutine frame holding it goes away.
 struct waiter_removal {
@@ -117,8 +122,10 @@ struct process_table::entry {
     std::shared_ptr<process> proc;
     std::deque<output_item> log;  // the newest output, up to the cap, oldest first
     std::uint64_t first_seq = 0;  // sequence number of log.front()
-    std::size_t bytes = 0;
+    std::size_t bytes = 0;        // output bytes in `log`
+    std::uint64_t appended = 0;   // every byte the process printed so far
     std::uint64_t dropped_bytes = 0;
+    asio::steady_timer* pump_waiting = nullptr;  // the pump, waiting for a slow subscription
     std::optional<process_end> end;
     std::optional<error> failure;  // the pump failed: no end will come
     steady::time_point ended_at{};
@@ -137,30 +144,54 @@ struct process_table::entry {
             if (s->waiting != nullptr) s->waiting->cancel();
         }
         for (auto* t : input_waiters) t->cancel();
+        wake_pump();
     }
+    std::size_t cost() const noexcept { return bytes + item_overhead * log.size(); }
     void append(output_chunk chunk, std::size_t cap) {
-        if (chunk.data.size() > cap) {
-            dropped_bytes += chunk.data.size() - cap;
-            chunk.data.erase(0, chunk.data.size() - cap);
-        }
-        // Exactly the newest `cap` bytes stay: whole chunks go first, then the head of one.
-        std::size_t excess = bytes + chunk.data.size() > cap ? bytes + chunk.data.size() - cap : 0;
-        while (excess > 0 && !log.empty()) {
-            auto& oldest = log.front();
-            const std::size_t cut = std::min(excess, oldest.data.size());
-            if (!oldest.is_read) dropped_bytes += cut;
-            excess -= cut;
-            if (cut == oldest.data.size()) {
-                pop_front();
-            } else {
-                oldest.data.erase(0, cut);
-                bytes -= cut;
-            }
+        // A chunk larger than the whole buffer keeps only its tail, unless a subscription is
+        // attached: the pump waited until it had read everything, and it gets the whole chunk
+        // (the buffer then exceeds its cap by less than one pipe read).
+        const std::size_t room = cap > item_overhead ? cap - item_overhead : 0;
+        if (chunk.data.size() > room && subscribers.empty()) {
+            const std::size_t cut = chunk.data.size() - room;
+            dropped_bytes += cut;
+            appended += cut;
+            chunk.data.erase(0, cut);
         }
         if (chunk.data.empty()) return;
+        // The newest output stays, up to the cap: whole chunks go first, then the head of one.
+        const std::size_t incoming = chunk.data.size() + item_overhead;
+        while (!log.empty() && cost() + incoming > cap) {
+            auto& oldest = log.front();
+            const std::size_t excess = cost() + incoming - cap;
+            if (excess >= oldest.data.size() + item_overhead) {
+                if (!oldest.is_read) dropped_bytes += oldest.data.size();
+                pop_front();
+            } else {
+                if (!oldest.is_read) dropped_bytes += excess;
+                oldest.data.erase(0, excess);
+                oldest.start += excess;
+                bytes -= excess;
+            }
+        }
         bytes += chunk.data.size();
-        log.push_back(output_item{chunk.channel, std::move(chunk.data)});
+        log.push_back(output_item{chunk.channel, std::move(chunk.data), false, appended});
+        appended += log.back().data.size();
         wake();
+    }
+    // Whether appending `incoming` bytes would push out output an attached subscription has not
+    // read yet: then the pump waits for it (backpressure on a client that is there).
+    bool must_wait(std::size_t incoming, std::size_t cap) const {
+        if (subscribers.empty() || log.empty()) return false;
+        std::uint64_t low = next_seq();
+        for (const auto* s : subscribers) low = std::min(low, std::max(s->cursor, first_seq));
+        if (low >= next_seq()) return false;  // every attached subscription is caught up
+        const std::uint64_t unread = appended - log[low - first_seq].start;
+        const std::uint64_t unread_cost = unread + item_overhead * (next_seq() - low);
+        return unread_cost + incoming + item_overhead > cap;
+    }
+    void wake_pump() {
+        if (pump_waiting != nullptr) pump_waiting->cancel();
     }
     process_info info() const {
         process_info i;
@@ -281,6 +312,8 @@ asio::awaitable<void> pump(std::weak_ptr<process_table::state> table,
                            std::shared_ptr<process_table::entry> e) {
     pump_guard guard{table, e};
     auto proc = e->proc;
+    const auto executor = co_await asio::this_coro::executor;
+    auto token = as_tuple(asio::use_awaitable);
     for (;;) {
         auto next = co_await proc->async_next();
         if (!next) {
@@ -293,8 +326,17 @@ asio::awaitable<void> pump(std::weak_ptr<process_table::state> table,
             co_return;
         }
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
-            auto owner = table.lock();
-            const std::size_t cap = owner ? owner->options.output_buffer_bytes : 0;
+            std::size_t cap = 0;
+            if (auto owner = table.lock()) cap = owner->options.output_buffer_bytes;
+            // A client that is attached gets every byte: the pump holds this chunk until the
+            // slowest attached subscription has room (its stream's write timeout bounds a stuck
+            // client). With nobody attached it never waits.
+            while (!e->failure && e->must_wait(chunk->data.size(), cap)) {
+                asio::steady_timer timer(executor, asio::steady_timer::time_point::max());
+                e->pump_waiting = &timer;
+                pointer_reset<asio::steady_timer> unregister{e->pump_waiting};
+                (void)co_await timer.async_wait(token);
+            }
             e->append(std::move(*chunk), cap);
             continue;
         }
@@ -340,6 +382,7 @@ void process_table::subscription::detach() noexcept {
     if (!entry_ || !self_) return;
     auto& subs = entry_->subscribers;
     subs.erase(std::remove(subs.begin(), subs.end(), self_.get()), subs.end());
+    entry_->wake_pump();
     self_.reset();
     entry_.reset();
     table_.reset();
@@ -369,6 +412,7 @@ asio::awaitable<result<process_event>> process_table::subscription::async_next(d
             event.output.channel = item.channel;
             event.output.data = item.data;
             ++self->cursor;
+            e->wake_pump();
             co_return event;
         }
         if (e->end) {

@@ -10,13 +10,18 @@
 // (process_info::dropped_bytes). Any number of subscriptions follow one process: a subscription
 // starts at the oldest output still buffered (so a client that re-attaches gets what it missed,
 // and what it had already seen within the window, rather than losing output its old stream was
-// sent as it went away), then follows live output, then gets the end exactly once. A
-// subscription slower than the output skips what fell out of the window meanwhile.
+// sent as it went away), then follows live output, then gets the end exactly once. While a
+// subscription is attached, nothing it has not read is dropped: the pump holds the next chunk
+// (and so the pipe pushes back on the process) until the slowest attached subscription has
+// room. A client that is stuck is bounded by its own stream (the HTTP write timeout drops it,
+// which detaches it); with nobody attached the pump never waits.
 //
 // Bounds: at most max_processes live processes (add() fails with limit_exceeded past it), each
 // holding at most output_buffer_bytes; at most max_retained_ends finished processes, each kept
-// retained_end_age after its end (their buffered output with them). Memory per sandbox is thus at
-// most (max_processes + max_retained_ends) * output_buffer_bytes plus bookkeeping.
+// retained_end_age after its end (their buffered output with them). Each buffered chunk is charged
+// 64 bytes of bookkeeping against the cap, so many small chunks cannot outgrow it. Memory per
+// sandbox is thus at most (max_processes + max_retained_ends) * output_buffer_bytes, plus one
+// chunk in hand per waiting pump.
 //
 // close() is the sandbox's end: every subscription fails at once with sandbox_unavailable (its
 // detail the reason given), every pump is cancelled, which kills its process, and later calls

@@ -113,6 +113,16 @@ for (const [version, sdk] of Object.entries(sdks)) {
             });
         });
 
+        test('a live stream gets every byte of a command that prints faster than it is read', async () => {
+            // 8 MiB, eight times the process's output buffer: a client that is attached must get
+            // it all (the process waits for it), in order.
+            const result = await sbx.commands.run('seq 1 1200000');
+            assert.equal(result.stdout.length, 8_488_896);
+            const lines = result.stdout.split('\n');
+            assert.equal(lines[0], '1');
+            assert.equal(lines[1199999], '1200000');
+        });
+
         test('onStdout and onStderr arrive while the command still runs', async () => {
             const flag = `/tmp/go-${marker(version)}`;
             const events = [];
