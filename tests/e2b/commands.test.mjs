@@ -244,6 +244,18 @@ for (const [version, sdk] of Object.entries(sdks)) {
             assert.equal(pty.at(-1).message.error.code, 'unimplemented');
 
             await assert.rejects(sbx.commands.connect(999999), /process with pid 999999 not found/);
+
+            // Connect-Timeout-Ms on Connect bounds that stream only: the process runs on.
+            const m = marker(version);
+            const sleeper = await sbx.commands.run(`exec sleep ${m}`, { background: true, timeoutMs: 0 });
+            const bounded = await connectStream(`${serve.envd}/process.Process/Connect`,
+                { ...headers, 'connect-timeout-ms': '700' }, { process: { pid: sleeper.pid } });
+            assert.equal(Object.keys(bounded[0].message.event)[0], 'start');
+            assert.equal(bounded.at(-1).flags, 2);
+            assert.equal(bounded.at(-1).message.error.code, 'deadline_exceeded');
+            assert.equal(hostProcesses(`sleep ${m}`).length, 1);
+            assert.equal(await sbx.commands.kill(sleeper.pid), true);
+            await assertGoneFromHost(`sleep ${m}`);
         });
 
         test('killing the sandbox ends its live streams at once and its processes with it', async () => {
