@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -198,7 +199,12 @@ asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
     std::size_t adopted = 0;
     const auto now = system_clock::now();
     for (const auto& info : *listed) {
-        if (info.state != sandbox_state::running || info.expires_at <= now) continue;
+        if (info.state != sandbox_state::running || info.expires_at <= now) {
+            // Ended while no server ran (its TTL): release its record; its sidecar goes below.
+            std::string ended_id = info.id;
+            (void)co_await sandboxes.get_backend().async_destroy(std::move(ended_id));
+            continue;
+        }
         if (entries_.contains(info.id)) continue;
         std::string id = info.id;
         auto attached = co_await sandboxes.async_attach(std::move(id));
@@ -217,7 +223,20 @@ asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
         entries_[entry->id] = entry;
         ++adopted;
     }
+    remove_orphaned_sidecars();
     co_return adopted;
+}
+
+void sandbox_registry::remove_orphaned_sidecars() {
+    std::error_code ec;
+    std::vector<std::string> orphans;
+    for (const auto& file : std::filesystem::directory_iterator(state_dir_ + "/sandboxes", ec)) {
+        const std::string name = file.path().filename().string();
+        const auto dot = name.find('.');
+        const std::string id = name.substr(0, dot);
+        if (!entries_.contains(id)) orphans.push_back(file.path().string());
+    }
+    for (const auto& path : orphans) ::unlink(path.c_str());
 }
 
 asio::awaitable<std::size_t> sandbox_registry::async_destroy_all() {

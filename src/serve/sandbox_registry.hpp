@@ -96,6 +96,8 @@ class sandbox_registry {
     // Adopts the backend's running sandboxes with this server's scope label: attaches each and
     // reads its sidecar (one without a sidecar is adopted with template "base" and no metadata).
     // Returns how many were adopted; a sandbox that cannot be attached is skipped and logged.
+    // What ended while no server ran is released: its host record destroyed, and every sidecar
+    // without a live sandbox removed.
     asio::awaitable<std::size_t> async_adopt(runtime& sandboxes);
 
     // Destroys every live entry's sandbox, confirmed, and forgets it; returns how many could not
@@ -107,6 +109,7 @@ class sandbox_registry {
 
   private:
     void prune(std::chrono::system_clock::time_point now);
+    void remove_orphaned_sidecars();
     std::string sidecar_path(std::string_view id) const;
 
     asio::any_io_executor executor_;

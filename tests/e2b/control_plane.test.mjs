@@ -5,7 +5,7 @@
 //   node --test-reporter=spec tests/e2b/control_plane.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
@@ -335,6 +335,25 @@ describe('lifecycle of the server', () => {
             assert.equal(await third.stop('SIGINT'), 0, third.stderr());
         } finally {
             if (third) await third.stop();
+            removeDir(first.workDir);
+        }
+    });
+
+    test('a sandbox that ended while no server ran is released by the next start', async () => {
+        const first = await startServe({ setEnv: false });
+        const options = { apiUrl: first.api, sandboxUrl: first.envd, apiKey: first.key };
+        const sbx = await current.Sandbox.create({ ...options, timeoutMs: 1_000 });
+        const host = await onHost(sbx.sandboxId);
+        const sidecar = path.join(first.stateDir, 'sandboxes', `${sbx.sandboxId}.json`);
+        assert.ok(existsSync(sidecar));
+        assert.equal(await first.stop(), 0, first.stderr());
+        assert.ok(await waitFor(() => !isAlive(host.host_pid), 15_000), 'pid 1 outlived its timeout');
+        const second = await startServe({ setEnv: false, stateDir: first.stateDir, key: first.key, workDir: first.workDir });
+        try {
+            await assertGoneFromHost(sbx.sandboxId, host.host_pid);
+            assert.ok(!existsSync(sidecar), 'the sidecar record was left behind');
+        } finally {
+            assert.equal(await second.stop(), 0, second.stderr());
             removeDir(first.workDir);
         }
     });
