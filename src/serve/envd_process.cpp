@@ -1,33 +1,485 @@
-// envd's process service (process.Process/*): Start, Connect, List, SendInput, StreamInput,
-// CloseStdin, SendSignal, Update. Until implemented, each answers the Connect error
-// `unimplemented` naming the method.
+// envd's process service (process.Process/*) over the sandbox handle's async_spawn: Start,
+// Connect, List, SendInput, CloseStdin, SendSignal and Update, with envd's semantics
+// (docs/serve.md, "Processes"). Each sandbox gets a process table (process_table.hpp) on its
+// first process call; a watcher in serve_context::background closes it the moment the sandbox
+// ends (its live streams end with `unavailable`, its processes are killed) or the server stops.
+//
+// StreamInput (a client stream, which connect-web cannot send) keeps answering unimplemented.
 #include "serve/connect_rpc.hpp"
 #include "serve/envd_service.hpp"
+#include "serve/process_requests.hpp"
+#include "serve/process_table.hpp"
+
+#include <moat/deadline.hpp>
+#include <moat/sandbox.hpp>
+
+#include "core/async_event.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
 
 namespace moat::serve {
 namespace {
 
-asio::awaitable<void> unimplemented_stream(envd_call& call) {
-    connect_stream stream(call.response);
-    const std::string message = std::string(call.request.path()) + " is not implemented yet";
-    (void)co_await stream.async_end(http::connect::code::unimplemented, message);
+using http::connect::code;
+
+// envd's keepalive period when the client sends no Keepalive-Ping-Interval.
+constexpr std::chrono::seconds default_keepalive{90};
+// How long a Start may take to get its process running, and a unary call to finish its work
+// when the client set no Connect-Timeout-Ms.
+constexpr std::chrono::seconds spawn_limit{30};
+constexpr std::chrono::seconds unary_limit{30};
+// The name USER and LOGNAME carry when the sandbox's layout names no user.
+constexpr std::string_view default_user = "user";
+// no_new_privs makes sudo useless in a sandbox: bash (every SDK command runs under /bin/bash -l
+// -c) gets a sudo function that says so, instead of sudo's own message or "command not found".
+constexpr std::string_view sudo_function_name = "BASH_FUNC_sudo%%";
+constexpr std::string_view sudo_function =
+    "() {  echo 'moat: sudo is not available in a moat sandbox (commands already run as the "
+    "sandbox user, and no_new_privs forbids gaining privileges)' >&2; return 1\n}";
+
+struct process_service {
+    explicit process_service(serve_context& c) : context(c) {}
+    serve_context& context;
+    std::map<std::string, std::shared_ptr<process_table>, std::less<>> tables;  // by sandbox id
+};
+
+using service_ptr = std::shared_ptr<process_service>;
+
+// Ends the sandbox's table when the sandbox ends, or when the server stops.
+asio::awaitable<void> watch_sandbox(service_ptr service, std::shared_ptr<registry_entry> sandbox,
+                                    std::shared_ptr<process_table> table) {
+    const auto forever = deadline::never();
+    const auto outcome = co_await sandbox->ended.async_wait(forever);
+    std::string reason = "moat serve is stopping";
+    if (outcome == async_event::wait_outcome::set) reason = "the sandbox " + sandbox->id + " ended";
+    table->close(std::move(reason));
+    auto it = service->tables.find(sandbox->id);
+    if (it != service->tables.end() && it->second == table) service->tables.erase(it);
+    co_await table->async_shutdown();
 }
 
-asio::awaitable<void> unimplemented_unary(envd_call& call) {
-    const std::string message = std::string(call.request.path()) + " is not implemented yet";
-    (void)co_await async_send_unary_error(call.response, http::connect::code::unimplemented,
-                                          message);
+std::shared_ptr<process_table> table_for(const service_ptr& service,
+                                         const std::shared_ptr<registry_entry>& sandbox) {
+    auto it = service->tables.find(sandbox->id);
+    if (it != service->tables.end() && !it->second->is_closed()) return it->second;
+    auto table = std::make_shared<process_table>(service->context.executor);
+    service->tables.insert_or_assign(sandbox->id, table);
+    service->context.background.spawn(watch_sandbox(service, sandbox, table));
+    return table;
+}
+
+std::shared_ptr<process_table> existing_table(const service_ptr& service,
+                                              const std::shared_ptr<registry_entry>& sandbox) {
+    auto it = service->tables.find(sandbox->id);
+    if (it == service->tables.end() || it->second->is_closed()) return nullptr;
+    return it->second;
+}
+
+code code_of(const error& e) {
+    return http::connect::from_errc(e.code);
+}
+
+process_selector by_pid(std::uint32_t pid) {
+    process_selector s;
+    s.pid = pid;
+    return s;
+}
+
+error not_found(const process_selector& s) {
+    if (s.pid) {
+        return make_error(errc::file_not_found,
+                          "process with pid " + std::to_string(*s.pid) + " not found");
+    }
+    return make_error(errc::file_not_found,
+                      "process with tag " + s.tag.value_or("") + " not found");
+}
+
+// Who commands run as and where home is: the sandbox's layout (sandbox_info::layout).
+struct sandbox_user {
+    std::string name;
+    std::string home;
+};
+
+sandbox_user user_of(const registry_entry& sandbox) {
+    const auto& layout = sandbox.handle->info().layout;
+    sandbox_user u{layout.user, layout.home};
+    if (u.name.empty()) u.name = default_user;
+    return u;
+}
+
+// envd's ExpandAndResolve: "" is the default directory (the layout's workdir), "~" and "~/x" are
+// under the home, a relative path is relative to the home.
+std::string resolve_cwd(const std::string& cwd, const sandbox_user& user) {
+    if (cwd.empty()) return cwd;
+    if (cwd == "~") return user.home;
+    if (cwd.starts_with("~/")) return user.home + cwd.substr(1);
+    if (cwd.front() == '/') return cwd;
+    return user.home + "/" + cwd;
+}
+
+// envd's order, later entries winning: PATH (the sandbox's), HOME, USER, LOGNAME, the sandbox's
+// own variables (create envVars; the backend applies them), the request's.
+std::map<std::string, std::string> process_environment(
+    const registry_entry& sandbox, const sandbox_user& user,
+    const std::map<std::string, std::string>& envs) {
+    std::map<std::string, std::string> env;
+    const std::pair<std::string_view, std::string_view> defaults[] = {
+        {"HOME", user.home},
+        {"USER", user.name},
+        {"LOGNAME", user.name},
+        {sudo_function_name, sudo_function},
+    };
+    for (const auto& [k, v] : defaults) {
+        if (!sandbox.env_vars.contains(std::string(k))) env[std::string(k)] = std::string(v);
+    }
+    for (const auto& [k, v] : envs) env[k] = v;
+    return env;
+}
+
+deadline earlier(deadline a, deadline b) {
+    if (a.when() < b.when()) return a;
+    return b;
+}
+
+std::string deadline_message(std::chrono::milliseconds timeout) {
+    return "the command did not finish within its timeout of " + std::to_string(timeout.count()) +
+           " ms (Connect-Timeout-Ms) and was killed";
+}
+
+struct follow_options {
+    std::chrono::seconds keepalive = default_keepalive;
+    deadline stream_end;                               // the stream's Connect-Timeout-Ms
+    std::optional<std::chrono::milliseconds> timeout;  // for the message
+    bool is_start = false;                             // the stream's deadline is the process's too
+};
+
+// Streams a subscription after its start event: data, keepalives, the end, the end-stream.
+asio::awaitable<void> follow(connect_stream& stream, process_table::subscription& subscription,
+                             follow_options options) {
+    auto keepalive_due = deadline::after(options.keepalive);
+    const std::string stream_timeout =
+        deadline_message(options.timeout.value_or(std::chrono::milliseconds(0)));
+    for (;;) {
+        const auto wake = earlier(keepalive_due, options.stream_end);
+        auto next = co_await subscription.async_next(wake);
+        if (!next) {
+            const auto c = code_of(next.error());
+            (void)co_await stream.async_end(c, next.error().detail);
+            co_return;
+        }
+        if (next->type == process_event::kind::output) {
+            const auto json = encode_data_event(next->output.channel, next->output.data);
+            auto sent = co_await stream.async_send(json);
+            if (!sent) co_return;  // the client went away; the process runs on
+            keepalive_due = deadline::after(options.keepalive);
+            continue;
+        }
+        if (next->type == process_event::kind::end) {
+            if (options.is_start && next->end.timed_out) {
+                // envd: the request's deadline ends the stream with deadline_exceeded; the kill's
+                // end is retained for a later Connect.
+                (void)co_await stream.async_end(code::deadline_exceeded, stream_timeout);
+                co_return;
+            }
+            const auto json = encode_end_event(next->end);
+            auto sent = co_await stream.async_send(json);
+            if (!sent) co_return;
+            (void)co_await stream.async_end();
+            co_return;
+        }
+        if (options.stream_end.has_expired()) {
+            std::string message = "the stream outlived its Connect-Timeout-Ms";
+            if (options.is_start) message = stream_timeout;
+            (void)co_await stream.async_end(code::deadline_exceeded, message);
+            co_return;
+        }
+        if (keepalive_due.has_expired()) {
+            const auto json = encode_keepalive_event();
+            auto sent = co_await stream.async_send(json);
+            if (!sent) co_return;
+            keepalive_due = deadline::after(options.keepalive);
+        }
+    }
+}
+
+asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
+    connect_stream stream(call.response);
+    const auto timeout = connect_timeout(call.request);
+    deadline stream_end;
+    if (timeout && timeout->count() > 0) stream_end = deadline::after(*timeout);
+    auto body = co_await async_read_stream_request(call.request);
+    if (!body) {
+        const auto c = code_of(body.error());
+        (void)co_await stream.async_end(c, body.error().detail);
+        co_return;
+    }
+    auto parsed = parse_start_request(*body);
+    if (!parsed) {
+        (void)co_await stream.async_end(code::invalid_argument, parsed.error().detail);
+        co_return;
+    }
+    if (parsed->has_pty) {
+        const std::string message =
+            "moat serve has no pty: run the command without one (commands.run) and write its "
+            "stdin instead";
+        (void)co_await stream.async_end(code::unimplemented, message);
+        co_return;
+    }
+    auto table = table_for(service, call.sandbox);
+    if (auto room = table->check_capacity(); !room) {
+        const auto c = code_of(room.error());
+        (void)co_await stream.async_end(c, room.error().detail);
+        co_return;
+    }
+    const auto user = user_of(*call.sandbox);
+    const std::string cwd = resolve_cwd(parsed->process.cwd, user);
+    const auto start_limit = deadline::after(spawn_limit);
+    if (!cwd.empty()) {
+        auto stat = co_await call.sandbox->handle->async_stat(cwd, start_limit);
+        if (!stat && stat.error().code == errc::file_not_found) {
+            const std::string message = "cwd '" + cwd + "' does not exist";
+            (void)co_await stream.async_end(code::invalid_argument, message);
+            co_return;
+        }
+        if (!stat) {
+            const auto c = code_of(stat.error());
+            (void)co_await stream.async_end(c, stat.error().detail);
+            co_return;
+        }
+    }
+
+    exec_request request;
+    request.argv.push_back(parsed->process.cmd);
+    for (const auto& a : parsed->process.args) request.argv.push_back(a);
+    request.env = process_environment(*call.sandbox, user, parsed->process.envs);
+    request.cwd = cwd;
+    request.wall_limit = exec_request::max_spawn_wall_limit;
+    if (timeout && timeout->count() > 0) {
+        request.wall_limit = std::min(*timeout, exec_request::max_spawn_wall_limit);
+    }
+    auto spawned = co_await call.sandbox->handle->async_spawn(std::move(request), start_limit);
+    if (!spawned) {
+        const auto c = code_of(spawned.error());
+        (void)co_await stream.async_end(c, spawned.error().detail);
+        co_return;
+    }
+    auto pid = table->add(std::move(*spawned), parsed->process, parsed->tag);
+    if (!pid) {
+        const auto c = code_of(pid.error());
+        (void)co_await stream.async_end(c, pid.error().detail);
+        co_return;
+    }
+    const auto selector = by_pid(*pid);
+    if (!parsed->stdin_open) (void)co_await table->async_close_stdin(selector);
+    auto subscription = table->subscribe(selector);
+    if (!subscription) {
+        const auto c = code_of(subscription.error());
+        (void)co_await stream.async_end(c, subscription.error().detail);
+        co_return;
+    }
+    const auto started = encode_start_event(*pid);
+    auto sent = co_await stream.async_send(started);
+    if (!sent) co_return;
+    follow_options options;
+    options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
+    options.stream_end = stream_end;
+    options.timeout = timeout;
+    options.is_start = true;
+    co_await follow(stream, *subscription, options);
+}
+
+asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
+    connect_stream stream(call.response);
+    const auto timeout = connect_timeout(call.request);
+    deadline stream_end;
+    if (timeout && timeout->count() > 0) stream_end = deadline::after(*timeout);
+    auto body = co_await async_read_stream_request(call.request);
+    if (!body) {
+        const auto c = code_of(body.error());
+        (void)co_await stream.async_end(c, body.error().detail);
+        co_return;
+    }
+    auto selector = parse_selector_request(*body);
+    if (!selector) {
+        (void)co_await stream.async_end(code::invalid_argument, selector.error().detail);
+        co_return;
+    }
+    auto table = existing_table(service, call.sandbox);
+    result<process_table::subscription> subscription = not_found(*selector);
+    if (table) subscription = table->subscribe(*selector);
+    if (!subscription) {
+        const auto c = code_of(subscription.error());
+        (void)co_await stream.async_end(c, subscription.error().detail);
+        co_return;
+    }
+    const auto started = encode_start_event(subscription->pid());
+    auto sent = co_await stream.async_send(started);
+    if (!sent) co_return;
+    follow_options options;
+    options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
+    options.stream_end = stream_end;
+    options.timeout = timeout;
+    co_await follow(stream, *subscription, options);
+}
+
+// The unary calls: the body, parsed; an error already answered when it fails.
+template <class T, class Parse>
+asio::awaitable<std::optional<T>> read_unary(envd_call& call, Parse parse) {
+    auto body = co_await async_read_unary_request(call.request);
+    if (!body) {
+        const auto c = code_of(body.error());
+        (void)co_await async_send_unary_error(call.response, c, body.error().detail);
+        co_return std::nullopt;
+    }
+    auto parsed = parse(*body);
+    if (!parsed) {
+        (void)co_await async_send_unary_error(call.response, code::invalid_argument,
+                                              parsed.error().detail);
+        co_return std::nullopt;
+    }
+    co_return std::move(*parsed);
+}
+
+deadline unary_deadline(const envd_call& call) {
+    const auto timeout = connect_timeout(call.request);
+    if (timeout && timeout->count() > 0) return deadline::after(*timeout);
+    return deadline::after(unary_limit);
+}
+
+asio::awaitable<void> answer(envd_call& call, const result<void>& outcome) {
+    if (outcome) {
+        (void)co_await async_send_unary(call.response, "{}");
+        co_return;
+    }
+    const auto c = code_of(outcome.error());
+    (void)co_await async_send_unary_error(call.response, c, outcome.error().detail);
+}
+
+result<std::string> parse_list(std::string_view json) {
+    // ListRequest has no fields; only its shape is checked.
+    if (json.find('{') == std::string_view::npos) {
+        return make_error(errc::invalid_argument, "the List request is not a JSON object");
+    }
+    return std::string();
+}
+
+asio::awaitable<void> list_processes(service_ptr service, envd_call& call) {
+    auto parsed = co_await read_unary<std::string>(call, parse_list);
+    if (!parsed) co_return;
+    std::vector<process_info> processes;
+    if (auto table = existing_table(service, call.sandbox)) processes = table->list();
+    auto json = encode_list_response(processes);
+    (void)co_await async_send_unary(call.response, std::move(json));
+}
+
+asio::awaitable<void> send_input(service_ptr service, envd_call& call) {
+    auto parsed = co_await read_unary<send_input_request>(call, parse_send_input_request);
+    if (!parsed) co_return;
+    auto table = existing_table(service, call.sandbox);
+    if (!table) {
+        const result<void> missing = not_found(parsed->process);
+        co_await answer(call, missing);
+        co_return;
+    }
+    if (parsed->is_pty) {
+        auto live = table->check_live(parsed->process);
+        if (!live) {
+            co_await answer(call, live);
+            co_return;
+        }
+        const std::string message = "moat serve has no pty: write the process's stdin instead";
+        (void)co_await async_send_unary_error(call.response, code::unimplemented, message);
+        co_return;
+    }
+    const auto limit = unary_deadline(call);
+    auto selector = parsed->process;
+    auto bytes = std::move(parsed->bytes);
+    auto written = co_await table->async_write_stdin(std::move(selector), std::move(bytes), limit);
+    if (!written && written.error().code == errc::invalid_argument) {
+        // envd's wording and code for a stdin that is not open.
+        const std::string message = "error writing to stdin: " + written.error().detail;
+        (void)co_await async_send_unary_error(call.response, code::internal, message);
+        co_return;
+    }
+    co_await answer(call, written);
+}
+
+asio::awaitable<void> close_stdin(service_ptr service, envd_call& call) {
+    auto parsed = co_await read_unary<process_selector>(call, parse_selector_request);
+    if (!parsed) co_return;
+    auto table = existing_table(service, call.sandbox);
+    result<void> closed = not_found(*parsed);
+    if (table) {
+        auto selector = *parsed;
+        closed = co_await table->async_close_stdin(std::move(selector));
+    }
+    co_await answer(call, closed);
+}
+
+asio::awaitable<void> send_signal(service_ptr service, envd_call& call) {
+    auto parsed = co_await read_unary<send_signal_request>(call, parse_send_signal_request);
+    if (!parsed) co_return;
+    auto table = existing_table(service, call.sandbox);
+    result<void> live = not_found(parsed->process);
+    if (table) live = table->check_live(parsed->process);
+    if (!live) {
+        co_await answer(call, live);
+        co_return;
+    }
+    if (parsed->signal == 0) {
+        const std::string message = "invalid signal: " + parsed->name;
+        (void)co_await async_send_unary_error(call.response, code::unimplemented, message);
+        co_return;
+    }
+    auto selector = parsed->process;
+    const int signal = parsed->signal;
+    auto signalled = co_await table->async_signal(std::move(selector), signal);
+    co_await answer(call, signalled);
+}
+
+asio::awaitable<void> update_process(service_ptr service, envd_call& call) {
+    auto parsed = co_await read_unary<update_request>(call, parse_update_request);
+    if (!parsed) co_return;
+    auto table = existing_table(service, call.sandbox);
+    result<void> live = not_found(parsed->process);
+    if (table) live = table->check_live(parsed->process);
+    if (live && parsed->has_pty) {
+        const std::string message = "moat serve has no pty, so there is none to resize";
+        (void)co_await async_send_unary_error(call.response, code::unimplemented, message);
+        co_return;
+    }
+    co_await answer(call, live);
+}
+
+asio::awaitable<void> stream_input(envd_call& call) {
+    connect_stream stream(call.response);
+    const std::string message =
+        "process.Process/StreamInput is not implemented by moat serve: use SendInput";
+    (void)co_await stream.async_end(code::unimplemented, message);
+}
+
+using service_handler = asio::awaitable<void> (*)(service_ptr, envd_call&);
+
+envd_handler with_service(const service_ptr& service, service_handler handler) {
+    return [service, handler](envd_call& call) { return handler(service, call); };
 }
 
 }  // namespace
 
-void add_process_service(envd_routes& routes, serve_context&) {
-    for (const char* method : {"Start", "Connect", "StreamInput"}) {
-        routes.add("POST", std::string("/process.Process/") + method, unimplemented_stream);
-    }
-    for (const char* method : {"List", "SendInput", "CloseStdin", "SendSignal", "Update"}) {
-        routes.add("POST", std::string("/process.Process/") + method, unimplemented_unary);
-    }
+void add_process_service(envd_routes& routes, serve_context& context) {
+    auto service = std::make_shared<process_service>(context);
+    routes.add("POST", "/process.Process/Start", with_service(service, start_process));
+    routes.add("POST", "/process.Process/Connect", with_service(service, connect_process));
+    routes.add("POST", "/process.Process/List", with_service(service, list_processes));
+    routes.add("POST", "/process.Process/SendInput", with_service(service, send_input));
+    routes.add("POST", "/process.Process/CloseStdin", with_service(service, close_stdin));
+    routes.add("POST", "/process.Process/SendSignal", with_service(service, send_signal));
+    routes.add("POST", "/process.Process/Update", with_service(service, update_process));
+    routes.add("POST", "/process.Process/StreamInput", stream_input);
 }
 
 }  // namespace moat::serve
