@@ -7,6 +7,7 @@
 #include <moat/with_timeout.hpp>
 
 #include "support/async_wait.hpp"
+#include "support/fault_injecting_backend.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
@@ -547,4 +548,43 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(sh(box->id(), "ls -A /workspace; cat /workspace/data").out.text() == "data\nnew");
     CHECK(box->state() == moat::handle_state::ready);
     REQUIRE(run(box->async_destroy()));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a backend that cannot stream falls back to the batch calls for small files") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    moat::test::fault_injecting_backend batch_only(*local);
+    batch_only.batch_files_only = true;
+    auto p = std::make_shared<pattern>();
+    p->total = 3 * mib;
+    auto written = run(
+        batch_only.async_write_file_stream(box.id, target_at("/workspace/small"), source_of(p)));
+    REQUIRE(written);
+    REQUIRE_MESSAGE(written->outcome, written->outcome.error().to_string());
+    const std::string expected = p->hash.hex();
+    CHECK(sh(box.id, "sha256sum < /workspace/small").out.text() == expected + "  -\n");
+    const auto read = run(read_all(batch_only, box.id, "/workspace/small"));
+    CHECK_FALSE(read.failure);
+    CHECK(read.bytes == 3 * mib);
+    CHECK(read.sha == expected);
+
+    // Past the batch call's per-file limit: too_large naming the backend, nothing written.
+    auto big = std::make_shared<pattern>();
+    big->total = 11 * mib;
+    written = run(
+        batch_only.async_write_file_stream(box.id, target_at("/workspace/big"), source_of(big)));
+    REQUIRE(written);
+    REQUIRE_FALSE(written->outcome);
+    CHECK(written->outcome.error().code == errc::too_large);
+    CHECK(written->outcome.error().detail.find("does not stream") != std::string::npos);
+    CHECK(no_temp_listing(*this, box.id, "/workspace") == "small\n");
+    sh(box.id, "head -c 11534336 /dev/zero > /workspace/big");
+    const auto too_big = run(read_all(batch_only, box.id, "/workspace/big"));
+    REQUIRE(too_big.failure);
+    CHECK(too_big.failure->code == errc::too_large);
+    const auto missing = run(read_all(batch_only, box.id, "/workspace/missing"));
+    REQUIRE(missing.failure);
+    CHECK(missing.failure->code == errc::file_not_found);
+    destroy(box.id);
 }
