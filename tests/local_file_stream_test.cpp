@@ -234,6 +234,7 @@ TEST_CASE_FIXTURE(local_fixture,
     p->peak_rss = rss_before;
     auto t = std::make_shared<ticks>();
     tasks.spawn(tick(t));
+    const auto write_started = std::chrono::steady_clock::now();
     const auto written = write_stream(*this, box.id, target_at("/workspace/big.bin"), source_of(p));
     const std::uint64_t ticks_during_write = t->count;
     REQUIRE_MESSAGE(written, written.error().to_string());
@@ -242,8 +243,11 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(p->peak_rss - rss_before < 32L * 1024 * 1024);
     // The executor ran its 1 ms timer between chunks: an inline copy would give it no turn.
     CHECK(ticks_during_write >= 10);
-    MESSAGE("write: peak RSS growth " << (p->peak_rss - rss_before) / 1024 << " KiB, "
-                                      << ticks_during_write << " timer ticks");
+    const auto write_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - write_started);
+    MESSAGE("write: " << write_ms.count() << " ms, peak RSS growth "
+                      << (p->peak_rss - rss_before) / 1024 << " KiB, " << ticks_during_write
+                      << " timer ticks");
 
     const auto in_sandbox = sh(box.id,
                                "sha256sum /workspace/big.bin; stat -c '%s %a %u' "
@@ -258,14 +262,18 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(stream->stat().mode == 0644);
     CHECK(stream->stat().type == moat::file_type::regular);
     const long rss_before_read = moat::test::resident_bytes();
+    const auto read_started = std::chrono::steady_clock::now();
     const auto read = run(drain(std::move(*stream), false));
+    const auto read_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - read_started);
     CHECK_FALSE(read.failure);
     CHECK(read.bytes == 100 * mib);
     CHECK(read.sha == expected);
     CHECK(read.peak_rss - rss_before_read < 32L * 1024 * 1024);
     CHECK(t->count - ticks_before_read >= 10);
-    MESSAGE("read: peak RSS growth " << (read.peak_rss - rss_before_read) / 1024 << " KiB, "
-                                     << t->count - ticks_before_read << " timer ticks");
+    MESSAGE("read: " << read_ms.count() << " ms, peak RSS growth "
+                     << (read.peak_rss - rss_before_read) / 1024 << " KiB, "
+                     << t->count - ticks_before_read << " timer ticks");
     t->stop = true;
     destroy(box.id);
 }
