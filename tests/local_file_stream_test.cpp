@@ -596,3 +596,31 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(missing.failure->code == errc::file_not_found);
     destroy(box.id);
 }
+
+TEST_CASE_FIXTURE(
+    local_fixture,
+    "through the handle a read stream past its deadline fails and gives the turn on") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto made = run(rt.async_create({}));
+    REQUIRE(made);
+    auto box = *made;
+    sh(box->id(), "head -c 4194304 /dev/zero > /workspace/data");
+    auto stream = run(box->async_read_file_stream("/workspace/data", moat::deadline::after(300ms)));
+    REQUIRE(stream);
+    REQUIRE(run(stream->async_next()));
+    auto queued_exec = std::make_shared<exec_slot>();
+    tasks.spawn(exec_through(box, "echo after", queued_exec));
+    REQUIRE(run(until([&] { return box->queued() == 1; })));
+    run(moat::test::pause(400ms));
+    // Every pull from here on is past the deadline: the first fails, the stream is finished.
+    const auto late = run(stream->async_next());
+    REQUIRE_FALSE(late);
+    CHECK(late.error().code == errc::deadline_exceeded);
+    CHECK(run(stream->async_next()).error().code == errc::invalid_argument);
+    REQUIRE(run(until([&] { return queued_exec->has_value(); })));
+    REQUIRE(**queued_exec);
+    CHECK((**queued_exec)->out.text() == "after\n");
+    CHECK(box->state() == moat::handle_state::ready);
+    REQUIRE(run(box->async_destroy()));
+}
