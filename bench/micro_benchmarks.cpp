@@ -49,7 +49,7 @@ void record_json_round_trip(benchmark::State& state) {
     r.init_pid = 4242;
     r.init_start_ticks = 123456;
     r.cgroups = {"/sys/fs/cgroup/pids/moat/" + r.id};
-    r.workdir = "/workspace";
+    r.layout.workdir = "/workspace";
     r.layers = {"user_ns", "pid_ns", "mount_ns", "net_ns", "seccomp"};
     for (auto _ : state) {
         auto back = moat::record_from_json(moat::to_json(r));

@@ -55,11 +55,12 @@ step next_step(const std::vector<message>& history) {
 }
 
 asio::awaitable<int> conversation(moat::session_manager& sessions) {
-    // Publish these to the model API (name, description, JSON Schema).
-    for (const auto& tool : moat::tool_definitions())
+    moat::tool_session tools(sessions, "conversation-1");
+    // Publish these to the model API (name, description, JSON Schema): they describe this
+    // session's sandboxes (their working and artifacts directories).
+    for (const auto& tool : tools.definitions())
         std::printf("tool offered to the model: %s\n", tool.name.c_str());
 
-    moat::tool_session tools(sessions, "conversation-1");
     std::vector<message> history{{"user", "What are the median and mean of 3 1 4 1 5 9 2 6?"}};
     tools.begin_turn();  // one user message: the retry ceiling counts within it
     constexpr int max_steps = 8;

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -492,4 +493,45 @@ TEST_CASE(
     CHECK(terminal_output("cp --raw " + id + ":/workspace/e -").find('\x1b') != std::string::npos);
     CHECK(terminal_output("cp " + id + ":/workspace/e -", false) == "file\x1b]52;c;aGk=\x07\n");
     CHECK(moat_cli("destroy " + id).exit_code == 0);
+}
+
+TEST_CASE(
+    "moat serve refuses to start without an API key, or off loopback without TLS, in one line") {
+    const std::string key_file = "/tmp/moat-serve-cli-test-key-" + std::to_string(::getpid());
+    {
+        std::ofstream out(key_file);
+        out << "e2b_0123456789abcdef0123456789abcdef01234567\n";
+    }
+    const std::string key = "--api-key-file " + key_file;
+    const std::pair<const char*, std::string> cases[] = {
+        {"no key", "env -u MOAT_API_KEY"},
+        {"empty key", "env MOAT_API_KEY="},
+    };
+    for (const auto& [what, prefix] : cases) {
+        const auto o = moat_cli(prefix, "serve --listen 127.0.0.1:0 --envd-listen 127.0.0.1:0");
+        CHECK_MESSAGE(o.exit_code == 2, what);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1,
+                      what << ": " << o.output);
+        CHECK_MESSAGE(o.output.find("no API key") != std::string::npos, what << ": " << o.output);
+    }
+    for (const std::string& args :
+         std::vector<std::string>{"serve --listen 0.0.0.0:0 --envd-listen 127.0.0.1:0 " + key,
+                                  "serve --listen 127.0.0.1:0 --envd-listen 0.0.0.0:0 " + key,
+                                  "serve --listen [::]:0 --envd-listen 127.0.0.1:0 " + key}) {
+        const auto o = moat_cli(args);
+        CHECK_MESSAGE(o.exit_code == 2, args);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1,
+                      args << ": " << o.output);
+        CHECK_MESSAGE(o.output.find("without TLS") != std::string::npos, args << ": " << o.output);
+    }
+    for (const std::string& args : std::vector<std::string>{
+             "serve --listen nonsense " + key, "serve --max-sandboxes 0 " + key,
+             "serve --tls-cert /nonexistent " + key,
+             std::string("serve --api-key-file /nonexistent"), "serve --bogus " + key}) {
+        const auto o = moat_cli(args);
+        CHECK_MESSAGE(o.exit_code == 2, args);
+        CHECK_MESSAGE(std::count(o.output.begin(), o.output.end(), '\n') == 1,
+                      args << ": " << o.output);
+    }
+    ::unlink(key_file.c_str());
 }

@@ -133,7 +133,7 @@ TEST_CASE("kill -9 of the creating process leaves no sandbox process") {
 
 TEST_CASE_FIXTURE(local_fixture, "a bad spec fails create with invalid_argument naming the field") {
     moat::sandbox_spec spec;
-    spec.workdir = "relative/dir";
+    spec.layout.workdir = "relative/dir";
     auto r = run(local->async_create(spec));
     REQUIRE_FALSE(r);
     CHECK(r.error().code == moat::errc::invalid_argument);

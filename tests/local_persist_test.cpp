@@ -315,7 +315,7 @@ TEST_CASE("a record whose pid now belongs to another process is stale, never tha
     // This very process: alive, but not started when the record says.
     forged.init_pid = static_cast<int>(::getpid());
     forged.init_start_ticks = moat::process_start_ticks(forged.init_pid) + 1;
-    forged.workdir = "/workspace";
+    forged.layout.workdir = "/workspace";
     REQUIRE(records.write(forged));
 
     auto info = fixture.run(fixture.local->async_inspect(forged.id));
@@ -389,7 +389,7 @@ TEST_CASE("sandbox records round-trip through JSON and reject malformed fields b
     r.cgroups = {"/sys/fs/cgroup/pids/moat/" + r.id};
     r.memory_cgroup = "";
     r.env = {{"A", "b"}};
-    r.workdir = "/workspace";
+    r.layout.workdir = "/workspace";
     r.layers = {"user_ns"};
     auto back = moat::record_from_json(moat::to_json(r));
     REQUIRE(back);

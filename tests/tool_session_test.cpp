@@ -612,7 +612,7 @@ TEST_CASE_FIXTURE(local_fixture,
     auto missing = run(tools.async_call("moat_read_file", R"({"path":"none"})"));
     REQUIRE(missing);
     CHECK(missing->hint.find("moat_list_files") != std::string::npos);
-    const auto definitions = moat::tool_definitions("moat_");
+    const auto definitions = tools.definitions();
     REQUIRE(definitions.size() == 9);
     CHECK(definitions[0].name == "moat_run_python");
     CHECK(definitions[3].description.find("moat_run_shell") != std::string::npos);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -60,14 +61,49 @@ struct resource_limits {
     }
 };
 
+// Where things are inside a sandbox, for the layers above (the tool layer, `moat serve`) to ask
+// for instead of assuming. Every path is absolute and normal (no "." or ".." component, no "//",
+// no trailing '/', no NUL), at most max_path_bytes; `user` is empty or a plain POSIX user name
+// ([a-z_][a-z0-9_-]*, at most max_user_bytes). A bad field fails the create with
+// errc::invalid_argument naming it ("layout.home: ...").
+//
+// In sandbox_info::layout the same struct carries the effective layout, `user` resolved to the
+// name commands run as. The local backend (see docs/architecture.md, "Sandbox layout"):
+// - commands always run as the sandbox's unprivileged uid 1000 (gid 1000), never as the
+//   sandbox's root; `user` names it in the sandbox's /etc/passwd and /etc/group ("" keeps the
+//   template's name, "user"), whose entry has `home` as its home directory. Files written through
+//   the file API are owned by the same uid.
+// - `home` is /workspace or a directory under /tmp or /home; /home is then a tmpfs of its own, of
+//   the /workspace size and charged to the same memory cgroup, writable and kept for the
+//   sandbox's life. Other places fail the create (invalid_argument).
+// - HOME is `home`; commands that name no cwd start in `workdir`; `artifacts_dir` must be under
+//   /workspace, /tmp or /home. /workspace starts empty (as before layouts existed): each of
+//   `home`, `workdir` and `artifacts_dir` under /tmp or /home is created at create time, with its
+//   parents, owned by the sandbox user; under /workspace, whoever writes there first makes it.
+struct sandbox_layout {
+    // Who commands run as: "" is the backend's default; "user" under moat serve.
+    std::string user;
+    // HOME: writable, and persistent for the sandbox's life.
+    std::string home = "/workspace";
+    // The working directory of commands that do not set one.
+    std::string workdir = "/workspace";
+    // Where a model leaves files for the user (the tool layer's artifacts).
+    std::string artifacts_dir = "/workspace/out";
+
+    static constexpr std::size_t max_path_bytes = 255;
+    static constexpr std::size_t max_user_bytes = 32;
+
+    bool operator==(const sandbox_layout&) const = default;
+};
+
 struct sandbox_spec {
     // Root filesystem: "" is the backend's default (local: the host's /usr read-only plus a
     // curated /etc; e2b: the provider's default template).
     std::string template_name;
     // Environment every command sees, on top of PATH, HOME and LANG. Per-exec env overrides it.
     std::map<std::string, std::string> env;
-    // Working directory of commands that do not set one. Absolute.
-    std::string workdir = "/workspace";
+    // Home, default working directory, artifacts directory and user (see sandbox_layout).
+    sandbox_layout layout;
     resource_limits limits;
     // Caller metadata, filterable in list(). Keys and values are printable ASCII.
     std::map<std::string, std::string> labels;
@@ -98,6 +134,9 @@ struct sandbox_info {
     std::vector<std::string> layers;
     // The effective limits (see resource_limits).
     resource_limits limits;
+    // The effective layout (see sandbox_layout): kept in the local backend's record, so attach,
+    // inspect and list from another process report it too.
+    sandbox_layout layout;
     // The backend instance that created it (local: local_options::owner_instance) and whether it
     // outlives that instance's process.
     std::string owner_instance;

@@ -124,6 +124,9 @@ class session_manager {
                                                         std::vector<file_write> inputs = {},
                                                         deadline limit = {});
 
+    // The layout of the sandboxes it creates (options.spec.layout), for the layers above.
+    const sandbox_layout& layout() const noexcept;
+
     // Per session: attach-or-create for `key`.
     asio::awaitable<result<session_lease>> async_acquire(std::string key, deadline limit = {});
 

@@ -57,12 +57,13 @@ enum class file_encoding { text, base64 };
 // every byte the program wrote, whatever the capture limits keep for the result.
 using output_callback = std::function<void(output_channel channel, std::string_view data)>;
 
-// A file under /workspace/out, the directory where a model leaves files for the user. Read the
+// A file under the artifacts directory (sandbox_layout::artifacts_dir of the session's sandboxes,
+// /workspace/out by default), where a model leaves files for the user. Read the
 // bytes with tool_session::async_read_artifact; they are never put into model-facing text.
 // Names starting with '.' (files and directories) and names ending in ".tmp" are not artifacts:
 // a client's temporary files are not listed.
 struct artifact {
-    std::string path;  // relative to /workspace/out, e.g. "plot.png" or "tables/summary.csv"
+    std::string path;  // relative to the artifacts directory, e.g. "plot.png" or "tables/a.csv"
     std::uint64_t size = 0;
     std::string media_type;  // from the file name's extension; application/octet-stream if unknown
 };
@@ -99,7 +100,7 @@ struct tool_result {
     std::string content;               // read_file: the file's text, shaped
     std::uint64_t bytes = 0;           // write_file, read_file: the file's size
     std::vector<dir_entry> entries;    // list_files
-    std::vector<artifact> artifacts;   // run_python, run_shell: what /workspace/out now holds
+    std::vector<artifact> artifacts;   // run_python, run_shell: what the artifacts dir holds
     // start_process, stop_process, read_process_output: that process; list_processes: all the
     // session's (running ones and the last ended ones). stdout_text / stderr_text hold
     // read_process_output's kept output.
@@ -149,10 +150,13 @@ struct tool_definition {
 // start_process {command, cwd?}, list_processes {}, read_process_output {id}, stop_process {id}.
 // Every bound a schema states (the timeout's range, the encodings) is also stated in the
 // description text, for model APIs whose schema conversion drops keywords such as "maximum".
-const std::vector<tool_definition>& tool_definitions();
-// The same tools named `prefix` + name ("moat_run_python"), their descriptions referring to each
-// other by those names: for a framework whose own tools already use these names.
-std::vector<tool_definition> tool_definitions(std::string_view prefix);
+// The definitions describe a sandbox with `layout`: its working directory (relative paths, the
+// default cwd and list_files' default), its home when that differs, and its artifacts directory
+// are named in the descriptions. With a `prefix` the tools are named `prefix` + name
+// ("moat_run_python") and their descriptions refer to each other by those names: for a framework
+// whose own tools already use these names. tool_session::definitions() gives a session's own.
+std::vector<tool_definition> tool_definitions(const sandbox_layout& layout = {},
+                                              std::string_view prefix = {});
 
 // The longest run_shell command or run_python cell: a longer one is an argument error that
 // suggests writing a script file. Long commands are passed to the shell on its stdin, so this is
@@ -193,6 +197,12 @@ class tool_session {
     // call. A rebuilt sandbox replaces it on the next call.
     std::optional<moat::sandbox_info> current_sandbox() const;
 
+    // The tools as this session's model sees them: tool_definitions for the layout of its
+    // manager's sandboxes (session_manager::layout) and options.tool_prefix.
+    std::vector<tool_definition> definitions() const;
+    // The layout of the manager's sandboxes (session_manager::layout), which the tools use.
+    const sandbox_layout& layout() const noexcept;
+
     // Marks the start of a model turn (one user message). After `failures_before_stop` failed
     // run_python / run_shell calls in one turn, results tell the model to stop retrying and
     // report to the user. Without turns (an MCP client), the count resets on every successful
@@ -223,15 +233,16 @@ class tool_session {
     asio::awaitable<result<tool_result>> async_read_file(std::string path, deadline limit = {});
     asio::awaitable<result<tool_result>> async_read_file(std::string path, file_encoding encoding,
                                                          deadline limit = {});
-    asio::awaitable<result<tool_result>> async_list_files(std::string path = "/workspace",
+    // "" lists the working directory.
+    asio::awaitable<result<tool_result>> async_list_files(std::string path = {},
                                                           deadline limit = {});
 
     // Background processes. start_process runs `/bin/sh -c command` in `cwd` (default
-    // /workspace; relative to it) with the backend's spawn: it outlives the call, its output is
-    // pumped into bounded buffers, and it ends at stop_process (SIGTERM, then SIGKILL after 3 s),
-    // on its own, or with the session (async_end, a rebuilt sandbox). A session already running
-    // max_background_processes gets an error result. `id` is background_process::id; an unknown
-    // id is an argument error.
+    // the working directory; relative to it) with the backend's spawn: it outlives the call, its
+    // output is pumped into bounded buffers, and it ends at stop_process (SIGTERM, then SIGKILL
+    // after 3 s), on its own, or with the session (async_end, a rebuilt sandbox). A session already
+    // running max_background_processes gets an error result. `id` is background_process::id; an
+    // unknown id is an argument error.
     asio::awaitable<result<tool_result>> async_start_process(std::string command,
                                                              std::string cwd = "",
                                                              deadline limit = {});
@@ -239,10 +250,12 @@ class tool_session {
     asio::awaitable<result<tool_result>> async_read_process_output(int id, deadline limit = {});
     asio::awaitable<result<tool_result>> async_stop_process(int id, deadline limit = {});
 
-    // Files under /workspace/out, and one of them as bytes (for the application, not the model).
+    // Files under the artifacts directory, and one of them as bytes (for the application, not
+    // the model). Paths in the tool layer are relative to the working directory
+    // (sandbox_layout::workdir of the manager's spec, /workspace by default).
     asio::awaitable<result<std::vector<artifact>>> async_list_artifacts(deadline limit = {});
     asio::awaitable<result<std::string>> async_read_artifact(std::string path, deadline limit = {});
-    // Any regular file under /workspace as exact bytes (relative paths start at /workspace);
+    // Any regular file under the working directory as exact bytes (relative paths start there);
     // invalid_path for a path outside it, else the file API's errors.
     asio::awaitable<result<std::string>> async_read_workspace_file(std::string path,
                                                                    deadline limit = {});

@@ -17,5 +17,6 @@ int smoke_command(int argc, char** argv);      // moat smoke: a deployment check
 int bench_command(int argc, char** argv);      // moat bench create|advise: latency, pooling
 int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server on stdio
 int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
+int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible sandbox host
 
 }  // namespace moat::cli

@@ -40,7 +40,7 @@ create_options parse_create_options(int argc, char** argv) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            o.spec.workdir = parse_absolute_path("--workdir", *dir);
+            o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
         } else {
             throw usage_error("unexpected argument '" + std::string(arg) + "'");
         }

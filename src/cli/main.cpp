@@ -56,6 +56,12 @@ constexpr const char* usage_text =
     "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
     "      read_file, list_files, start/list/stop_process, read_process_output); one sandbox\n"
     "      per connection, destroyed when the client leaves\n"
+    "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
+    "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir DIR]\n"
+    "        [--max-file-bytes N]\n"
+    "      an E2B-compatible sandbox host for the E2B SDKs: control plane (default\n"
+    "      127.0.0.1:3000) and envd (127.0.0.1:49983), port 0 picks one; the API key from\n"
+    "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line\n"
     "  doctor\n"
     "      show which isolation layers and limits this host can enforce, and run a live check\n"
     "\n"
@@ -83,7 +89,7 @@ int main(int argc, char** argv) {
             {"doctor", moat::cli::doctor_command},   {"inventory", moat::cli::inventory_command},
             {"janitor", moat::cli::janitor_command}, {"smoke", moat::cli::smoke_command},
             {"bench", moat::cli::bench_command},     {"mcp", moat::cli::mcp_command},
-            {"demo", moat::cli::demo_command},
+            {"demo", moat::cli::demo_command},       {"serve", moat::cli::serve_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

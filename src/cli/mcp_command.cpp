@@ -86,9 +86,7 @@ asio::awaitable<int> serve(backend& b, mcp_options o) {
     int code = 0;
     {
         tool_session tools(sessions, "mcp-" + std::to_string(::getpid()), o.tools);
-        mcp::server_options serving;
-        serving.tool_prefix = o.tools.tool_prefix;
-        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO, serving);
+        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO);
         code = co_await server.async_run();
     }
     co_await asio::this_coro::reset_cancellation_state();

@@ -51,7 +51,7 @@ run_options parse_run_options(int argc, char** argv) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            o.spec.workdir = parse_absolute_path("--workdir", *dir);
+            o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
         } else if (arg.starts_with("-")) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         } else {

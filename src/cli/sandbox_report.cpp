@@ -67,6 +67,11 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.end_array();
     w.key("limits");
     write_limits_json(w, info.limits);
+    w.key("layout").begin_object();
+    w.key("user").value(info.layout.user).key("home").value(info.layout.home);
+    w.key("workdir").value(info.layout.workdir);
+    w.key("artifacts_dir").value(info.layout.artifacts_dir);
+    w.end_object();
     w.end_object();
 }
 

@@ -128,7 +128,7 @@ bool server::state::is_host_allowed(std::string_view host) const noexcept {
     for (const auto& h : hosts) {
         if (iequals(h, host)) return true;
     }
-    return false;
+    return options.accept_host && options.accept_host(host);
 }
 
 server::server(asio::any_io_executor executor, server_options options)

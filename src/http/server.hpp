@@ -67,6 +67,9 @@ struct server_options {
     // defence: a page on another origin that resolves to 127.0.0.1 sends its own name); on any
     // other listener every Host. A Host not served gets 421.
     std::vector<std::string> allowed_hosts;
+    // When set, a Host the list above does not serve is served when this returns true (a name
+    // pattern the list cannot spell: `moat serve`'s `49983-<id>.<domain>`).
+    std::function<bool(std::string_view host)> accept_host;
     // Open connections at most; one more is accepted, answered 503 (best effort) and closed, so a
     // client fails fast instead of waiting in the listen backlog.
     std::size_t max_connections = 1024;

@@ -51,6 +51,8 @@ constexpr auto control_timeout = std::chrono::seconds(5);
 constexpr auto wall_limit_slack = std::chrono::seconds(5);
 // How long an attach may take: connect, the agent's `ready`.
 constexpr auto attach_timeout = std::chrono::seconds(5);
+// The name of the sandbox user (uid 1000) in the template root's /etc/passwd.
+constexpr const char* default_user = "user";
 
 // One destroy of one sandbox, shared by every caller that asks while it runs.
 struct destroy_flight {
@@ -65,7 +67,7 @@ struct local_sandbox {
     std::shared_ptr<agent_channel> agent;
     unique_fd pidfd;
     unique_fd root;         // O_PATH of its "/" (/proc/<pid>/root), for host-side file access
-    sandbox_record record;  // as written to the state directory: uid base, cgroups, env, workdir
+    sandbox_record record;  // as written to the state directory: uid base, cgroups, env, layout
     async_event answered;   // the helper reported on this sandbox (reaped, or never knew it)
     async_event reaped;     // pid 1 is confirmed gone
     int cleanup_errno = 0;  // from the helper's reaped report (ESRCH: it did not know the sandbox)
@@ -137,6 +139,7 @@ sandbox_info describe(const sandbox_record& r) {
     if (r.init_pid > 0) info.host_pid = r.init_pid;
     info.layers = r.layers;
     info.limits = r.limits;
+    info.layout = r.layout;
     info.owner_instance = r.owner_instance;
     info.survive_owner = r.survive_owner;
     info.owned = false;
@@ -530,6 +533,10 @@ class local_backend final : public backend {
         request.open_files = *limits.open_files;
         request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
                         (spec.survive_owner ? wire::create_survive_owner : 0u);
+        wire::copy_field(request.user_name, spec.layout.user);
+        wire::copy_field(request.home, spec.layout.home);
+        wire::copy_field(request.workdir, spec.layout.workdir);
+        wire::copy_field(request.artifacts_dir, spec.layout.artifacts_dir);
 
         // The record exists before the sandbox does, so a crash at any point leaves something
         // for the janitor to find.
@@ -543,7 +550,8 @@ class local_backend final : public backend {
         record.expires_at = now + spec.ttl;
         record.survive_owner = spec.survive_owner;
         record.env = spec.env;
-        record.workdir = spec.workdir;
+        record.layout = spec.layout;
+        if (record.layout.user.empty()) record.layout.user = default_user;
         record.limits = limits;
         if (auto written = records_.write(record); !written) co_return std::move(written).error();
 
@@ -1084,12 +1092,12 @@ class local_backend final : public backend {
 
         std::vector<std::string> argv = std::move(request.argv);
         if (argv.empty()) argv = {"/bin/sh", "-c", request.shell};
-        std::map<std::string, std::string> env = base_environment();
+        std::map<std::string, std::string> env = base_environment(sandbox->record.layout);
         for (const auto& [k, v] : sandbox->record.env) env[k] = v;
         for (const auto& [k, v] : request.env) env[k] = v;
         std::vector<std::string> env_list;
         for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
-        const std::string cwd = request.cwd.empty() ? sandbox->record.workdir : request.cwd;
+        const std::string cwd = request.cwd.empty() ? sandbox->record.layout.workdir : request.cwd;
 
         const std::uint64_t exec_id = next_exec_id_++;
         std::vector<std::byte> record;
@@ -1195,9 +1203,9 @@ class local_backend final : public backend {
         return s;
     }
 
-    static std::map<std::string, std::string> base_environment() {
+    static std::map<std::string, std::string> base_environment(const sandbox_layout& layout) {
         return {
-            {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/workspace"}, {"LANG", "C.UTF-8"}};
+            {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", layout.home}, {"LANG", "C.UTF-8"}};
     }
 
     result<std::shared_ptr<local_sandbox>> find(const std::string& id) {

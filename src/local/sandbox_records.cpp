@@ -149,7 +149,10 @@ std::string to_json(const sandbox_record& r) {
     write_string_map(w, r.labels);
     w.key("env");
     write_string_map(w, r.env);
-    w.key("workdir").value(r.workdir);
+    w.key("user").value(r.layout.user);
+    w.key("home").value(r.layout.home);
+    w.key("workdir").value(r.layout.workdir);
+    w.key("artifacts_dir").value(r.layout.artifacts_dir);
     w.key("limits");
     write_limits_json(w, r.limits);
     w.key("layers");
@@ -199,7 +202,13 @@ result<sandbox_record> record_from_json(std::string_view json) {
     }
     if (!read_string_map(o, "labels", r.labels)) return bad_field("labels");
     if (!read_string_map(o, "env", r.env)) return bad_field("env");
-    if (!read_string(o, "workdir", r.workdir)) return bad_field("workdir");
+    if (!read_string(o, "workdir", r.layout.workdir)) return bad_field("workdir");
+    // Records written before the layout had only "workdir": the rest keeps its defaults.
+    for (auto [name, field] : {std::pair{"user", &r.layout.user}, std::pair{"home", &r.layout.home},
+                               std::pair{"artifacts_dir", &r.layout.artifacts_dir}}) {
+        if (o[name].error() == simdjson::NO_SUCH_FIELD) continue;
+        if (!read_string(o, name, *field)) return bad_field(name);
+    }
     simdjson::dom::object limits;
     if (o["limits"].get_object().get(limits) != simdjson::SUCCESS) return bad_field("limits");
     if (!read_optional_limit(limits, "memory_bytes", r.limits.memory_bytes) ||

@@ -43,7 +43,7 @@ struct sandbox_record {
     std::vector<std::string> cgroups;    // absolute cgroup directories, removed once it is gone
     std::string memory_cgroup;           // the memory one (OOM accounting), or ""
     std::map<std::string, std::string> env;
-    std::string workdir;
+    sandbox_layout layout;  // the effective one (user resolved)
     resource_limits limits;
     std::vector<std::string> layers;
     // A destroy was asked for and not confirmed: the janitor finishes it.

@@ -1,5 +1,6 @@
 #include "local/spec_validation.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -48,7 +49,89 @@ result<void> validate_env(const std::map<std::string, std::string>& env, const c
     return {};
 }
 
+// An absolute, normal path: no empty, "." or ".." component, no trailing '/', no NUL.
+result<void> check_layout_path(const std::string& path, const char* field) {
+    const auto bad = [&](const char* why) {
+        return make_error(errc::invalid_argument,
+                          std::string("layout.") + field + ": '" + path + "' " + why);
+    };
+    if (path.empty() || path.front() != '/') return bad("must be an absolute path");
+    if (path.size() > sandbox_layout::max_path_bytes) {
+        return bad(("is longer than " + std::to_string(sandbox_layout::max_path_bytes) + " bytes")
+                       .c_str());
+    }
+    for (const char c : path) {
+        if (c < 0x20 || c == 0x7f) return bad("has a control character");
+    }
+    if (path.size() > 1 && path.back() == '/') return bad("must not end in '/'");
+    std::size_t at = 1;
+    while (at <= path.size() && path.size() > 1) {
+        const std::size_t end = std::min(path.find('/', at), path.size());
+        const std::string_view part(path.data() + at, end - at);
+        if (part.empty() || part == "." || part == "..") {
+            return bad("must be normal (no empty, '.' or '..' component)");
+        }
+        at = end + 1;
+    }
+    return {};
+}
+
+bool is_user_name(std::string_view name) {
+    if (name.empty() || name.size() > sandbox_layout::max_user_bytes) return false;
+    if (!(name.front() == '_' || (name.front() >= 'a' && name.front() <= 'z'))) return false;
+    for (const char c : name) {
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
 }  // namespace
+
+bool is_within(std::string_view path, std::string_view tree) noexcept {
+    return path == tree ||
+           (path.size() > tree.size() && path.starts_with(tree) && path[tree.size()] == '/');
+}
+
+std::string_view writable_tree(std::string_view path) noexcept {
+    for (const std::string_view tree : {"/workspace", "/tmp", "/home"}) {
+        if (is_within(path, tree)) return tree;
+    }
+    return {};
+}
+
+result<void> validate_layout(const sandbox_layout& layout) {
+    if (!layout.user.empty() && !is_user_name(layout.user)) {
+        return make_error(errc::invalid_argument,
+                          "layout.user: '" + layout.user +
+                              "' is not a plain POSIX user name ([a-z_][a-z0-9_-]*, at most " +
+                              std::to_string(sandbox_layout::max_user_bytes) + " bytes)");
+    }
+    if (layout.user == "root") {
+        return make_error(errc::invalid_argument,
+                          "layout.user: 'root' is the sandbox's root; commands run unprivileged");
+    }
+    if (auto r = check_layout_path(layout.home, "home"); !r) return r;
+    if (auto r = check_layout_path(layout.workdir, "workdir"); !r) return r;
+    if (auto r = check_layout_path(layout.artifacts_dir, "artifacts_dir"); !r) return r;
+    // What the local backend can make writable: /workspace, /tmp and (its own tmpfs) /home.
+    // /workspace starts empty, so a home below it would not exist.
+    const std::string_view home_tree = writable_tree(layout.home);
+    if (layout.home != "/workspace" &&
+        (home_tree.empty() || home_tree == "/workspace" || layout.home == home_tree)) {
+        return make_error(errc::invalid_argument,
+                          "layout.home: '" + layout.home +
+                              "' must be /workspace or a directory under /tmp or /home (the rest "
+                              "of the root is read-only)");
+    }
+    if (writable_tree(layout.artifacts_dir).empty() || layout.artifacts_dir == "/home") {
+        return make_error(errc::invalid_argument,
+                          "layout.artifacts_dir: '" + layout.artifacts_dir +
+                              "' must be under /workspace, /tmp or /home (the rest of the root is "
+                              "read-only)");
+    }
+    return {};
+}
 
 result<void> validate_spec(const sandbox_spec& spec) {
     const auto& l = spec.limits;
@@ -58,10 +141,7 @@ result<void> validate_spec(const sandbox_spec& spec) {
     }
     if (auto limits = validate_limits(l); !limits) return limits;
     if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
-    if (spec.workdir.empty() || spec.workdir.front() != '/' ||
-        spec.workdir.find('\0') != std::string::npos) {
-        return make_error(errc::invalid_argument, "workdir: must be an absolute path");
-    }
+    if (auto layout = validate_layout(spec.layout); !layout) return layout;
     for (const auto& [key, value] : spec.labels) {
         if (key.empty() || !is_printable(key) || !is_printable(value)) {
             return make_error(errc::invalid_argument, "labels: keys and values must be printable");

@@ -645,4 +645,8 @@ asio::any_io_executor session_manager::get_executor() const {
     return state_->executor;
 }
 
+const sandbox_layout& session_manager::layout() const noexcept {
+    return state_->options.spec.layout;
+}
+
 }  // namespace moat

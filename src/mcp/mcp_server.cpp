@@ -53,10 +53,10 @@ std::optional<std::string> id_field(std::string_view params, std::string_view na
     return raw_field(params, name);
 }
 
-std::string tools_list_json(std::string_view prefix) {
+std::string tools_list_json(const std::vector<tool_definition>& tools) {
     std::string out = R"({"tools":[)";
     bool first = true;
-    for (const auto& tool : tool_definitions(prefix)) {
+    for (const auto& tool : tools) {
         if (!first) out += ',';
         first = false;
         out += R"({"name":)";
@@ -71,7 +71,7 @@ std::string tools_list_json(std::string_view prefix) {
     return out;
 }
 
-std::string initialize_json(std::string_view requested) {
+std::string initialize_json(std::string_view requested, const sandbox_layout& layout) {
     std::string_view version = protocol_versions.front();
     for (const auto v : protocol_versions)
         if (v == requested) version = v;
@@ -86,14 +86,16 @@ std::string initialize_json(std::string_view requested) {
     w.end_object();
     w.key("serverInfo").begin_object().key("name").value("moat").key("version").value("0.1.0");
     w.end_object();
-    w.key("instructions")
-        .value(
-            "Tools that run code in a private, network-less sandbox kept for this connection: "
-            "Python state and files in /workspace persist between calls. Files saved under "
-            "/workspace/out are listed as artifacts and readable as resources "
-            "(moat://artifacts/<path>); any file under /workspace is readable, as exact bytes, "
-            "as moat://workspace/<path>. A failure of the code (an exception, a non-zero exit, "
-            "a timeout) is a result with its status, not a tool error.");
+    const std::string instructions =
+        "Tools that run code in a private, network-less sandbox kept for this connection: "
+        "Python state and files in " +
+        layout.workdir + " persist between calls. Files saved under " + layout.artifacts_dir +
+        " are listed as artifacts and readable as resources (moat://artifacts/<path>); any file "
+        "under " +
+        layout.workdir +
+        " is readable, as exact bytes, as moat://workspace/<path>. A failure of the code (an "
+        "exception, a non-zero exit, a timeout) is a result with its status, not a tool error.";
+    w.key("instructions").value(instructions);
     w.end_object();
     return w.take();
 }
@@ -328,11 +330,11 @@ struct server::state : std::enable_shared_from_this<server::state> {
         const std::string& method = m.method;
         if (method == "initialize") {
             const auto version = string_field(m.params, "protocolVersion").value_or("");
-            send(jsonrpc_result(m.id, initialize_json(version)));
+            send(jsonrpc_result(m.id, initialize_json(version, tools.layout())));
         } else if (method == "ping") {
             send(jsonrpc_result(m.id, "{}"));
         } else if (method == "tools/list") {
-            send(jsonrpc_result(m.id, tools_list_json(options.tool_prefix)));
+            send(jsonrpc_result(m.id, tools_list_json(tools.definitions())));
         } else if (method == "tools/call") {
             auto name = string_field(m.params, "name");
             if (!name) {
@@ -360,11 +362,19 @@ struct server::state : std::enable_shared_from_this<server::state> {
             }
             start(m.id, read_resource(shared_from_this(), m.id, std::move(*uri)));
         } else if (method == "resources/templates/list") {
-            send(jsonrpc_result(
-                m.id,
-                R"({"resourceTemplates":[{"uriTemplate":"moat://workspace/{path}","name":"workspace file",)"
-                R"("description":"Any file under /workspace, as its exact bytes (base64 blob); path is relative to /workspace.",)"
-                R"("mimeType":"application/octet-stream"}]})"));
+            json_writer w;
+            w.begin_object().key("resourceTemplates").begin_array().begin_object();
+            w.key("uriTemplate")
+                .value("moat://workspace/{path}")
+                .key("name")
+                .value("workspace file");
+            const std::string& dir = tools.layout().workdir;
+            w.key("description")
+                .value("Any file under " + dir +
+                       ", as its exact bytes (base64 blob); path is relative to " + dir + ".");
+            w.key("mimeType").value("application/octet-stream");
+            w.end_object().end_array().end_object();
+            send(jsonrpc_result(m.id, w.take()));
         } else if (method == "prompts/list") {
             send(jsonrpc_result(m.id, R"({"prompts":[]})"));
         } else {

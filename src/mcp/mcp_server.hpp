@@ -1,16 +1,15 @@
 // `moat mcp`: a Model Context Protocol server over stdio (JSON-RPC 2.0, one message per line).
 //
 // Methods: initialize, ping, tools/list, tools/call, resources/list and resources/read (the files
-// under /workspace/out as moat://artifacts/<path>, and any file under /workspace as
-// moat://workspace/<path>: exact bytes for the client, never model-facing text),
-// resources/templates/list; notifications:
-// notifications/initialized, notifications/cancelled (cancels the running call: its process is
-// killed and confirmed gone). A tools/call whose params carry _meta.progressToken gets
-// notifications/progress while it runs, whose message carries the latest lines of its output.
-// isError is set only for moat's own failures and invalid arguments (tool_result::is_tool_error).
-// The connection has one per-session sandbox (through the tool session); when the client
-// disconnects (EOF on stdin) running calls are cancelled, the session ends and its sandbox is
-// destroyed, confirmed, before async_run returns.
+// under the session's artifacts directory as moat://artifacts/<path>, and any file under its
+// working directory as moat://workspace/<path>: exact bytes for the client, never model-facing
+// text), resources/templates/list; notifications: notifications/initialized,
+// notifications/cancelled (cancels the running call: its process is killed and confirmed gone). A
+// tools/call whose params carry _meta.progressToken gets notifications/progress while it runs,
+// whose message carries the latest lines of its output. isError is set only for moat's own failures
+// and invalid arguments (tool_result::is_tool_error). The connection has one per-session sandbox
+// (through the tool session); when the client disconnects (EOF on stdin) running calls are
+// cancelled, the session ends and its sandbox is destroyed, confirmed, before async_run returns.
 #pragma once
 
 #include <moat/tools.hpp>
@@ -28,8 +27,6 @@ struct server_options {
     std::size_t max_message_bytes = 64 << 20;  // a longer line is answered with an error, skipped
     // Responses not yet taken by the client; past this, requests are not read until it catches up.
     std::size_t max_pending_output_bytes = 16 << 20;
-    // Prefix of the tool names tools/list publishes (the tool session must use the same one).
-    std::string tool_prefix;
 };
 
 class server {

@@ -540,6 +540,10 @@ void helper::handle_create(const wire::create_message& m) {
     request.open_files = m.open_files;
     request.survive_owner = survive_owner;
     request.best_effort = best_effort;
+    request.user_name = wire::read_field(m.user_name);
+    request.home = wire::read_field(m.home);
+    request.workdir = wire::read_field(m.workdir);
+    request.artifacts_dir = wire::read_field(m.artifacts_dir);
     spawned_sandbox spawned;
     spawn_failure failure;
     const bool ok = spawner_.spawn(request, slot, cgroups_, s.cgroups, spawned, failure);

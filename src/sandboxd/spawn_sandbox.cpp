@@ -23,8 +23,11 @@
 #include <charconv>
 #include <csignal>
 #include <cstring>
+#include <string_view>
+#include <vector>
 
 #include "sandboxd/raw_syscall.hpp"
+#include "sandboxd/template_root.hpp"
 #include "wire/protocol.hpp"
 
 namespace moat::sandboxd {
@@ -57,6 +60,9 @@ enum class step : int {
     mount_tmp,
     mount_shm,
     mount_workspace,
+    layout_etc,
+    mount_home,
+    layout_dirs,
     pivot_root,
     umount_old_root,
     chdir_root,
@@ -92,6 +98,9 @@ constexpr const char* step_names[] = {
     "mount /tmp",
     "mount /dev/shm",
     "mount /workspace",
+    "layout: bind /etc/passwd and /etc/group",
+    "mount /home",
+    "layout: make directories",
     "pivot_root",
     "umount old root",
     "chdir /",
@@ -130,6 +139,18 @@ struct child_args {
     const char* template_path;
     char tmp_options[64];
     char workspace_options[96];
+    // The layout: /etc/passwd and /etc/group texts to bind over the template's (when
+    // has_layout_etc), whether /home gets a tmpfs (home_options), and the directories to make
+    // (relative to the template root, parents first), each NUL-terminated, `layout_dir_count`.
+    bool has_layout_etc;
+    bool mount_home;
+    char home_options[96];
+    char passwd_text[512];
+    char group_text[128];
+    std::size_t passwd_length;
+    std::size_t group_length;
+    char layout_dirs[4096];
+    int layout_dir_count;
     sock_fprog filter;
     char ttl_text[24];
     char max_processes_text[24];
@@ -157,6 +178,46 @@ long checked(child_args& a, step failed, long number, Args... args) {
 
 long mount_tmpfs(child_args& a, step failed, const char* target, const char* options) {
     return checked(a, failed, SYS_mount, "tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options);
+}
+
+// The layout's own /etc/passwd and /etc/group: written to a scratch tmpfs on the /tmp mount point
+// (before /tmp's own tmpfs), each bound read-only over the template's file, then the scratch
+// mount is detached (the binds keep it alive). No file of it is writable from inside.
+void bind_layout_etc(child_args& a) {
+    mount_tmpfs(a, step::layout_etc, "tmp", "size=64k,mode=0755");
+    const struct {
+        const char* scratch;
+        const char* target;
+        const char* text;
+        std::size_t length;
+    } files[] = {{"tmp/passwd", "etc/passwd", a.passwd_text, a.passwd_length},
+                 {"tmp/group", "etc/group", a.group_text, a.group_length}};
+    for (const auto& f : files) {
+        const long fd = checked(a, step::layout_etc, SYS_openat, AT_FDCWD, f.scratch,
+                                O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        const long written = checked(a, step::layout_etc, SYS_write, fd, f.text, f.length);
+        raw(SYS_close, fd);
+        if (static_cast<std::size_t>(written) != f.length) child_fail(a, step::layout_etc, -EIO);
+        checked(a, step::layout_etc, SYS_mount, f.scratch, f.target, nullptr, MS_BIND, nullptr);
+        checked(a, step::layout_etc, SYS_mount, nullptr, f.target, nullptr,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    }
+    checked(a, step::layout_etc, SYS_umount2, "tmp", MNT_DETACH);
+}
+
+// The layout's directories outside /workspace (home, workdir, artifacts_dir and their parents
+// below /tmp or /home), owned by the sandbox user. Nothing in the sandbox has run yet, so
+// nothing can have planted a link on the way.
+void make_layout_dirs(child_args& a) {
+    const char* path = a.layout_dirs;
+    for (int i = 0; i < a.layout_dir_count; ++i) {
+        const long made = raw(SYS_mkdirat, AT_FDCWD, path, 0755);
+        if (made < 0 && made != -EEXIST) child_fail(a, step::layout_dirs, made);
+        checked(a, step::layout_dirs, SYS_fchownat, AT_FDCWD, path, wire::sandbox_user_id,
+                wire::sandbox_group_id, AT_SYMLINK_NOFOLLOW);
+        while (*path != '\0') ++path;
+        ++path;
+    }
 }
 
 void bring_up_loopback(child_args& a) {
@@ -340,9 +401,12 @@ int child_main(void* opaque) {
     checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
             MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
     limit_socket_buffers(a);
+    if (a.has_layout_etc) bind_layout_etc(a);
     mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
     mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
     mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
+    if (a.mount_home) mount_tmpfs(a, step::mount_home, "home", a.home_options);
+    make_layout_dirs(a);
     checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
     checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);
     checked(a, step::chdir_root, SYS_chdir, "/");
@@ -468,6 +532,78 @@ int sandbox_spawner::init(std::string template_path, std::vector<sock_filter> fi
     return 0;
 }
 
+namespace {
+
+// `path` is `tree` or lies under it.
+bool is_within(std::string_view path, std::string_view tree) {
+    return path == tree ||
+           (path.size() > tree.size() && path.starts_with(tree) && path[tree.size()] == '/');
+}
+
+// Fills the layout part of `a` (see child_args) from the request: false with `detail` for a
+// layout the child cannot make (the library validates first; this only keeps the child's writes
+// inside /tmp and /home and its buffers).
+bool plan_layout(const spawn_request& request, child_args& a, std::string& detail) {
+    const std::string_view user =
+        request.user_name.empty() ? template_user_name : request.user_name;
+    const std::string_view home = request.home.empty() ? "/workspace" : request.home;
+    const std::string_view workdir = request.workdir.empty() ? "/workspace" : request.workdir;
+    const std::string_view artifacts =
+        request.artifacts_dir.empty() ? "/workspace/out" : request.artifacts_dir;
+    for (const std::string_view path : {home, workdir, artifacts}) {
+        const std::string slashed = std::string(path) + "/";
+        if (!path.starts_with('/') || slashed.find("/../") != std::string::npos ||
+            slashed.find("/./") != std::string::npos || slashed.find("//") != std::string::npos) {
+            detail = "layout: '" + std::string(path) + "' is not a normal absolute path";
+            return false;
+        }
+    }
+    if (user != template_user_name || home != "/workspace") {
+        const std::string passwd = passwd_for(user, home);
+        const std::string group = group_for(user);
+        if (user.find_first_of(":\n") != std::string_view::npos ||
+            home.find_first_of(":\n") != std::string_view::npos ||
+            passwd.size() > sizeof a.passwd_text || group.size() > sizeof a.group_text) {
+            detail = "layout: user or home does not fit /etc/passwd";
+            return false;
+        }
+        a.has_layout_etc = true;
+        std::memcpy(a.passwd_text, passwd.data(), passwd.size());
+        std::memcpy(a.group_text, group.data(), group.size());
+        a.passwd_length = passwd.size();
+        a.group_length = group.size();
+    }
+    // Directories below /tmp and /home, parents first, each once; /workspace starts empty.
+    std::size_t used = 0;
+    std::vector<std::string_view> made;
+    for (const std::string_view path : {home, workdir, artifacts}) {
+        std::string_view tree;
+        for (const std::string_view t : {"/tmp", "/home"}) {
+            if (is_within(path, t)) tree = t;
+        }
+        if (tree.empty()) continue;
+        if (tree == "/home") a.mount_home = true;
+        for (std::size_t end = tree.size(); end < path.size();) {
+            end = std::min(path.find('/', end + 1), path.size());
+            const std::string_view dir = path.substr(0, end);
+            if (std::find(made.begin(), made.end(), dir) != made.end()) continue;
+            if (used + dir.size() > sizeof a.layout_dirs) {
+                detail = "layout: too many directories to make";
+                return false;
+            }
+            // Relative to the template root: without the leading '/'.
+            std::memcpy(a.layout_dirs + used, dir.data() + 1, dir.size() - 1);
+            used += dir.size();
+            a.layout_dirs[used - 1] = '\0';
+            made.push_back(dir);
+            ++a.layout_dir_count;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
 bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
                             const cgroups& hierarchy, sandbox_cgroups& group, spawned_sandbox& out,
                             spawn_failure& failure) {
@@ -479,6 +615,10 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         failure.detail = std::move(detail);
         return false;
     };
+    child_args args{};
+    if (std::string detail; !plan_layout(request, args, detail)) {
+        return fail(moat::errc::invalid_argument, 0, std::move(detail));
+    }
     int sockets[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) != 0) {
         return fail(moat::errc::backend_failure, errno,
@@ -504,7 +644,6 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     int exec_read = exec_pipe[0];
     int exec_write = exec_pipe[1];
 
-    child_args args{};
     args.release_read = release_read;
     args.release_write = release_write;
     args.exec_pipe_write = exec_write;
@@ -520,6 +659,9 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
                   wire::sandbox_user_id, wire::sandbox_group_id);
     format_options(args.workspace_options, sizeof args.workspace_options, request.workspace_bytes,
                    workspace_rest);
+    // /home is a second tmpfs of /workspace's size, charged to the same memory cgroup.
+    format_options(args.home_options, sizeof args.home_options, request.workspace_bytes,
+                   "mode=0755");
     args.filter.len = static_cast<unsigned short>(filter_.size());
     args.filter.filter = filter_.data();
     std::snprintf(args.ttl_text, sizeof args.ttl_text, "%llu",

@@ -6,7 +6,9 @@
 // The child shares the helper's memory and TLS (errno included), so it makes raw system calls
 // only and reads nothing but what the parent prepared before clone. It enters a cgroup namespace
 // rooted at its own (already attached) cgroups, becomes root of its user namespace, bind-mounts the
-// template root, mounts /proc, /tmp, /dev/shm and /workspace, pivots into it, sets the hostname,
+// template root, mounts /proc, /tmp, /dev/shm and /workspace (and /home, for a layout with a home
+// there; another user or home gets its own /etc/passwd and /etc/group bound over the template's,
+// and the layout's directories outside /workspace are made), pivots into it, sets the hostname,
 // brings up loopback, sets PR_SET_PDEATHSIG (unless the sandbox survives its owner), arranges its
 // descriptors and, with no_new_privs and the seccomp filter in force, execs the agent from the
 // helper's own executable:
@@ -44,6 +46,12 @@ struct spawn_request {
     bool survive_owner = false;
     int listen_socket = -1;    // survivors: the bound attach socket, passed to the agent as fd 7
     bool best_effort = false;  // for the cgroup attach
+    // The layout (sandbox_layout, validated by the library); "" keeps a field's default (the
+    // template's user name, /workspace, /workspace, /workspace/out).
+    std::string_view user_name;
+    std::string_view home;
+    std::string_view workdir;
+    std::string_view artifacts_dir;
 };
 
 struct spawned_sandbox {

@@ -12,14 +12,6 @@
 namespace moat::sandboxd {
 namespace {
 
-constexpr std::string_view passwd_text =
-    "root:x:0:0:root:/root:/bin/sh\n"
-    "user:x:1000:1000:user:/workspace:/bin/sh\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
-constexpr std::string_view group_text =
-    "root:x:0:\n"
-    "user:x:1000:\n"
-    "nogroup:x:65534:\n";
 constexpr std::string_view hosts_text =
     "127.0.0.1 localhost sandbox\n"
     "::1 localhost\n";
@@ -104,6 +96,8 @@ class builder {
 };
 
 int build_etc(builder& b) {
+    const std::string passwd_text = passwd_for(template_user_name, "/workspace");
+    const std::string group_text = group_for(template_user_name);
     if (const int err = b.make_dir("etc")) return err;
     struct text_file {
         const char* name;
@@ -166,6 +160,19 @@ int build_dev(builder& b) {
 
 }  // namespace
 
+std::string passwd_for(std::string_view user, std::string_view home) {
+    std::string text = "root:x:0:0:root:/root:/bin/sh\n";
+    text.append(user).append(":x:1000:1000:").append(user).append(":").append(home);
+    text += ":/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+    return text;
+}
+
+std::string group_for(std::string_view user) {
+    std::string text = "root:x:0:\n";
+    text.append(user).append(":x:1000:\nnogroup:x:65534:\n");
+    return text;
+}
+
 int build_template_root(const std::string& path, std::string& detail) {
     builder b(path, detail);
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return b.fail("mkdir", path);
@@ -176,7 +183,7 @@ int build_template_root(const std::string& path, std::string& detail) {
     for (const char* host : {"/bin", "/sbin", "/lib", "/lib64"}) {
         if (const int err = b.mirror(host)) return err;
     }
-    for (const char* dir : {"proc", "tmp", "workspace", "root"}) {
+    for (const char* dir : {"proc", "tmp", "workspace", "root", "home"}) {
         if (const int err = b.make_dir(dir)) return err;
     }
     if (const int err = build_etc(b)) return err;

@@ -9,18 +9,28 @@
 //                python3*/ (never the host's passwd, shadow or group)
 //   /dev         tmpfs (ro,nosuid,nodev,noexec) with read-only binds of null, zero, full, random,
 //                urandom, tty; fd, stdin, stdout, stderr symlinks into /proc/self/fd; shm/
-//   /proc /tmp /workspace /dev/shm /root   empty mount points
+//   /proc /tmp /workspace /dev/shm /root /home   empty mount points
 //
 // There is no /sys. Each sandbox bind-mounts this tree recursively and mounts its own /proc,
-// /tmp, /dev/shm and /workspace on the mount points.
+// /tmp, /dev/shm and /workspace on the mount points, and /home when its layout has a home there;
+// a sandbox whose layout names another user or home binds its own passwd and group over /etc's.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace moat::sandboxd {
 
 // Builds the template at `path` (created if missing). The caller must already be in a private
 // mount namespace. Returns 0 or an errno, with `detail` naming the failed step.
 int build_template_root(const std::string& path, std::string& detail);
+
+// The name of uid 1000 (wire::sandbox_user_id) in the template's /etc/passwd.
+inline constexpr std::string_view template_user_name = "user";
+
+// /etc/passwd and /etc/group of a sandbox whose commands run as `user` (uid and gid 1000) with
+// `home`: root, that user, nobody (nogroup).
+std::string passwd_for(std::string_view user, std::string_view home);
+std::string group_for(std::string_view user);
 
 }  // namespace moat::sandboxd

@@ -73,7 +73,7 @@ os.dup2(err_w, 2)
 os.close(out_w)
 os.close(err_w)
 sys.stdin = open(0, 'r', closefd=False)
-cells_dir = '/workspace/.cells'
+cells_dir = os.path.join(os.getcwd(), '.cells')  # the sandbox's working directory
 namespace = {'__name__': '__main__', '__builtins__': __builtins__}
 
 def read_exact(n):

@@ -2,7 +2,7 @@
 // `python3 -u -c <source> <cells so far>` inside the sandbox; no file of it exists there).
 //
 // Protocol. The host writes each cell to the interpreter's stdin as "<byte length>\n<UTF-8 code>".
-// The driver saves it as /workspace/.cells/NNN.py (numbered on from <cells so far>, so a
+// The driver saves it as <working directory>/.cells/NNN.py (numbered on from <cells so far>, so a
 // restarted interpreter does not overwrite earlier cells), runs it in one persistent namespace (the
 // value of a final expression is printed, as in a REPL) and prints any exception's traceback
 // (without the driver's own frames) to stderr. The cell's own stdin is /dev/null; the command

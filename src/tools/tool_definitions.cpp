@@ -1,5 +1,7 @@
 #include <moat/tools.hpp>
 
+#include "core/json_writer.hpp"
+
 namespace moat {
 
 namespace {
@@ -12,37 +14,64 @@ constexpr std::string_view timeout_schema =
     R"("description":"Time limit for this call in seconds: more than 0 and at most 600 )"
     R"((default 30)."})";
 
+// `text` inside a JSON string, without the quotes.
+std::string json_inner(std::string_view text) {
+    std::string quoted;
+    append_json_string(quoted, text);
+    return quoted.substr(1, quoted.size() - 2);
+}
+
+}  // namespace
+
 // The descriptions are prompts: a model decides from them when to call a tool and what to expect.
-// `p` prefixes every tool name, including the ones a description mentions.
-std::vector<tool_definition> make_definitions(std::string_view prefix) {
+// `p` prefixes every tool name, including the ones a description mentions; `w` is the working
+// directory and `a` the artifacts directory in descriptions, `jw` the working directory in a
+// schema's JSON text.
+std::vector<tool_definition> tool_definitions(const sandbox_layout& layout,
+                                              std::string_view prefix) {
     const std::string p(prefix);
+    const std::string& w = layout.workdir;
+    const std::string& a = layout.artifacts_dir;
+    const std::string jw = json_inner(w);
+    // Where the home directory is, when it is not the working directory.
+    std::string home;
+    if (layout.home != layout.workdir)
+        home = " Your home directory ($HOME) is " + layout.home + ".";
     std::vector<tool_definition> tools;
     tools.push_back(tool_definition{
         p + "run_python",
         "Run Python 3 code in this conversation's sandbox, like a notebook cell. State persists "
         "between calls: variables, imports and functions defined in one call are available in "
-        "the next, and files stay in /workspace (the working directory). Only what the code "
-        "prints is visible to you (print() it); the value of a final expression is shown too. "
-        "Long output is cut to its head and tail, so print summaries (len(), df.head(), a "
-        "slice) rather than whole datasets. Save files meant for the user under /workspace/out "
-        "(they are listed in the result as artifacts). The network is off: no pip install, no "
-        "downloads; use the standard library and what is already installed. A call that runs "
-        "past timeout_seconds (default 30, at most 600) is stopped and the interpreter "
-        "restarts, losing variables. An exception is reported in the result (status, "
-        "error_type, traceback): fix the code and call again.",
+        "the next, and files stay in " +
+            w + " (your working directory)." + home +
+            " Only what the code "
+            "prints is visible to you (print() it); the value of a final expression is shown too. "
+            "Long output is cut to its head and tail, so print summaries (len(), df.head(), a "
+            "slice) rather than whole datasets. Save files meant for the user under " +
+            a +
+            " "
+            "(they are listed in the result as artifacts). The network is off: no pip install, no "
+            "downloads; use the standard library and what is already installed. A call that runs "
+            "past timeout_seconds (default 30, at most 600) is stopped and the interpreter "
+            "restarts, losing variables. An exception is reported in the result (status, "
+            "error_type, traceback): fix the code and call again.",
         R"({"type":"object","properties":{"code":{"type":"string","description":"Python source to run."},)" +
             std::string(timeout_schema) +
             R"(},"required":["code"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "run_shell",
-        "Run a shell command (/bin/sh -c) in this conversation's sandbox, in /workspace. Files "
-        "persist between calls; shell variables and `cd` do not (each call is a new shell). "
-        "Use it for file inspection (ls, head, wc, grep), running scripts and standard Unix "
-        "tools. Only stdout and stderr are visible to you; long output is cut to its head and "
-        "tail. Save files meant for the user under /workspace/out. The network is off and you "
-        "are an unprivileged user: no package installs, no sudo. A command runs for at most "
-        "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
-        "(" +
+        std::string("Run a shell command (/bin/sh -c) in this conversation's sandbox, in ") + w +
+            " (your working directory)." + home +
+            " Files "
+            "persist between calls; shell variables and `cd` do not (each call is a new shell). "
+            "Use it for file inspection (ls, head, wc, grep), running scripts and standard Unix "
+            "tools. Only stdout and stderr are visible to you; long output is cut to its head and "
+            "tail. Save files meant for the user under " +
+            a +
+            ". The network is off and you "
+            "are an unprivileged user: no package installs, no sudo. A command runs for at most "
+            "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
+            "(" +
             p +
             "write_file) run from here. What the command leaves running is stopped when it "
             "ends: start a server with " +
@@ -52,20 +81,27 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
             R"(},"required":["command"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "write_file",
-        "Create or replace a file in the sandbox. Relative paths are relative to /workspace; "
-        "parent directories are created. Put files meant for the user under /workspace/out. "
-        "Files persist between calls in this conversation. encoding is \"text\" (the default: "
-        "content is the text) or \"base64\" (content is the exact bytes, base64-encoded); a "
-        "file is at most 10 MiB.",
-        R"({"type":"object","properties":{"path":{"type":"string","description":"Where to write, e.g. /workspace/data.csv."},)"
-        R"("content":{"type":"string","description":"The whole file content."},)"
-        R"("encoding":{"type":"string","enum":["text","base64"],"description":"\"text\" (default) or \"base64\" (content is base64 of the bytes)."}},)"
-        R"("required":["path","content"],"additionalProperties":false})"});
+        std::string("Create or replace a file in the sandbox. Relative paths are relative to ") +
+            w +
+            "; "
+            "parent directories are created. Put files meant for the user under " +
+            a +
+            ". "
+            "Files persist between calls in this conversation. encoding is \"text\" (the default: "
+            "content is the text) or \"base64\" (content is the exact bytes, base64-encoded); a "
+            "file is at most 10 MiB.",
+        R"({"type":"object","properties":{"path":{"type":"string","description":"Where to write, e.g. )" +
+            jw +
+            R"(/data.csv."},)"
+            R"("content":{"type":"string","description":"The whole file content."},)"
+            R"("encoding":{"type":"string","enum":["text","base64"],"description":"\"text\" (default) or \"base64\" (content is base64 of the bytes)."}},)"
+            R"("required":["path","content"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "read_file",
-        "Read a file from the sandbox. Relative paths are relative to /workspace. With encoding "
-        "\"text\" (the default) long files are cut to their head and tail (the result says "
-        "truncated); to see a part, use " +
+        std::string("Read a file from the sandbox. Relative paths are relative to ") + w +
+            ". With encoding "
+            "\"text\" (the default) long files are cut to their head and tail (the result says "
+            "truncated); to see a part, use " +
             p +
             "run_shell with sed -n or grep. With encoding \"base64\" the result's content is the "
             "exact bytes, base64-encoded (a file of at most 10 MiB).",
@@ -74,25 +110,32 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
         R"("required":["path"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "list_files",
-        "List a directory in the sandbox (name, type, size). Defaults to /workspace, the working "
-        "directory; files for the user belong in /workspace/out.",
-        R"({"type":"object","properties":{"path":{"type":"string","description":"Directory to list (default /workspace)."}},)"
-        R"("additionalProperties":false})"});
+        "List a directory in the sandbox (name, type, size). Defaults to " + w +
+            ", the working "
+            "directory; files for the user belong in " +
+            a + ".",
+        R"({"type":"object","properties":{"path":{"type":"string","description":"Directory to list (default )" +
+            jw +
+            R"()."}},)"
+            R"("additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "start_process",
         "Start a long-running program in the background in this conversation's sandbox, such "
         "as a server (python3 -m http.server 8000) that later " +
             p + "run_shell or " + p +
             "run_python calls talk to over 127.0.0.1. The command (/bin/sh -c) runs in cwd "
-            "(default /workspace) and keeps running across calls until it exits, " +
-            p + "stop_process stops it, or the conversation ends. Programs that " + p +
+            "(default " +
+            w + ") and keeps running across calls until it exits, " + p +
+            "stop_process stops it, or the conversation ends. Programs that " + p +
             "run_shell leaves running are stopped when its command ends, so start services "
             "here. At most 8 run at once. The result has the process's id; read what it prints "
             "with " +
             p + "read_process_output (the last 64 KiB of stdout and of stderr are kept).",
         R"({"type":"object","properties":{"command":{"type":"string","description":"The shell command line, e.g. python3 -m http.server 8000."},)"
-        R"("cwd":{"type":"string","description":"Working directory (default /workspace)."}},)"
-        R"("required":["command"],"additionalProperties":false})"});
+        R"("cwd":{"type":"string","description":"Working directory (default )" +
+            jw +
+            R"()."}},)"
+            R"("required":["command"],"additionalProperties":false})"});
     tools.push_back(tool_definition{
         p + "list_processes",
         "List this conversation's background processes (from " + p +
@@ -114,17 +157,6 @@ std::vector<tool_definition> make_definitions(std::string_view prefix) {
         R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
         R"("required":["id"],"additionalProperties":false})"});
     return tools;
-}
-
-}  // namespace
-
-const std::vector<tool_definition>& tool_definitions() {
-    static const std::vector<tool_definition> tools = make_definitions("");
-    return tools;
-}
-
-std::vector<tool_definition> tool_definitions(std::string_view prefix) {
-    return make_definitions(prefix);
 }
 
 }  // namespace moat

@@ -22,13 +22,11 @@ namespace moat {
 
 namespace {
 
-constexpr std::string_view workspace = "/workspace";
-constexpr std::string_view artifacts_dir = "/workspace/out";
 constexpr std::size_t max_artifacts = 100;
 constexpr int max_artifact_depth = 4;
-// Model code decides the shape of /workspace/out, so a walk is bounded in work, not only in what
-// it returns: at most this many directory listings and entries looked at (each listing returns
-// at most file_limits::max_dir_entries; a larger directory is skipped).
+// Model code decides the shape of the artifacts directory, so a walk is bounded in work, not only
+// in what it returns: at most this many directory listings and entries looked at (each listing
+// returns at most file_limits::max_dir_entries; a larger directory is skipped).
 constexpr std::size_t max_artifact_listings = 64;
 constexpr std::size_t max_artifact_visits = 2000;
 
@@ -79,7 +77,8 @@ const char* signal_name(int signal) {
 }
 
 // `list_files` is how the model sees that tool (with the session's prefix).
-std::string hint_for_python_error(const std::string& type, const std::string& list_files) {
+std::string hint_for_python_error(const std::string& type, const std::string& list_files,
+                                  const std::string& workdir) {
     if (type == "NameError")
         return "a name is not defined: define it first (if an earlier call defined it, the "
                "interpreter has restarted since, so run that code again)";
@@ -89,9 +88,8 @@ std::string hint_for_python_error(const std::string& type, const std::string& li
     if (type == "KeyError")
         return "the key does not exist: print the available keys first (list(d), df.columns)";
     if (type == "FileNotFoundError")
-        return "the file does not exist: check with " + list_files +
-               " (the working directory is "
-               "/workspace)";
+        return "the file does not exist: check with " + list_files + " (the working directory is " +
+               workdir + ")";
     if (type == "SyntaxError" || type == "IndentationError" || type == "TabError")
         return "fix the syntax at the line the traceback shows";
     if (type == "MemoryError") return "the data does not fit in memory: process it in parts";
@@ -147,19 +145,27 @@ bool is_callers_stop(const error& failure) {
     return failure.code == errc::cancelled || failure.code == errc::deadline_exceeded;
 }
 
-// A path as the model gave it, made absolute (relative to /workspace) and lexically normal.
-std::string sandbox_path(std::string_view given) {
+// A path as the model gave it, made absolute (relative to the working directory) and lexically
+// normal.
+std::string sandbox_path(std::string_view given, const std::string& workdir) {
     std::filesystem::path path(given);
-    if (path.is_relative()) path = std::filesystem::path(workspace) / path;
+    if (path.is_relative()) path = std::filesystem::path(workdir) / path;
     auto normal = path.lexically_normal().string();
     if (normal.size() > 1 && normal.back() == '/') normal.pop_back();
     return normal;
 }
 
+// `path` (normal, absolute) is `dir` or lies under it.
+bool is_under(std::string_view path, std::string_view dir) {
+    if (dir == "/") return true;
+    return path == dir ||
+           (path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/');
+}
+
 // The stderr of a failed cell without its last traceback (the result carries that separately).
-std::string_view before_traceback(std::string_view err) {
+std::string_view before_traceback(std::string_view err, const std::string& workdir) {
     auto at = err.rfind("Traceback (most recent call last):");
-    if (at == std::string_view::npos) at = err.rfind("  File \"/workspace/.cells/");
+    if (at == std::string_view::npos) at = err.rfind("  File \"" + workdir + "/.cells/");
     if (at == std::string_view::npos) return err;
     return err.substr(0, at);
 }
@@ -233,6 +239,7 @@ constexpr std::size_t max_shown_command = 200;
 struct tool_session::state {
     state(session_manager& s, std::string k, tool_options o, asio::any_io_executor executor)
         : sessions(s),
+          layout(s.layout()),
           key(std::move(k)),
           options(std::move(o)),
           kernel(options.python, capture_limits),
@@ -240,6 +247,7 @@ struct tool_session::state {
           calls(std::move(executor)) {}
 
     session_manager& sessions;
+    const sandbox_layout& layout;  // the manager's: where the working and artifacts dirs are
     std::string key;
     tool_options options;
     python_kernel kernel;
@@ -353,7 +361,8 @@ struct tool_session::state {
         bool truncated = false;  // a bound stopped the walk before it saw everything
     };
 
-    // Walks /workspace/out depth-first, bounded in listings and in entries visited (see above).
+    // Walks the artifacts directory depth-first, bounded in listings and in entries visited (see
+    // above).
     asio::awaitable<artifact_listing> list_artifacts(sandbox& box, deadline limit) {
         artifact_listing listing;
         auto& found = listing.found;
@@ -368,7 +377,7 @@ struct tool_session::state {
             }
             auto [relative, depth] = dirs.back();
             dirs.pop_back();
-            std::string dir(artifacts_dir);
+            std::string dir(layout.artifacts_dir);
             if (!relative.empty()) dir += "/" + relative;
             ++listings;
             auto entries = co_await box.async_list_dir(dir, limit);
@@ -399,6 +408,16 @@ struct tool_session::state {
         std::sort(found.begin(), found.end(),
                   [](const artifact& a, const artifact& b) { return a.path < b.path; });
         co_return listing;
+    }
+
+    // Any file's exact bytes (the application's reads: artifacts, workspace files).
+    asio::awaitable<result<std::string>> read_exact(std::string full, deadline limit) {
+        auto got = co_await lease(limit);
+        if (!got) co_return std::move(got).error();
+        std::vector<std::string> paths{std::move(full)};
+        auto read = co_await got->lease.box->async_read_files(std::move(paths), limit);
+        if (!read) co_return std::move(read).error();
+        co_return std::move(read->front().content);
     }
 
     asio::awaitable<void> add_artifacts(tool_result& r, sandbox& box, deadline limit) {
@@ -453,12 +472,13 @@ struct tool_session::state {
                                                                   : outcome.exception_type;
                     r.traceback = python_traceback(err_text);
                     if (!outcome.err.is_truncated() && !r.traceback.empty()) {
-                        set_stderr(r, shape_for_model(before_traceback(err_text), options.shaping));
+                        set_stderr(r, shape_for_model(before_traceback(err_text, layout.workdir),
+                                                      options.shaping));
                     } else {
                         set_stderr(r, shape(outcome.err));
                     }
                 }
-                r.hint = hint_for_python_error(r.error_type, named("list_files"));
+                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir);
                 break;
             case cell_outcome::ending::timed_out:
                 r.status = tool_status::timeout;
@@ -560,7 +580,7 @@ struct tool_session::state {
                     "command not found: it is not installed in the sandbox, and the "
                     "network is off";
             } else if (!r.error_type.empty()) {
-                r.hint = hint_for_python_error(r.error_type, named("list_files"));
+                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir);
             } else {
                 r.hint = "the command exited with code " + std::to_string(ran->exit_code) +
                          ": read stderr";
@@ -605,7 +625,7 @@ struct tool_session::state {
 
     asio::awaitable<result<tool_result>> write_file(std::string given, std::string content,
                                                     deadline limit) {
-        const std::string path = sandbox_path(given);
+        const std::string path = sandbox_path(given, layout.workdir);
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("write_file", std::move(got).error());
         auto box = got->lease.box;
@@ -634,7 +654,7 @@ struct tool_session::state {
             r.status = tool_status::error;
             r.message = model_message(outcome.error());
             r.error_code = file_error_code(outcome.error());
-            r.hint = "write under /workspace (the sandbox's root is read-only)";
+            r.hint = "write under " + layout.workdir + " (the sandbox's root is read-only)";
             co_return r;
         }
         r.bytes = size;
@@ -643,7 +663,7 @@ struct tool_session::state {
 
     asio::awaitable<result<tool_result>> read_file(std::string given, file_encoding encoding,
                                                    deadline limit) {
-        const std::string path = sandbox_path(given);
+        const std::string path = sandbox_path(given, layout.workdir);
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("read_file", std::move(got).error());
         std::vector<std::string> paths{path};
@@ -664,9 +684,9 @@ struct tool_session::state {
             r.error_code = file_error_code(content.error());
             if (content.error().code == errc::file_not_found) {
                 r.hint = "check the path with " + named("list_files") +
-                         " (relative paths start at /workspace)";
+                         " (relative paths start at " + layout.workdir + ")";
             } else {
-                r.hint = "read a regular file under /workspace";
+                r.hint = "read a regular file under " + layout.workdir;
             }
             co_return r;
         }
@@ -683,7 +703,8 @@ struct tool_session::state {
     }
 
     asio::awaitable<result<tool_result>> list_files(std::string given, deadline limit) {
-        const std::string path = sandbox_path(given.empty() ? std::string(workspace) : given);
+        const std::string path =
+            sandbox_path(given.empty() ? layout.workdir : given, layout.workdir);
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("list_files", std::move(got).error());
         auto listed = co_await got->lease.box->async_list_dir(path, limit);
@@ -701,7 +722,7 @@ struct tool_session::state {
             r.status = tool_status::error;
             r.message = model_message(listed.error());
             r.error_code = file_error_code(listed.error());
-            r.hint = "list /workspace to see what exists";
+            r.hint = "list " + layout.workdir + " to see what exists";
             co_return r;
         }
         r.entries = std::move(*listed);
@@ -744,7 +765,7 @@ struct tool_session::state {
         auto box = got->lease.box;
         exec_request request;
         request.argv = {"/bin/sh", "-c", command};
-        request.cwd = sandbox_path(cwd.empty() ? std::string(workspace) : cwd);
+        request.cwd = sandbox_path(cwd.empty() ? layout.workdir : cwd, layout.workdir);
         request.wall_limit = exec_request::max_spawn_wall_limit;
         auto entry = std::make_shared<background_entry>(pumps.get_executor());
         entry->info.id = next_process_id;
@@ -898,6 +919,14 @@ asio::any_io_executor tool_session::get_executor() const {
 
 std::optional<moat::sandbox_info> tool_session::current_sandbox() const {
     return state_->box_info;
+}
+
+const sandbox_layout& tool_session::layout() const noexcept {
+    return state_->layout;
+}
+
+std::vector<tool_definition> tool_session::definitions() const {
+    return tool_definitions(state_->layout, state_->options.tool_prefix);
 }
 
 void tool_session::begin_turn() {
@@ -1069,8 +1098,7 @@ asio::awaitable<result<tool_result>> tool_session::async_call(std::string_view n
     if (tool == "list_processes") co_return co_await async_list_processes(limit);
     if (tool == "read_process_output") co_return co_await async_read_process_output(args.id, limit);
     if (tool == "stop_process") co_return co_await async_stop_process(args.id, limit);
-    std::string path = args.path.empty() ? std::string(workspace) : std::move(args.path);
-    co_return co_await async_list_files(std::move(path), limit);
+    co_return co_await async_list_files(std::move(args.path), limit);
 }
 
 asio::awaitable<result<std::vector<artifact>>> tool_session::async_list_artifacts(deadline limit) {
@@ -1084,26 +1112,24 @@ asio::awaitable<result<std::vector<artifact>>> tool_session::async_list_artifact
 
 asio::awaitable<result<std::string>> tool_session::async_read_artifact(std::string path,
                                                                        deadline limit) {
-    const std::string full = sandbox_path(std::string(artifacts_dir) + "/" + path);
-    if (full.rfind(std::string(artifacts_dir) + "/", 0) != 0) {
-        co_return make_error(errc::invalid_path, path + ": not under /workspace/out");
+    auto s = state_;
+    const std::string& dir = s->layout.artifacts_dir;
+    const std::string full = sandbox_path(dir + "/" + path, s->layout.workdir);
+    if (full == dir || !is_under(full, dir)) {
+        co_return make_error(errc::invalid_path, path + ": not under " + dir);
     }
-    co_return co_await async_read_workspace_file(full, limit);
+    co_return co_await s->read_exact(full, limit);
 }
 
 asio::awaitable<result<std::string>> tool_session::async_read_workspace_file(std::string path,
                                                                              deadline limit) {
     auto s = state_;
-    const std::string full = sandbox_path(path);
-    if (full.rfind(std::string(workspace) + "/", 0) != 0) {
-        co_return make_error(errc::invalid_path, path + ": not under /workspace");
+    const std::string& dir = s->layout.workdir;
+    const std::string full = sandbox_path(path, dir);
+    if (full == dir || !is_under(full, dir)) {
+        co_return make_error(errc::invalid_path, path + ": not under " + dir);
     }
-    auto got = co_await s->lease(limit);
-    if (!got) co_return std::move(got).error();
-    std::vector<std::string> paths{full};
-    auto read = co_await got->lease.box->async_read_files(std::move(paths), limit);
-    if (!read) co_return std::move(read).error();
-    co_return std::move(read->front().content);
+    co_return co_await s->read_exact(full, limit);
 }
 
 asio::awaitable<result<void>> tool_session::async_end() {

@@ -23,7 +23,8 @@ namespace moat::wire {
 // 2: set_ttl / ttl_set; exec requests the agent cannot run are answered.
 // 3: created carries the cpu cgroup; survivors' agents accept attach connections.
 // 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups; created.tracking_cgroup.
-inline constexpr std::uint32_t protocol_version = 4;
+// 5: create carries the sandbox layout (user name, home, workdir, artifacts_dir).
+inline constexpr std::uint32_t protocol_version = 5;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -80,9 +81,11 @@ enum layer_bits : std::uint32_t {
     layer_command_cgroups = 1u << 12,
 };
 
-inline constexpr std::size_t sandbox_id_bytes = 32;  // ASCII, NUL padded
-inline constexpr std::size_t detail_bytes = 256;     // NUL terminated
-inline constexpr std::size_t path_bytes = 512;       // NUL terminated
+inline constexpr std::size_t sandbox_id_bytes = 32;    // ASCII, NUL padded
+inline constexpr std::size_t detail_bytes = 256;       // NUL terminated
+inline constexpr std::size_t path_bytes = 512;         // NUL terminated
+inline constexpr std::size_t user_name_bytes = 33;     // NUL terminated (sandbox_layout)
+inline constexpr std::size_t layout_path_bytes = 256;  // NUL terminated (sandbox_layout)
 
 struct hello_message {
     header h;
@@ -114,6 +117,12 @@ struct create_message {
     std::uint32_t cpu_millicores;   // cgroup cpu quota, 1000 = one core; 0 = none
     std::uint32_t flags;            // create_flags
     std::uint32_t open_files;       // RLIMIT_NOFILE (soft and hard) in the sandbox; 0 = inherited
+    // The sandbox layout (sandbox_layout, validated by the library); "" keeps a field's default:
+    // the template's user name, /workspace, /workspace, /workspace/out.
+    char user_name[user_name_bytes];
+    char home[layout_path_bytes];
+    char workdir[layout_path_bytes];
+    char artifacts_dir[layout_path_bytes];
 };
 
 struct created_message {

@@ -1,0 +1,622 @@
+#include "serve/control_plane.hpp"
+
+#include <moat/log.hpp>
+
+#include "core/json_writer.hpp"
+#include "serve/e2b_requests.hpp"
+#include "serve/server_secret.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <tuple>
+#include <utility>
+
+namespace moat::serve {
+
+struct control_plane::state {
+    state(serve_context& c, http::server_options o)
+        : context(c), server(c.executor, std::move(o)) {}
+    serve_context& context;
+    http::server server;
+    std::size_t creating = 0;  // creates in flight (counted against --max-sandboxes)
+};
+
+namespace {
+
+using system_clock = std::chrono::system_clock;
+using state = control_plane::state;
+
+enum class api_version { v1, v2 };
+
+struct control_call {
+    state& s;
+    http::server_request& request;
+    http::server_response& response;
+};
+
+using control_handler = asio::awaitable<void> (*)(control_call&);
+
+asio::awaitable<void> send_json(http::server_response& response, int status, std::string body) {
+    http::header_list headers;
+    headers.add("Content-Type", "application/json");
+    (void)co_await response.async_send(status, std::move(headers), std::move(body));
+}
+
+asio::awaitable<void> send_no_content(http::server_response& response) {
+    http::header_list headers;
+    std::string empty;
+    (void)co_await response.async_send(204, std::move(headers), std::move(empty));
+}
+
+asio::awaitable<void> send_error(http::server_response& response, int status, std::string message) {
+    (void)co_await response.async_send_error(status, message);
+}
+
+std::string not_found_message(std::string_view id) {
+    return "Sandbox \"" + std::string(id) + "\" doesn't exist or you don't have access to it";
+}
+
+// The status E2B would answer for a moat error.
+int status_for(const error& e) {
+    if (e.code == errc::invalid_argument || e.code == errc::invalid_path) return 400;
+    if (e.code == errc::limit_exceeded || e.code == errc::rate_limited) return 429;
+    if (e.code == errc::sandbox_not_found) return 404;
+    if (e.code == errc::shutting_down || e.code == errc::sandbox_unavailable) return 503;
+    return 500;
+}
+
+std::int64_t unix_ms(system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+void write_sandbox(json_writer& w, const registry_entry& e) {
+    w.begin_object();
+    w.key("templateID").value(e.template_id);
+    w.key("sandboxID").value(e.id);
+    w.key("alias").value(e.template_id);
+    w.key("clientID").value(e2b_client_id);
+    w.key("envdVersion").value(reported_envd_version);
+    w.key("envdAccessToken").value(e.access_token);
+    w.key("trafficAccessToken").null();
+    w.key("domain").null();
+    w.end_object();
+}
+
+// ListedSandbox, or SandboxDetail with `detail` (the token, the lifecycle, the network).
+void write_listed(json_writer& w, const registry_entry& e, bool detail) {
+    const auto limits = e.handle->info().limits.with_defaults();
+    const std::int64_t cpus =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>((*limits.cpu_millicores + 999) / 1000));
+    const auto mib = [](std::uint64_t bytes) {
+        return static_cast<std::int64_t>(bytes / (1024 * 1024));
+    };
+    w.begin_object();
+    w.key("templateID").value(e.template_id);
+    w.key("alias").value(e.template_id);
+    w.key("sandboxID").value(e.id);
+    w.key("clientID").value(e2b_client_id);
+    w.key("startedAt").value(format_rfc3339(e.started_at));
+    w.key("endAt").value(format_rfc3339(e.end_at));
+    w.key("cpuCount").value(cpus);
+    w.key("memoryMB").value(std::max<std::int64_t>(128, mib(*limits.memory_bytes)));
+    w.key("diskSizeMB").value(mib(*limits.workspace_bytes));
+    w.key("state").value("running");
+    w.key("envdVersion").value(reported_envd_version);
+    w.key("metadata").begin_object();
+    for (const auto& [k, v] : e.metadata) w.key(k).value(v);
+    w.end_object();
+    if (detail) {
+        w.key("envdAccessToken").value(e.access_token);
+        w.key("allowInternetAccess").value(false);
+        w.key("domain").null();
+        w.key("lifecycle").begin_object();
+        w.key("onTimeout").value("kill");
+        w.key("autoResume").value(false);
+        w.end_object();
+    }
+    w.end_object();
+}
+
+asio::awaitable<result<std::string>> read_body(http::server_request& request) {
+    co_return co_await request.async_read_body();
+}
+
+// Moves the sandbox's end to `ttl` from now (shorter or longer) and records it. Through the
+// backend, not the handle: the handle's queue would hold it behind a streaming command.
+asio::awaitable<result<void>> set_end(backend& sandboxes, registry_entry& e,
+                                      std::chrono::milliseconds ttl) {
+    if (ttl < std::chrono::milliseconds(1)) ttl = std::chrono::milliseconds(1);
+    std::string id = e.id;
+    auto extended = co_await sandboxes.async_extend_ttl(std::move(id), ttl);
+    if (!extended) co_return std::move(extended).error();
+    e.end_at = extended->expires_at;
+    co_return result<void>();
+}
+
+// Extends only: a shorter wish never shortens the end.
+asio::awaitable<result<void>> extend_to(backend& sandboxes, registry_entry& e,
+                                        std::chrono::seconds ttl) {
+    const auto wanted = system_clock::now() + ttl;
+    if (wanted <= e.end_at) co_return result<void>();
+    const auto as_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ttl);
+    co_return co_await set_end(sandboxes, e, as_ms);
+}
+
+// ---- create ------------------------------------------------------------------------------------
+
+// Keeps the in-flight create count while a create runs, whatever way it ends.
+struct creating_guard {
+    explicit creating_guard(std::size_t& n) : count(n) { ++count; }
+    ~creating_guard() { --count; }
+    creating_guard(const creating_guard&) = delete;
+    creating_guard& operator=(const creating_guard&) = delete;
+    std::size_t& count;
+};
+
+asio::awaitable<void> create(control_call& call, api_version version) {
+    auto& context = call.s.context;
+    auto body = co_await read_body(call.request);
+    if (!body) {
+        std::string message = "cannot read the request: " + body.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    auto parsed = parse_create_request(*body);
+    if (!parsed) {
+        std::string message = parsed.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    if (parsed->template_id.empty()) parsed->template_id = "base";
+    if (parsed->template_id != "base") {
+        std::string message = "template '" + parsed->template_id +
+                              "' not found: moat serve has only the template 'base'";
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    if (parsed->auto_pause) {
+        std::string message = "autoPause is not supported: moat serve cannot pause sandboxes";
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    const std::size_t cap = context.options.max_sandboxes;
+    if (cap > 0 && context.registry.live_count() + call.s.creating >= cap) {
+        std::string message = "this moat serve runs at most " + std::to_string(cap) +
+                              " sandboxes at once (--max-sandboxes): kill one first";
+        co_await send_error(call.response, 429, std::move(message));
+        co_return;
+    }
+    std::int64_t timeout_s = version == api_version::v2 ? 300 : 15;
+    if (parsed->timeout_s) timeout_s = *parsed->timeout_s;
+    if (timeout_s <= 0) {
+        std::string message = "Timeout must be greater than 0";
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    sandbox_spec spec;
+    spec.labels = context.registry.scope_labels();
+    spec.env = parsed->env_vars;
+    // E2B's sandboxes run commands as `user` in /home/user (its SDK assumes both).
+    spec.layout.user = "user";
+    spec.layout.home = "/home/user";
+    spec.layout.workdir = "/home/user";
+    spec.ttl = std::chrono::seconds(timeout_s);
+    spec.survive_owner = true;
+    const auto started = system_clock::now();
+    creating_guard guard(call.s.creating);
+    auto created = co_await context.sandboxes.async_create(std::move(spec));
+    if (!created) {
+        const int status = status_for(created.error());
+        std::string message = "cannot create the sandbox: " + created.error().to_string();
+        co_await send_error(call.response, status, std::move(message));
+        co_return;
+    }
+    auto entry = std::make_shared<registry_entry>(context.executor);
+    entry->id = (*created)->id();
+    entry->handle = *created;
+    entry->template_id = parsed->template_id;
+    entry->metadata = std::move(parsed->metadata);
+    entry->env_vars = std::move(parsed->env_vars);
+    entry->started_at = started;
+    entry->end_at = (*created)->info().expires_at;
+    auto added = context.registry.add(entry);
+    if (!added) {
+        (void)co_await entry->handle->async_destroy();
+        std::string message = added.error().to_string();
+        co_await send_error(call.response, 500, std::move(message));
+        co_return;
+    }
+    json_writer w;
+    write_sandbox(w, *entry);
+    std::string reply = w.take();
+    co_await send_json(call.response, 201, std::move(reply));
+}
+
+asio::awaitable<void> create_v1(control_call& call) {
+    co_await create(call, api_version::v1);
+}
+asio::awaitable<void> create_v2(control_call& call) {
+    co_await create(call, api_version::v2);
+}
+
+// ---- one sandbox -------------------------------------------------------------------------------
+
+// The live entry the path names, or null after answering 404.
+asio::awaitable<std::shared_ptr<registry_entry>> find_or_404(control_call& call) {
+    const std::string id(call.request.param("id"));
+    auto entry = call.s.context.registry.find(id);
+    if (!entry) {
+        std::string message = not_found_message(id);
+        co_await send_error(call.response, 404, std::move(message));
+    }
+    co_return entry;
+}
+
+asio::awaitable<void> get_sandbox(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    json_writer w;
+    write_listed(w, *entry, true);
+    std::string body = w.take();
+    co_await send_json(call.response, 200, std::move(body));
+}
+
+asio::awaitable<void> kill_sandbox(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    call.s.context.registry.remove(entry);
+    auto destroyed = co_await entry->handle->async_destroy();
+    if (!destroyed && destroyed.error().code != errc::sandbox_not_found) {
+        std::string message =
+            "the sandbox was not confirmed gone: " + destroyed.error().to_string();
+        co_await send_error(call.response, 500, std::move(message));
+        co_return;
+    }
+    co_await send_no_content(call.response);
+}
+
+asio::awaitable<void> set_timeout(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    auto body = co_await read_body(call.request);
+    if (!body) {
+        std::string message = "cannot read the request: " + body.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    auto timeout = parse_timeout_request(*body);
+    if (!timeout) {
+        std::string message = timeout.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    const std::chrono::milliseconds ttl = std::chrono::seconds(*timeout);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto moved = co_await set_end(sandboxes, *entry, ttl);
+    if (!moved) {
+        const int status = status_for(moved.error());
+        std::string message = moved.error().to_string();
+        co_await send_error(call.response, status, std::move(message));
+        co_return;
+    }
+    co_await send_no_content(call.response);
+}
+
+asio::awaitable<void> refresh(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    auto body = co_await read_body(call.request);
+    if (!body) {
+        std::string message = "cannot read the request: " + body.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    auto duration = parse_refresh_request(*body);
+    if (!duration) {
+        std::string message = duration.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    const std::int64_t seconds = std::max<std::int64_t>(15, duration->value_or(15));
+    const std::chrono::seconds ttl(seconds);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto extended = co_await extend_to(sandboxes, *entry, ttl);
+    if (!extended) {
+        const int status = status_for(extended.error());
+        std::string message = extended.error().to_string();
+        co_await send_error(call.response, status, std::move(message));
+        co_return;
+    }
+    co_await send_no_content(call.response);
+}
+
+asio::awaitable<void> connect(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    auto body = co_await read_body(call.request);
+    if (!body) {
+        std::string message = "cannot read the request: " + body.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    auto timeout = parse_connect_request(*body);
+    if (!timeout) {
+        std::string message = timeout.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    const std::int64_t seconds = timeout->value_or(300);
+    const std::chrono::seconds ttl(seconds);
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto extended = co_await extend_to(sandboxes, *entry, ttl);
+    if (!extended) {
+        const int status = status_for(extended.error());
+        std::string message = extended.error().to_string();
+        co_await send_error(call.response, status, std::move(message));
+        co_return;
+    }
+    json_writer w;
+    write_sandbox(w, *entry);
+    std::string reply = w.take();
+    co_await send_json(call.response, 200, std::move(reply));
+}
+
+// ---- list --------------------------------------------------------------------------------------
+
+struct list_query {
+    bool running = true;  // the running state was asked for (moat has no paused sandboxes)
+    bool descending = true;
+    std::size_t limit = 100;
+    std::vector<std::pair<std::string, std::string>> metadata;
+    std::string template_id;
+    std::optional<system_clock::time_point> started_after;
+    std::optional<std::pair<std::int64_t, std::string>> after;  // the next token's cursor
+};
+
+result<list_query> parse_list_query(std::string_view raw, bool paged) {
+    auto query = parse_query(raw);
+    if (!query) return std::move(query).error();
+    list_query q;
+    const auto get = [&](const char* name) -> const std::string* {
+        const auto it = query->find(name);
+        return it == query->end() ? nullptr : &it->second;
+    };
+    if (const auto* m = get("metadata"); m && !m->empty()) {
+        auto filter = parse_metadata_filter(*m);
+        if (!filter) return std::move(filter).error();
+        q.metadata = std::move(*filter);
+    }
+    if (!paged) return q;
+    if (const auto* st = get("state"); st && !st->empty()) {
+        q.running = false;
+        std::string_view rest = *st;
+        while (!rest.empty()) {
+            const auto comma = rest.find(',');
+            const auto one = rest.substr(0, comma);
+            rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+            if (one == "running") {
+                q.running = true;
+            } else if (one != "paused") {
+                return make_error(errc::invalid_argument,
+                                  "state '" + std::string(one) + "' is not running or paused");
+            }
+        }
+    }
+    if (const auto* order = get("order"); order && !order->empty()) {
+        if (*order != "asc" && *order != "desc") {
+            return make_error(errc::invalid_argument, "order must be asc or desc");
+        }
+        q.descending = *order == "desc";
+    }
+    if (const auto* limit = get("limit"); limit && !limit->empty()) {
+        long long n = 0;
+        const auto* end = limit->data() + limit->size();
+        const auto [ptr, ec] = std::from_chars(limit->data(), end, n);
+        if (ec != std::errc() || ptr != end) {
+            return make_error(errc::invalid_argument, "limit must be a number");
+        }
+        q.limit = static_cast<std::size_t>(std::clamp<long long>(n, 1, 100));
+    }
+    if (const auto* t = get("template"); t) q.template_id = *t;
+    if (const auto* after = get("startedAfter"); after && !after->empty()) {
+        auto point = parse_rfc3339(*after);
+        if (!point)
+            return make_error(errc::invalid_argument, "startedAfter: " + point.error().detail);
+        q.started_after = *point;
+    }
+    if (const auto* token = get("nextToken"); token && !token->empty()) {
+        const auto decoded = base64url_decode(*token);
+        const std::string_view suffix = "__asc";
+        std::string_view text = decoded ? std::string_view(*decoded) : std::string_view();
+        const bool asc = text.ends_with(suffix);
+        if (asc) text.remove_suffix(suffix.size());
+        const auto sep = text.find("__");
+        long long ms = 0;
+        const bool parsed_ms =
+            sep != std::string_view::npos &&
+            std::from_chars(text.data(), text.data() + sep, ms).ptr == text.data() + sep;
+        if (!decoded || !parsed_ms || asc == q.descending || sep + 2 >= text.size()) {
+            return make_error(errc::invalid_argument, "Invalid next token");
+        }
+        q.after = std::make_pair(static_cast<std::int64_t>(ms), std::string(text.substr(sep + 2)));
+    }
+    return q;
+}
+
+bool matches(const registry_entry& e, const list_query& q) {
+    for (const auto& [k, v] : q.metadata) {
+        const auto it = e.metadata.find(k);
+        if (it == e.metadata.end() || it->second != v) return false;
+    }
+    if (!q.template_id.empty() && q.template_id != e.template_id) return false;
+    if (q.started_after && e.started_at <= *q.started_after) return false;
+    return true;
+}
+
+asio::awaitable<void> list(control_call& call, bool paged) {
+    auto q = parse_list_query(call.request.query(), paged);
+    if (!q) {
+        std::string message = q.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    std::vector<std::shared_ptr<registry_entry>> picked;
+    if (q->running) {
+        for (auto& e : call.s.context.registry.live()) {
+            if (matches(*e, *q)) picked.push_back(e);
+        }
+    }
+    const auto key = [](const registry_entry& e) {
+        return std::make_pair(unix_ms(e.started_at), std::string_view(e.id));
+    };
+    std::sort(picked.begin(), picked.end(), [&](const auto& a, const auto& b) {
+        return q->descending ? key(*b) < key(*a) : key(*a) < key(*b);
+    });
+    const std::size_t total = picked.size();
+    if (q->after) {
+        const auto cursor = std::make_pair(q->after->first, std::string_view(q->after->second));
+        std::erase_if(picked, [&](const auto& e) {
+            return q->descending ? !(key(*e) < cursor) : !(cursor < key(*e));
+        });
+    }
+    const bool more = paged && picked.size() > q->limit;
+    if (paged && picked.size() > q->limit) picked.resize(q->limit);
+    json_writer w;
+    w.begin_array();
+    for (const auto& e : picked) write_listed(w, *e, false);
+    w.end_array();
+    http::header_list headers;
+    headers.add("Content-Type", "application/json");
+    if (paged && q->running) headers.add("X-Total-Running", std::to_string(total));
+    if (more) {
+        const auto& last = *picked.back();
+        std::string cursor = std::to_string(unix_ms(last.started_at)) + "__" + last.id;
+        if (!q->descending) cursor += "__asc";
+        headers.add("X-Next-Token", base64url_encode(cursor));
+    }
+    std::string body = w.take();
+    (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
+}
+
+asio::awaitable<void> list_v1(control_call& call) {
+    co_await list(call, false);
+}
+asio::awaitable<void> list_v2(control_call& call) {
+    co_await list(call, true);
+}
+
+// ---- the rest ----------------------------------------------------------------------------------
+
+asio::awaitable<void> health(control_call& call) {
+    http::header_list headers;
+    headers.add("Content-Type", "application/json");
+    std::string body = "\"Health check successful\"";
+    (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
+}
+
+asio::awaitable<void> unsupported(control_call& call) {
+    const std::string what =
+        std::string(call.request.method()) + " " + std::string(call.request.path());
+    std::string message = what +
+                          " is not supported by moat serve (no pause, resume, snapshots, "
+                          "templates, volumes, network updates or metrics)";
+    co_await send_error(call.response, 501, std::move(message));
+}
+
+bool key_matches(const http::server_request& request, const std::string& key) {
+    const auto sent = request.headers().find("X-API-Key");
+    return sent && !key.empty() && constant_time_equals(*sent, key);
+}
+
+asio::awaitable<void> handle_control(state* s, control_handler run, bool needs_key,
+                                     http::server_request& request,
+                                     http::server_response& response) {
+    if (needs_key && !key_matches(request, s->context.options.api_key)) {
+        std::string message = "Invalid API key: send the server's key in X-API-Key";
+        co_await send_error(response, 401, std::move(message));
+        co_return;
+    }
+    control_call call{*s, request, response};
+    co_await run(call);
+}
+
+struct route_spec {
+    const char* method;
+    const char* path;
+    control_handler run;
+};
+
+constexpr route_spec routes[] = {
+    {"POST", "/v2/sandboxes", create_v2},
+    {"POST", "/sandboxes", create_v1},
+    {"GET", "/v2/sandboxes", list_v2},
+    {"GET", "/sandboxes", list_v1},
+    {"GET", "/sandboxes/{id}", get_sandbox},
+    {"DELETE", "/sandboxes/{id}", kill_sandbox},
+    {"POST", "/sandboxes/{id}/timeout", set_timeout},
+    {"POST", "/sandboxes/{id}/refreshes", refresh},
+    {"POST", "/sandboxes/{id}/connect", connect},
+    {"POST", "/v2/sandboxes/{id}/connect", connect},
+    // What moat serve does not implement: a JSON 501 naming the endpoint.
+    {"POST", "/sandboxes/{id}/pause", unsupported},
+    {"POST", "/sandboxes/{id}/resume", unsupported},
+    {"POST", "/sandboxes/{id}/snapshots", unsupported},
+    {"GET", "/snapshots", unsupported},
+    {"DELETE", "/snapshots/{id}", unsupported},
+    {"POST", "/sandboxes/{id}/fork", unsupported},
+    {"GET", "/sandboxes/{id}/metrics", unsupported},
+    {"GET", "/sandboxes/metrics", unsupported},
+    {"GET", "/sandboxes/{id}/logs", unsupported},
+    {"GET", "/v2/sandboxes/{id}/logs", unsupported},
+    {"PUT", "/sandboxes/{id}/network", unsupported},
+    {"GET", "/templates", unsupported},
+    {"POST", "/templates", unsupported},
+    {"GET", "/templates/{id}", unsupported},
+    {"POST", "/templates/{id}", unsupported},
+    {"DELETE", "/templates/{id}", unsupported},
+    {"PATCH", "/templates/{id}", unsupported},
+    {"POST", "/v2/templates", unsupported},
+    {"POST", "/v3/templates", unsupported},
+    {"GET", "/templates/{id}/builds/{build}/status", unsupported},
+    {"POST", "/templates/{id}/builds/{build}", unsupported},
+    {"POST", "/v2/templates/{id}/builds/{build}", unsupported},
+    {"GET", "/templates/{id}/files/{hash}", unsupported},
+    {"GET", "/templates/aliases/{alias}", unsupported},
+    {"GET", "/volumes", unsupported},
+    {"POST", "/volumes", unsupported},
+    {"GET", "/volumes/{id}", unsupported},
+    {"DELETE", "/volumes/{id}", unsupported},
+};
+
+}  // namespace
+
+control_plane::control_plane(serve_context& context, http::server_options options)
+    : state_(std::make_shared<state>(context, std::move(options))) {
+    auto* s = state_.get();  // the server (and its handlers) live inside the state
+    http::route_options body_cap;
+    body_cap.max_body_bytes = max_e2b_body_bytes;
+    const auto add = [&](const char* method, const char* path, control_handler run,
+                         bool needs_key) {
+        http::handler h = [s, run, needs_key](http::server_request& request,
+                                              http::server_response& response) {
+            return handle_control(s, run, needs_key, request, response);
+        };
+        auto added = s->server.route(method, path, std::move(h), body_cap);
+        if (!added) detail::log(log_level::error, "serve", added.error().to_string());
+    };
+    add("GET", "/health", health, false);
+    for (const auto& r : routes) add(r.method, r.path, r.run, true);
+}
+
+control_plane::~control_plane() = default;
+
+result<asio::ip::tcp::endpoint> control_plane::start() {
+    return state_->server.start();
+}
+
+asio::awaitable<void> control_plane::async_stop(std::chrono::milliseconds grace) {
+    auto s = state_;
+    co_await s->server.async_stop(grace);
+}
+
+}  // namespace moat::serve

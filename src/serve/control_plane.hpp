@@ -1,0 +1,56 @@
+// The control plane of `moat serve`: E2B's REST API (docs/serve.md has the table of what is
+// supported), over the sandbox registry.
+//
+// Every route but GET /health needs X-API-Key equal to the server's key (compared in constant
+// time): otherwise 401 {"code":401,"message":"..."}. Errors are E2B's JSON
+// {"code":<status>,"message":"..."}; a request body is parsed by e2b_requests.hpp (capped).
+//
+//   POST /v2/sandboxes, POST /sandboxes       201 Sandbox (v2 default timeout 300 s, v1 15 s)
+//   GET /sandboxes/{id}                       200 SandboxDetail, 404
+//   GET /v2/sandboxes, GET /sandboxes         200 ListedSandbox[] (newest first, paged)
+//   DELETE /sandboxes/{id}                    204, 404 once gone
+//   POST /sandboxes/{id}/timeout              204: the end is now + timeout (may shorten)
+//   POST /sandboxes/{id}/refreshes            204: extends only (at least 15 s)
+//   POST /sandboxes/{id}/connect, /v2/...     200 Sandbox: extends only; 404
+//   GET /health                               200 once the backend can create sandboxes
+//   pause, resume, snapshots, fork, templates, volumes, network, metrics, logs: 501 naming it
+//
+// A create past --max-sandboxes answers 429 with no Retry-After (the SDK retries only when one is
+// given). Request fields never widen the operator's policy (allow_internet_access is ignored).
+#pragma once
+
+#include "http/server.hpp"
+#include "serve/serve_context.hpp"
+
+#include <moat/result.hpp>
+
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+namespace moat::serve {
+
+// The envd version reported to clients: the SDK gates features on it (0.6.4 and later: file
+// metadata, watch options, octet-stream uploads, closeStdin).
+inline constexpr std::string_view reported_envd_version = "0.6.4";
+// E2B's constant client id.
+inline constexpr std::string_view e2b_client_id = "6532622b";
+
+class control_plane {
+  public:
+    control_plane(serve_context& context, http::server_options options);
+    ~control_plane();
+
+    result<asio::ip::tcp::endpoint> start();
+    asio::awaitable<void> async_stop(std::chrono::milliseconds grace);
+
+    struct state;
+
+  private:
+    std::shared_ptr<state> state_;
+};
+
+}  // namespace moat::serve

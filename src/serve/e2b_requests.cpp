@@ -1,0 +1,354 @@
+#include "serve/e2b_requests.hpp"
+
+#include <simdjson.h>
+
+#include <ctime>
+
+namespace moat::serve {
+namespace {
+
+error invalid(std::string detail) {
+    return make_error(errc::invalid_argument, std::move(detail));
+}
+
+// The body as a JSON object (an empty or all-blank body is {} when `empty_is_object`).
+struct parsed_body {
+    simdjson::dom::parser parser;
+    simdjson::dom::object object;
+    bool empty = false;
+};
+
+result<void> parse_object(std::string_view body, parsed_body& out, bool empty_is_object) {
+    if (body.size() > max_e2b_body_bytes) {
+        return invalid("request body over " + std::to_string(max_e2b_body_bytes) + " bytes");
+    }
+    if (body.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+        if (empty_is_object) {
+            out.empty = true;
+            return {};
+        }
+        return invalid("request body is empty: a JSON object was expected");
+    }
+    const simdjson::padded_string padded(body);
+    simdjson::dom::element root;
+    if (out.parser.parse(padded).get(root) != simdjson::SUCCESS) {
+        return invalid("request body is not valid JSON");
+    }
+    if (root.get_object().get(out.object) != simdjson::SUCCESS) {
+        return invalid("request body is not a JSON object");
+    }
+    return {};
+}
+
+// An integer field; absent or null: nullopt.
+result<std::optional<std::int64_t>> integer_field(const parsed_body& b, const char* name) {
+    if (b.empty) return std::optional<std::int64_t>();
+    simdjson::dom::element e;
+    if (b.object[name].get(e) != simdjson::SUCCESS || e.is_null()) {
+        return std::optional<std::int64_t>();
+    }
+    std::int64_t n = 0;
+    if (e.get_int64().get(n) != simdjson::SUCCESS) {
+        return invalid(std::string("'") + name + "' must be an integer number of seconds");
+    }
+    return std::optional<std::int64_t>(n);
+}
+
+result<std::optional<bool>> bool_field(const parsed_body& b, const char* name) {
+    simdjson::dom::element e;
+    if (b.empty || b.object[name].get(e) != simdjson::SUCCESS || e.is_null()) {
+        return std::optional<bool>();
+    }
+    bool v = false;
+    if (e.get_bool().get(v) != simdjson::SUCCESS) {
+        return invalid(std::string("'") + name + "' must be true or false");
+    }
+    return std::optional<bool>(v);
+}
+
+result<void> string_map_field(const parsed_body& b, const char* name,
+                              std::map<std::string, std::string>& out) {
+    simdjson::dom::element e;
+    if (b.empty || b.object[name].get(e) != simdjson::SUCCESS || e.is_null()) return {};
+    simdjson::dom::object o;
+    if (e.get_object().get(o) != simdjson::SUCCESS) {
+        return invalid(std::string("'") + name + "' must be an object of strings");
+    }
+    for (auto field : o) {
+        std::string_view v;
+        if (field.value.get_string().get(v) != simdjson::SUCCESS) {
+            return invalid(std::string("'") + name + "' must be an object of strings");
+        }
+        if (field.key.size() > max_e2b_string_bytes || v.size() > max_e2b_string_bytes) {
+            return invalid(std::string("an entry of '") + name + "' is over " +
+                           std::to_string(max_e2b_string_bytes) + " bytes");
+        }
+        if (out.size() >= max_e2b_map_entries) {
+            return invalid(std::string("'") + name + "' has more than " +
+                           std::to_string(max_e2b_map_entries) + " entries");
+        }
+        out[std::string(field.key)] = std::string(v);
+    }
+    return {};
+}
+
+result<void> check_timeout(std::optional<std::int64_t> t, const char* name) {
+    if (t && (*t < 0 || *t > max_e2b_timeout_seconds)) {
+        return invalid(std::string("'") + name + "' must be from 0 to " +
+                       std::to_string(max_e2b_timeout_seconds) + " seconds");
+    }
+    return {};
+}
+
+int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+bool digits(std::string_view s, std::size_t at, std::size_t count, int& out) {
+    if (at + count > s.size()) return false;
+    out = 0;
+    for (std::size_t i = at; i < at + count; ++i) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        out = out * 10 + (s[i] - '0');
+    }
+    return true;
+}
+
+constexpr std::string_view base64url_alphabet =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+}  // namespace
+
+result<create_request> parse_create_request(std::string_view body) {
+    parsed_body b;
+    if (auto ok = parse_object(body, b, false); !ok) return std::move(ok).error();
+    create_request out;
+    simdjson::dom::element e;
+    if (b.object["templateID"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+        std::string_view t;
+        if (e.get_string().get(t) != simdjson::SUCCESS || t.size() > 256) {
+            return invalid("'templateID' must be a string of at most 256 bytes");
+        }
+        out.template_id = std::string(t);
+    }
+    auto timeout = integer_field(b, "timeout");
+    if (!timeout) return std::move(timeout).error();
+    if (auto ok = check_timeout(*timeout, "timeout"); !ok) return std::move(ok).error();
+    out.timeout_s = *timeout;
+    if (auto ok = string_map_field(b, "metadata", out.metadata); !ok) return std::move(ok).error();
+    if (auto ok = string_map_field(b, "envVars", out.env_vars); !ok) return std::move(ok).error();
+    auto auto_pause = bool_field(b, "autoPause");
+    if (!auto_pause) return std::move(auto_pause).error();
+    out.auto_pause = auto_pause->value_or(false);
+    auto secure = bool_field(b, "secure");
+    if (!secure) return std::move(secure).error();
+    out.secure = *secure;
+    auto internet = bool_field(b, "allow_internet_access");
+    if (!internet) return std::move(internet).error();
+    out.allow_internet_access = *internet;
+    return out;
+}
+
+result<std::int64_t> parse_timeout_request(std::string_view body) {
+    parsed_body b;
+    if (auto ok = parse_object(body, b, false); !ok) return std::move(ok).error();
+    auto timeout = integer_field(b, "timeout");
+    if (!timeout) return std::move(timeout).error();
+    if (!*timeout) return invalid("'timeout' is required");
+    if (auto ok = check_timeout(*timeout, "timeout"); !ok) return std::move(ok).error();
+    return **timeout;
+}
+
+result<std::optional<std::int64_t>> parse_connect_request(std::string_view body) {
+    parsed_body b;
+    if (auto ok = parse_object(body, b, true); !ok) return std::move(ok).error();
+    auto timeout = integer_field(b, "timeout");
+    if (!timeout) return std::move(timeout).error();
+    if (auto ok = check_timeout(*timeout, "timeout"); !ok) return std::move(ok).error();
+    return *timeout;
+}
+
+result<std::optional<std::int64_t>> parse_refresh_request(std::string_view body) {
+    parsed_body b;
+    if (auto ok = parse_object(body, b, true); !ok) return std::move(ok).error();
+    auto duration = integer_field(b, "duration");
+    if (!duration) return std::move(duration).error();
+    if (*duration && (**duration < 0 || **duration > 3600)) {
+        return invalid("'duration' must be from 0 to 3600 seconds");
+    }
+    return *duration;
+}
+
+result<std::string> query_unescape(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (c == '+') {
+            out.push_back(' ');
+        } else if (c == '%') {
+            if (i + 2 >= text.size()) {
+                return invalid("malformed percent-escape in the query");
+            }
+            const int hi = hex_value(text[i + 1]);
+            const int lo = hex_value(text[i + 2]);
+            if (hi < 0 || lo < 0) return invalid("malformed percent-escape in the query");
+            out.push_back(static_cast<char>(hi * 16 + lo));
+            i += 2;
+        } else {
+            out.push_back(c);
+        }
+    }
+    return out;
+}
+
+result<std::map<std::string, std::string>> parse_query(std::string_view query) {
+    std::map<std::string, std::string> out;
+    while (!query.empty()) {
+        const auto amp = query.find('&');
+        const auto pair = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+        if (pair.empty()) continue;
+        const auto eq = pair.find('=');
+        auto name = query_unescape(pair.substr(0, eq));
+        if (!name) return std::move(name).error();
+        std::string_view raw_value;
+        if (eq != std::string_view::npos) raw_value = pair.substr(eq + 1);
+        auto value = query_unescape(raw_value);
+        if (!value) return std::move(value).error();
+        out.emplace(std::move(*name), std::move(*value));
+    }
+    return out;
+}
+
+result<std::vector<std::pair<std::string, std::string>>> parse_metadata_filter(
+    std::string_view value) {
+    if (value.size() > max_e2b_body_bytes) return invalid("'metadata' filter too long");
+    auto decoded = query_unescape(value);
+    if (!decoded) return invalid("Error parsing metadata: malformed percent-escape");
+    std::vector<std::pair<std::string, std::string>> out;
+    std::string_view rest = *decoded;
+    while (!rest.empty()) {
+        const auto amp = rest.find('&');
+        const auto pair = rest.substr(0, amp);
+        rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+        const auto eq = pair.find('=');
+        if (eq == std::string_view::npos || pair.find('=', eq + 1) != std::string_view::npos) {
+            return invalid("Error parsing metadata: expected key=value pairs joined by '&'");
+        }
+        auto key = query_unescape(pair.substr(0, eq));
+        auto val = query_unescape(pair.substr(eq + 1));
+        if (!key || !val) return invalid("Error parsing metadata: malformed percent-escape");
+        if (out.size() >= max_e2b_map_entries)
+            return invalid("'metadata' filter has too many pairs");
+        out.emplace_back(std::move(*key), std::move(*val));
+    }
+    return out;
+}
+
+result<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view s) {
+    int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+    const bool head = s.size() >= 20 && digits(s, 0, 4, year) && s[4] == '-' &&
+                      digits(s, 5, 2, month) && s[7] == '-' && digits(s, 8, 2, day) &&
+                      (s[10] == 'T' || s[10] == 't') && digits(s, 11, 2, hour) && s[13] == ':' &&
+                      digits(s, 14, 2, minute) && s[16] == ':' && digits(s, 17, 2, second);
+    if (!head || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 ||
+        second > 60) {
+        return invalid("not an RFC 3339 date-time");
+    }
+    // system_clock counts nanoseconds: about 1678 to 2262. Keep well inside it.
+    if (year < 1970 || year > 2200) return invalid("date-time out of range (years 1970 to 2200)");
+    std::size_t at = 19;
+    std::int64_t nanos = 0;
+    if (at < s.size() && s[at] == '.') {
+        ++at;
+        std::size_t n = 0;
+        while (at < s.size() && s[at] >= '0' && s[at] <= '9') {
+            if (n < 9) nanos = nanos * 10 + (s[at] - '0');
+            ++n;
+            ++at;
+        }
+        if (n == 0) return invalid("not an RFC 3339 date-time");
+        for (std::size_t k = n; k < 9; ++k) nanos *= 10;
+    }
+    std::int64_t offset_s = 0;
+    if (at < s.size() && (s[at] == 'Z' || s[at] == 'z')) {
+        ++at;
+    } else if (at < s.size() && (s[at] == '+' || s[at] == '-')) {
+        int oh = 0, om = 0;
+        if (!digits(s, at + 1, 2, oh) || at + 3 >= s.size() || s[at + 3] != ':' ||
+            !digits(s, at + 4, 2, om) || oh > 23 || om > 59) {
+            return invalid("not an RFC 3339 date-time");
+        }
+        offset_s = (oh * 3600 + om * 60) * (s[at] == '+' ? 1 : -1);
+        at += 6;
+    } else {
+        return invalid("not an RFC 3339 date-time");
+    }
+    if (at != s.size()) return invalid("not an RFC 3339 date-time");
+    std::tm tm{};
+    tm.tm_year = year - 1900;
+    tm.tm_mon = month - 1;
+    tm.tm_mday = day;
+    tm.tm_hour = hour;
+    tm.tm_min = minute;
+    tm.tm_sec = second;
+    const std::time_t t = ::timegm(&tm);
+    const auto point = std::chrono::system_clock::from_time_t(t) - std::chrono::seconds(offset_s) +
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::nanoseconds(nanos));
+    return point;
+}
+
+std::string format_rfc3339(std::chrono::system_clock::time_point t) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch());
+    const std::time_t seconds = static_cast<std::time_t>(ms.count() / 1000);
+    std::tm tm{};
+    ::gmtime_r(&seconds, &tm);
+    char buffer[40];
+    const auto n = std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &tm);
+    std::string out(buffer, n);
+    const auto millis = static_cast<int>(ms.count() % 1000);
+    char frac[8];
+    std::snprintf(frac, sizeof frac, ".%03dZ", millis < 0 ? 0 : millis);
+    out += frac;
+    return out;
+}
+
+std::string base64url_encode(std::string_view bytes) {
+    std::string out;
+    std::uint32_t buffer = 0;
+    int bits = 0;
+    for (const unsigned char c : bytes) {
+        buffer = (buffer << 8) | c;
+        bits += 8;
+        while (bits >= 6) {
+            bits -= 6;
+            out.push_back(base64url_alphabet[(buffer >> bits) & 0x3f]);
+        }
+    }
+    if (bits > 0) out.push_back(base64url_alphabet[(buffer << (6 - bits)) & 0x3f]);
+    return out;
+}
+
+std::optional<std::string> base64url_decode(std::string_view text) {
+    std::string out;
+    std::uint32_t buffer = 0;
+    int bits = 0;
+    for (const char c : text) {
+        const auto index = base64url_alphabet.find(c);
+        if (index == std::string_view::npos) return std::nullopt;
+        buffer = (buffer << 6) | static_cast<std::uint32_t>(index);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out.push_back(static_cast<char>((buffer >> bits) & 0xff));
+        }
+    }
+    return out;
+}
+
+}  // namespace moat::serve

@@ -1,0 +1,415 @@
+// envd's file transfer routes (envd_files.hpp). The sandbox is reached through its handle's
+// streaming file calls, which resolve every path inside the sandbox (a planted symlink cannot
+// reach the host), run as the sandbox's user, and replace a file atomically.
+#include "serve/envd_files.hpp"
+
+#include "serve/e2b_requests.hpp"
+#include "serve/envd_entry.hpp"
+#include "serve/file_signature.hpp"
+#include "serve/multipart.hpp"
+
+#include "core/json_writer.hpp"
+
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <stdexcept>
+
+namespace moat::serve {
+
+// The sandbox layout's home and user (sandbox_layout); the local backend's default user is named
+// "user" inside the sandbox.
+std::string sandbox_home(const registry_entry& sandbox) {
+    const auto& home = sandbox.handle->info().layout.home;
+    return home.empty() ? std::string("/workspace") : home;
+}
+
+std::string sandbox_user(const registry_entry& sandbox) {
+    const auto& user = sandbox.handle->info().layout.user;
+    return user.empty() ? std::string("user") : user;
+}
+
+std::optional<std::string> check_rpc_user(const envd_call& call) {
+    const auto authorization = call.request.headers().find("authorization");
+    if (!authorization) return std::nullopt;
+    std::string_view value = *authorization;
+    if (value.size() < 6 || !http::iequals(value.substr(0, 6), "basic "))
+        return std::string("Authorization is not Basic");
+    value.remove_prefix(6);
+    if (value.size() > 1024) return std::string("Authorization is too long");
+    std::string decoded(3 * ((value.size() + 3) / 4), '\0');
+    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(decoded.data()),
+                                  reinterpret_cast<const unsigned char*>(value.data()),
+                                  static_cast<int>(value.size()));
+    if (n < 0) return std::string("Authorization is not base64");
+    decoded.resize(static_cast<std::size_t>(n));
+    while (!decoded.empty() && decoded.back() == '\0') decoded.pop_back();  // base64 padding
+    const auto user = decoded.substr(0, decoded.find(':'));
+    if (user.empty() || user == sandbox_user(*call.sandbox)) return std::nullopt;
+    return "user '" + user.substr(0, 64) +
+           "' does not exist in this sandbox (commands and files run as '" +
+           sandbox_user(*call.sandbox) + "')";
+}
+
+namespace {
+
+// The per-request parameters of /files.
+struct file_request {
+    std::optional<std::string> path;  // as sent (decoded once)
+    std::optional<std::string> username;
+    std::optional<std::string> signature;
+    std::optional<std::string> signature_expiration;
+};
+
+result<file_request> parse_file_request(const http::server_request& request) {
+    auto query = parse_query(request.query());
+    if (!query) return query.error();
+    file_request out;
+    auto take = [&](const char* name, std::optional<std::string>& into) {
+        if (auto it = query->find(name); it != query->end()) into = it->second;
+    };
+    take("path", out.path);
+    take("username", out.username);
+    take("signature", out.signature);
+    take("signature_expiration", out.signature_expiration);
+    return out;
+}
+
+std::int64_t now_unix() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// Whether `request` carries a valid signature made with `sandbox`'s token.
+signature_check check_signature(const http::server_request& request,
+                                const registry_entry& sandbox) {
+    auto parsed = parse_file_request(request);
+    if (!parsed || !parsed->signature) return signature_check::mismatch;
+    // GET (and HEAD, which runs the GET route) reads; POST writes.
+    auto operation = file_operation::read;
+    if (request.method() == "POST") operation = file_operation::write;
+    std::optional<std::string_view> expiration;
+    if (parsed->signature_expiration) expiration = *parsed->signature_expiration;
+    return check_file_signature(*parsed->signature, parsed->path.value_or(""), operation,
+                                parsed->username.value_or(""), sandbox.access_token, expiration,
+                                now_unix());
+}
+
+std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
+                                                 const http::server_request& request,
+                                                 const std::shared_ptr<registry_entry>& named) {
+    if (named) {
+        if (check_signature(request, *named) == signature_check::valid) return named;
+        return nullptr;
+    }
+    for (auto& entry : registry.live())
+        if (check_signature(request, *entry) == signature_check::valid) return entry;
+    return nullptr;
+}
+
+// `message` must outlive the call (a literal, or a named local of the caller).
+asio::awaitable<void> send_json_error(envd_call& call, int status, std::string_view message) {
+    (void)co_await call.response.async_send_error(status, message);
+}
+
+// The HTTP status envd answers for a per-path file error.
+int status_of(const error& e) {
+    if (e.code == errc::file_not_found) return 404;
+    if (e.code == errc::too_large) return 413;
+    if (e.code == errc::is_directory || e.code == errc::invalid_path ||
+        e.code == errc::invalid_argument)
+        return 400;
+    if (e.code == errc::permission_denied) return 403;
+    if (e.code == errc::sandbox_unavailable || e.code == errc::sandbox_not_found) return 502;
+    if (e.code == errc::deadline_exceeded) return 504;
+    return 500;
+}
+
+// The checks both routes make: the query, the user, the resolved path.
+struct checked_request {
+    file_request query;
+    std::string path;  // resolved
+};
+
+std::optional<std::pair<int, std::string>> check_request(envd_call& call, checked_request& out,
+                                                         bool path_required) {
+    auto parsed = parse_file_request(call.request);
+    if (!parsed) return std::pair(400, parsed.error().detail);
+    out.query = std::move(*parsed);
+    if (out.query.username && !out.query.username->empty() &&
+        *out.query.username != sandbox_user(*call.sandbox))
+        return std::pair(401, "error looking up user '" + out.query.username->substr(0, 64) +
+                                  "': no such user in this sandbox");
+    if (path_required && !out.query.path)
+        return std::pair(400, std::string("the path query parameter is required"));
+    if (out.query.path) {
+        auto resolved = resolve_envd_path(*out.query.path, sandbox_home(*call.sandbox));
+        if (!resolved) return std::pair(400, resolved.error().detail);
+        out.path = std::move(*resolved);
+    }
+    return std::nullopt;
+}
+
+asio::awaitable<void> get_file(envd_call& call) {
+    checked_request checked;
+    if (auto refused = check_request(call, checked, false)) {
+        const int status = refused->first;
+        auto message = std::move(refused->second);
+        co_await send_json_error(call, status, message);
+        co_return;
+    }
+    if (!checked.query.path) checked.path = sandbox_home(*call.sandbox);
+    auto path = checked.path;
+    auto opened = co_await call.sandbox->handle->async_read_file_stream(path);
+    if (!opened) {
+        auto message = opened.error().detail;
+        if (opened.error().code == errc::file_not_found)
+            message = "path '" + checked.path + "' does not exist";
+        else if (opened.error().code == errc::is_directory)
+            message = "path '" + checked.path + "' is a directory";
+        const int status = status_of(opened.error());
+        co_await send_json_error(call, status, message);
+        co_return;
+    }
+    auto stream = std::move(*opened);
+    http::header_list headers;
+    headers.add("Content-Type", "application/octet-stream");
+    std::string disposition = "inline; filename=\"";
+    for (char c : base_name(checked.path))
+        if (c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20 && c != 0x7f)
+            disposition.push_back(c);
+    disposition += '"';
+    headers.add("Content-Disposition", disposition);
+    if (auto begun = co_await call.response.async_begin(200, std::move(headers)); !begun) co_return;
+    while (true) {
+        auto chunk = co_await stream.async_next();
+        if (!chunk) {
+            // The status is sent: only a broken response (no final chunk) tells the client that
+            // the file is incomplete. The server closes the connection of a handler that throws.
+            throw std::runtime_error("download of a sandbox file failed midway: " +
+                                     chunk.error().to_string());
+        }
+        if (chunk->empty()) break;
+        auto written = co_await call.response.async_write(*chunk);
+        if (!written) co_return;  // the client went away
+    }
+    (void)co_await call.response.async_end();
+}
+
+// One uploaded file's outcome, as envd's response lists it.
+std::string upload_response(const std::vector<std::string>& paths) {
+    json_writer w;
+    w.begin_array();
+    for (const auto& p : paths) {
+        w.begin_object();
+        w.key("name").value(base_name(p));
+        w.key("type").value("file");
+        w.key("path").value(p);
+        w.end_object();
+    }
+    w.end_array();
+    return w.take();
+}
+
+file_write_target make_target(const std::string& path, const serve_context& context) {
+    file_write_target target;
+    target.path = path;
+    target.mode = 0644;
+    target.create_parents = true;
+    target.max_bytes = context.options.max_file_bytes;
+    return target;
+}
+
+// A raw (application/octet-stream) body as a byte source.
+struct raw_body_source {
+    http::server_request* request;
+    asio::awaitable<result<std::string>> operator()() {
+        auto piece = co_await request->async_read_some();
+        if (!piece) co_return piece.error();
+        co_return std::string(*piece);
+    }
+};
+
+// A multipart body, read event by event (a piece of the body is read only when the events of
+// the previous one were consumed).
+class multipart_reader {
+  public:
+    multipart_reader(http::server_request& request, std::string boundary)
+        : request_(&request), parser_(std::move(boundary)) {}
+
+    // The next event; nullopt at the end of the body (after the closing boundary).
+    asio::awaitable<result<std::optional<multipart_event>>> async_next() {
+        while (pending_.empty()) {
+            if (ended_) co_return std::optional<multipart_event>();
+            auto piece = co_await request_->async_read_some();
+            if (!piece) co_return piece.error();
+            if (piece->empty()) {
+                ended_ = true;
+                if (auto done = parser_.finish(); !done) co_return done.error();
+                continue;
+            }
+            std::vector<multipart_event> events;
+            auto fed = parser_.feed(*piece, events);
+            for (auto& e : events) pending_.push_back(std::move(e));
+            if (!fed) {
+                pending_.clear();
+                co_return fed.error();
+            }
+        }
+        auto e = std::move(pending_.front());
+        pending_.pop_front();
+        co_return std::optional<multipart_event>(std::move(e));
+    }
+
+  private:
+    http::server_request* request_;
+    multipart_parser parser_;
+    std::deque<multipart_event> pending_;
+    bool ended_ = false;
+};
+
+// One part's data as a byte source: its data events, then the end at part_end.
+struct part_source {
+    multipart_reader* reader;
+    asio::awaitable<result<std::string>> operator()() {
+        auto next = co_await reader->async_next();
+        if (!next) co_return next.error();
+        if (!*next) co_return make_error(errc::protocol_error, "multipart body ends inside a part");
+        auto& e = **next;
+        if (e.type == multipart_event::kind::data) co_return std::move(e.data);
+        if (e.type == multipart_event::kind::part_end) co_return std::string();
+        co_return make_error(errc::protocol_error, "multipart part is not followed by its end");
+    }
+};
+
+asio::awaitable<result<void>> async_write_one(envd_call& call, const std::string& path,
+                                              byte_source source) {
+    auto target = make_target(path, call.context);
+    auto written = co_await call.sandbox->handle->async_write_file_stream(std::move(target),
+                                                                          std::move(source));
+    if (!written) co_return written.error();
+    if (!written->outcome) co_return written->outcome.error();
+    co_return result<void>();
+}
+
+asio::awaitable<void> post_file(envd_call& call) {
+    checked_request checked;
+    if (auto refused = check_request(call, checked, false)) {
+        const int status = refused->first;
+        auto message = std::move(refused->second);
+        co_await send_json_error(call, status, message);
+        co_return;
+    }
+    if (auto encoding = call.request.headers().find("content-encoding");
+        encoding && !http::iequals(*encoding, "identity")) {
+        co_await send_json_error(call, 400, "Content-Encoding is not supported by moat serve");
+        co_return;
+    }
+    const auto content_type = call.request.headers().find("content-type").value_or("");
+    const auto media = content_type.substr(0, content_type.find(';'));
+    std::vector<std::string> written;
+    if (http::iequals(media, "application/octet-stream")) {
+        if (!checked.query.path) {
+            co_await send_json_error(call, 400, "the path query parameter is required");
+            co_return;
+        }
+        byte_source source = raw_body_source{&call.request};
+        auto path = checked.path;
+        auto done = co_await async_write_one(call, path, std::move(source));
+        if (!done) {
+            const int status = status_of(done.error());
+            auto message = done.error().detail;
+            co_await send_json_error(call, status, message);
+            co_return;
+        }
+        written.push_back(checked.path);
+    } else {
+        auto boundary = multipart_boundary(content_type);
+        if (!boundary) {
+            auto message = boundary.error().detail;
+            co_await send_json_error(call, 400, message);
+            co_return;
+        }
+        multipart_reader reader(call.request, std::move(*boundary));
+        while (true) {
+            auto next = co_await reader.async_next();
+            if (!next) {
+                const int status = status_of(next.error());
+                auto message = next.error().detail;
+                co_await send_json_error(call, status, message);
+                co_return;
+            }
+            if (!*next) break;
+            auto& e = **next;
+            if (e.type == multipart_event::kind::finished) continue;
+            if (e.type != multipart_event::kind::part_begin) {
+                co_await send_json_error(call, 400, "malformed multipart body");
+                co_return;
+            }
+            if (e.head.name != "file") {  // envd ignores other fields: drain this one
+                while (true) {
+                    auto skipped = co_await reader.async_next();
+                    if (!skipped || !*skipped ||
+                        (*skipped)->type == multipart_event::kind::part_end)
+                        break;
+                }
+                continue;
+            }
+            std::string path = checked.path;
+            if (!checked.query.path) {
+                auto resolved = resolve_envd_path(e.head.filename, sandbox_home(*call.sandbox));
+                if (!resolved || e.head.filename.empty()) {
+                    co_await send_json_error(call, 400, "a multipart file part needs a filename");
+                    co_return;
+                }
+                path = std::move(*resolved);
+            }
+            bool repeated = false;
+            for (const auto& w : written) repeated = repeated || w == path;
+            if (repeated) {
+                auto message = "you cannot upload multiple files to the same path '" + path +
+                               "' in one upload request";
+                co_await send_json_error(call, 400, message);
+                co_return;
+            }
+            byte_source source = part_source{&reader};
+            auto done = co_await async_write_one(call, path, std::move(source));
+            if (!done) {
+                const int status = status_of(done.error());
+                auto message = done.error().detail;
+                co_await send_json_error(call, status, message);
+                co_return;
+            }
+            written.push_back(std::move(path));
+        }
+        if (written.empty()) {
+            co_await send_json_error(call, 400, "the multipart body has no part named 'file'");
+            co_return;
+        }
+    }
+    http::header_list headers;
+    headers.add("Content-Type", "application/json");
+    auto body = upload_response(written);
+    (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
+}
+
+}  // namespace
+
+void add_file_routes(envd_routes& routes, serve_context& context) {
+    http::route_options options;
+    // The whole body: one file at the cap plus its multipart framing. Each file is capped by
+    // the streamed write itself (413, nothing left).
+    options.max_body_bytes = context.options.max_file_bytes + 1024 * 1024;
+    routes.add("GET", "/files", get_file, {}, envd_auth::token_or_signature);
+    routes.add("POST", "/files", post_file, options, envd_auth::token_or_signature);
+    auto* registry = &context.registry;
+    routes.set_signature_verifier([registry](const http::server_request& request,
+                                             const std::shared_ptr<registry_entry>& named) {
+        return verify_signature(*registry, request, named);
+    });
+}
+
+}  // namespace moat::serve

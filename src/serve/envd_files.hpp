@@ -1,0 +1,34 @@
+// envd's file routes under `moat serve` (GET /files, POST /files, signed URLs), and what the
+// file routes and the filesystem service share: the sandbox's home and user.
+//
+// GET /files streams a regular file out (404 JSON when missing, 400 for a directory or a path
+// that is not a regular file); POST /files takes multipart/form-data (every part named "file";
+// its filename is the destination when the query has no `path`) or application/octet-stream
+// (`path` required), streams each file into the sandbox in bounded memory (one body piece and
+// one backend chunk at a time), creates missing parent directories, and answers envd's
+// [{"name","type":"file","path"}]. A file past serve_options::max_file_bytes is 413 and nothing
+// of it is left. The whole body is capped too (max_file_bytes plus 1 MiB for multipart framing).
+//
+// Signed URLs: the routes accept a `signature` (and `signature_expiration`) query instead of the
+// access token (envd_auth::token_or_signature). The verifier checks the signature against the
+// named sandbox's token, or, for a request that names none (the SDK's URL for one shared envd
+// address), against each live sandbox's token; an expired or wrong signature is 401.
+#pragma once
+
+#include "serve/envd_service.hpp"
+
+#include <optional>
+#include <string>
+
+namespace moat::serve {
+
+// The home directory envd paths resolve against (the sandbox layout's).
+std::string sandbox_home(const registry_entry& sandbox);
+// The user commands and files run as ("user" under moat serve).
+std::string sandbox_user(const registry_entry& sandbox);
+
+// An RPC's user (Authorization: Basic base64("<user>:")): nullopt when absent or the sandbox's
+// user, else the one-line reason to refuse it (unauthenticated).
+std::optional<std::string> check_rpc_user(const envd_call& call);
+
+}  // namespace moat::serve

@@ -1,0 +1,251 @@
+// envd's filesystem service (filesystem.Filesystem/*) over Connect JSON: Stat, ListDir, MakeDir,
+// Move and Remove, each one command inside the sandbox (serve/envd_entry.hpp says why that is
+// safe with hostile names and planted symlinks). Error codes as envd's: not_found for a missing
+// path, already_exists for MakeDir on a directory, invalid_argument for MakeDir on a non-directory
+// or ListDir of one and for a bad path, unauthenticated for a user other than the sandbox's,
+// internal for the rest. WatchDir and the polling watcher RPCs answer `unimplemented` (see
+// docs/serve.md).
+#include "serve/connect_rpc.hpp"
+#include "serve/envd_entry.hpp"
+#include "serve/envd_files.hpp"
+#include "serve/envd_service.hpp"
+
+#include "core/json_writer.hpp"
+
+#include <simdjson.h>
+
+namespace moat::serve {
+namespace {
+
+namespace connect = http::connect;
+
+// How long one filesystem command may run, and how much listing it may print.
+constexpr std::chrono::seconds command_wall_limit{30};
+constexpr std::size_t max_listing_bytes = 16 * 1024 * 1024;
+
+// What a handler answers: the response message, or an error.
+struct outcome {
+    std::optional<connect::code> code;  // set: an error
+    std::string text;                   // the JSON message, or the error's message
+};
+
+outcome fail(connect::code code, std::string message) {
+    return {code, std::move(message)};
+}
+outcome ok(std::string json) {
+    return {std::nullopt, std::move(json)};
+}
+
+// The request's JSON object, and its string fields.
+struct request_json {
+    simdjson::dom::parser parser;
+    simdjson::dom::object object;
+};
+
+bool parse_request(std::string_view body, request_json& out) {
+    const simdjson::padded_string padded(body);
+    simdjson::dom::element root;
+    return out.parser.parse(padded).get(root) == simdjson::SUCCESS &&
+           root.get_object().get(out.object) == simdjson::SUCCESS;
+}
+
+std::string string_field(const request_json& r, const char* name) {
+    std::string_view v;
+    if (r.object[name].get_string().get(v) != simdjson::SUCCESS) return {};
+    return std::string(v);
+}
+
+// A path field resolved against the user's home (envd's rules).
+result<std::string> path_field(const request_json& r, const char* name,
+                               const registry_entry& sandbox) {
+    return resolve_envd_path(string_field(r, name), sandbox_home(sandbox));
+}
+
+// One of envd_entry's commands, run: its exit code and the entries it printed.
+struct command_outcome {
+    int exit_code = 0;
+    std::vector<entry_info> entries;
+};
+
+asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<std::string> argv) {
+    exec_request request;
+    request.argv = std::move(argv);
+    request.wall_limit = command_wall_limit;
+    request.output.head_bytes = max_listing_bytes;
+    request.output.tail_bytes = 0;
+    auto ran = co_await call.sandbox->handle->async_exec(std::move(request));
+    if (!ran) co_return ran.error();
+    command_outcome out;
+    out.exit_code = ran->exit_code;
+    if (ran->timed_out)
+        co_return make_error(errc::deadline_exceeded, "filesystem command outlived its limit");
+    if (ran->out.is_truncated())
+        co_return make_error(errc::too_large, "directory listing is over " +
+                                                  std::to_string(max_listing_bytes) + " bytes");
+    if (ran->exit_code == 0) {
+        auto parsed = parse_find_output(ran->out.head);
+        if (!parsed) co_return parsed.error();
+        out.entries = std::move(*parsed);
+    } else if (ran->exit_code != exit_not_found && ran->exit_code != exit_not_directory &&
+               ran->exit_code != exit_already_exists) {
+        // The first line of what the command said (coreutils name the path and the reason).
+        auto said = ran->err.head.substr(0, ran->err.head.find('\n'));
+        if (said.size() > 512) said.resize(512);
+        auto code = errc::backend_failure;
+        if (said.find("Permission denied") != std::string::npos) code = errc::permission_denied;
+        if (said.empty()) said = "exit status " + std::to_string(ran->exit_code);
+        co_return make_error(code, said);
+    }
+    co_return out;
+}
+
+outcome from_error(const error& e) {
+    if (e.code == errc::backend_failure) return fail(connect::code::internal, e.detail);
+    if (e.code == errc::too_large) return fail(connect::code::resource_exhausted, e.detail);
+    return fail(connect::from_errc(e.code), e.detail);
+}
+
+outcome entry_response(const entry_info& entry) {
+    json_writer w;
+    w.begin_object().key("entry");
+    write_entry_info(w, entry);
+    w.end_object();
+    return ok(w.take());
+}
+
+// The common start of every handler: the user check and the request's JSON object.
+asio::awaitable<std::optional<outcome>> async_read(envd_call& call, request_json& json) {
+    if (auto refused = check_rpc_user(call))
+        co_return fail(connect::code::unauthenticated, *refused);
+    auto body = co_await async_read_unary_request(call.request);
+    if (!body) co_return fail(connect::code::invalid_argument, body.error().detail);
+    if (!parse_request(*body, json))
+        co_return fail(connect::code::invalid_argument, "request body is not a JSON object");
+    co_return std::nullopt;
+}
+
+asio::awaitable<outcome> stat(envd_call& call) {
+    request_json json;
+    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
+    auto path = path_field(json, "path", *call.sandbox);
+    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
+    auto argv = stat_command(*path);
+    auto ran = co_await async_run(call, std::move(argv));
+    if (!ran) co_return from_error(ran.error());
+    if (ran->exit_code == exit_not_found || ran->entries.size() != 1)
+        co_return fail(connect::code::not_found, "file not found: '" + *path + "'");
+    co_return entry_response(ran->entries[0]);
+}
+
+asio::awaitable<outcome> list_dir(envd_call& call) {
+    request_json json;
+    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
+    auto path = path_field(json, "path", *call.sandbox);
+    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
+    std::uint64_t depth = 1;
+    simdjson::dom::element d;
+    if (json.object["depth"].get(d) == simdjson::SUCCESS && !d.is_null()) {
+        if (d.get_uint64().get(depth) != simdjson::SUCCESS || depth > 0xffffffffu)
+            co_return fail(connect::code::invalid_argument, "depth must be a uint32");
+        if (depth == 0) depth = 1;  // envd: 0 means the directory's own entries
+    }
+    auto argv = list_command(*path, static_cast<std::uint32_t>(depth));
+    auto ran = co_await async_run(call, std::move(argv));
+    if (!ran) co_return from_error(ran.error());
+    if (ran->exit_code == exit_not_found)
+        co_return fail(connect::code::not_found, "directory not found: '" + *path + "'");
+    if (ran->exit_code == exit_not_directory)
+        co_return fail(connect::code::invalid_argument, "path is not a directory: '" + *path + "'");
+    json_writer w;
+    w.begin_object().key("entries").begin_array();
+    for (const auto& e : ran->entries) write_entry_info(w, e);
+    w.end_array().end_object();
+    co_return ok(w.take());
+}
+
+asio::awaitable<outcome> make_dir(envd_call& call) {
+    request_json json;
+    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
+    auto path = path_field(json, "path", *call.sandbox);
+    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
+    auto argv = make_dir_command(*path);
+    auto ran = co_await async_run(call, std::move(argv));
+    if (!ran) co_return from_error(ran.error());
+    if (ran->exit_code == exit_already_exists)
+        co_return fail(connect::code::already_exists, "directory already exists: '" + *path + "'");
+    if (ran->exit_code == exit_not_directory)
+        co_return fail(connect::code::invalid_argument,
+                       "path already exists but it is not a directory: '" + *path + "'");
+    if (ran->entries.size() != 1)
+        co_return fail(connect::code::internal, "directory vanished once made: '" + *path + "'");
+    co_return entry_response(ran->entries[0]);
+}
+
+asio::awaitable<outcome> move(envd_call& call) {
+    request_json json;
+    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
+    auto source = path_field(json, "source", *call.sandbox);
+    if (!source) co_return fail(connect::code::invalid_argument, source.error().detail);
+    auto destination = path_field(json, "destination", *call.sandbox);
+    if (!destination) co_return fail(connect::code::invalid_argument, destination.error().detail);
+    auto argv = move_command(*source, *destination);
+    auto ran = co_await async_run(call, std::move(argv));
+    if (!ran) co_return from_error(ran.error());
+    if (ran->exit_code == exit_not_found)
+        co_return fail(connect::code::not_found, "source file not found: '" + *source + "'");
+    if (ran->entries.size() != 1)
+        co_return fail(connect::code::internal, "moved entry vanished: '" + *destination + "'");
+    co_return entry_response(ran->entries[0]);
+}
+
+asio::awaitable<outcome> remove(envd_call& call) {
+    request_json json;
+    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
+    auto path = path_field(json, "path", *call.sandbox);
+    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
+    auto argv = remove_command(*path);
+    auto ran = co_await async_run(call, std::move(argv));
+    if (!ran) co_return from_error(ran.error());
+    co_return ok("{}");
+}
+
+// Runs a handler and sends what it answered.
+template <asio::awaitable<outcome> (*Handler)(envd_call&)>
+asio::awaitable<void> unary(envd_call& call) {
+    auto answer = co_await Handler(call);
+    if (answer.code) {
+        const auto code = *answer.code;
+        (void)co_await async_send_unary_error(call.response, code, answer.text);
+    } else {
+        auto json = std::move(answer.text);
+        (void)co_await async_send_unary(call.response, std::move(json));
+    }
+}
+
+asio::awaitable<void> unimplemented_stream(envd_call& call) {
+    connect_stream stream(call.response);
+    const std::string message =
+        std::string(call.request.path()) + " is not supported by moat serve (no directory watches)";
+    (void)co_await stream.async_end(connect::code::unimplemented, message);
+}
+
+asio::awaitable<void> unimplemented_unary(envd_call& call) {
+    const std::string message =
+        std::string(call.request.path()) + " is not supported by moat serve (no directory watches)";
+    (void)co_await async_send_unary_error(call.response, connect::code::unimplemented, message);
+}
+
+}  // namespace
+
+void add_filesystem_service(envd_routes& routes, serve_context&) {
+    routes.add("POST", "/filesystem.Filesystem/Stat", unary<stat>);
+    routes.add("POST", "/filesystem.Filesystem/ListDir", unary<list_dir>);
+    routes.add("POST", "/filesystem.Filesystem/MakeDir", unary<make_dir>);
+    routes.add("POST", "/filesystem.Filesystem/Move", unary<move>);
+    routes.add("POST", "/filesystem.Filesystem/Remove", unary<remove>);
+    routes.add("POST", "/filesystem.Filesystem/WatchDir", unimplemented_stream);
+    for (const char* method : {"CreateWatcher", "GetWatcherEvents", "RemoveWatcher"})
+        routes.add("POST", std::string("/filesystem.Filesystem/") + method, unimplemented_unary);
+}
+
+}  // namespace moat::serve

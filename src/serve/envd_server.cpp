@@ -1,0 +1,181 @@
+#include "serve/envd_server.hpp"
+
+#include <moat/log.hpp>
+
+#include "core/json_writer.hpp"
+#include "serve/server_secret.hpp"
+
+#include <chrono>
+#include <utility>
+
+namespace moat::serve {
+
+struct envd_server::state {
+    state(serve_context& c, http::server_options o)
+        : context(c), server(c.executor, std::move(o)) {}
+    serve_context& context;
+    envd_routes routes;
+    http::server server;
+};
+
+namespace {
+
+constexpr std::string_view host_prefix = "49983-";
+
+// The id in a `49983-<id>.<domain>[:port]` Host, or empty.
+std::string_view id_from_host(std::string_view host) {
+    if (!host.starts_with(host_prefix)) return {};
+    host.remove_prefix(host_prefix.size());
+    const auto dot = host.find('.');
+    if (dot == std::string_view::npos || dot == 0) return {};
+    return host.substr(0, dot);
+}
+
+asio::awaitable<void> send_not_found(http::server_response& response, std::string_view id) {
+    json_writer w;
+    w.begin_object();
+    w.key("code").value(502);
+    w.key("message").value("The sandbox was not found");
+    w.key("sandboxId").value(id);
+    w.end_object();
+    http::header_list headers;
+    headers.add("Content-Type", "application/json; charset=utf-8");
+    std::string body = w.take();
+    (void)co_await response.async_send(502, std::move(headers), std::move(body));
+}
+
+asio::awaitable<void> send_unauthorized(http::server_response& response) {
+    (void)co_await response.async_send_error(
+        401,
+        "unauthorized access, please provide a valid access token or method signing if "
+        "supported");
+}
+
+asio::awaitable<void> serve_health(envd_call& call) {
+    http::header_list headers;
+    std::string empty;
+    (void)co_await call.response.async_send(204, std::move(headers), std::move(empty));
+}
+
+bool token_matches(const http::server_request& request, const registry_entry& entry) {
+    const auto token = request.headers().find("X-Access-Token");
+    return token && constant_time_equals(*token, entry.access_token);
+}
+
+asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
+                                  http::server_request& request, http::server_response& response) {
+    const auto& route = s->routes.routes()[index];
+    const auto id = requested_sandbox_id(request.head());
+    std::shared_ptr<registry_entry> entry;
+    if (id) {
+        entry = s->context.registry.find(*id);
+        if (!entry) {
+            co_await send_not_found(response, *id);
+            co_return;
+        }
+    }
+    bool verified = entry && token_matches(request, *entry);
+    if (!verified) {
+        if (route.auth == envd_auth::token_or_signature && s->routes.verifier()) {
+            entry = s->routes.verifier()(request, entry);
+        } else {
+            entry = nullptr;
+        }
+        if (!entry) {
+            if (!id && route.auth == envd_auth::token) {
+                co_await send_not_found(response, "");
+            } else {
+                co_await send_unauthorized(response);
+            }
+            co_return;
+        }
+    }
+    if (!entry) {
+        co_await send_not_found(response, "");
+        co_return;
+    }
+    envd_call call{entry, request, response, s->context, verified};
+    co_await route.handler(call);
+}
+
+bool is_loopback_host(std::string_view host) {
+    auto name = host;
+    if (name.starts_with('[')) {
+        const auto close = name.find(']');
+        if (close == std::string_view::npos) return false;
+        name = name.substr(1, close - 1);
+    } else if (const auto colon = name.rfind(':'); colon != std::string_view::npos) {
+        name = name.substr(0, colon);
+    }
+    return http::iequals(name, "localhost") || name == "127.0.0.1" || name == "::1";
+}
+
+}  // namespace
+
+void envd_routes::add(std::string method, std::string path, envd_handler handler,
+                      http::route_options options, envd_auth auth) {
+    route r;
+    r.method = std::move(method);
+    r.path = std::move(path);
+    r.handler = std::move(handler);
+    r.options = options;
+    r.auth = auth;
+    routes_.push_back(std::move(r));
+}
+
+void envd_routes::set_signature_verifier(signature_verifier verifier) {
+    verifier_ = std::move(verifier);
+}
+
+std::optional<std::string> requested_sandbox_id(const http::request_head& head) {
+    if (const auto header = head.headers.find("E2b-Sandbox-Id"); header && !header->empty()) {
+        return std::string(*header);
+    }
+    if (const auto host = head.headers.find("Host")) {
+        const auto id = id_from_host(*host);
+        if (!id.empty()) return std::string(id);
+    }
+    return std::nullopt;
+}
+
+envd_server::envd_server(serve_context& context, http::server_options options) {
+    const bool loopback = options.listen.address().is_loopback();
+    if (loopback && options.allowed_hosts.empty()) {
+        options.accept_host = [](std::string_view host) {
+            return is_loopback_host(host) || !id_from_host(host).empty();
+        };
+        // Set a list so that accept_host is consulted (an empty list serves the loopback names).
+        options.allowed_hosts = {"localhost"};
+    }
+    state_ = std::make_shared<state>(context, std::move(options));
+    state_->routes.add("GET", "/health", serve_health);
+    add_process_service(state_->routes, context);
+    add_filesystem_service(state_->routes, context);
+    add_file_routes(state_->routes, context);
+    const auto& routes = state_->routes.routes();
+    for (std::size_t i = 0; i < routes.size(); ++i) {
+        // The server (and so this handler) lives inside the state: a raw pointer, not a cycle.
+        auto* s = state_.get();
+        http::handler h = [s, i](http::server_request& request, http::server_response& response) {
+            return handle_envd(s, i, request, response);
+        };
+        auto added =
+            state_->server.route(routes[i].method, routes[i].path, std::move(h), routes[i].options);
+        if (!added) {
+            detail::log(log_level::error, "serve", "envd route: " + added.error().to_string());
+        }
+    }
+}
+
+envd_server::~envd_server() = default;
+
+result<asio::ip::tcp::endpoint> envd_server::start() {
+    return state_->server.start();
+}
+
+asio::awaitable<void> envd_server::async_stop(std::chrono::milliseconds grace) {
+    auto s = state_;
+    co_await s->server.async_stop(grace);
+}
+
+}  // namespace moat::serve

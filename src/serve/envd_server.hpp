@@ -1,0 +1,56 @@
+// envd, the data plane of `moat serve`: one http::server for every sandbox of the registry,
+// demultiplexed per request (envd_service.hpp describes what a service sees).
+//
+// Which sandbox: the E2b-Sandbox-Id header (the SDK sends it on every envd call; with
+// E2B_SANDBOX_URL all envd traffic goes to one address), else a Host of the form
+// `49983-<id>.<domain>` (E2B's per-sandbox host names; any domain). Neither: the route decides
+// (only signed /files URLs may name none). An id that is not a live sandbox of this server: 502
+// {"code":502,"message":"The sandbox was not found","sandboxId":"<id>"}, as E2B's proxy answers.
+//
+// Access: X-Access-Token compared in constant time with the sandbox's token; wrong or missing:
+// 401 {"code":401,"message":"unauthorized access, ..."}. GET /health (204) needs it too, unlike
+// envd's own exemption: the SDK sends the token on every envd call, and a health probe that
+// checks it tells a client whether its token is still good (after a restart of the server).
+//
+// Host header: the loopback names, and `49983-<id>.<anything>` (the id is then checked as
+// above); on a non-loopback listener any Host.
+#pragma once
+
+#include "http/server.hpp"
+#include "serve/envd_service.hpp"
+#include "serve/serve_context.hpp"
+
+#include <moat/result.hpp>
+
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace moat::serve {
+
+// The sandbox id a request names: E2b-Sandbox-Id, else the `49983-<id>.` Host form; nullopt
+// when it names none. Pure.
+std::optional<std::string> requested_sandbox_id(const http::request_head& head);
+
+class envd_server {
+  public:
+    // Registers every service's routes (add_process_service, add_filesystem_service,
+    // add_file_routes) behind the demultiplexer. `options` is the listener's (TLS included).
+    envd_server(serve_context& context, http::server_options options);
+    ~envd_server();
+
+    result<asio::ip::tcp::endpoint> start();
+    asio::awaitable<void> async_stop(std::chrono::milliseconds grace);
+
+    struct state;
+
+  private:
+    std::shared_ptr<state> state_;
+};
+
+}  // namespace moat::serve

@@ -1,0 +1,59 @@
+#include "serve/file_signature.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+
+#include <charconv>
+
+namespace moat::serve {
+
+std::string file_signature(std::string_view path, file_operation operation,
+                           std::string_view username, std::string_view access_token,
+                           std::optional<std::int64_t> expiration) {
+    std::string raw;
+    raw.reserve(path.size() + username.size() + access_token.size() + 32);
+    raw.append(path);
+    raw.append(operation == file_operation::read ? ":read:" : ":write:");
+    raw.append(username);
+    raw.push_back(':');
+    raw.append(access_token);
+    if (expiration) {
+        raw.push_back(':');
+        raw.append(std::to_string(*expiration));
+    }
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(raw.data()), raw.size(), digest);
+    OPENSSL_cleanse(raw.data(), raw.size());
+    unsigned char encoded[4 * ((SHA256_DIGEST_LENGTH + 2) / 3) + 1];
+    const int length = EVP_EncodeBlock(encoded, digest, SHA256_DIGEST_LENGTH);
+    std::string out = "v1_";
+    out.append(reinterpret_cast<const char*>(encoded), static_cast<std::size_t>(length));
+    while (!out.empty() && out.back() == '=') out.pop_back();
+    return out;
+}
+
+signature_check check_file_signature(std::string_view signature, std::string_view path,
+                                     file_operation operation, std::string_view username,
+                                     std::string_view access_token,
+                                     std::optional<std::string_view> expiration_text,
+                                     std::int64_t now_unix) {
+    std::optional<std::int64_t> expiration;
+    if (expiration_text) {
+        std::int64_t value = 0;
+        const auto* first = expiration_text->data();
+        const auto* last = first + expiration_text->size();
+        const auto [end, ec] = std::from_chars(first, last, value);
+        if (ec != std::errc() || end != last || expiration_text->empty())
+            return signature_check::mismatch;
+        expiration = value;
+    }
+    const auto expected = file_signature(path, operation, username, access_token, expiration);
+    if (signature.size() != expected.size() ||
+        CRYPTO_memcmp(signature.data(), expected.data(), expected.size()) != 0)
+        return signature_check::mismatch;
+    if (expiration && *expiration < now_unix) return signature_check::expired;
+    return signature_check::valid;
+}
+
+}  // namespace moat::serve

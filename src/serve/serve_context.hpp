@@ -1,0 +1,26 @@
+// What every part of `moat serve` shares: the executor, the runtime that creates and attaches
+// sandboxes, the registry of this server's sandboxes, the options, and a task group for work
+// that outlives a request (a background process's output pump). Owned by serve_host, which
+// outlives both HTTP servers and everything they run. Confined to the executor.
+#pragma once
+
+#include <moat/runtime.hpp>
+#include <moat/task_group.hpp>
+
+#include "serve/sandbox_registry.hpp"
+#include "serve/serve_options.hpp"
+
+#include <asio/any_io_executor.hpp>
+
+namespace moat::serve {
+
+struct serve_context {
+    asio::any_io_executor executor;
+    runtime& sandboxes;
+    sandbox_registry& registry;
+    const serve_options& options;
+    // Cancelled (terminal) and awaited when the server stops, after both listeners have closed.
+    task_group& background;
+};
+
+}  // namespace moat::serve

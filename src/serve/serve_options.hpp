@@ -1,0 +1,34 @@
+// What `moat serve` is configured with (src/cli/serve_command.cpp parses the command line into
+// this; docs/serve.md describes each option).
+#pragma once
+
+#include <asio/ip/tcp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace moat::serve {
+
+struct serve_options {
+    // The control plane (E2B's REST API) and envd (the data plane) listeners. Port 0: any free.
+    asio::ip::tcp::endpoint api_listen{asio::ip::make_address("127.0.0.1"), 3000};
+    asio::ip::tcp::endpoint envd_listen{asio::ip::make_address("127.0.0.1"), 49983};
+    // The key every control-plane request carries in X-API-Key. Never logged.
+    std::string api_key;
+    // PEM certificate chain and key: both listeners speak TLS when set.
+    std::string tls_certificate_file;
+    std::string tls_key_file;
+    // Live sandboxes at most; a create past it answers 429. 0: the runtime's own cap.
+    std::size_t max_sandboxes = 0;
+    // On SIGINT/SIGTERM, destroy (confirmed) every sandbox this server created instead of
+    // leaving them to their E2B timeout.
+    bool destroy_on_exit = false;
+    // Where the server secret and the sandboxes' sidecar records live (0700). Empty: "serve" in
+    // the local backend's state directory.
+    std::string state_dir;
+    // A file uploaded through envd is refused past this (413).
+    std::uint64_t max_file_bytes = 100ull * 1024 * 1024;
+};
+
+}  // namespace moat::serve
