@@ -76,8 +76,8 @@ struct local_options {
     // Names this backend instance in the records of the sandboxes it creates (sandbox_info::
     // owner_instance). Default: "<hostname>/<pid>/<6 random hex digits>".
     std::string owner_instance;
-    // Threads doing streamed file I/O off the executor (at least 1). Streams beyond this many
-    // wait in the pool's queue, one job per stream.
+    // Threads doing streamed file I/O off the executor (at least 1), started by the first
+    // stream. Streams beyond this many wait in the pool's queue, one job per stream.
     std::size_t file_threads = 2;
 };
 

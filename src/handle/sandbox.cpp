@@ -124,6 +124,13 @@ class handle_file_stream final : public file_read_stream::impl {
   private:
     static asio::awaitable<result<std::string>> next(handle_file_stream* self) {
         if (self->finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+        // A pull is one bounded chunk that completes even when its deadline fires meanwhile, so
+        // a deadline that has already passed is checked here.
+        if (self->limit_.has_expired()) {
+            self->finish();
+            co_return make_error(errc::deadline_exceeded,
+                                 "read_file_stream: the deadline passed while the file was read");
+        }
         std::exception_ptr failure;
         result<std::string> pulled = make_error(errc::cancelled, "not pulled");
         try {

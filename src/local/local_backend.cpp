@@ -210,6 +210,11 @@ class local_read_stream final : public file_read_stream::impl {
         };
         auto job = async_blocking_job<std::string>(pool_, std::move(work));
         auto chunk = co_await std::move(job);
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            finished_ = true;
+            co_return cancelled_error("reading " + reader_->stat().path);
+        }
         if (!chunk || chunk->empty()) finished_ = true;
         co_return chunk;
     }
@@ -225,8 +230,7 @@ class local_backend final : public backend {
     local_backend(asio::any_io_executor executor, local_options options)
         : executor_(std::move(executor)),
           options_(std::move(options)),
-          tasks_(executor_, "local backend"),
-          file_pool_(std::max<std::size_t>(options_.file_threads, 1)) {
+          tasks_(executor_, "local backend") {
         if (options_.state_dir.empty()) options_.state_dir = default_state_dir();
         if (options_.owner_instance.empty()) options_.owner_instance = default_owner_instance();
         records_ = sandbox_records(options_.state_dir);
@@ -238,7 +242,7 @@ class local_backend final : public backend {
     ~local_backend() override {
         // Queued and running file jobs finish (each is one bounded step; an abandoned write's
         // temporary file is removed by its last step).
-        file_pool_.join();
+        if (file_pool_) file_pool_->join();
         helper_->on_reaped = nullptr;
         helper_->on_helper_lost = nullptr;
         for (auto& [id, sandbox] : sandboxes_) {
@@ -392,7 +396,7 @@ class local_backend final : public backend {
             return std::shared_ptr<stream_writer>(std::move(*opened));
         };
         auto open_job =
-            async_blocking_job<std::shared_ptr<stream_writer>>(file_pool_, std::move(open_work));
+            async_blocking_job<std::shared_ptr<stream_writer>>(file_pool(), std::move(open_work));
         auto opened = co_await std::move(open_job);
         if (!opened) {
             out.outcome = std::move(opened).error();
@@ -435,7 +439,7 @@ class local_backend final : public backend {
             }
             if (chunk->empty()) {
                 std::function<result<void>()> commit_work = [writer] { return writer->commit(); };
-                auto commit_job = async_blocking_job<void>(file_pool_, std::move(commit_work));
+                auto commit_job = async_blocking_job<void>(file_pool(), std::move(commit_work));
                 out.outcome = co_await std::move(commit_job);
                 co_return out;
             }
@@ -443,7 +447,7 @@ class local_backend final : public backend {
             std::function<result<void>()> append_work = [writer, data] {
                 return writer->append(*data);
             };
-            auto append_job = async_blocking_job<void>(file_pool_, std::move(append_work));
+            auto append_job = async_blocking_job<void>(file_pool(), std::move(append_work));
             auto appended = co_await std::move(append_job);
             if (!appended) {
                 out.outcome = std::move(appended);
@@ -454,7 +458,7 @@ class local_backend final : public backend {
         if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
             co_await asio::this_coro::reset_cancellation_state();
         }
-        auto abandon_job = async_blocking_job<void>(file_pool_, std::move(abandon_work));
+        auto abandon_job = async_blocking_job<void>(file_pool(), std::move(abandon_work));
         auto abandoned = co_await std::move(abandon_job);
         (void)abandoned;
         if (failed) co_return std::move(*failed);
@@ -471,12 +475,20 @@ class local_backend final : public backend {
             return std::shared_ptr<stream_reader>(std::move(*opened));
         };
         auto open_job =
-            async_blocking_job<std::shared_ptr<stream_reader>>(file_pool_, std::move(open_work));
+            async_blocking_job<std::shared_ptr<stream_reader>>(file_pool(), std::move(open_work));
         auto opened = co_await std::move(open_job);
         if (!opened) co_return std::move(opened).error();
         file_stat info = (*opened)->stat();
-        auto stream = std::make_unique<local_read_stream>(file_pool_, std::move(*opened));
+        auto stream = std::make_unique<local_read_stream>(file_pool(), std::move(*opened));
         co_return file_read_stream(std::move(info), std::move(stream));
+    }
+
+    asio::thread_pool& file_pool() {
+        if (!file_pool_) {
+            file_pool_ = std::make_unique<asio::thread_pool>(
+                std::max<std::size_t>(options_.file_threads, 1));
+        }
+        return *file_pool_;
     }
 
     // file_root() with a descriptor of the job's own.
@@ -1311,8 +1323,9 @@ class local_backend final : public backend {
     sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
     std::uint64_t next_exec_id_ = 1;
-    bool swept_ = false;           // sweep_dead_once ran
-    asio::thread_pool file_pool_;  // streamed file I/O (joined first by the destructor)
+    bool swept_ = false;  // sweep_dead_once ran
+    // Streamed file I/O, started by the first stream (joined first by the destructor).
+    std::unique_ptr<asio::thread_pool> file_pool_;
 };
 
 }  // namespace

@@ -28,6 +28,8 @@ class fault_injecting_backend final : public backend {
     // Called once, synchronously, when the next real stream has started and before the caller
     // learns of it: the exact point where a caller's cancellation races a command's start.
     std::function<void()> on_stream_started;
+    // The streaming file calls use backend's batch fallback, as a backend that cannot stream.
+    bool batch_files_only = false;
 
     asio::any_io_executor get_executor() const override { return real_.get_executor(); }
     std::string name() const override { return "fault-injecting " + real_.name(); }
@@ -69,10 +71,16 @@ class fault_injecting_backend final : public backend {
     }
     asio::awaitable<result<file_write_result>> async_write_file_stream(
         std::string id, file_write_target target, byte_source source) override {
+        if (batch_files_only) {
+            return backend::async_write_file_stream(std::move(id), std::move(target),
+                                                    std::move(source));
+        }
         return real_.async_write_file_stream(std::move(id), std::move(target), std::move(source));
     }
     asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
                                                                      std::string path) override {
+        if (batch_files_only)
+            return backend::async_read_file_stream(std::move(id), std::move(path));
         return real_.async_read_file_stream(std::move(id), std::move(path));
     }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
