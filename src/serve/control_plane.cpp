@@ -117,8 +117,25 @@ void write_listed(json_writer& w, const registry_entry& e, bool detail) {
     w.end_object();
 }
 
-asio::awaitable<result<std::string>> read_body(http::server_request& request) {
-    co_return co_await request.async_read_body();
+// The whole request body; on failure the 400 is sent and nothing is returned.
+asio::awaitable<std::optional<std::string>> read_body_or_400(control_call& call) {
+    auto body = co_await call.request.async_read_body();
+    if (body) co_return std::move(*body);
+    std::string message = "cannot read the request: " + body.error().detail;
+    co_await send_error(call.response, 400, std::move(message));
+    co_return std::nullopt;
+}
+
+// A request the parser refused: 400 with the parser's detail.
+asio::awaitable<void> send_bad_request(http::server_response& response, const error& e) {
+    std::string message = e.detail;
+    co_await send_error(response, 400, std::move(message));
+}
+
+// A moat error as the status E2B would answer, its text as the message.
+asio::awaitable<void> send_failure(http::server_response& response, const error& e) {
+    std::string message = e.to_string();
+    co_await send_error(response, status_for(e), std::move(message));
 }
 
 // Moves the sandbox's end to `ttl` from now (shorter or longer) and records it. Through the
@@ -155,16 +172,11 @@ struct creating_guard {
 
 asio::awaitable<void> create(control_call& call, api_version version) {
     auto& context = call.s.context;
-    auto body = co_await read_body(call.request);
-    if (!body) {
-        std::string message = "cannot read the request: " + body.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
-        co_return;
-    }
+    auto body = co_await read_body_or_400(call);
+    if (!body) co_return;
     auto parsed = parse_create_request(*body);
     if (!parsed) {
-        std::string message = parsed.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
+        co_await send_bad_request(call.response, parsed.error());
         co_return;
     }
     if (parsed->template_id.empty()) parsed->template_id = "base";
@@ -278,25 +290,18 @@ asio::awaitable<void> kill_sandbox(control_call& call) {
 asio::awaitable<void> set_timeout(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    auto body = co_await read_body(call.request);
-    if (!body) {
-        std::string message = "cannot read the request: " + body.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
-        co_return;
-    }
+    auto body = co_await read_body_or_400(call);
+    if (!body) co_return;
     auto timeout = parse_timeout_request(*body);
     if (!timeout) {
-        std::string message = timeout.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
+        co_await send_bad_request(call.response, timeout.error());
         co_return;
     }
     const std::chrono::milliseconds ttl = std::chrono::seconds(*timeout);
     auto& sandboxes = call.s.context.sandboxes.get_backend();
     auto moved = co_await set_end(sandboxes, *entry, ttl);
     if (!moved) {
-        const int status = status_for(moved.error());
-        std::string message = moved.error().to_string();
-        co_await send_error(call.response, status, std::move(message));
+        co_await send_failure(call.response, moved.error());
         co_return;
     }
     co_await send_no_content(call.response);
@@ -305,16 +310,11 @@ asio::awaitable<void> set_timeout(control_call& call) {
 asio::awaitable<void> refresh(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    auto body = co_await read_body(call.request);
-    if (!body) {
-        std::string message = "cannot read the request: " + body.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
-        co_return;
-    }
+    auto body = co_await read_body_or_400(call);
+    if (!body) co_return;
     auto duration = parse_refresh_request(*body);
     if (!duration) {
-        std::string message = duration.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
+        co_await send_bad_request(call.response, duration.error());
         co_return;
     }
     const std::int64_t seconds = std::max<std::int64_t>(15, duration->value_or(15));
@@ -322,9 +322,7 @@ asio::awaitable<void> refresh(control_call& call) {
     auto& sandboxes = call.s.context.sandboxes.get_backend();
     auto extended = co_await extend_to(sandboxes, *entry, ttl);
     if (!extended) {
-        const int status = status_for(extended.error());
-        std::string message = extended.error().to_string();
-        co_await send_error(call.response, status, std::move(message));
+        co_await send_failure(call.response, extended.error());
         co_return;
     }
     co_await send_no_content(call.response);
@@ -333,16 +331,11 @@ asio::awaitable<void> refresh(control_call& call) {
 asio::awaitable<void> connect(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    auto body = co_await read_body(call.request);
-    if (!body) {
-        std::string message = "cannot read the request: " + body.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
-        co_return;
-    }
+    auto body = co_await read_body_or_400(call);
+    if (!body) co_return;
     auto timeout = parse_connect_request(*body);
     if (!timeout) {
-        std::string message = timeout.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
+        co_await send_bad_request(call.response, timeout.error());
         co_return;
     }
     const std::int64_t seconds = timeout->value_or(300);
@@ -350,9 +343,7 @@ asio::awaitable<void> connect(control_call& call) {
     auto& sandboxes = call.s.context.sandboxes.get_backend();
     auto extended = co_await extend_to(sandboxes, *entry, ttl);
     if (!extended) {
-        const int status = status_for(extended.error());
-        std::string message = extended.error().to_string();
-        co_await send_error(call.response, status, std::move(message));
+        co_await send_failure(call.response, extended.error());
         co_return;
     }
     json_writer w;
@@ -456,8 +447,7 @@ bool matches(const registry_entry& e, const list_query& q) {
 asio::awaitable<void> list(control_call& call, bool paged) {
     auto q = parse_list_query(call.request.query(), paged);
     if (!q) {
-        std::string message = q.error().detail;
-        co_await send_error(call.response, 400, std::move(message));
+        co_await send_bad_request(call.response, q.error());
         co_return;
     }
     std::vector<std::shared_ptr<registry_entry>> picked;

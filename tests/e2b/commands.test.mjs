@@ -258,6 +258,31 @@ for (const [version, sdk] of Object.entries(sdks)) {
             await assertGoneFromHost(`sleep ${m}`);
         });
 
+        test("host secrets and the host's loopback services are out of reach from inside", async () => {
+            // moat serve itself listens on the host's loopback: from inside, 127.0.0.1 is the
+            // sandbox's own loopback, so both ports are closed there. The key file, the server
+            // secret and moat's state are host paths the sandbox's root does not contain.
+            const ports = [serve.api, serve.envd].map((u) => new URL(u).port);
+            const probe = await sbx.commands.run(
+                `for p in ${ports.join(' ')}; do python3` + '  -c "import socket,sys; s=socket.socket(); s.settimeout(2)\n' +
+                    'try:\n s.connect((\'127.0.0.1\', int(sys.argv[1]))); print(\'open\')\n' +
+                    'except OSError as e: print(\'closed\', e.errno)" "$p"; done; ' +
+                    'for f in "$KEY" "$SECRET" /run/moat; do [ -e "$f" ] && echo "visible $f" || echo "absent"; done; true',
+                { envs: { KEY: serve.keyFile, SECRET: `${serve.stateDir}/secret` } },
+            );
+            const lines = probe.stdout.trim().split('\n');
+            assert.equal(lines.length, 5, probe.stdout);
+            for (const line of lines.slice(0, 2)) assert.match(line, /^closed /);
+            assert.deepEqual(lines.slice(2), ['absent', 'absent', 'absent']);
+            // The probe's own loopback works, so "closed" is not a broken network stack.
+            const own = await sbx.commands.run(
+                'python3 -c "import socket; a=socket.socket(); a.bind((\'127.0.0.1\', 0)); a.listen(); ' +
+                    'b=socket.socket(); b.connect(a.getsockname()); print(\'ok\')"',
+            );
+            assert.equal(own.stdout, 'ok\n');
+            assert.ok(!probe.stdout.includes(serve.key) && !serve.stderr().includes(serve.key));
+        });
+
         test('killing the sandbox ends its live streams at once and its processes with it', async () => {
             const own = await Sandbox.create();
             const m = marker(version);
