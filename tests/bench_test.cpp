@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 TEST_CASE("the advisor creates on demand when a create fits the budget") {
     moat::cli::advisor_input in;
@@ -111,4 +112,45 @@ TEST_CASE("moat bench memory, pool and sweep run and report what they measured")
     CHECK_MESSAGE(code == 0, out);
     CHECK(out.find("       64    128") != std::string::npos);
     CHECK(out.find("(failures)") == std::string::npos);
+}
+
+TEST_CASE(
+    "moat bench serve times create, a first command and kill through the API beside the "
+    "library and leaves no sandbox behind") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string json = "/tmp/moat-bench-serve-test.json";
+    std::remove(json.c_str());
+    int code = -1;
+    const auto out =
+        run_shell(std::string(MOAT_CLI_PATH) + " bench serve --n 5 --json " + json + " 2>&1", code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK_MESSAGE(out.find("serve create / library create: p50 ") != std::string::npos, out);
+    CHECK(out.find("(target: p50 <= 1.5x)") != std::string::npos);
+    CHECK(out.find("serve command / library command: p50 ") != std::string::npos);
+    CHECK(out.find("serve kill / library kill: p50 ") != std::string::npos);
+    const std::string report = moat::test::read_file(json);
+    for (const char* series : {"serve_create", "serve_command", "serve_kill", "library_create",
+                               "library_command", "library_kill"}) {
+        const std::string expected = "\"" + std::string(series) + "\":{\"n\":5,\"failures\":0";
+        CHECK_MESSAGE(report.find(expected) != std::string::npos, series, "\n", report);
+    }
+    CHECK(report.find("\"left_behind\":0") != std::string::npos);
+    // Every sandbox the API created (3 warm-ups and 5 measured) is gone from the host's list.
+    const auto ids_at = report.find("\"serve_sandbox_ids\":[");
+    REQUIRE(ids_at != std::string::npos);
+    const auto ids_end = report.find(']', ids_at);
+    REQUIRE(ids_end != std::string::npos);
+    std::vector<std::string> ids;
+    for (auto at = report.find('"', ids_at + 21); at < ids_end;
+         at = report.find('"', report.find('"', at + 1) + 1)) {
+        ids.push_back(report.substr(at + 1, report.find('"', at + 1) - at - 1));
+    }
+    CHECK(ids.size() == 8);
+    const auto listed = run_shell(std::string(MOAT_CLI_PATH) + " ls 2>&1", code);
+    CHECK_MESSAGE(code == 0, listed);
+    for (const auto& id : ids) {
+        CHECK_MESSAGE(!id.empty(), report);
+        CHECK_MESSAGE(listed.find(id) == std::string::npos, id, " is still listed:\n", listed);
+    }
+    std::remove(json.c_str());
 }

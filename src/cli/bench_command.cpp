@@ -9,6 +9,7 @@
 //   and the ratios to the baselines; --json writes them, --plot draws their CDFs.
 //
 // moat bench http: see cli/bench/http_bench.hpp.
+// moat bench serve: see cli/bench/serve_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -23,6 +24,7 @@
 #include "cli/bench/http_bench.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
+#include "cli/bench/serve_bench.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/host_files.hpp"
@@ -335,7 +337,8 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool, hostsize or http (see moat --help)");
+            "expected create, advise, sweep, memory, pool, hostsize, http or serve (see moat "
+            "--help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -345,8 +348,10 @@ int bench_command(int argc, char** argv) {
     if (what == "pool") return bench_pool(argc - 1, argv + 1);
     if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
     if (what == "http") return bench_http(argc - 1, argv + 1);
-    throw usage_error("expected create, advise, sweep, memory, pool, hostsize or http, got '" +
-                      std::string(what) + "'");
+    if (what == "serve") return bench_serve(argc - 1, argv + 1);
+    throw usage_error(
+        "expected create, advise, sweep, memory, pool, hostsize, http or serve, got '" +
+        std::string(what) + "'");
 }
 
 }  // namespace moat::cli

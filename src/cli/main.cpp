@@ -49,6 +49,8 @@ constexpr const char* usage_text =
     "      hand-out latency; create latency in a 2 GiB, 8-thread process\n"
     "  bench http [--n N] [--concurrency C] [--stream-mib M] [--json FILE]\n"
     "      moat's HTTP client and server on loopback: req/s, p50/p99, MB/s beside Node and curl\n"
+    "  bench serve [--n N] [--json FILE]\n"
+    "      create, a first command and kill through moat serve's HTTP API beside the library\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
