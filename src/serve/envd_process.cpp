@@ -274,13 +274,15 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         co_return;
     }
     const auto selector = by_pid(*pid);
-    if (!parsed->stdin_open) (void)co_await table->async_close_stdin(selector);
+    // Attached before anything suspends: until a subscription is there the pump drains without
+    // backpressure into the bounded buffer, and a fast printer would overrun it unread.
     auto subscription = table->subscribe(selector);
     if (!subscription) {
         const auto c = code_of(subscription.error());
         (void)co_await stream.async_end(c, subscription.error().detail);
         co_return;
     }
+    if (!parsed->stdin_open) (void)co_await table->async_close_stdin(selector);
     const auto started = encode_start_event(*pid);
     auto sent = co_await stream.async_send(started);
     if (!sent) co_return;
