@@ -6,6 +6,7 @@
 #include "core/asio_compat.hpp"
 #include "core/cancellation.hpp"
 
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -315,6 +316,12 @@ asio::awaitable<void> pump(std::weak_ptr<process_table::state> table,
     const auto executor = co_await asio::this_coro::executor;
     auto token = as_tuple(asio::use_awaitable);
     for (;;) {
+        // The executor runs between chunks: async_next completes without suspending while the
+        // pipe has data, so a process printing as fast as it is read would otherwise hold the
+        // executor (every other request of the server) and drain its output before add()'s caller
+        // could attach. A cancellation ends the pump here (the guard fails the entry).
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) co_return;
+        co_await asio::post(executor, asio::use_awaitable);
         auto next = co_await proc->async_next();
         if (!next) {
             auto owner = table.lock();
