@@ -876,11 +876,14 @@ void agent::reap() {
             if (c.pid != pid) continue;
             blocks_.release(c.block, c.block_bytes);
             // Background processes die with the command: its process group always, and where it
-            // has a cgroup of its own, everything in it.
-            ::kill(-c.pid, SIGKILL);
+            // has a cgroup of its own, everything in it. The leader is reaped, so the group kill
+            // succeeds only if something of the command was left in it (such as a child caught
+            // before its setsid): that is a stray killed too.
+            const bool group_left = ::kill(-c.pid, SIGKILL) == 0;
             commands_.erase(commands_.begin() + static_cast<std::ptrdiff_t>(i));
             std::uint32_t flags = c.timed_out ? std::uint32_t{wire::exited_timed_out} : 0u;
-            if (c.cgroup.dir >= 0 && release_cgroup(c.cgroup)) flags |= wire::exited_strays_killed;
+            const bool cgroup_left = c.cgroup.dir >= 0 && release_cgroup(c.cgroup);
+            if (group_left || cgroup_left) flags |= wire::exited_strays_killed;
             // The child has exited, so its end of the status pipe is closed: this never blocks.
             int spawn_errno = c.spawn_errno;
             if (c.status_pipe >= 0) {
