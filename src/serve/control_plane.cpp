@@ -287,6 +287,23 @@ asio::awaitable<void> kill_sandbox(control_call& call) {
     co_await send_no_content(call.response);
 }
 
+// Moves the sandbox's end (set: to `ttl` from now, either way; otherwise only ever later) and, on
+// failure, answers with it: false then.
+asio::awaitable<bool> move_end_or_fail(control_call& call, registry_entry& e,
+                                       std::chrono::milliseconds ttl, bool set) {
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    result<void> moved;
+    if (set) {
+        moved = co_await set_end(sandboxes, e, ttl);
+    } else {
+        const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(ttl);
+        moved = co_await extend_to(sandboxes, e, seconds);
+    }
+    if (moved) co_return true;
+    co_await send_failure(call.response, moved.error());
+    co_return false;
+}
+
 asio::awaitable<void> set_timeout(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
@@ -298,12 +315,8 @@ asio::awaitable<void> set_timeout(control_call& call) {
         co_return;
     }
     const std::chrono::milliseconds ttl = std::chrono::seconds(*timeout);
-    auto& sandboxes = call.s.context.sandboxes.get_backend();
-    auto moved = co_await set_end(sandboxes, *entry, ttl);
-    if (!moved) {
-        co_await send_failure(call.response, moved.error());
-        co_return;
-    }
+    const bool moved = co_await move_end_or_fail(call, *entry, ttl, true);
+    if (!moved) co_return;
     co_await send_no_content(call.response);
 }
 
@@ -319,12 +332,8 @@ asio::awaitable<void> refresh(control_call& call) {
     }
     const std::int64_t seconds = std::max<std::int64_t>(15, duration->value_or(15));
     const std::chrono::seconds ttl(seconds);
-    auto& sandboxes = call.s.context.sandboxes.get_backend();
-    auto extended = co_await extend_to(sandboxes, *entry, ttl);
-    if (!extended) {
-        co_await send_failure(call.response, extended.error());
-        co_return;
-    }
+    const bool extended = co_await move_end_or_fail(call, *entry, ttl, false);
+    if (!extended) co_return;
     co_await send_no_content(call.response);
 }
 
@@ -340,12 +349,8 @@ asio::awaitable<void> connect(control_call& call) {
     }
     const std::int64_t seconds = timeout->value_or(300);
     const std::chrono::seconds ttl(seconds);
-    auto& sandboxes = call.s.context.sandboxes.get_backend();
-    auto extended = co_await extend_to(sandboxes, *entry, ttl);
-    if (!extended) {
-        co_await send_failure(call.response, extended.error());
-        co_return;
-    }
+    const bool extended = co_await move_end_or_fail(call, *entry, ttl, false);
+    if (!extended) co_return;
     json_writer w;
     write_sandbox(w, *entry);
     std::string reply = w.take();
