@@ -1,0 +1,70 @@
+// The e2b backend: sandboxes in a remote fleet of microVMs that speaks the E2B protocol (E2B's
+// cloud, a self-hosted E2B cluster, or `moat serve`). The same code above the backend (the handle,
+// the session manager, the tool layer, `moat mcp`) runs on it unchanged. docs/remote.md describes
+// what maps onto what, what fails closed, heartbeats, retries and cancellation.
+//
+// Transport: the control plane (REST, X-API-Key) and each sandbox's envd (HTTP + Connect JSON,
+// X-Access-Token) through moat's own HTTP client (keep-alive pools, TLS verified, every step
+// bounded by a deadline, every response capped). Plain http:// is used only for loopback unless
+// the host is named in e2b_config::plain_http_hosts.
+//
+// Secrets: the API key and the sandboxes' access tokens never appear in an error detail, a log
+// line or an event.
+//
+// Confined to its executor, like every backend.
+#pragma once
+
+#include <moat/backend.hpp>
+
+#include <asio/any_io_executor.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moat {
+
+struct e2b_config {
+    // X-API-Key of the control plane. Default: $E2B_API_KEY.
+    std::string api_key;
+    // Control plane base URL. Default: $E2B_API_URL, else https://api.<domain>.
+    std::string api_url;
+    // Default: $E2B_DOMAIN, else e2b.app.
+    std::string domain;
+    // One URL for every sandbox's envd (requests carry the E2b-Sandbox-Id header), as the SDKs'
+    // E2B_SANDBOX_URL. Default: $E2B_SANDBOX_URL, else https://49983-<id>.<domain> per sandbox.
+    std::string sandbox_url;
+    // PEM file of CAs to trust (private deployments), in addition to the system store unless
+    // use_system_ca_store is false. Default: $MOAT_E2B_CA_FILE.
+    std::string ca_file;
+    bool use_system_ca_store = true;
+    // Non-loopback host names that may be reached over plain http:// (never the default).
+    std::vector<std::string> plain_http_hosts;
+    // Template used when sandbox_spec::template_name is "". Default: "base".
+    std::string default_template = "base";
+    // Names this backend instance in the moat.owner label of the sandboxes it creates, for the
+    // janitor. Default: "<hostname>/<pid>/<6 random hex digits>".
+    std::string owner_instance;
+    // While this backend holds a sandbox, its E2B timeout is kept this short and renewed every
+    // heartbeat_interval, so a crashed owner leaves it billed for about this long, not its whole
+    // TTL. Sandboxes created with survive_owner keep their full TTL.
+    std::chrono::milliseconds heartbeat_timeout = std::chrono::minutes(2);
+    std::chrono::milliseconds heartbeat_interval = std::chrono::seconds(30);
+    // Bounds of one control-plane request and of one envd unary call (a stream is bounded by its
+    // command's limits instead).
+    std::chrono::milliseconds request_timeout = std::chrono::seconds(30);
+    // The longest a 429's Retry-After is honoured (longer: the call fails with rate_limited).
+    std::chrono::milliseconds max_retry_after = std::chrono::seconds(10);
+    // After a cancel, how long a killed process may take to report its end before the backend
+    // stops waiting (and the handle quarantines the sandbox).
+    std::chrono::milliseconds kill_grace = std::chrono::seconds(3);
+};
+
+// The fields the caller left empty, filled from the environment as documented above. A missing API
+// key is not an error here: the first call fails with unauthorized naming E2B_API_KEY.
+e2b_config e2b_config_from_environment(e2b_config config = {});
+
+std::unique_ptr<backend> make_e2b_backend(asio::any_io_executor executor, e2b_config config);
+
+}  // namespace moat
