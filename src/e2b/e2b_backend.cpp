@@ -30,7 +30,10 @@ using std::chrono::milliseconds;
 // Labels this backend adds as metadata (and strips from sandbox_info::labels).
 constexpr std::string_view owner_label = "moat.owner";
 constexpr std::string_view survive_label = "moat.survive_owner";
-constexpr std::string_view reserved_prefix = "moat.";
+
+bool is_reserved_label(std::string_view key) {
+    return key == owner_label || key == survive_label;
+}
 
 std::string this_host_name() {
     char host[256] = {};
@@ -116,7 +119,7 @@ sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
             info.owner_instance = v;
         } else if (k == survive_label) {
             info.survive_owner = v == "true";
-        } else if (!k.starts_with(reserved_prefix)) {
+        } else {
             info.labels[k] = v;
         }
     }
@@ -287,9 +290,9 @@ class e2b_backend final : public backend {
                 return make_error(errc::invalid_argument,
                                   "labels: keys and values must be printable");
             }
-            if (key.starts_with(reserved_prefix)) {
+            if (is_reserved_label(key)) {
                 return make_error(errc::invalid_argument,
-                                  "labels: keys starting with 'moat.' are the backend's own");
+                                  "labels: '" + key + "' is the e2b backend's own label");
             }
         }
         for (const auto& [key, value] : spec.env) {
