@@ -374,7 +374,22 @@ asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_r
     auto sent = co_await async_send_within(s, std::move(http_request), head_limit);
     if (!sent) {
         auto e = std::move(sent).error();
-        s->live.erase(tag);
+        // The request may have reached envd, which may have started the command: kill it by its
+        // tag (confirmed before a cancellation completes; in the background otherwise).
+        if (e.code == errc::cancelled) {
+            co_await asio::this_coro::reset_cancellation_state();
+            const auto grace = deadline::after(s->options.kill_grace);
+            const bool confirmed = co_await async_kill_and_confirm(s, tag, grace);
+            s->live.erase(tag);
+            if (!confirmed) {
+                co_return make_error(errc::backend_failure,
+                                     "process.Process/Start was cancelled and the command it may "
+                                     "have started was not confirmed gone within " +
+                                         std::to_string(s->options.kill_grace.count()) + " ms");
+            }
+            co_return e;
+        }
+        s->tasks->spawn(async_kill_task(s, tag));
         if (e.code == errc::deadline_exceeded)
             e = make_error(errc::backend_failure,
                            "envd did not answer Start within " +
