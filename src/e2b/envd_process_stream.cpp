@@ -2,6 +2,7 @@
 
 #include <moat/with_timeout.hpp>
 
+#include "core/async_event.hpp"
 #include "core/exception_boundary.hpp"
 #include "e2b/envd_responses.hpp"
 #include "http/connect_envelope.hpp"
@@ -347,6 +348,31 @@ result<exec_request> checked(exec_request request, std::chrono::milliseconds cei
     return request;
 }
 
+asio::cancellation_type ignore_cancellation(asio::cancellation_type) {
+    return asio::cancellation_type::none;
+}
+
+// A Start request in flight, shared by the caller and the task that sends it.
+struct pending_start {
+    explicit pending_start(asio::any_io_executor executor) : done(std::move(executor)) {}
+    async_event done;  // set once `sent` holds envd's answer (or the send's error)
+    std::optional<result<http::response>> sent;
+    bool abandoned = false;  // the caller gave up waiting: the task kills the command
+};
+
+asio::awaitable<void> send_start(state_ptr s, http::request request, deadline head_limit,
+                                 std::shared_ptr<pending_start> pending, std::string tag) {
+    co_await asio::this_coro::reset_cancellation_state(ignore_cancellation);
+    auto sent = co_await async_send_within(s, std::move(request), head_limit);
+    pending->sent.emplace(std::move(sent));
+    pending->done.set();
+    if (!pending->abandoned) co_return;
+    pending->sent.reset();
+    const auto grace = deadline::after(s->options.kill_grace);
+    (void)co_await async_kill_and_confirm(s, tag, grace);
+    s->live.erase(tag);
+}
+
 // Sends Start and reads its start event. The command is followed from then on.
 asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_request request,
                                                              bool stdin_open) {
@@ -371,24 +397,41 @@ asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_r
     http_request.limit = deadline::after(request.wall_limit + wall_slack);
     s->live.insert(tag);
     const auto head_limit = deadline::after(s->options.request_timeout);
-    auto sent = co_await async_send_within(s, std::move(http_request), head_limit);
+    // The send runs as a task that ignores cancellation: once the request may have reached envd
+    // the command may be starting, and only envd's answer says when it is in Process/List. A
+    // cancellation waits (up to kill_grace) for that answer, then kills by tag and confirms.
+    auto pending = std::make_shared<pending_start>(executor);
+    s->tasks->spawn(send_start(s, std::move(http_request), head_limit, pending, tag));
+    const auto forever = deadline::never();  // the task is bounded by head_limit
+    const auto waited = co_await pending->done.async_wait(forever);
+    if (waited == async_event::wait_outcome::cancelled) {
+        // async_wait reset the cancellation state: the cleanup below can await.
+        const auto grace = deadline::after(s->options.kill_grace);
+        if (!pending->done.is_set()) (void)co_await pending->done.async_wait(grace);
+        if (!pending->done.is_set()) {
+            pending->abandoned = true;  // the task kills it once envd answers
+            co_return make_error(errc::backend_failure,
+                                 "process.Process/Start was cancelled and envd did not answer "
+                                 "within " +
+                                     std::to_string(s->options.kill_grace.count()) +
+                                     " ms; the command is killed once it does");
+        }
+        pending->sent.reset();  // closes the stream, if there is one
+        const bool confirmed = co_await async_kill_and_confirm(s, tag, grace);
+        s->live.erase(tag);
+        if (!confirmed) {
+            co_return make_error(errc::backend_failure,
+                                 "process.Process/Start was cancelled and the command was not "
+                                 "confirmed gone within " +
+                                     std::to_string(s->options.kill_grace.count()) + " ms");
+        }
+        co_return make_error(errc::cancelled, "the command was killed as it started");
+    }
+    auto sent = std::move(*pending->sent);
+    pending->sent.reset();
     if (!sent) {
         auto e = std::move(sent).error();
-        // The request may have reached envd, which may have started the command: kill it by its
-        // tag (confirmed before a cancellation completes; in the background otherwise).
-        if (e.code == errc::cancelled) {
-            co_await asio::this_coro::reset_cancellation_state();
-            const auto grace = deadline::after(s->options.kill_grace);
-            const bool confirmed = co_await async_kill_and_confirm(s, tag, grace);
-            s->live.erase(tag);
-            if (!confirmed) {
-                co_return make_error(errc::backend_failure,
-                                     "process.Process/Start was cancelled and the command it may "
-                                     "have started was not confirmed gone within " +
-                                         std::to_string(s->options.kill_grace.count()) + " ms");
-            }
-            co_return e;
-        }
+        // The request may have reached envd, which may have started the command.
         s->tasks->spawn(async_kill_task(s, tag));
         if (e.code == errc::deadline_exceeded)
             e = make_error(errc::backend_failure,

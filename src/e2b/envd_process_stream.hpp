@@ -7,9 +7,10 @@
 //   a second past the limit is closed, the process is killed with SendSignal and its end
 //   confirmed through Process/List. Either way the result is data: timed_out, exit code 124,
 //   signal SIGKILL (as the local backend reports it); unconfirmed, backend_failure.
-// - A caller's cancellation (or with_timeout's deadline) closes the stream, sends SIGKILL, and
-//   waits up to kill_grace for Process/List to stop listing the pid: then errc::cancelled;
-//   unconfirmed, errc::backend_failure.
+// - A caller's cancellation (or with_timeout's deadline) closes the stream, sends SIGKILL by the
+//   command's tag, and waits up to kill_grace for Process/List to stop listing it: then
+//   errc::cancelled; unconfirmed, errc::backend_failure. A cancellation while Start is in flight
+//   first waits (within kill_grace) for envd's answer: the command is listed only from then on.
 // - Dropping the stream or the process before its end kills the command (a task of the client's
 //   task group sends the SIGKILL).
 // - Frames are capped at envd_options::max_frame_bytes; a truncated, oversized or garbage frame
