@@ -10,6 +10,7 @@
 #include "e2b/e2b_responses.hpp"
 #include "http/client.hpp"
 #include "support/async_test.hpp"
+#include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
 
 #include <asio/io_context.hpp>
@@ -24,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <atomic>
+#include <csignal>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -703,6 +705,140 @@ TEST_CASE(
     CHECK(o.orphan_after.error().code == errc::sandbox_not_found);
     CHECK(o.live_after);
     CHECK(o.survivor_after);
+}
+
+// --- the data plane, forwarded ---
+
+struct forward_outcome {
+    result<sandbox_info> created, attached;
+    result<moat::exec_result> ran, ran_attached;
+    result<std::vector<moat::file_write_result>> written;
+    result<std::vector<moat::file_read_result>> read_back;
+    result<moat::exec_result> not_held;
+};
+
+asio::awaitable<forward_outcome> forward(backend* first, backend* second, backend* stranger) {
+    forward_outcome o;
+    sandbox_spec spec;
+    spec.survive_owner = true;
+    o.created = co_await first->async_create(spec);
+    if (!o.created) co_return o;
+    const std::string id = o.created->id;
+    moat::exec_request request;
+    request.argv = {"/bin/sh", "-c", "echo out; echo err >&2; id -u; pwd; exit 3"};
+    o.ran = co_await first->async_exec(id, request);
+    std::vector<moat::file_write> files(1);
+    files[0].path = "/home/user/data.bin";
+    files[0].content = std::string("a\0b\xff", 4);
+    o.written = co_await first->async_write_files(id, files);
+    o.attached = co_await second->async_attach(id);
+    std::vector<std::string> paths{"/home/user/data.bin"};
+    o.read_back = co_await second->async_read_files(id, paths);
+    moat::exec_request cat;
+    cat.argv = {"/bin/sh", "-c", "wc -c < /home/user/data.bin"};
+    o.ran_attached = co_await second->async_exec(id, cat);
+    o.not_held = co_await stranger->async_exec(id, cat);
+    (void)co_await first->async_destroy(id);
+    co_return o;
+}
+
+TEST_CASE(
+    "e2b backend: exec and files reach the sandbox's envd, from its creator and from a "
+    "backend that attached") {
+    moat::test::serve_process serve;
+    asio::io_context io;
+    auto first = moat::make_e2b_backend(io.get_executor(), config_for(serve));
+    auto second = moat::make_e2b_backend(io.get_executor(), config_for(serve));
+    auto stranger = moat::make_e2b_backend(io.get_executor(), config_for(serve));
+    auto o = moat::test::run_async(io, forward(first.get(), second.get(), stranger.get()));
+    REQUIRE_MESSAGE(o.created, o.created.error().to_string());
+    REQUIRE_MESSAGE(o.ran, o.ran.error().to_string());
+    CHECK(o.ran->exit_code == 3);
+    CHECK(o.ran->out.text() == "out\n1000\n/home/user\n");
+    CHECK(o.ran->err.text() == "err\n");
+    REQUIRE_MESSAGE(o.written, o.written.error().to_string());
+    REQUIRE(o.written->size() == 1);
+    CHECK(o.written->front().outcome);
+    REQUIRE_MESSAGE(o.attached, o.attached.error().to_string());
+    REQUIRE_MESSAGE(o.read_back, o.read_back.error().to_string());
+    REQUIRE(o.read_back->size() == 1);
+    REQUIRE(o.read_back->front().content);
+    CHECK(*o.read_back->front().content == std::string("a\0b\xff", 4));
+    REQUIRE_MESSAGE(o.ran_attached, o.ran_attached.error().to_string());
+    CHECK(o.ran_attached->out.text() == "4\n");
+    REQUIRE_FALSE(o.not_held);
+    CHECK(o.not_held.error().code == errc::sandbox_not_found);
+}
+
+// --- the CLI ---
+
+std::string e2b_environment(const moat::test::serve_process& serve) {
+    return "env -u MOAT_BACKEND -u E2B_DOMAIN E2B_API_URL=" + serve.api_url() +
+           " E2B_SANDBOX_URL=" + serve.envd_url() + " E2B_API_KEY=" + serve.api_key();
+}
+
+TEST_CASE(
+    "moat run --backend e2b against moat serve: a 2 s timeout exits 124, Ctrl-C exits 130, "
+    "and no sleep 1000 is left on the host") {
+    moat::test::serve_process serve;
+    const auto timed =
+        moat::test::moat_cli(e2b_environment(serve), "run --backend e2b --timeout 2 -- sleep 1000");
+    INFO(timed.output);
+    CHECK(timed.exit_code == 124);
+    CHECK(serve.sandbox_processes_matching("sleep 1000").empty());
+
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        ::setenv("E2B_API_URL", serve.api_url().c_str(), 1);
+        ::setenv("E2B_SANDBOX_URL", serve.envd_url().c_str(), 1);
+        ::setenv("E2B_API_KEY", serve.api_key().c_str(), 1);
+        ::execl(MOAT_CLI_PATH, "moat", "run", "--backend", "e2b", "--", "sleep", "1000",
+                static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    const auto limit = std::chrono::steady_clock::now() + 30s;
+    while (serve.sandbox_processes_matching("sleep 1000").empty() &&
+           std::chrono::steady_clock::now() < limit) {
+        std::this_thread::sleep_for(50ms);
+    }
+    const bool started = !serve.sandbox_processes_matching("sleep 1000").empty();
+    ::kill(child, SIGINT);
+    int status = 0;
+    pid_t waited = 0;
+    const auto exit_limit = std::chrono::steady_clock::now() + 30s;
+    while ((waited = ::waitpid(child, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < exit_limit) {
+        std::this_thread::sleep_for(20ms);
+    }
+    if (waited == 0) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+    }
+    REQUIRE(started);
+    REQUIRE(waited == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 130);
+    const auto left = serve.sandbox_processes_matching("sleep 1000");
+    INFO(serve.describe(left));
+    CHECK(left.empty());
+}
+
+TEST_CASE("moat doctor --backend e2b checks the endpoint and the key") {
+    moat::test::serve_process serve;
+    const auto good = moat::test::moat_cli(e2b_environment(serve), "doctor --backend e2b");
+    INFO(good.output);
+    CHECK(good.exit_code == 0);
+    CHECK(good.output.find("endpoint           ok") != std::string::npos);
+    const auto bad = moat::test::moat_cli(
+        e2b_environment(serve) + " E2B_API_KEY=e2b_0000000000000000000000000000000000000000",
+        "doctor --backend e2b");
+    INFO(bad.output);
+    CHECK(bad.exit_code == 3);
+    CHECK(bad.output.find("unauthorized") != std::string::npos);
+    CHECK(bad.output.find("e2b_0000000000000000000000000000000000000000") == std::string::npos);
+    const auto unknown = moat::test::moat_cli("ls --backend nope");
+    CHECK(unknown.exit_code == 2);
 }
 
 // --- parsers ---
