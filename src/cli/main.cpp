@@ -138,8 +138,9 @@ int main(int argc, char** argv) {
         std::fputs(usage_text, stdout);
         return 0;
     }
+    // Outside the try: the handlers below read argv[1] after an exception unwound the block.
+    std::vector<char*> args(argv, argv + argc);
     try {
-        std::vector<char*> args(argv, argv + argc);
         if (takes_backend(command, argc, argv)) {
             select_backend_from(args);
             argc = static_cast<int>(args.size());
