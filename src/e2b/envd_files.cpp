@@ -210,7 +210,17 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
     u->source = std::move(source);
     u->path = path;
     u->max_bytes = target.max_bytes;
-    auto uploaded = co_await upload(s, tmp, u);
+    // Whatever ends the upload (an exception too: a cancellation seen at a co_await inside the
+    // HTTP client or the source), the temporary file is removed below.
+    result<void> uploaded;
+    std::exception_ptr failure;
+    try {
+        auto done = co_await upload(s, tmp, u);
+        uploaded = std::move(done);
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    if (failure) uploaded = error_from_exception(failure);
     if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
         co_await asio::this_coro::reset_cancellation_state();
         co_await remove_quietly(s, tmp);
