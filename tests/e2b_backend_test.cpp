@@ -4,6 +4,7 @@
 // routes) come from a canned HTTP responder on a loopback socket.
 #include <moat/e2b_backend.hpp>
 #include <moat/log.hpp>
+#include <moat/with_timeout.hpp>
 
 #include "core/asio_compat.hpp"
 #include "e2b/control_plane_client.hpp"
@@ -452,6 +453,12 @@ asio::awaitable<result<sandbox_info>> inspect_one(backend* b) {
     co_return co_await b->async_inspect("iabc");
 }
 
+asio::awaitable<result<sandbox_info>> inspect_within(backend* b, std::chrono::milliseconds d) {
+    auto inspected = b->async_inspect("iabc");
+    const auto limit = moat::deadline::after(d);
+    co_return co_await moat::with_timeout(std::move(inspected), limit);
+}
+
 std::size_t count_requests(canned_server& s) {
     return s.requests().size();
 }
@@ -485,6 +492,18 @@ TEST_CASE(
         REQUIRE_FALSE(r);
         CHECK(r.error().code == errc::rate_limited);
         CHECK(r.error().detail.find("retry after 60 s") != std::string::npos);
+        CHECK(count_requests(s) == 1);
+    }
+    SUBCASE("the caller's deadline ends the wait for a Retry-After") {
+        canned_server s([](const std::string&) {
+            return http_reply(429, "Retry-After: 2\r\n", R"({"code":429,"message":"slow down"})");
+        });
+        config.api_url = s.url();
+        config.max_retry_after = 5s;
+        auto b = moat::make_e2b_backend(io.get_executor(), config);
+        auto r = moat::test::run_async(io, inspect_within(b.get(), 300ms));
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code == errc::deadline_exceeded);
         CHECK(count_requests(s) == 1);
     }
     SUBCASE("503: a GET is retried, a create is not") {
