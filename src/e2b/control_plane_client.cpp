@@ -4,6 +4,7 @@
 
 #include "core/asio_compat.hpp"
 #include "core/json_writer.hpp"
+#include "e2b/envd_responses.hpp"
 #include "http/client.hpp"
 
 #include <asio/steady_timer.hpp>

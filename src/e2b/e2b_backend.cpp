@@ -5,6 +5,7 @@
 #include "core/asio_compat.hpp"
 #include "core/exception_boundary.hpp"
 #include "e2b/control_plane_client.hpp"
+#include "e2b/envd_client.hpp"
 #include "http/client.hpp"
 #include "local/spec_validation.hpp"
 
@@ -30,7 +31,10 @@ using std::chrono::milliseconds;
 // Labels this backend adds as metadata (and strips from sandbox_info::labels).
 constexpr std::string_view owner_label = "moat.owner";
 constexpr std::string_view survive_label = "moat.survive_owner";
-constexpr std::string_view reserved_prefix = "moat.";
+
+bool is_reserved_label(std::string_view key) {
+    return key == owner_label || key == survive_label;
+}
 
 std::string this_host_name() {
     char host[256] = {};
@@ -90,8 +94,8 @@ struct held_sandbox {
     system_clock::time_point ttl_end;
     bool heartbeat = false;  // its E2B timeout is kept at heartbeat_timeout
     std::optional<std::string> gone_reason;
-    std::string envd_base_url;
-    std::string access_token;
+    // The sandbox's envd: exec, spawn, signal and files go there.
+    std::shared_ptr<e2b::envd_client> envd;
 };
 
 struct backend_state {
@@ -116,7 +120,7 @@ sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
             info.owner_instance = v;
         } else if (k == survive_label) {
             info.survive_owner = v == "true";
-        } else if (!k.starts_with(reserved_prefix)) {
+        } else {
             info.labels[k] = v;
         }
     }
@@ -139,6 +143,20 @@ std::string envd_url_for(const backend_state& s, const std::string& id, const st
     if (!s.config.sandbox_url.empty()) return s.config.sandbox_url;
     const std::string& d = domain.empty() ? s.config.domain : domain;
     return "https://49983-" + id + "." + d;
+}
+
+std::shared_ptr<e2b::envd_client> envd_client_for(const backend_state& s, const std::string& id,
+                                                  const std::string& domain,
+                                                  std::string access_token) {
+    e2b::envd_endpoint endpoint;
+    endpoint.base_url = envd_url_for(s, id, domain);
+    endpoint.sandbox_id = id;
+    endpoint.access_token = std::move(access_token);
+    endpoint.user = "user";
+    e2b::envd_options options;
+    options.request_timeout = s.config.request_timeout;
+    options.kill_grace = s.config.kill_grace;
+    return std::make_shared<e2b::envd_client>(s.http, std::move(endpoint), options);
 }
 
 error gone_error(const std::string& id, const held_sandbox& h) {
@@ -250,7 +268,38 @@ class e2b_backend final : public backend {
     }
     asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
                                                            exec_request request) override {
-        return guarded(exec_stream_unavailable(state_, std::move(id), std::move(request)));
+        return guarded(exec_stream_in(state_, std::move(id), std::move(request)));
+    }
+    asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
+        return guarded(spawn_in(state_, std::move(id), std::move(request)));
+    }
+    asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                               int signal) override {
+        return guarded(signal_in(state_, std::move(id), process_id, signal));
+    }
+    asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::string id, std::vector<file_write> files) override {
+        return guarded(write_files_in(state_, std::move(id), std::move(files)));
+    }
+    asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths) override {
+        return guarded(read_files_in(state_, std::move(id), std::move(paths)));
+    }
+    asio::awaitable<result<file_write_result>> async_write_file_stream(
+        std::string id, file_write_target target, byte_source source) override {
+        return guarded(
+            write_file_stream_in(state_, std::move(id), std::move(target), std::move(source)));
+    }
+    asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
+                                                                     std::string path) override {
+        return guarded(read_file_stream_in(state_, std::move(id), std::move(path)));
+    }
+    asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
+        return guarded(stat_in(state_, std::move(id), std::move(path)));
+    }
+    asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
+                                                                   std::string path) override {
+        return guarded(list_dir_in(state_, std::move(id), std::move(path)));
     }
 
     // The heartbeat task, started with the first sandbox that needs one.
@@ -287,9 +336,9 @@ class e2b_backend final : public backend {
                 return make_error(errc::invalid_argument,
                                   "labels: keys and values must be printable");
             }
-            if (key.starts_with(reserved_prefix)) {
+            if (is_reserved_label(key)) {
                 return make_error(errc::invalid_argument,
-                                  "labels: keys starting with 'moat.' are the backend's own");
+                                  "labels: '" + key + "' is the e2b backend's own label");
             }
         }
         for (const auto& [key, value] : spec.env) {
@@ -322,8 +371,8 @@ class e2b_backend final : public backend {
         auto h = std::make_shared<held_sandbox>();
         h->ttl_end = started + spec.ttl;
         h->heartbeat = heartbeat;
-        h->envd_base_url = envd_url_for(*s, created->sandbox_id, created->domain);
-        h->access_token = std::move(created->envd_access_token);
+        h->envd = envd_client_for(*s, created->sandbox_id, created->domain,
+                                  std::move(created->envd_access_token));
         auto& info = h->info;
         info.id = created->sandbox_id;
         info.state = sandbox_state::running;
@@ -366,8 +415,8 @@ class e2b_backend final : public backend {
         auto h = std::make_shared<held_sandbox>();
         h->ttl_end = detail->end_at;
         h->heartbeat = false;
-        h->envd_base_url = envd_url_for(*s, id, connected->domain);
-        h->access_token = std::move(connected->envd_access_token);
+        h->envd =
+            envd_client_for(*s, id, connected->domain, std::move(connected->envd_access_token));
         info.owned = false;
         h->info = info;
         s->held[id] = h;
@@ -542,13 +591,83 @@ class e2b_backend final : public backend {
         co_return actions;
     }
 
-    static asio::awaitable<result<exec_stream>> exec_stream_unavailable(
-        std::shared_ptr<backend_state> s, std::string id, exec_request) {
-        if (auto it = s->held.find(id); it != s->held.end() && it->second->gone_reason) {
-            co_return gone_error(id, *it->second);
+    // The envd client of a sandbox this backend holds: sandbox_not_found for one it does not
+    // (create or attach it first), sandbox_unavailable once it is known to have ended.
+    static result<std::shared_ptr<e2b::envd_client>> envd_of(const backend_state& s,
+                                                             const std::string& id) {
+        auto it = s.held.find(id);
+        if (it == s.held.end()) {
+            return make_error(errc::sandbox_not_found,
+                              "sandbox " + id + " is not held by this backend: attach to it first");
         }
-        co_return make_error(errc::not_supported,
-                             "exec: the e2b backend's data plane (envd) is not built in yet");
+        if (it->second->gone_reason) return gone_error(id, *it->second);
+        return it->second->envd;
+    }
+
+    static asio::awaitable<result<exec_stream>> exec_stream_in(std::shared_ptr<backend_state> s,
+                                                               std::string id,
+                                                               exec_request request) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_exec_stream(std::move(request));
+    }
+    static asio::awaitable<result<process>> spawn_in(std::shared_ptr<backend_state> s,
+                                                     std::string id, exec_request request) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_spawn(std::move(request));
+    }
+    static asio::awaitable<result<void>> signal_in(std::shared_ptr<backend_state> s, std::string id,
+                                                   std::uint64_t process_id, int signal) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_signal(process_id, signal);
+    }
+    static asio::awaitable<result<std::vector<file_write_result>>> write_files_in(
+        std::shared_ptr<backend_state> s, std::string id, std::vector<file_write> files) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_write_files(std::move(files));
+    }
+    static asio::awaitable<result<std::vector<file_read_result>>> read_files_in(
+        std::shared_ptr<backend_state> s, std::string id, std::vector<std::string> paths) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_read_files(std::move(paths));
+    }
+    static asio::awaitable<result<file_write_result>> write_file_stream_in(
+        std::shared_ptr<backend_state> s, std::string id, file_write_target target,
+        byte_source source) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_write_file_stream(std::move(target), std::move(source));
+    }
+    static asio::awaitable<result<file_read_stream>> read_file_stream_in(
+        std::shared_ptr<backend_state> s, std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_read_file_stream(std::move(path));
+    }
+    static asio::awaitable<result<file_stat>> stat_in(std::shared_ptr<backend_state> s,
+                                                      std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_stat(std::move(path));
+    }
+    static asio::awaitable<result<std::vector<dir_entry>>> list_dir_in(
+        std::shared_ptr<backend_state> s, std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_list_dir(std::move(path));
     }
 
     std::shared_ptr<backend_state> state_;

@@ -143,6 +143,27 @@ error not_timestamp() {
     return make_error(errc::protocol_error, "not an RFC 3339 date-time");
 }
 
+// Percent-encoding of everything but RFC 3986's unreserved characters.
+std::string escape_component(std::string_view text) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const auto u = static_cast<unsigned char>(c);
+        const bool unreserved = (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') ||
+                                (u >= '0' && u <= '9') || u == '-' || u == '.' || u == '_' ||
+                                u == '~';
+        if (unreserved) {
+            out += c;
+        } else {
+            out += '%';
+            out += hex[u >> 4];
+            out += hex[u & 15];
+        }
+    }
+    return out;
+}
+
 }  // namespace
 
 result<sandbox_reply> parse_sandbox_reply(std::string_view body) {
@@ -272,36 +293,16 @@ result<std::chrono::system_clock::time_point> parse_timestamp(std::string_view s
                std::chrono::nanoseconds(nanos));
 }
 
-std::string percent_encode(std::string_view text) {
-    static constexpr char hex[] = "0123456789ABCDEF";
-    std::string out;
-    out.reserve(text.size());
-    for (const char c : text) {
-        const auto u = static_cast<unsigned char>(c);
-        const bool unreserved = (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') ||
-                                (u >= '0' && u <= '9') || u == '-' || u == '.' || u == '_' ||
-                                u == '~';
-        if (unreserved) {
-            out += c;
-        } else {
-            out += '%';
-            out += hex[u >> 4];
-            out += hex[u & 15];
-        }
-    }
-    return out;
-}
-
 std::string encode_metadata_filter(const std::map<std::string, std::string>& filter) {
     std::string pairs;
     for (const auto& [key, value] : filter) {
         if (!pairs.empty()) pairs += '&';
         // Twice here: the server unescapes the whole value before it splits it (see the header).
-        pairs += percent_encode(percent_encode(key));
+        pairs += escape_component(escape_component(key));
         pairs += '=';
-        pairs += percent_encode(percent_encode(value));
+        pairs += escape_component(escape_component(value));
     }
-    return percent_encode(pairs);
+    return escape_component(pairs);
 }
 
 bool is_valid_sandbox_id(std::string_view id) noexcept {

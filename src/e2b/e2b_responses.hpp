@@ -72,9 +72,6 @@ result<std::chrono::system_clock::time_point> parse_timestamp(std::string_view t
 // decodes each key and value: this round-trips any byte. Ready to append after "metadata=".
 std::string encode_metadata_filter(const std::map<std::string, std::string>& filter);
 
-// Percent-encoding of everything but RFC 3986's unreserved characters.
-std::string percent_encode(std::string_view text);
-
 // A sandbox id as E2B mints them ([a-z0-9], optionally "-<clientID>", at most 64 bytes): only
 // such ids are put into a URL path.
 bool is_valid_sandbox_id(std::string_view id) noexcept;
