@@ -228,8 +228,9 @@ struct command_run {
 asio::awaitable<void> command_worker(command_run* run) {
     while (run->next < run->count) {
         ++run->next;
+        // The process the SDK's commands.run() starts, so the server does the same work for both.
         exec_request request;
-        request.shell = run->command;
+        request.argv = {"/bin/bash", "-l", "-c", run->command};
         const auto start = clock_type::now();
         auto ran = co_await run->box->async_exec(std::move(request));
         const double ms = ms_since(start);
