@@ -450,6 +450,7 @@ void write_side(json_writer& w, const char* name, const command_side& s) {
     w.key("ran").value(s.has_run);
     w.key("cpu_user_ms").value(s.cpu_user_ms);
     w.key("cpu_system_ms").value(s.cpu_system_ms);
+    if (s.cpu_thread_ms > 0) w.key("cpu_thread_ms").value(s.cpu_thread_ms);
     w.key("cpu_per_command_ms").value(s.cpu_per_command_ms());
     w.key("commands_per_s").value(s.throughput());
     w.key("wall_ms").value(s.wall_ms);
