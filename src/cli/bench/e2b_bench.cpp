@@ -382,8 +382,17 @@ void run_sdk_side(const e2b_bench_options& o, const serve_child& serve, const st
     const int code = wait_child(pid, node_budget);
     std::string text = read_whole(out_path);
     if (code != 0) {
-        std::string err = read_whole(err_path);
-        if (err.size() > 300) err.resize(300);
+        // One line: node's first error line (its stack trace and source excerpt dropped).
+        std::istringstream lines(read_whole(err_path));
+        std::string line;
+        std::string err;
+        while (std::getline(lines, line)) {
+            const bool is_error_line =
+                !line.empty() && line[0] != ' ' && line.find("Error: ") != std::string::npos;
+            if (err.empty() || is_error_line) err = line;
+            if (is_error_line) break;
+        }
+        if (err.size() > 200) err.resize(200);
         side.why = "node exited " + std::to_string(code) + ": " + err;
         return;
     }
