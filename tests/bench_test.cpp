@@ -154,3 +154,41 @@ TEST_CASE(
     }
     std::remove(json.c_str());
 }
+
+TEST_CASE(
+    "moat bench e2b compares the C++ e2b backend with the e2b JS SDK on one moat serve and "
+    "leaves no sandbox behind") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string sdk = std::string(MOAT_SOURCE_DIR) + "/tests/e2b/node_modules/e2b";
+    if (moat::test::read_file(sdk + "/package.json").empty()) {
+        const char* required = std::getenv("MOAT_REQUIRE_NAMESPACES");
+        REQUIRE_MESSAGE((required == nullptr || std::string(required) != "1"),
+                        sdk << " is missing: run scripts/install-deps");
+        MESSAGE("SKIPPED: " << sdk << " is missing (scripts/install-deps runs npm ci there)");
+        return;
+    }
+    const std::string json = "/tmp/moat-bench-e2b-test.json";
+    std::remove(json.c_str());
+    int code = -1;
+    const auto out =
+        run_shell(std::string(MOAT_CLI_PATH) +
+                      " bench e2b --n 10 --concurrency 2 --lifecycle-n 2 --json " + json + " 2>&1",
+                  code);
+    CHECK_MESSAGE(code == 0, out);
+    CHECK_MESSAGE(out.find("SDK / C++ client CPU per command: ") != std::string::npos, out);
+    CHECK(out.find("e2b / local create + first exec: p50 ") != std::string::npos);
+    const std::string report = moat::test::read_file(json);
+    for (const char* side : {"\"cpp\":{\"ran\":true", "\"sdk\":{\"ran\":true"}) {
+        CHECK_MESSAGE(report.find(side) != std::string::npos, side, "\n", report);
+    }
+    for (const char* series : {"e2b_create_exec", "local_create_exec"}) {
+        const std::string expected = "\"" + std::string(series) + "\":{\"n\":2,\"failures\":0";
+        CHECK_MESSAGE(report.find(expected) != std::string::npos, series, "\n", report);
+    }
+    CHECK(report.find("\"sdk_over_cpp_cpu_per_command\":0,") == std::string::npos);
+    CHECK(report.find("\"serve_exit_code\":0") != std::string::npos);
+    const auto listed = run_shell(std::string(MOAT_CLI_PATH) + " ls 2>&1", code);
+    CHECK_MESSAGE(code == 0, listed);
+    CHECK_MESSAGE(listed.find("moat-bench-e2b") == std::string::npos, listed);
+    std::remove(json.c_str());
+}

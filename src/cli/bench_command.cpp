@@ -10,6 +10,7 @@
 //
 // moat bench http: see cli/bench/http_bench.hpp.
 // moat bench serve: see cli/bench/serve_bench.hpp.
+// moat bench e2b: see cli/bench/e2b_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -20,6 +21,7 @@
 #include "cli/arguments.hpp"
 #include "cli/bench/advisor.hpp"
 #include "cli/bench/baselines.hpp"
+#include "cli/bench/e2b_bench.hpp"
 #include "cli/bench/fleet_benches.hpp"
 #include "cli/bench/http_bench.hpp"
 #include "cli/bench/iteration.hpp"
@@ -337,7 +339,7 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool, hostsize, http or serve (see moat "
+            "expected create, advise, sweep, memory, pool, hostsize, http, serve or e2b (see moat "
             "--help)");
     }
     const std::string_view what = argv[0];
@@ -349,8 +351,9 @@ int bench_command(int argc, char** argv) {
     if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
     if (what == "http") return bench_http(argc - 1, argv + 1);
     if (what == "serve") return bench_serve(argc - 1, argv + 1);
+    if (what == "e2b") return bench_e2b(argc - 1, argv + 1);
     throw usage_error(
-        "expected create, advise, sweep, memory, pool, hostsize, http or serve, got '" +
+        "expected create, advise, sweep, memory, pool, hostsize, http, serve or e2b, got '" +
         std::string(what) + "'");
 }
 
