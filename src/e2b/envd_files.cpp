@@ -86,7 +86,12 @@ asio::awaitable<result<entry_info>> regular_file(state_ptr s, std::string path) 
             co_return e;
         }
         if (entry->symlink_target && hop < max_symlink_hops) {
-            at = *entry->symlink_target;
+            // moat serve reports the target absolute; a relative one is relative to the link.
+            const auto& next = *entry->symlink_target;
+            if (!next.empty() && next.front() == '/')
+                at = next;
+            else
+                at = parent_of(at) + "/" + next;
             continue;
         }
         if (entry->type == file_type::directory)

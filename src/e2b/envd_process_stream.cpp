@@ -134,7 +134,7 @@ asio::awaitable<result<void>> envd_command::async_await_start(deadline limit) {
         co_return e;
     }
     if (first->is_end_stream()) {
-        finished_ = true;
+        forget();  // envd refused it: nothing runs
         auto end = connect::parse_end_stream(first->payload);
         if (!end) co_return std::move(end).error();
         if (!end->error)
