@@ -50,31 +50,15 @@ const char* to_string(manager_event::kind kind) noexcept {
             return "pool_refilled";
         case manager_event::kind::pool_discarded:
             return "pool_discarded";
+        case manager_event::kind::entry_refused:
+            return "entry_refused";
+        case manager_event::kind::store_fallback:
+            return "store_fallback";
     }
     return "unknown";
 }
 
 namespace {
-
-class memory_session_store final : public session_store {
-  public:
-    asio::awaitable<result<std::optional<std::string>>> async_get(std::string key) override {
-        auto it = ids_.find(key);
-        if (it == ids_.end()) co_return std::optional<std::string>();
-        co_return std::optional<std::string>(it->second);
-    }
-    asio::awaitable<result<void>> async_put(std::string key, std::string sandbox_id) override {
-        ids_[std::move(key)] = std::move(sandbox_id);
-        co_return result<void>{};
-    }
-    asio::awaitable<result<void>> async_erase(std::string key) override {
-        ids_.erase(key);
-        co_return result<void>{};
-    }
-
-  private:
-    std::map<std::string, std::string> ids_;
-};
 
 using clock = std::chrono::steady_clock;
 
@@ -99,10 +83,6 @@ std::string utc_now() {
 }
 
 }  // namespace
-
-std::unique_ptr<session_store> make_memory_session_store() {
-    return std::make_unique<memory_session_store>();
-}
 
 struct session_manager::state : std::enable_shared_from_this<session_manager::state> {
     struct session {
@@ -137,7 +117,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         }
     };
 
-    state(runtime& rt, manager_options o, std::unique_ptr<session_store> st)
+    state(runtime& rt, manager_options o, std::shared_ptr<session_store> st)
         : sandboxes(rt),
           executor(rt.get_backend().get_executor()),
           options(std::move(o)),
@@ -187,12 +167,14 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     asio::awaitable<result<opened_session>> open_session(std::string key, deadline limit,
                                                          bool lost) {
         bool rebuilt = lost;
-        auto getting = guarded(store->async_get(key));
+        auto getting = guarded(store->async_get(key, limit));
         auto stored = co_await std::move(getting);
         if (!stored) co_return std::move(stored).error();
-        if (*stored) {
+        std::string expected;
+        if (*stored && !(*stored)->sandbox_id.empty()) {
+            expected = (*stored)->sandbox_id;
             // The backend is the truth: a stored id that cannot be attached is replaced.
-            auto attached = co_await sandboxes.async_attach(**stored, limit);
+            auto attached = co_await sandboxes.async_attach(expected, limit);
             if (attached) {
                 auto s = std::make_shared<session>();
                 s->key = key;
@@ -215,11 +197,18 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                 co_return std::move(seeded).error();
             }
         }
-        auto putting = guarded(store->async_put(key, box->id()));
-        auto put = co_await std::move(putting);
+        auto claiming = guarded(store->async_claim(key, expected, options.claim_lease, limit));
+        auto claimed = co_await std::move(claiming);
+        bool put = claimed && claimed->token;
+        if (put) {
+            auto committing = guarded(
+                store->async_commit(key, *claimed->token, box->id(), 0, options.spec.ttl, limit));
+            auto committed = co_await std::move(committing);
+            put = committed && *committed;
+        }
         if (!put) {
             (void)co_await box->async_destroy();
-            co_return std::move(put).error();
+            co_return make_error(errc::store_unavailable, "the session store refused the entry");
         }
         auto s = std::make_shared<session>();
         s->key = key;
@@ -305,7 +294,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (auto it = sessions.find(s->key); it != sessions.end() && it->second == s) {
             sessions.erase(it);
         }
-        auto erasing = guarded(store->async_erase(s->key));
+        auto erasing = guarded(store->async_erase(s->key, s->box->id(), std::nullopt,
+                                                  deadline::after(std::chrono::seconds(5))));
         (void)co_await std::move(erasing);
         auto destroyed = co_await s->box->async_destroy();
         emit(manager_event::kind::ended, s->key, s->box->id(), reason,
@@ -568,7 +558,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     runtime& sandboxes;
     asio::any_io_executor executor;
     manager_options options;
-    std::unique_ptr<session_store> store;
+    std::shared_ptr<session_store> store;
     task_group tasks;
     std::map<std::string, std::shared_ptr<session>> sessions;
     std::map<std::string, std::shared_ptr<pending>> inflight;
@@ -582,7 +572,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
 };
 
 session_manager::session_manager(runtime& sandboxes, manager_options options,
-                                 std::unique_ptr<session_store> store)
+                                 std::shared_ptr<session_store> store)
     : state_(std::make_shared<state>(sandboxes, std::move(options), std::move(store))) {
     state_->tasks.spawn(state::watch(state_));
     state_->start_refill();
