@@ -136,10 +136,10 @@ std::shared_ptr<session_store> make_memory_session_store();
 
 // The host-local store: every process on this host that uses the same directory shares its
 // sessions (the CLI's default without --store). One small file per key, replaced atomically
-// (write, fsync, rename), guarded by a lock file per key (flock). Taking a lock never blocks the
-// executor: it is retried on a timer until `lock_wait` passes, then the operation fails with
-// store_unavailable. Leases, TTLs and idle time use CLOCK_MONOTONIC, which all processes on one
-// host share. Keys are at most 120 bytes (invalid_argument otherwise).
+// (a temporary file renamed over it), guarded by a lock file per key (flock). Taking a lock never
+// blocks the executor: it is retried on a timer until `lock_wait` passes, then the operation fails
+// with store_unavailable. Leases, TTLs and idle time use CLOCK_MONOTONIC, which all processes on
+// one host share. Keys are at most 120 bytes (invalid_argument otherwise).
 struct host_store_options {
     // Made 0700 if missing. Default: "<the local backend's default state directory>/sessions"
     // (/run/moat/sessions as root).
