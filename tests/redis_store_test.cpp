@@ -5,15 +5,22 @@
 
 #include <moat/log.hpp>
 #include <moat/redis_session_store.hpp>
+#include <moat/session_store.hpp>
 
 #include "http/tls.hpp"
 #include "store/redis_client.hpp"
 #include "store/redis_reply.hpp"
 #include "support/async_test.hpp"
+#include "support/local_fixture.hpp"
 
+#include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -24,7 +31,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -598,4 +607,575 @@ TEST_CASE("the Redis client speaks TLS with the peer verified, and refuses an un
     }
     std::error_code ignored;
     std::filesystem::remove_all(certificates, ignored);
+}
+
+// --- the store's contract --------------------------------------------------------------------
+
+namespace {
+
+std::shared_ptr<moat::session_store> make_store(asio::io_context& io, redis_config config) {
+    auto made = moat::make_redis_session_store(io.get_executor(), std::move(config));
+    REQUIRE(made);
+    return std::move(*made);
+}
+
+// One claimer's outcome, for the concurrent case.
+struct claim_outcome {
+    std::optional<moat::result<moat::session_claim>> answer;
+};
+
+struct claim_done {
+    claim_outcome* out;
+    std::size_t* finished;
+    void operator()(std::exception_ptr e, moat::result<moat::session_claim> r) const {
+        if (!e) out->answer.emplace(std::move(r));
+        ++*finished;
+    }
+};
+
+asio::awaitable<moat::result<moat::session_claim>> claim_once(
+    std::shared_ptr<moat::session_store> store, std::string key) {
+    const auto limit = moat::deadline::after(5s);
+    co_return co_await store->async_claim(std::move(key), "", 10s, limit);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the Redis store claims, renews, commits, touches with the notice once and erases if idle") {
+    redis_server server;
+    asio::io_context io;
+    auto store = make_store(io, server.unix_config());
+    run_async(io, [&]() -> asio::awaitable<void> {
+        const auto limit = moat::deadline::after(10s);
+        auto none = co_await store->async_get("conversation-1", limit);
+        REQUIRE(none);
+        CHECK_FALSE(none->has_value());
+
+        auto won = co_await store->async_claim("conversation-1", "", 10s, limit);
+        REQUIRE(won);
+        REQUIRE(won->token);
+        REQUIRE(won->current);
+        CHECK(won->current->claimed);
+        CHECK(won->current->sandbox_id.empty());
+        auto lost = co_await store->async_claim("conversation-1", "", 10s, limit);
+        REQUIRE(lost);
+        CHECK_FALSE(lost->token);
+        REQUIRE(lost->current);
+        CHECK(lost->current->claimed);
+
+        auto renewed = co_await store->async_renew("conversation-1", *won->token, 10s, limit);
+        REQUIRE(renewed);
+        CHECK(*renewed);
+        auto foreign = co_await store->async_renew("conversation-1", "r-not-a-token", 10s, limit);
+        REQUIRE(foreign);
+        CHECK_FALSE(*foreign);
+
+        auto committed =
+            co_await store->async_commit("conversation-1", *won->token, "box-a", 0, 60s, limit);
+        REQUIRE(committed);
+        CHECK(*committed);
+        // A repeat of the same commit (a retry after a lost reply) is still a success; a commit
+        // with a token that never held the claim is not.
+        auto again =
+            co_await store->async_commit("conversation-1", *won->token, "box-a", 0, 60s, limit);
+        REQUIRE(again);
+        CHECK(*again);
+        auto forged =
+            co_await store->async_commit("conversation-1", "r-forged", "box-evil", 0, 60s, limit);
+        REQUIRE(forged);
+        CHECK_FALSE(*forged);
+
+        auto record = co_await store->async_get("conversation-1", limit);
+        REQUIRE(record);
+        REQUIRE(record->has_value());
+        CHECK((*record)->sandbox_id == "box-a");
+        CHECK((*record)->generation == 0);
+        CHECK_FALSE((*record)->claimed);
+
+        // The entry expires with the sandbox's TTL, on Redis's clock.
+        redis_client raw(io.get_executor(), server.unix_config(), nullptr);
+        auto pttl_command = cmd({"PTTL", "moat:s:conversation-1"});
+        auto pttl = co_await raw.async_command(std::move(pttl_command), limit);
+        REQUIRE(pttl);
+        CHECK(pttl->integer > 0);
+        CHECK(pttl->integer <= 60000);
+
+        // The rebuild: both workers saw box-a gone; one claim wins (compare-and-set on box-a).
+        auto rebuild = co_await store->async_claim("conversation-1", "box-a", 10s, limit);
+        REQUIRE(rebuild);
+        REQUIRE(rebuild->token);
+        auto second = co_await store->async_claim("conversation-1", "box-a", 10s, limit);
+        REQUIRE(second);
+        CHECK_FALSE(second->token);
+        auto rebuilt =
+            co_await store->async_commit("conversation-1", *rebuild->token, "box-b", 1, 60s, limit);
+        REQUIRE(rebuilt);
+        CHECK(*rebuilt);
+        // The late one finds the new entry, not box-a: its claim fails.
+        auto late = co_await store->async_claim("conversation-1", "box-a", 10s, limit);
+        REQUIRE(late);
+        CHECK_FALSE(late->token);
+        REQUIRE(late->current);
+        CHECK(late->current->sandbox_id == "box-b");
+        CHECK(late->current->generation == 1);
+        CHECK(late->current->noticed == 0);
+
+        // The notice of generation 1 is taken exactly once.
+        auto first_touch = co_await store->async_touch("conversation-1", "box-b", 60s, true, limit);
+        REQUIRE(first_touch);
+        REQUIRE(first_touch->has_value());
+        CHECK((*first_touch)->notice);
+        CHECK((*first_touch)->current.noticed == 1);
+        auto second_touch =
+            co_await store->async_touch("conversation-1", "box-b", 60s, true, limit);
+        REQUIRE(second_touch);
+        REQUIRE(second_touch->has_value());
+        CHECK_FALSE((*second_touch)->notice);
+        auto stale_touch = co_await store->async_touch("conversation-1", "box-a", 60s, true, limit);
+        REQUIRE(stale_touch);
+        CHECK_FALSE(stale_touch->has_value());
+
+        // Erase if idle: just used, so an idle erase keeps it; an erase naming another sandbox
+        // keeps it; a plain erase removes it.
+        const std::optional<std::chrono::milliseconds> idle = 60s;
+        auto kept = co_await store->async_erase("conversation-1", "box-b", idle, limit);
+        REQUIRE(kept);
+        CHECK_FALSE(*kept);
+        const std::optional<std::chrono::milliseconds> any;
+        auto wrong = co_await store->async_erase("conversation-1", "box-a", any, limit);
+        REQUIRE(wrong);
+        CHECK_FALSE(*wrong);
+        auto erased = co_await store->async_erase("conversation-1", "box-b", any, limit);
+        REQUIRE(erased);
+        CHECK(*erased);
+        auto gone = co_await store->async_get("conversation-1", limit);
+        REQUIRE(gone);
+        CHECK_FALSE(gone->has_value());
+
+        // A claim given up: the next claimer wins at once.
+        auto given = co_await store->async_claim("conversation-2", "", 10s, limit);
+        REQUIRE(given);
+        REQUIRE(given->token);
+        auto released = co_await store->async_release("conversation-2", *given->token, limit);
+        REQUIRE(released);
+        auto next = co_await store->async_claim("conversation-2", "", 10s, limit);
+        REQUIRE(next);
+        CHECK(next->token);
+        CHECK(*next->token != *given->token);
+    }());
+}
+
+TEST_CASE(
+    "8 concurrent claimers of one key through the Redis store, each on its own connection, give "
+    "one winner") {
+    redis_server server;
+    asio::io_context io;
+    std::vector<std::shared_ptr<moat::session_store>> stores;
+    for (int i = 0; i < 8; ++i) stores.push_back(make_store(io, server.tcp_config()));
+    std::vector<claim_outcome> outcomes(8);
+    std::size_t finished = 0;
+    for (std::size_t i = 0; i < 8; ++i) {
+        asio::co_spawn(io, claim_once(stores[i], "shared-key"),
+                       claim_done{&outcomes[i], &finished});
+    }
+    run_async(io, [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(io);
+        while (finished < 8) {
+            timer.expires_after(5ms);
+            co_await timer.async_wait(asio::use_awaitable);
+        }
+    }());
+    std::size_t winners = 0;
+    for (const auto& o : outcomes) {
+        REQUIRE(o.answer);
+        REQUIRE(*o.answer);
+        if ((*o.answer)->token) ++winners;
+        REQUIRE((*o.answer)->current);
+        CHECK((*o.answer)->current->claimed);
+    }
+    CHECK(winners == 1);
+}
+
+TEST_CASE("a Redis claim whose lease ran out is fenced: its holder can neither renew nor commit") {
+    redis_server server;
+    asio::io_context io;
+    auto first_worker = make_store(io, server.unix_config());
+    auto second_worker = make_store(io, server.unix_config());
+    run_async(io, [&]() -> asio::awaitable<void> {
+        const auto limit = moat::deadline::after(10s);
+        auto first = co_await first_worker->async_claim("k", "", 100ms, limit);
+        REQUIRE(first);
+        REQUIRE(first->token);
+        auto blocked = co_await second_worker->async_claim("k", "", 10s, limit);
+        REQUIRE(blocked);
+        CHECK_FALSE(blocked->token);
+        // Past the lease (Redis expires the claim key by itself).
+        asio::steady_timer timer(io, 300ms);
+        co_await timer.async_wait(asio::use_awaitable);
+        auto expired = co_await second_worker->async_get("k", limit);
+        REQUIRE(expired);
+        CHECK_FALSE(expired->has_value());
+        auto second = co_await second_worker->async_claim("k", "", 10s, limit);
+        REQUIRE(second);
+        REQUIRE(second->token);
+        auto renewed = co_await first_worker->async_renew("k", *first->token, 10s, limit);
+        REQUIRE(renewed);
+        CHECK_FALSE(*renewed);
+        auto stale =
+            co_await first_worker->async_commit("k", *first->token, "box-old", 0, 60s, limit);
+        REQUIRE(stale);
+        CHECK_FALSE(*stale);
+        auto fresh =
+            co_await second_worker->async_commit("k", *second->token, "box-new", 0, 60s, limit);
+        REQUIRE(fresh);
+        CHECK(*fresh);
+        // The stale holder's release does not touch its successor's entry.
+        auto released = co_await first_worker->async_release("k", *first->token, limit);
+        REQUIRE(released);
+        auto record = co_await first_worker->async_get("k", limit);
+        REQUIRE(record);
+        REQUIRE(record->has_value());
+        CHECK((*record)->sandbox_id == "box-new");
+    }());
+}
+
+TEST_CASE(
+    "Redis stopped mid-run fails store operations with store_unavailable within the deadline, then "
+    "they succeed after the restart without a duplicate") {
+    // Persistence on, as a production Redis has it: the entry survives the restart.
+    redis_server server({"--appendonly", "yes", "--appendfsync", "always"});
+    asio::io_context io;
+    auto config = server.tcp_config();
+    config.reconnect_backoff_initial = 20ms;
+    config.reconnect_backoff_max = 200ms;
+    auto store = make_store(io, config);
+    run_async(io, [&]() -> asio::awaitable<void> {
+        const auto limit = moat::deadline::after(10s);
+        auto claimed = co_await store->async_claim("k", "", 10s, limit);
+        REQUIRE(claimed);
+        REQUIRE(claimed->token);
+        auto committed =
+            co_await store->async_commit("k", *claimed->token, "box-1", 0, 600s, limit);
+        REQUIRE(committed);
+        REQUIRE(*committed);
+
+        server.stop();
+        for (int i = 0; i < 3; ++i) {
+            const auto short_limit = moat::deadline::after(1s);
+            auto down = co_await store->async_claim("k", "", 10s, short_limit);
+            REQUIRE_FALSE(down);
+            CHECK(down.error().code == moat::errc::store_unavailable);
+            CHECK(down.error().code == moat::condition::unavailable);
+            CHECK(contains(down.error().detail, "Redis at redis://127.0.0.1:"));
+            // Within the caller's deadline (a bound, not a speed measurement).
+            CHECK(std::chrono::steady_clock::now() <= short_limit.when() + 250ms);
+        }
+
+        server.start();
+        // After the restart: the same entry, so a worker attaches rather than creating again.
+        auto back = co_await store->async_get("k", limit);
+        REQUIRE(back);
+        REQUIRE(back->has_value());
+        CHECK((*back)->sandbox_id == "box-1");
+        auto duplicate = co_await store->async_claim("k", "", 10s, limit);
+        REQUIRE(duplicate);
+        CHECK_FALSE(duplicate->token);
+        // Redis forgot its script cache: EVALSHA got NOSCRIPT and the store fell back to EVAL.
+        auto touched = co_await store->async_touch("k", "box-1", 600s, false, limit);
+        REQUIRE(touched);
+        CHECK(touched->has_value());
+    }());
+}
+
+TEST_CASE(
+    "the Redis store with a wrong password fails with store_unavailable, and no error or log line "
+    "carries the password") {
+    redis_server server({"--requirepass", "the-right-one-77"});
+    log_capture log;
+    asio::io_context io;
+    auto config = server.tcp_config();
+    config.password = "the-wrong-one-88";
+    auto store = make_store(io, config);
+    auto unreachable_config = server.tcp_config();
+    unreachable_config.port = free_loopback_port();
+    unreachable_config.password = "the-wrong-one-88";
+    unreachable_config.reconnect_backoff_initial = 1ms;
+    auto unreachable = make_store(io, unreachable_config);
+    std::vector<std::string> details;
+    run_async(io, [&]() -> asio::awaitable<void> {
+        const auto limit = moat::deadline::after(5s);
+        auto claimed = co_await store->async_claim("k", "", 10s, limit);
+        REQUIRE_FALSE(claimed);
+        CHECK(claimed.error().code == moat::errc::store_unavailable);
+        CHECK(contains(claimed.error().detail, "refused the credentials (WRONGPASS)"));
+        details.push_back(claimed.error().to_string());
+        auto got = co_await store->async_get("k", limit);
+        REQUIRE_FALSE(got);
+        details.push_back(got.error().to_string());
+        auto down = co_await unreachable->async_get("k", limit);
+        REQUIRE_FALSE(down);
+        CHECK(down.error().code == moat::errc::store_unavailable);
+        details.push_back(down.error().to_string());
+    }());
+    for (const auto& d : details) {
+        CAPTURE(d);
+        CHECK_FALSE(contains(d, "the-wrong-one"));
+        CHECK_FALSE(contains(d, "the-right-one"));
+    }
+    CHECK_FALSE(log.any_contains("the-wrong-one"));
+    CHECK_FALSE(log.any_contains("the-right-one"));
+}
+
+TEST_CASE("a key prefix isolates two applications sharing one Redis") {
+    redis_server server;
+    asio::io_context io;
+    auto app1_config = server.unix_config();
+    app1_config.key_prefix = "app1:";
+    auto app2_config = server.unix_config();
+    app2_config.key_prefix = "app2:";
+    auto app1 = make_store(io, app1_config);
+    auto app2 = make_store(io, app2_config);
+    run_async(io, [&]() -> asio::awaitable<void> {
+        const auto limit = moat::deadline::after(5s);
+        auto claimed = co_await app1->async_claim("thread-7", "", 10s, limit);
+        REQUIRE(claimed);
+        REQUIRE(claimed->token);
+        auto committed =
+            co_await app1->async_commit("thread-7", *claimed->token, "box-app1", 0, 60s, limit);
+        REQUIRE(committed);
+        REQUIRE(*committed);
+        auto other = co_await app2->async_get("thread-7", limit);
+        REQUIRE(other);
+        CHECK_FALSE(other->has_value());
+        auto own = co_await app2->async_claim("thread-7", "", 10s, limit);
+        REQUIRE(own);
+        CHECK(own->token);
+        auto touched = co_await app2->async_touch("thread-7", "box-app1", 60s, false, limit);
+        REQUIRE(touched);
+        CHECK_FALSE(touched->has_value());
+        auto still = co_await app1->async_get("thread-7", limit);
+        REQUIRE(still);
+        REQUIRE(still->has_value());
+        CHECK((*still)->sandbox_id == "box-app1");
+    }());
+}
+
+// --- the shared-session cases with worker processes, over Redis --------------------------------
+
+namespace {
+
+struct child {
+    pid_t pid = -1;
+    int out = -1;  // the read end of its stdout
+};
+
+child start_worker(const std::vector<std::string>& args) {
+    int pipe_fds[2];
+    REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::dup2(pipe_fds[1], STDOUT_FILENO);
+        std::vector<char*> argv;
+        static std::string path = MOAT_SESSION_WORKER_PATH;
+        argv.push_back(path.data());
+        std::vector<std::string> copy = args;
+        for (auto& a : copy) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execv(path.c_str(), argv.data());
+        ::_exit(127);
+    }
+    ::close(pipe_fds[1]);
+    return child{pid, pipe_fds[0]};
+}
+
+// Reads until a line starting with `prefix` (returned, without the newline), the end, or 90 s.
+std::string read_line(const child& c, const std::string& prefix = "") {
+    std::string line;
+    const auto limit = std::chrono::steady_clock::now() + 90s;
+    for (;;) {
+        pollfd p{c.out, POLLIN, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            limit - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return line;
+        const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return line;
+        char ch;
+        const ssize_t n = ::read(c.out, &ch, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return line;
+        if (ch == '\n') {
+            if (line.rfind(prefix, 0) == 0) return line;
+            line.clear();
+            continue;
+        }
+        line += ch;
+    }
+}
+
+int finish(child& c) {
+    int status = 0;
+    ::waitpid(c.pid, &status, 0);
+    ::close(c.out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string field(const std::string& line, const std::string& name) {
+    const auto at = line.find(name + "=");
+    if (at == std::string::npos) return "";
+    const auto start = at + name.size() + 1;
+    return line.substr(start, line.find(' ', start) - start);
+}
+
+std::size_t running_with(moat::test::local_fixture& f,
+                         const std::map<std::string, std::string>& labels) {
+    auto listed = f.run(f.local->async_list(labels));
+    REQUIRE(listed);
+    std::size_t n = 0;
+    for (const auto& info : *listed) n += info.state == moat::sandbox_state::running ? 1 : 0;
+    return n;
+}
+
+std::string worker_url(const redis_server& server) {
+    return "unix://" + server.socket_path + "?prefix=mw:";
+}
+
+}  // namespace
+
+TEST_CASE("eight worker processes acquiring one key at once over Redis share one sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::local_fixture f;
+    redis_server server;
+    const auto store = worker_url(server);
+    std::vector<child> children;
+    for (int i = 0; i < 8; ++i) {
+        children.push_back(
+            start_worker({store, "redis-8", "acquire", "--label", "test=redis-proc-eight"}));
+    }
+    std::set<std::string> ids;
+    int rebuilt = 0;
+    for (auto& c : children) {
+        const auto line = read_line(c, "id=");
+        CAPTURE(line);
+        CHECK(finish(c) == 0);
+        ids.insert(field(line, "id"));
+        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
+    }
+    CHECK(ids.size() == 1);
+    CHECK_FALSE(ids.begin()->empty());
+    CHECK(rebuilt == 0);
+    CHECK(running_with(f, {{"test", "redis-proc-eight"}}) == 1);
+    auto ender = start_worker({store, "redis-8", "end"});
+    CHECK(read_line(ender, "ended") == "ended");
+    CHECK(finish(ender) == 0);
+    CHECK(running_with(f, {{"test", "redis-proc-eight"}}) == 0);
+}
+
+TEST_CASE(
+    "a worker process killed in the middle of its create over Redis is taken over after its lease, "
+    "and its half-made sandbox is destroyed") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::local_fixture f;
+    redis_server server;
+    const auto store = worker_url(server);
+    auto doomed = start_worker({store, "redis-kill", "acquire", "--label", "test=redis-proc-kill",
+                                "--lease-ms", "1000", "--hang-in-seed"});
+    const auto seeding = read_line(doomed, "seeding");
+    const std::string half_made = field(seeding, "id");
+    REQUIRE_FALSE(half_made.empty());
+    REQUIRE(::kill(doomed.pid, SIGKILL) == 0);
+    CHECK(finish(doomed) == 128 + SIGKILL);
+    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 1);  // left behind by the dead
+
+    auto successor = start_worker(
+        {store, "redis-kill", "acquire", "--label", "test=redis-proc-kill", "--lease-ms", "1000"});
+    const auto line = read_line(successor, "id=");
+    CAPTURE(line);
+    CHECK(finish(successor) == 0);
+    const std::string id = field(line, "id");
+    REQUIRE_FALSE(id.empty());
+    CHECK(id != half_made);
+    auto old = f.run(f.local->async_inspect(half_made));
+    CHECK((!old || old->state == moat::sandbox_state::exited));
+    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 1);
+    auto ender = start_worker({store, "redis-kill", "end"});
+    CHECK(read_line(ender, "ended") == "ended");
+    CHECK(finish(ender) == 0);
+    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 0);
+}
+
+TEST_CASE(
+    "worker processes that find the session's sandbox destroyed rebuild it once over Redis, and "
+    "one of them gives the notice") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::local_fixture f;
+    redis_server server;
+    const auto store = worker_url(server);
+    auto first = start_worker({store, "redis-r", "acquire", "--label", "test=redis-proc-rebuild"});
+    const std::string old_id = field(read_line(first, "id="), "id");
+    CHECK(finish(first) == 0);
+    REQUIRE_FALSE(old_id.empty());
+    REQUIRE(f.run(f.local->async_destroy(old_id)));
+    std::vector<child> children;
+    for (int i = 0; i < 4; ++i) {
+        children.push_back(
+            start_worker({store, "redis-r", "acquire", "--label", "test=redis-proc-rebuild"}));
+    }
+    std::set<std::string> ids;
+    int rebuilt = 0;
+    for (auto& c : children) {
+        const auto line = read_line(c, "id=");
+        CAPTURE(line);
+        CHECK(finish(c) == 0);
+        ids.insert(field(line, "id"));
+        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
+    }
+    CHECK(ids.size() == 1);
+    CHECK(*ids.begin() != old_id);
+    CHECK(rebuilt == 1);
+    CHECK(running_with(f, {{"test", "redis-proc-rebuild"}}) == 1);
+    auto ender = start_worker({store, "redis-r", "end"});
+    CHECK(read_line(ender, "ended") == "ended");
+    CHECK(finish(ender) == 0);
+    CHECK(running_with(f, {{"test", "redis-proc-rebuild"}}) == 0);
+}
+
+TEST_CASE(
+    "a Redis entry pointing at another session's sandbox is refused, and the session gets its "
+    "own") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::local_fixture f;
+    redis_server server;
+    const auto store = worker_url(server);
+    auto tenant_a = start_worker({store, "tenant-a", "acquire", "--label", "test=redis-poison"});
+    const std::string a_id = field(read_line(tenant_a, "id="), "id");
+    CHECK(finish(tenant_a) == 0);
+    REQUIRE_FALSE(a_id.empty());
+    // A poisoned (or stale) entry: tenant-b's key names tenant-a's sandbox.
+    {
+        asio::io_context io;
+        redis_client raw(io.get_executor(), server.unix_config(), nullptr);
+        run_async(io, [&]() -> asio::awaitable<void> {
+            auto poison = cmd({"HSET", "mw:s:tenant-b", "s", a_id, "g", "0", "n", "0", "u", "0"});
+            auto written = co_await raw.async_command(std::move(poison), moat::deadline::after(5s));
+            REQUIRE(written);
+            CHECK_FALSE(written->is_error());
+        }());
+    }
+    auto tenant_b = start_worker({store, "tenant-b", "acquire", "--label", "test=redis-poison"});
+    const auto line = read_line(tenant_b, "id=");
+    CAPTURE(line);
+    CHECK(finish(tenant_b) == 0);
+    const std::string b_id = field(line, "id");
+    REQUIRE_FALSE(b_id.empty());
+    CHECK(b_id != a_id);
+    CHECK(running_with(f, {{"test", "redis-poison"}}) == 2);
+    for (const char* key : {"tenant-a", "tenant-b"}) {
+        auto ender = start_worker({store, key, "end"});
+        CHECK(read_line(ender, "ended") == "ended");
+        CHECK(finish(ender) == 0);
+    }
+    CHECK(running_with(f, {{"test", "redis-poison"}}) == 0);
 }

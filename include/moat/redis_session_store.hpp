@@ -10,10 +10,12 @@
 //
 // Time: every operation runs within the caller's deadline; connecting is bounded by
 // connect_timeout and each exchange by command_timeout, both cut to the deadline. A failed
-// connect is retried with exponential backoff (reconnect_backoff_initial doubling up to
-// reconnect_backoff_max) while the deadline allows. Redis unreachable, or silent past
-// command_timeout, is errc::store_unavailable; the caller's own deadline passing is
-// deadline_exceeded; credentials Redis refuses are unauthorized.
+// connect is retried (at most 3 times per operation) with exponential backoff shared by the
+// store's callers (reconnect_backoff_initial doubling up to reconnect_backoff_max) while the
+// deadline allows. As the contract says, every failure is errc::store_unavailable with a one-line
+// detail naming the endpoint and the step: Redis unreachable, silent past a timeout or the
+// deadline, credentials refused ("refused the credentials (WRONGPASS)"), a reply past the caps,
+// an error reply. The caller's cancellation is errc::cancelled.
 //
 // Secrets: the password never appears in an error detail or a log line (to_string() and every
 // detail name the endpoint without its user part). Take it from a file or MOAT_STORE_PASSWORD
@@ -21,7 +23,7 @@
 #pragma once
 
 #include <moat/result.hpp>
-#include <moat/session_manager.hpp>
+#include <moat/session_store.hpp>
 
 #include <asio/any_io_executor.hpp>
 

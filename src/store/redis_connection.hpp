@@ -29,7 +29,7 @@
 namespace moat::store {
 
 // The code for "Redis cannot be reached or does not answer".
-inline constexpr errc unavailable_code = errc::backend_failure;
+inline constexpr errc unavailable_code = errc::store_unavailable;
 
 using redis_command = std::vector<std::string>;
 
