@@ -10,6 +10,7 @@
 //
 // moat bench http: see cli/bench/http_bench.hpp.
 // moat bench serve: see cli/bench/serve_bench.hpp.
+// moat bench store: see cli/bench/store_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -25,6 +26,7 @@
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/bench/serve_bench.hpp"
+#include "cli/bench/store_bench.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/host_files.hpp"
@@ -337,7 +339,8 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool, hostsize, http or serve (see moat "
+            "expected create, advise, sweep, memory, pool, hostsize, http, serve or store (see "
+            "moat "
             "--help)");
     }
     const std::string_view what = argv[0];
@@ -349,8 +352,9 @@ int bench_command(int argc, char** argv) {
     if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
     if (what == "http") return bench_http(argc - 1, argv + 1);
     if (what == "serve") return bench_serve(argc - 1, argv + 1);
+    if (what == "store") return bench_store(argc - 1, argv + 1);
     throw usage_error(
-        "expected create, advise, sweep, memory, pool, hostsize, http or serve, got '" +
+        "expected create, advise, sweep, memory, pool, hostsize, http, serve or store, got '" +
         std::string(what) + "'");
 }
 

@@ -51,6 +51,8 @@ constexpr const char* usage_text =
     "      moat's HTTP client and server on loopback: req/s, p50/p99, MB/s beside Node and curl\n"
     "  bench serve [--n N] [--json FILE]\n"
     "      create, a first command and kill through moat serve's HTTP API beside the library\n"
+    "  bench store [--store URL] [--password-file F] [--n N] [--claims N] [--json FILE]\n"
+    "      the session store's part of an acquire, memory vs Redis; first-use claims/s, 8 workers\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
