@@ -771,6 +771,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             if (ec || self->shutting_down) co_return;
             const auto now = clock::now();
             std::vector<std::pair<std::shared_ptr<session>, end_reason>> ending;
+            std::vector<std::shared_ptr<session>> idle, beating, touching;
             const auto touch_every =
                 std::min(self->options.heartbeat_interval, self->options.idle_timeout / 2);
             for (auto& [key, s] : self->sessions) {
@@ -782,17 +783,17 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                 } else if (s->holds == 0 && now - s->last_used >= self->options.idle_timeout) {
                     if (!s->idle_checking) {
                         s->idle_checking = true;
-                        self->tasks.spawn(end_if_idle(self, s));
+                        idle.push_back(s);
                     }
                 } else if (s->holds > 0) {
                     if (now - s->last_heartbeat >= self->options.heartbeat_interval) {
                         s->last_heartbeat = now;
-                        self->tasks.spawn(heartbeat(self, s->box));
+                        beating.push_back(s);
                     }
                     // In use here: other workers must not see it idle.
                     if (!s->local_only && now - s->last_touch >= touch_every) {
                         s->last_touch = now;
-                        self->tasks.spawn(touch_in_background(self, s));
+                        touching.push_back(s);
                     }
                 }
             }
@@ -802,6 +803,11 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                 const bool erase_entry = reason == end_reason::max_lifetime;
                 self->tasks.spawn(end_in_background(self, s, reason, erase_entry));
             }
+            // Spawned after the walk: a task may run up to its first suspension at once and change
+            // `sessions`.
+            for (auto& s : beating) self->tasks.spawn(heartbeat(self, s->box));
+            for (auto& s : touching) self->tasks.spawn(touch_in_background(self, s));
+            for (auto& s : idle) self->tasks.spawn(end_if_idle(self, s));
         }
     }
 
