@@ -23,4 +23,5 @@ install(FILES
     ${PROJECT_BINARY_DIR}/moatConfig.cmake
     ${PROJECT_BINARY_DIR}/moatConfigVersion.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindAsio.cmake
+    ${PROJECT_SOURCE_DIR}/cmake/FindHiredis.cmake
     DESTINATION ${MOAT_INSTALL_CMAKEDIR})

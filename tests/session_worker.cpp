@@ -5,12 +5,14 @@
 //   moat_session_worker STORE KEY ACTION [--label NAME=VALUE] [--lease-ms N] [--deadline-ms N]
 //                       [--hang-in-seed] [--idle-ms N]
 //
-// STORE: "host:DIR" (the host store in DIR), "host" (its default directory). ACTION:
+// STORE: "host:DIR" (the host store in DIR), "host" (its default directory), or a Redis URL
+// (redis://, rediss://, unix://: the Redis store). ACTION:
 //   acquire  prints "id=<sandbox id> rebuilt=<0|1>" and exits, leaving the session's sandbox;
 //   end      ends the session, prints "ended";
 // --hang-in-seed prints "seeding id=<id>" from the seed hook and then hangs there (a worker to
 // SIGKILL in the middle of its create). Errors print "error=<errc name> <detail>" and exit 1.
 #include <moat/local_backend.hpp>
+#include <moat/redis_session_store.hpp>
 #include <moat/runtime.hpp>
 #include <moat/session_manager.hpp>
 
@@ -76,6 +78,14 @@ std::shared_ptr<moat::session_store> make_store(const std::string& url,
         moat::host_store_options options;
         options.directory = url.substr(5);
         return moat::make_host_session_store(executor, options);
+    }
+    if (url.rfind("redis://", 0) == 0 || url.rfind("rediss://", 0) == 0 ||
+        url.rfind("unix://", 0) == 0) {
+        auto config = moat::parse_redis_url(url);
+        if (!config) return nullptr;
+        auto store = moat::make_redis_session_store(executor, std::move(*config));
+        if (!store) return nullptr;
+        return std::move(*store);
     }
     return nullptr;
 }

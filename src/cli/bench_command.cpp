@@ -11,6 +11,7 @@
 // moat bench http: see cli/bench/http_bench.hpp.
 // moat bench serve: see cli/bench/serve_bench.hpp.
 // moat bench e2b: see cli/bench/e2b_bench.hpp.
+// moat bench store: see cli/bench/store_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -27,6 +28,7 @@
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/bench/serve_bench.hpp"
+#include "cli/bench/store_bench.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
 #include "cli/host_files.hpp"
@@ -339,8 +341,9 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool, hostsize, http, serve or e2b (see moat "
-            "--help)");
+            "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b or store "
+            "(see "
+            "moat --help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -352,8 +355,9 @@ int bench_command(int argc, char** argv) {
     if (what == "http") return bench_http(argc - 1, argv + 1);
     if (what == "serve") return bench_serve(argc - 1, argv + 1);
     if (what == "e2b") return bench_e2b(argc - 1, argv + 1);
+    if (what == "store") return bench_store(argc - 1, argv + 1);
     throw usage_error(
-        "expected create, advise, sweep, memory, pool, hostsize, http, serve or e2b, got '" +
+        "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b or store, got '" +
         std::string(what) + "'");
 }
 

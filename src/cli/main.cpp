@@ -60,6 +60,8 @@ constexpr const char* usage_text =
     "            [--sdk-dir DIR] [--sdk-script FILE] [--node PATH]\n"
     "      the C++ e2b backend vs the e2b JS SDK (client CPU per command, throughput) and\n"
     "      create + first exec through e2b vs local, against one moat serve\n"
+    "  bench store [--store URL] [--password-file F] [--n N] [--claims N] [--json FILE]\n"
+    "      the session store's part of an acquire, memory vs Redis; first-use claims/s, 8 workers\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
