@@ -59,6 +59,9 @@ struct e2b_config {
     // After a cancel, how long a killed process may take to report its end before the backend
     // stops waiting (and the handle quarantines the sandbox).
     std::chrono::milliseconds kill_grace = std::chrono::seconds(3);
+    // The network hop on top of kill_grace in backend::stop_grace(): a kill's confirmation
+    // travels back over it.
+    std::chrono::milliseconds network_grace = std::chrono::seconds(2);
 };
 
 // The fields the caller left empty, filled from the environment as documented above. A missing API

@@ -1,5 +1,6 @@
 #include "cli/cli_runtime.hpp"
 
+#include <moat/e2b_backend.hpp>
 #include <moat/local_backend.hpp>
 
 #include "cli/host_files.hpp"
@@ -21,6 +22,7 @@ namespace moat::cli {
 namespace {
 
 int signal_received = 0;
+backend_choice selected_backend = backend_choice::local;
 
 struct store_exit_code {
     int* code;
@@ -42,12 +44,27 @@ struct store_exit_code {
 
 }  // namespace
 
+std::optional<backend_choice> parse_backend_choice(std::string_view name) {
+    if (name == "local") return backend_choice::local;
+    if (name == "e2b") return backend_choice::e2b;
+    return std::nullopt;
+}
+
+void select_backend(backend_choice choice) {
+    selected_backend = choice;
+}
+
 int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) {
     // The CLI is the application: it may own signals. Ctrl-C cancels the work, which kills what
     // it started before the command exits.
     std::signal(SIGPIPE, SIG_IGN);
     asio::io_context io;
-    auto local = make_local_backend(io.get_executor());
+    std::unique_ptr<backend> local;
+    if (selected_backend == backend_choice::e2b) {
+        local = make_e2b_backend(io.get_executor(), e2b_config_from_environment());
+    } else {
+        local = make_local_backend(io.get_executor());
+    }
     asio::cancellation_signal cancel;
     asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
     signals.async_wait([&cancel](const std::error_code& ec, int number) {

@@ -19,9 +19,21 @@
 
 namespace moat::cli {
 
-// Runs `body` on a fresh io_context with a local backend (default state directory). SIGINT,
-// SIGTERM and SIGHUP cancel it (terminal cancellation), once. Returns its exit code, or
-// exit_failure if it threw. The backend is shut down before returning.
+// Which backend run_with_backend makes: the local one (default state directory), or the e2b one
+// (e2b_config_from_environment(): E2B_API_KEY, E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL,
+// MOAT_E2B_CA_FILE).
+enum class backend_choice { local, e2b };
+
+// "local" or "e2b"; nullopt for anything else.
+std::optional<backend_choice> parse_backend_choice(std::string_view name);
+
+// Set once, by main, for the commands that take --backend (the flag wins over MOAT_BACKEND).
+// Every other command runs on the local backend.
+void select_backend(backend_choice choice);
+
+// Runs `body` on a fresh io_context with the selected backend (local unless select_backend said
+// otherwise). SIGINT, SIGTERM and SIGHUP cancel it (terminal cancellation), once. Returns its exit
+// code, or exit_failure if it threw. The backend is shut down before returning.
 int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body);
 
 // "moat <command>: <code>: <detail>" on stderr; returns the exit code for that error:

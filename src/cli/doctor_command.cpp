@@ -130,7 +130,77 @@ void check_file_table(const resource_limits& limits) {
     print_row("file table", row);
 }
 
+// Creates a sandbox, runs `id -u` in it and destroys it, timing each step.
+asio::awaitable<void> live_check(backend& b, std::vector<std::string>& problems) {
+    std::printf("\nlive check\n");
+    using clock = std::chrono::steady_clock;
+    const auto ms = [](clock::duration d) {
+        return std::to_string(std::chrono::duration<double, std::milli>(d).count()).substr(0, 5) +
+               " ms";
+    };
+    sandbox_spec spec;
+    spec.labels["moat.cli"] = "doctor";
+    spec.ttl = std::chrono::minutes(1);
+    const auto t0 = clock::now();
+    auto created = co_await b.async_create(spec);
+    const auto t1 = clock::now();
+    if (!created) {
+        print_row("create", "FAILED: " + created.error().to_string());
+        problems.push_back("create failed: " + created.error().to_string());
+    } else {
+        print_row("create", "ok, " + ms(t1 - t0) + " (" + created->id + ")");
+        exec_request request;
+        request.argv = {"/bin/sh", "-c", "id -u"};
+        const auto t2 = clock::now();
+        auto ran = co_await b.async_exec(created->id, request);
+        const auto t3 = clock::now();
+        if (!ran || ran->exit_code != 0 || ran->out.text() != "1000\n") {
+            const std::string why = ran ? "exit " + std::to_string(ran->exit_code) + ", output '" +
+                                              ran->out.text() + "'"
+                                        : ran.error().to_string();
+            print_row("exec", "FAILED: " + why);
+            problems.push_back("exec failed: " + why);
+        } else {
+            print_row("exec", "ok, " + ms(t3 - t2) + " (runs as uid 1000)");
+        }
+        const auto t4 = clock::now();
+        auto destroyed = co_await b.async_destroy(created->id);
+        const auto t5 = clock::now();
+        if (!destroyed) {
+            print_row("destroy", "FAILED: " + destroyed.error().to_string());
+            problems.push_back("destroy failed: " + destroyed.error().to_string());
+        } else {
+            print_row("destroy", "ok, " + ms(t5 - t4) + " (confirmed gone)");
+        }
+    }
+}
+
+// A remote backend: its endpoint and key (host_report), then the live check.
+asio::awaitable<int> diagnose_remote(backend& b) {
+    std::vector<std::string> problems;
+    std::printf("%s backend\n", b.name().c_str());
+    auto report = co_await b.async_host_report();
+    if (!report) {
+        print_row("endpoint", "FAILED: " + report.error().to_string());
+        problems.push_back("the " + b.name() +
+                           " endpoint or its API key failed: " + report.error().to_string());
+    } else {
+        for (const auto& [key, value] : report->facts) print_row(key.c_str(), value);
+        print_row("endpoint", "ok (it answered and took the API key)");
+        co_await live_check(b, problems);
+    }
+    std::fflush(stdout);
+    if (problems.empty()) {
+        std::printf("\nmoat doctor: the %s backend works\n", b.name().c_str());
+        co_return 0;
+    }
+    std::printf("\n");
+    for (const auto& p : problems) std::fprintf(stderr, "moat doctor: %s\n", p.c_str());
+    co_return exit_failure;
+}
+
 asio::awaitable<int> diagnose(backend& b) {
+    if (b.name() != "local") co_return co_await diagnose_remote(b);
     std::vector<std::string> problems;
     std::printf("host\n");
     utsname host{};
@@ -194,47 +264,7 @@ asio::awaitable<int> diagnose(backend& b) {
                          " s");
     check_file_table(limits);
 
-    std::printf("\nlive check\n");
-    using clock = std::chrono::steady_clock;
-    const auto ms = [](clock::duration d) {
-        return std::to_string(std::chrono::duration<double, std::milli>(d).count()).substr(0, 5) +
-               " ms";
-    };
-    sandbox_spec spec;
-    spec.labels["moat.cli"] = "doctor";
-    spec.ttl = std::chrono::minutes(1);
-    const auto t0 = clock::now();
-    auto created = co_await b.async_create(spec);
-    const auto t1 = clock::now();
-    if (!created) {
-        print_row("create", "FAILED: " + created.error().to_string());
-        problems.push_back("create failed: " + created.error().to_string());
-    } else {
-        print_row("create", "ok, " + ms(t1 - t0) + " (" + created->id + ")");
-        exec_request request;
-        request.argv = {"/bin/sh", "-c", "id -u"};
-        const auto t2 = clock::now();
-        auto ran = co_await b.async_exec(created->id, request);
-        const auto t3 = clock::now();
-        if (!ran || ran->exit_code != 0 || ran->out.text() != "1000\n") {
-            const std::string why = ran ? "exit " + std::to_string(ran->exit_code) + ", output '" +
-                                              ran->out.text() + "'"
-                                        : ran.error().to_string();
-            print_row("exec", "FAILED: " + why);
-            problems.push_back("exec failed: " + why);
-        } else {
-            print_row("exec", "ok, " + ms(t3 - t2) + " (runs as uid 1000)");
-        }
-        const auto t4 = clock::now();
-        auto destroyed = co_await b.async_destroy(created->id);
-        const auto t5 = clock::now();
-        if (!destroyed) {
-            print_row("destroy", "FAILED: " + destroyed.error().to_string());
-            problems.push_back("destroy failed: " + destroyed.error().to_string());
-        } else {
-            print_row("destroy", "ok, " + ms(t5 - t4) + " (confirmed gone)");
-        }
-    }
+    co_await live_check(b, problems);
     std::fflush(stdout);
     if (problems.empty()) {
         std::printf("\nmoat doctor: everything moat needs is here\n");

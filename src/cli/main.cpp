@@ -1,12 +1,17 @@
 // moat: the command-line interface to the moat sandbox runtime.
 #include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -66,9 +71,60 @@ constexpr const char* usage_text =
     "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line\n"
     "  doctor\n"
     "      show which isolation layers and limits this host can enforce, and run a live check\n"
+    "      (with --backend e2b: the endpoint and the API key, then the live check)\n"
+    "\n"
+    "backends: run, create, exec, cp, destroy, ls, inventory, janitor, smoke, doctor, bench "
+    "create\n"
+    "and mcp take --backend local|e2b (default: $MOAT_BACKEND, else local). e2b drives an E2B\n"
+    "fleet (E2B's cloud, a self-hosted cluster, or moat serve) configured by E2B_API_KEY,\n"
+    "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL and MOAT_E2B_CA_FILE (see docs/remote.md)\n"
     "\n"
     "exit codes: a command's own code for run and exec (124: its --timeout killed it, 130:\n"
     "interrupted); 2 bad usage or path, 3 moat failed, 4 no such sandbox or it has ended\n";
+
+// The commands that run on a selectable backend (bench only for `bench create`).
+bool takes_backend(std::string_view command, int argc, char** argv) {
+    static constexpr std::string_view names[] = {"run",     "create", "exec",      "cp",
+                                                 "destroy", "ls",     "inventory", "janitor",
+                                                 "smoke",   "doctor", "mcp"};
+    for (const auto name : names) {
+        if (command == name) return true;
+    }
+    return command == "bench" && argc > 2 && std::string_view(argv[2]) == "create";
+}
+
+// Takes --backend NAME / --backend=NAME out of the arguments (before a "--") and selects it,
+// else MOAT_BACKEND's value. Throws usage_error for a name that is not a backend.
+void select_backend_from(std::vector<char*>& args) {
+    std::optional<std::string> chosen;
+    std::string from = "--backend";
+    for (std::size_t i = 2; i < args.size();) {
+        const std::string_view arg = args[i];
+        if (arg == "--") break;
+        if (arg == "--backend") {
+            if (i + 1 >= args.size()) throw moat::cli::usage_error("--backend needs local or e2b");
+            chosen = args[i + 1];
+            args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                       args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+        } else if (arg.starts_with("--backend=")) {
+            chosen = std::string(arg.substr(10));
+            args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+            ++i;
+        }
+    }
+    if (!chosen) {
+        const char* env = std::getenv("MOAT_BACKEND");
+        if (env == nullptr || *env == '\0') return;
+        chosen = env;
+        from = "MOAT_BACKEND";
+    }
+    const auto choice = moat::cli::parse_backend_choice(*chosen);
+    if (!choice) {
+        throw moat::cli::usage_error(from + ": '" + *chosen + "' is not a backend (local or e2b)");
+    }
+    moat::cli::select_backend(*choice);
+}
 
 }  // namespace
 
@@ -83,6 +139,13 @@ int main(int argc, char** argv) {
         return 0;
     }
     try {
+        std::vector<char*> args(argv, argv + argc);
+        if (takes_backend(command, argc, argv)) {
+            select_backend_from(args);
+            argc = static_cast<int>(args.size());
+            args.push_back(nullptr);
+            argv = args.data();
+        }
         using handler = int (*)(int, char**);
         static constexpr std::pair<std::string_view, handler> commands[] = {
             {"run", moat::cli::run_command},         {"create", moat::cli::create_command},

@@ -41,6 +41,8 @@ struct envd_options {
     std::chrono::milliseconds kill_grace = std::chrono::seconds(3);
     std::chrono::milliseconds keepalive_interval = std::chrono::seconds(30);
     file_limits files;
+    // The largest Connect stream frame read (a process event); past it, protocol_error.
+    std::size_t max_frame_bytes = 4 * 1024 * 1024;
 };
 
 class envd_client {

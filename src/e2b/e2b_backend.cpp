@@ -1,0 +1,696 @@
+#include <moat/e2b_backend.hpp>
+#include <moat/log.hpp>
+#include <moat/task_group.hpp>
+
+#include "core/asio_compat.hpp"
+#include "core/exception_boundary.hpp"
+#include "e2b/control_plane_client.hpp"
+#include "e2b/envd_client.hpp"
+#include "http/client.hpp"
+#include "local/spec_validation.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <sys/random.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+#include <map>
+
+namespace moat {
+namespace {
+
+using system_clock = std::chrono::system_clock;
+using std::chrono::milliseconds;
+
+// Labels this backend adds as metadata (and strips from sandbox_info::labels).
+constexpr std::string_view owner_label = "moat.owner";
+constexpr std::string_view survive_label = "moat.survive_owner";
+
+bool is_reserved_label(std::string_view key) {
+    return key == owner_label || key == survive_label;
+}
+
+std::string this_host_name() {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    return host;
+}
+
+std::string default_owner_instance() {
+    std::uint32_t random = 0;
+    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) {
+        random =
+            static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%06x", static_cast<unsigned>(random & 0xffffff));
+    return this_host_name() + "/" + std::to_string(::getpid()) + "/" + hex;
+}
+
+std::string env_or(const char* name, std::string fallback) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return value;
+    return fallback;
+}
+
+// Whole seconds for E2B, rounded up, at least 1.
+std::int64_t seconds_up(milliseconds d) {
+    return std::max<std::int64_t>(1, (d.count() + 999) / 1000);
+}
+
+sandbox_layout e2b_layout() {
+    sandbox_layout l;
+    l.user = "user";
+    l.home = "/home/user";
+    l.workdir = "/home/user";
+    l.artifacts_dir = "/home/user/out";
+    return l;
+}
+
+// An explicit limit E2B cannot express (templates fix a sandbox's resources), or "".
+std::string inexpressible_limit(const resource_limits& l) {
+    if (l.memory_bytes) return "memory_bytes";
+    if (l.pids) return "pids";
+    if (l.cpu_millicores) return "cpu_millicores";
+    if (l.workspace_bytes) return "workspace_bytes";
+    if (l.tmp_bytes) return "tmp_bytes";
+    if (l.open_files) return "open_files";
+    return "";
+}
+
+bool is_printable(std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+struct held_sandbox {
+    sandbox_info info;
+    // The sandbox's own end (spec.ttl, or what extend_ttl set): the heartbeat never renews past it.
+    system_clock::time_point ttl_end;
+    bool heartbeat = false;  // its E2B timeout is kept at heartbeat_timeout
+    std::optional<std::string> gone_reason;
+    // The sandbox's envd: exec, spawn, signal and files go there.
+    std::shared_ptr<e2b::envd_client> envd;
+};
+
+struct backend_state {
+    asio::any_io_executor executor;
+    e2b_config config;
+    std::string config_error;  // why no call can be made (a bad api_url), or ""
+    std::shared_ptr<http::client> http;
+    std::unique_ptr<e2b::control_plane_client> control;
+    std::map<std::string, std::shared_ptr<held_sandbox>, std::less<>> held;
+    bool heartbeat_running = false;
+    bool stopping = false;
+};
+
+sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
+    sandbox_info info;
+    info.id = d.sandbox_id;
+    info.state = d.state == "running" ? sandbox_state::running : sandbox_state::exited;
+    info.created_at = d.started_at;
+    info.expires_at = d.end_at;
+    for (const auto& [k, v] : d.metadata) {
+        if (k == owner_label) {
+            info.owner_instance = v;
+        } else if (k == survive_label) {
+            info.survive_owner = v == "true";
+        } else {
+            info.labels[k] = v;
+        }
+    }
+    if (d.memory_mb > 0) {
+        info.limits.memory_bytes = static_cast<std::uint64_t>(d.memory_mb) * 1024 * 1024;
+    }
+    if (d.cpu_count > 0 && d.cpu_count <= 1000) {
+        info.limits.cpu_millicores = static_cast<std::uint32_t>(d.cpu_count * 1000);
+    }
+    info.layout = e2b_layout();
+    info.owned = false;
+    if (auto it = s.held.find(d.sandbox_id); it != s.held.end()) {
+        info.owned = it->second->info.owned;
+        if (it->second->heartbeat) info.expires_at = it->second->ttl_end;
+    }
+    return info;
+}
+
+std::string envd_url_for(const backend_state& s, const std::string& id, const std::string& domain) {
+    if (!s.config.sandbox_url.empty()) return s.config.sandbox_url;
+    const std::string& d = domain.empty() ? s.config.domain : domain;
+    return "https://49983-" + id + "." + d;
+}
+
+std::shared_ptr<e2b::envd_client> envd_client_for(const backend_state& s, const std::string& id,
+                                                  const std::string& domain,
+                                                  std::string access_token) {
+    e2b::envd_endpoint endpoint;
+    endpoint.base_url = envd_url_for(s, id, domain);
+    endpoint.sandbox_id = id;
+    endpoint.access_token = std::move(access_token);
+    endpoint.user = "user";
+    e2b::envd_options options;
+    options.request_timeout = s.config.request_timeout;
+    options.kill_grace = s.config.kill_grace;
+    return std::make_shared<e2b::envd_client>(s.http, std::move(endpoint), options);
+}
+
+error gone_error(const std::string& id, const held_sandbox& h) {
+    return make_error(errc::sandbox_unavailable, "sandbox " + id + ": " + *h.gone_reason);
+}
+
+// The timeout to send now for a heartbeat sandbox: heartbeat_timeout, cut to what is left of its
+// TTL (rounded down: never past it); 0 when less than a second is left.
+std::int64_t heartbeat_seconds(const backend_state& s, const held_sandbox& h) {
+    const auto left = std::chrono::duration_cast<milliseconds>(h.ttl_end - system_clock::now());
+    const auto horizon = std::min(left, s.config.heartbeat_timeout);
+    return std::max<std::int64_t>(0, horizon.count() / 1000);
+}
+
+asio::awaitable<void> heartbeat_loop(std::shared_ptr<backend_state> s) {
+    asio::steady_timer timer(s->executor);
+    for (;;) {
+        timer.expires_after(s->config.heartbeat_interval);
+        auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+        if (ec || s->stopping) break;
+        std::vector<std::string> ids;
+        for (const auto& [id, h] : s->held) {
+            if (h->heartbeat && !h->gone_reason) ids.push_back(id);
+        }
+        if (ids.empty()) break;
+        for (const auto& id : ids) {
+            auto it = s->held.find(id);
+            if (it == s->held.end() || it->second->gone_reason) continue;
+            auto h = it->second;
+            const std::int64_t seconds = heartbeat_seconds(*s, *h);
+            if (seconds <= 0) continue;  // its TTL ends it now
+            std::string target = id;
+            auto renewed = co_await s->control->async_set_timeout(std::move(target), seconds);
+            if (s->stopping) break;
+            if (renewed) continue;
+            if (renewed.error().code == errc::sandbox_not_found) {
+                h->gone_reason = "it ended (its heartbeat found it gone)";
+                h->info.state = sandbox_state::exited;
+                detail::log(log_level::warning, "e2b", "heartbeat: the sandbox is gone", id);
+            } else {
+                detail::log(log_level::warning, "e2b", "heartbeat: " + renewed.error().to_string(),
+                            id);
+            }
+        }
+        if (s->stopping) break;
+    }
+    s->heartbeat_running = false;
+}
+
+class e2b_backend final : public backend {
+  public:
+    e2b_backend(asio::any_io_executor executor, e2b_config config)
+        : state_(std::make_shared<backend_state>()), tasks_(executor, "e2b") {
+        auto& s = *state_;
+        s.executor = executor;
+        if (config.owner_instance.empty()) config.owner_instance = default_owner_instance();
+        s.config = e2b_config_from_environment(std::move(config));
+        auto parsed = http::parse_url(s.config.api_url);
+        if (!parsed) s.config_error = "E2B_API_URL (e2b_config::api_url): " + parsed.error().detail;
+        http::client_options options;
+        options.plain_http_hosts = s.config.plain_http_hosts;
+        options.use_system_ca_store = s.config.use_system_ca_store;
+        options.ca_file = s.config.ca_file;
+        s.http = std::make_shared<http::client>(executor, options);
+        e2b::control_plane_options control;
+        control.api_url = s.config.api_url;
+        control.api_key = s.config.api_key;
+        control.request_timeout = s.config.request_timeout;
+        control.max_retry_after = s.config.max_retry_after;
+        s.control = std::make_unique<e2b::control_plane_client>(s.http, control);
+    }
+
+    ~e2b_backend() override {
+        // Held sandboxes are left to their E2B timeout: the heartbeat's for non-survivors.
+        state_->stopping = true;
+        tasks_.cancel_all();
+    }
+
+    asio::any_io_executor get_executor() const override { return state_->executor; }
+    std::string name() const override { return "e2b"; }
+    milliseconds stop_grace() const override {
+        return state_->config.kill_grace + state_->config.network_grace;
+    }
+
+    asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
+        return guarded(create(state_, std::move(spec), this));
+    }
+    asio::awaitable<result<sandbox_info>> async_attach(std::string id) override {
+        return guarded(attach(state_, std::move(id)));
+    }
+    asio::awaitable<result<sandbox_info>> async_inspect(std::string id) override {
+        return guarded(inspect(state_, std::move(id)));
+    }
+    asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override {
+        return guarded(list(state_, std::move(filter)));
+    }
+    asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
+                                                           milliseconds ttl) override {
+        return guarded(extend_ttl(state_, std::move(id), ttl));
+    }
+    asio::awaitable<result<void>> async_destroy(std::string id) override {
+        return guarded(destroy(state_, std::move(id)));
+    }
+    asio::awaitable<result<host_report>> async_host_report() override {
+        return guarded(report(state_));
+    }
+    asio::awaitable<result<std::vector<janitor_action>>> async_janitor(bool dry_run) override {
+        return guarded(janitor(state_, dry_run));
+    }
+    asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
+                                                           exec_request request) override {
+        return guarded(exec_stream_in(state_, std::move(id), std::move(request)));
+    }
+    asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
+        return guarded(spawn_in(state_, std::move(id), std::move(request)));
+    }
+    asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                               int signal) override {
+        return guarded(signal_in(state_, std::move(id), process_id, signal));
+    }
+    asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
+        std::string id, std::vector<file_write> files) override {
+        return guarded(write_files_in(state_, std::move(id), std::move(files)));
+    }
+    asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
+        std::string id, std::vector<std::string> paths) override {
+        return guarded(read_files_in(state_, std::move(id), std::move(paths)));
+    }
+    asio::awaitable<result<file_write_result>> async_write_file_stream(
+        std::string id, file_write_target target, byte_source source) override {
+        return guarded(
+            write_file_stream_in(state_, std::move(id), std::move(target), std::move(source)));
+    }
+    asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
+                                                                     std::string path) override {
+        return guarded(read_file_stream_in(state_, std::move(id), std::move(path)));
+    }
+    asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
+        return guarded(stat_in(state_, std::move(id), std::move(path)));
+    }
+    asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
+                                                                   std::string path) override {
+        return guarded(list_dir_in(state_, std::move(id), std::move(path)));
+    }
+
+    // The heartbeat task, started with the first sandbox that needs one.
+    void ensure_heartbeat() {
+        if (state_->heartbeat_running || state_->stopping) return;
+        state_->heartbeat_running = true;
+        tasks_.spawn(heartbeat_loop(state_));
+    }
+
+  private:
+    static result<void> usable(const backend_state& s) {
+        if (!s.config_error.empty()) return make_error(errc::invalid_argument, s.config_error);
+        return {};
+    }
+
+    static result<void> validate(const sandbox_spec& spec) {
+        if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
+        if (auto limits = validate_limits(spec.limits); !limits) return limits;
+        const auto limit = inexpressible_limit(spec.limits);
+        if (!limit.empty() && !spec.best_effort) {
+            return make_error(
+                errc::layer_unavailable,
+                "limits." + limit +
+                    ": the e2b backend cannot set it per sandbox (the template "
+                    "fixes a sandbox's resources); leave it unset or set best_effort");
+        }
+        if (spec.layout != sandbox_layout{} && spec.layout != e2b_layout()) {
+            return make_error(errc::invalid_argument,
+                              "layout: the e2b backend's sandboxes run as 'user' with home and "
+                              "workdir /home/user and artifacts in /home/user/out");
+        }
+        for (const auto& [key, value] : spec.labels) {
+            if (key.empty() || !is_printable(key) || !is_printable(value)) {
+                return make_error(errc::invalid_argument,
+                                  "labels: keys and values must be printable");
+            }
+            if (is_reserved_label(key)) {
+                return make_error(errc::invalid_argument,
+                                  "labels: '" + key + "' is the e2b backend's own label");
+            }
+        }
+        for (const auto& [key, value] : spec.env) {
+            if (key.empty() || key.find('=') != std::string::npos ||
+                key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
+                return make_error(errc::invalid_argument, "env: a name is empty or has '=' or NUL");
+            }
+        }
+        return {};
+    }
+
+    static asio::awaitable<result<sandbox_info>> create(std::shared_ptr<backend_state> s,
+                                                        sandbox_spec spec, e2b_backend* self) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        if (auto ok = validate(spec); !ok) co_return std::move(ok).error();
+        e2b::create_body body;
+        body.template_id =
+            spec.template_name.empty() ? s->config.default_template : spec.template_name;
+        const bool heartbeat = !spec.survive_owner;
+        milliseconds first = spec.ttl;
+        if (heartbeat) first = std::min(first, s->config.heartbeat_timeout);
+        body.timeout_s = seconds_up(first);
+        body.metadata = spec.labels;
+        body.metadata[std::string(owner_label)] = s->config.owner_instance;
+        body.metadata[std::string(survive_label)] = spec.survive_owner ? "true" : "false";
+        body.env_vars = spec.env;
+        const auto started = system_clock::now();
+        auto created = co_await s->control->async_create(std::move(body));
+        if (!created) co_return std::move(created).error();
+        auto h = std::make_shared<held_sandbox>();
+        h->ttl_end = started + spec.ttl;
+        h->heartbeat = heartbeat;
+        h->envd = envd_client_for(*s, created->sandbox_id, created->domain,
+                                  std::move(created->envd_access_token));
+        auto& info = h->info;
+        info.id = created->sandbox_id;
+        info.state = sandbox_state::running;
+        info.labels = spec.labels;
+        info.created_at = started;
+        info.expires_at = h->ttl_end;
+        info.layout = e2b_layout();
+        info.owner_instance = s->config.owner_instance;
+        info.survive_owner = spec.survive_owner;
+        info.owned = true;
+        s->held[info.id] = h;
+        if (heartbeat && !s->stopping) self->ensure_heartbeat();
+        detail::log(log_level::debug, "e2b", "created", info.id);
+        co_return info;
+    }
+
+    static asio::awaitable<result<sandbox_info>> attach(std::shared_ptr<backend_state> s,
+                                                        std::string id) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        if (auto it = s->held.find(id); it != s->held.end()) {
+            if (it->second->gone_reason) co_return gone_error(id, *it->second);
+            co_return it->second->info;
+        }
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) co_return std::move(detail).error();
+        auto info = info_from(*s, *detail);
+        if (info.state != sandbox_state::running) {
+            co_return make_error(errc::sandbox_unavailable,
+                                 "sandbox " + id + " is " + detail->state + ", not running");
+        }
+        const bool moat_owned = detail->metadata.contains(std::string(owner_label));
+        if (moat_owned && !info.survive_owner && info.owner_instance != s->config.owner_instance) {
+            co_return make_error(errc::sandbox_unavailable,
+                                 "sandbox " + id + " was not created to survive its owner (" +
+                                     info.owner_instance + ")");
+        }
+        // A timeout of 1 s only extends an end that is about to pass: the sandbox keeps its own.
+        auto connected = co_await s->control->async_connect(id, 1);
+        if (!connected) co_return std::move(connected).error();
+        auto h = std::make_shared<held_sandbox>();
+        h->ttl_end = detail->end_at;
+        h->heartbeat = false;
+        h->envd =
+            envd_client_for(*s, id, connected->domain, std::move(connected->envd_access_token));
+        info.owned = false;
+        h->info = info;
+        s->held[id] = h;
+        co_return info;
+    }
+
+    static asio::awaitable<result<sandbox_info>> inspect(std::shared_ptr<backend_state> s,
+                                                         std::string id) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        auto it = s->held.find(id);
+        if (it != s->held.end() && it->second->gone_reason) co_return it->second->info;
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) {
+            it = s->held.find(id);
+            if (detail.error().code == errc::sandbox_not_found && it != s->held.end()) {
+                it->second->gone_reason = "it has ended";
+                it->second->info.state = sandbox_state::exited;
+                co_return it->second->info;
+            }
+            co_return std::move(detail).error();
+        }
+        co_return info_from(*s, *detail);
+    }
+
+    static asio::awaitable<result<std::vector<sandbox_info>>> list(std::shared_ptr<backend_state> s,
+                                                                   label_filter filter) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        e2b::list_query q;
+        q.metadata = filter;
+        q.state = "running";
+        auto listed = co_await s->control->async_list(std::move(q));
+        if (!listed) co_return std::move(listed).error();
+        std::vector<sandbox_info> out;
+        for (const auto& d : *listed) {
+            // The server filters; a server that filters loosely must not widen the answer.
+            const bool matches = std::all_of(filter.begin(), filter.end(), [&d](const auto& kv) {
+                auto found = d.metadata.find(kv.first);
+                return found != d.metadata.end() && found->second == kv.second;
+            });
+            if (matches) out.push_back(info_from(*s, d));
+        }
+        std::stable_partition(out.begin(), out.end(),
+                              [](const sandbox_info& i) { return i.owned; });
+        co_return out;
+    }
+
+    static asio::awaitable<result<sandbox_info>> extend_ttl(std::shared_ptr<backend_state> s,
+                                                            std::string id, milliseconds ttl) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        if (auto valid = validate_ttl(ttl); !valid) co_return std::move(valid).error();
+        std::shared_ptr<held_sandbox> h;
+        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
+        if (h && h->gone_reason) co_return gone_error(id, *h);
+        milliseconds timeout = ttl;
+        if (h && h->heartbeat) timeout = std::min(ttl, s->config.heartbeat_timeout);
+        const auto asked = system_clock::now();
+        auto set = co_await s->control->async_set_timeout(id, seconds_up(timeout));
+        if (!set) {
+            if (h && set.error().code == errc::sandbox_not_found) {
+                h->gone_reason = "it has ended";
+                h->info.state = sandbox_state::exited;
+                co_return gone_error(id, *h);
+            }
+            co_return std::move(set).error();
+        }
+        if (h) {
+            h->ttl_end = asked + ttl;
+            h->info.expires_at = h->ttl_end;
+        }
+        // Confirmed by the control plane: its end as it now stands.
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) co_return std::move(detail).error();
+        co_return info_from(*s, *detail);
+    }
+
+    static asio::awaitable<result<void>> destroy(std::shared_ptr<backend_state> s, std::string id) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        const bool is_held = s->held.contains(id);
+        auto killed = co_await s->control->async_kill(id);
+        if (!killed) co_return std::move(killed).error();
+        if (!*killed && !is_held) {
+            co_return make_error(errc::sandbox_not_found, "no sandbox " + id);
+        }
+        // Gone only once the control plane no longer knows it, within the request bound.
+        const auto limit = deadline::after(s->config.request_timeout);
+        asio::steady_timer timer(s->executor);
+        milliseconds pause(50);
+        for (;;) {
+            std::string target = id;
+            auto detail = co_await s->control->async_get(std::move(target));
+            if (!detail && detail.error().code == errc::sandbox_not_found) break;
+            if (!detail && detail.error().code == errc::unauthorized) {
+                co_return std::move(detail).error();
+            }
+            if (limit.remaining() <= pause) {
+                co_return make_error(errc::backend_failure,
+                                     "sandbox " + id +
+                                         ": killed, but the control plane still "
+                                         "listed it after " +
+                                         std::to_string(s->config.request_timeout.count()) + " ms");
+            }
+            timer.expires_after(pause);
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_return make_error(errc::cancelled, "destroy: cancelled");
+            pause = std::min(pause * 2, milliseconds(1000));
+        }
+        s->held.erase(id);
+        detail::log(log_level::debug, "e2b", "destroyed", id);
+        co_return result<void>();
+    }
+
+    static asio::awaitable<result<host_report>> report(std::shared_ptr<backend_state> s) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        auto checked = co_await s->control->async_check();
+        if (!checked) co_return std::move(checked).error();
+        host_report r;
+        r.facts["api_url"] = s->config.api_url;
+        r.facts["domain"] = s->config.domain;
+        if (!s->config.sandbox_url.empty()) r.facts["sandbox_url"] = s->config.sandbox_url;
+        r.facts["default_template"] = s->config.default_template;
+        r.facts["owner_instance"] = s->config.owner_instance;
+        r.facts["heartbeat_timeout_ms"] = std::to_string(s->config.heartbeat_timeout.count());
+        co_return r;
+    }
+
+    // The owner named by a moat.owner label ("<host>/<pid>/<hex>") is gone when it is on this
+    // host and no process has its pid. Elsewhere it cannot be known from here: its heartbeat
+    // ends the sandbox within heartbeat_timeout of the owner's end.
+    static bool owner_is_gone(std::string_view owner, const std::string& host) {
+        const auto slash = owner.find('/');
+        if (slash == std::string_view::npos || owner.substr(0, slash) != host) return false;
+        const auto rest = owner.substr(slash + 1);
+        const auto end = rest.find('/');
+        const auto digits = rest.substr(0, end);
+        int pid = 0;
+        const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+        if (ec != std::errc() || ptr != digits.data() + digits.size() || pid <= 0) return false;
+        return ::kill(pid, 0) != 0 && errno == ESRCH;
+    }
+
+    static asio::awaitable<result<std::vector<janitor_action>>> janitor(
+        std::shared_ptr<backend_state> s, bool dry_run) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        e2b::list_query q;
+        auto listed = co_await s->control->async_list(std::move(q));
+        if (!listed) co_return std::move(listed).error();
+        const std::string host = this_host_name();
+        std::vector<janitor_action> actions;
+        for (const auto& d : *listed) {
+            const auto owner = d.metadata.find(std::string(owner_label));
+            if (owner == d.metadata.end()) continue;  // not moat's
+            if (s->held.contains(d.sandbox_id) || owner->second == s->config.owner_instance) {
+                continue;
+            }
+            const auto survive = d.metadata.find(std::string(survive_label));
+            if (survive != d.metadata.end() && survive->second == "true") continue;
+            if (!owner_is_gone(owner->second, host)) continue;
+            janitor_action a;
+            a.action = "destroy";
+            a.target = d.sandbox_id;
+            a.reason = "its owner " + owner->second + " is no longer running on this host";
+            if (!dry_run) {
+                auto destroyed = co_await destroy(s, d.sandbox_id);
+                if (destroyed || destroyed.error().code == errc::sandbox_not_found) {
+                    a.done = true;
+                } else {
+                    a.error = destroyed.error().to_string();
+                }
+            }
+            actions.push_back(std::move(a));
+        }
+        co_return actions;
+    }
+
+    // The envd client of a sandbox this backend holds: sandbox_not_found for one it does not
+    // (create or attach it first), sandbox_unavailable once it is known to have ended.
+    static result<std::shared_ptr<e2b::envd_client>> envd_of(const backend_state& s,
+                                                             const std::string& id) {
+        auto it = s.held.find(id);
+        if (it == s.held.end()) {
+            return make_error(errc::sandbox_not_found,
+                              "sandbox " + id + " is not held by this backend: attach to it first");
+        }
+        if (it->second->gone_reason) return gone_error(id, *it->second);
+        return it->second->envd;
+    }
+
+    static asio::awaitable<result<exec_stream>> exec_stream_in(std::shared_ptr<backend_state> s,
+                                                               std::string id,
+                                                               exec_request request) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_exec_stream(std::move(request));
+    }
+    static asio::awaitable<result<process>> spawn_in(std::shared_ptr<backend_state> s,
+                                                     std::string id, exec_request request) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_spawn(std::move(request));
+    }
+    static asio::awaitable<result<void>> signal_in(std::shared_ptr<backend_state> s, std::string id,
+                                                   std::uint64_t process_id, int signal) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_signal(process_id, signal);
+    }
+    static asio::awaitable<result<std::vector<file_write_result>>> write_files_in(
+        std::shared_ptr<backend_state> s, std::string id, std::vector<file_write> files) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_write_files(std::move(files));
+    }
+    static asio::awaitable<result<std::vector<file_read_result>>> read_files_in(
+        std::shared_ptr<backend_state> s, std::string id, std::vector<std::string> paths) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_read_files(std::move(paths));
+    }
+    static asio::awaitable<result<file_write_result>> write_file_stream_in(
+        std::shared_ptr<backend_state> s, std::string id, file_write_target target,
+        byte_source source) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_write_file_stream(std::move(target), std::move(source));
+    }
+    static asio::awaitable<result<file_read_stream>> read_file_stream_in(
+        std::shared_ptr<backend_state> s, std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_read_file_stream(std::move(path));
+    }
+    static asio::awaitable<result<file_stat>> stat_in(std::shared_ptr<backend_state> s,
+                                                      std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_stat(std::move(path));
+    }
+    static asio::awaitable<result<std::vector<dir_entry>>> list_dir_in(
+        std::shared_ptr<backend_state> s, std::string id, std::string path) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_list_dir(std::move(path));
+    }
+
+    std::shared_ptr<backend_state> state_;
+    task_group tasks_;
+};
+
+}  // namespace
+
+e2b_config e2b_config_from_environment(e2b_config config) {
+    if (config.api_key.empty()) config.api_key = env_or("E2B_API_KEY", "");
+    if (config.domain.empty()) config.domain = env_or("E2B_DOMAIN", "e2b.app");
+    if (config.api_url.empty())
+        config.api_url = env_or("E2B_API_URL", "https://api." + config.domain);
+    if (config.sandbox_url.empty()) config.sandbox_url = env_or("E2B_SANDBOX_URL", "");
+    if (config.ca_file.empty()) config.ca_file = env_or("MOAT_E2B_CA_FILE", "");
+    while (!config.sandbox_url.empty() && config.sandbox_url.back() == '/') {
+        config.sandbox_url.pop_back();
+    }
+    return config;
+}
+
+std::unique_ptr<backend> make_e2b_backend(asio::any_io_executor executor, e2b_config config) {
+    return std::make_unique<e2b_backend>(std::move(executor), std::move(config));
+}
+
+}  // namespace moat

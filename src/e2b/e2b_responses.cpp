@@ -1,0 +1,316 @@
+#include "e2b/e2b_responses.hpp"
+
+#include <simdjson.h>
+
+#include <charconv>
+#include <ctime>
+
+namespace moat::e2b {
+namespace {
+
+error bad(std::string what) {
+    return make_error(errc::protocol_error, "the E2B control plane sent " + std::move(what));
+}
+
+result<simdjson::dom::element> parse_root(simdjson::dom::parser& parser, std::string_view body,
+                                          std::size_t cap, const char* what) {
+    if (body.size() > cap) {
+        return bad(std::string(what) + " over " + std::to_string(cap) + " bytes");
+    }
+    const simdjson::padded_string padded(body);
+    simdjson::dom::element root;
+    if (parser.parse(padded).get(root) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " that is not valid JSON");
+    }
+    return root;
+}
+
+// A string field: absent or null gives "" unless required.
+result<std::string> string_field(simdjson::dom::object o, const char* name, bool required,
+                                 const char* what) {
+    simdjson::dom::element e;
+    if (o[name].get(e) != simdjson::SUCCESS || e.is_null()) {
+        if (required) return bad(std::string(what) + " without '" + name + "'");
+        return std::string();
+    }
+    std::string_view v;
+    if (e.get_string().get(v) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " whose '" + name + "' is not a string");
+    }
+    if (v.size() > max_string_bytes) {
+        return bad(std::string(what) + " whose '" + name + "' is over " +
+                   std::to_string(max_string_bytes) + " bytes");
+    }
+    return std::string(v);
+}
+
+// An integer field, as a number or a decimal string; absent or null: 0.
+result<std::int64_t> integer_field(simdjson::dom::object o, const char* name, const char* what) {
+    simdjson::dom::element e;
+    if (o[name].get(e) != simdjson::SUCCESS || e.is_null()) return std::int64_t{0};
+    std::int64_t n = 0;
+    if (e.get_int64().get(n) == simdjson::SUCCESS) return n;
+    std::string_view s;
+    if (e.get_string().get(s) == simdjson::SUCCESS) {
+        const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+        if (ec == std::errc() && ptr == s.data() + s.size()) return n;
+    }
+    return bad(std::string(what) + " whose '" + name + "' is not an integer");
+}
+
+result<std::chrono::system_clock::time_point> time_field(simdjson::dom::object o, const char* name,
+                                                         const char* what) {
+    auto text = string_field(o, name, true, what);
+    if (!text) return std::move(text).error();
+    auto t = parse_timestamp(*text);
+    if (!t) return bad(std::string(what) + " whose '" + name + "' is not an RFC 3339 date-time");
+    return *t;
+}
+
+result<void> metadata_field(simdjson::dom::object o, std::map<std::string, std::string>& out,
+                            const char* what) {
+    simdjson::dom::element e;
+    if (o["metadata"].get(e) != simdjson::SUCCESS || e.is_null()) return {};
+    simdjson::dom::object m;
+    if (e.get_object().get(m) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " whose 'metadata' is not an object");
+    }
+    for (auto field : m) {
+        std::string_view v;
+        if (field.value.get_string().get(v) != simdjson::SUCCESS) {
+            return bad(std::string(what) + " whose 'metadata' has a value that is not a string");
+        }
+        if (field.key.size() > max_string_bytes || v.size() > max_string_bytes) {
+            return bad(std::string(what) + " with a metadata entry over " +
+                       std::to_string(max_string_bytes) + " bytes");
+        }
+        if (out.size() >= max_metadata_entries) {
+            return bad(std::string(what) + " with more than " +
+                       std::to_string(max_metadata_entries) + " metadata entries");
+        }
+        out[std::string(field.key)] = std::string(v);
+    }
+    return {};
+}
+
+result<sandbox_detail> detail_from(simdjson::dom::element element, const char* what) {
+    simdjson::dom::object o;
+    if (element.get_object().get(o) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " that is not a JSON object");
+    }
+    sandbox_detail d;
+    auto id = string_field(o, "sandboxID", true, what);
+    if (!id) return std::move(id).error();
+    if (!is_valid_sandbox_id(*id)) return bad(std::string(what) + " with an invalid 'sandboxID'");
+    d.sandbox_id = std::move(*id);
+    for (auto [name, target] :
+         {std::pair{"templateID", &d.template_id}, std::pair{"alias", &d.alias},
+          std::pair{"state", &d.state}, std::pair{"envdAccessToken", &d.envd_access_token},
+          std::pair{"domain", &d.domain}}) {
+        auto v = string_field(o, name, false, what);
+        if (!v) return std::move(v).error();
+        *target = std::move(*v);
+    }
+    auto started = time_field(o, "startedAt", what);
+    if (!started) return std::move(started).error();
+    d.started_at = *started;
+    auto ends = time_field(o, "endAt", what);
+    if (!ends) return std::move(ends).error();
+    d.end_at = *ends;
+    for (auto [name, target] :
+         {std::pair{"cpuCount", &d.cpu_count}, std::pair{"memoryMB", &d.memory_mb},
+          std::pair{"diskSizeMB", &d.disk_size_mb}}) {
+        auto v = integer_field(o, name, what);
+        if (!v) return std::move(v).error();
+        *target = *v;
+    }
+    auto metadata = metadata_field(o, d.metadata, what);
+    if (!metadata) return std::move(metadata).error();
+    return d;
+}
+
+bool digits(std::string_view s, std::size_t at, std::size_t count, int& out) {
+    if (at + count > s.size()) return false;
+    out = 0;
+    for (std::size_t i = at; i < at + count; ++i) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        out = out * 10 + (s[i] - '0');
+    }
+    return true;
+}
+
+error not_timestamp() {
+    return make_error(errc::protocol_error, "not an RFC 3339 date-time");
+}
+
+// Percent-encoding of everything but RFC 3986's unreserved characters.
+std::string escape_component(std::string_view text) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const auto u = static_cast<unsigned char>(c);
+        const bool unreserved = (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') ||
+                                (u >= '0' && u <= '9') || u == '-' || u == '.' || u == '_' ||
+                                u == '~';
+        if (unreserved) {
+            out += c;
+        } else {
+            out += '%';
+            out += hex[u >> 4];
+            out += hex[u & 15];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+result<sandbox_reply> parse_sandbox_reply(std::string_view body) {
+    simdjson::dom::parser parser;
+    auto root = parse_root(parser, body, max_sandbox_body_bytes, "a Sandbox");
+    if (!root) return std::move(root).error();
+    simdjson::dom::object o;
+    if (root->get_object().get(o) != simdjson::SUCCESS) {
+        return bad("a Sandbox that is not a JSON object");
+    }
+    sandbox_reply r;
+    auto id = string_field(o, "sandboxID", true, "a Sandbox");
+    if (!id) return std::move(id).error();
+    if (!is_valid_sandbox_id(*id)) return bad("a Sandbox with an invalid 'sandboxID'");
+    r.sandbox_id = std::move(*id);
+    for (auto [name, target] :
+         {std::pair{"templateID", &r.template_id}, std::pair{"envdVersion", &r.envd_version},
+          std::pair{"envdAccessToken", &r.envd_access_token}, std::pair{"domain", &r.domain}}) {
+        auto v = string_field(o, name, false, "a Sandbox");
+        if (!v) return std::move(v).error();
+        *target = std::move(*v);
+    }
+    return r;
+}
+
+result<sandbox_detail> parse_sandbox_detail(std::string_view body) {
+    simdjson::dom::parser parser;
+    auto root = parse_root(parser, body, max_sandbox_body_bytes, "a SandboxDetail");
+    if (!root) return std::move(root).error();
+    return detail_from(*root, "a SandboxDetail");
+}
+
+result<std::vector<sandbox_detail>> parse_sandbox_list(std::string_view body) {
+    simdjson::dom::parser parser;
+    auto root = parse_root(parser, body, max_list_body_bytes, "a sandbox list");
+    if (!root) return std::move(root).error();
+    simdjson::dom::array items;
+    if (root->get_array().get(items) != simdjson::SUCCESS) {
+        return bad("a sandbox list that is not a JSON array");
+    }
+    std::vector<sandbox_detail> out;
+    for (auto item : items) {
+        if (out.size() >= max_listed_sandboxes) {
+            return bad("a list page of more than " + std::to_string(max_listed_sandboxes) +
+                       " sandboxes");
+        }
+        auto d = detail_from(item, "a ListedSandbox");
+        if (!d) return std::move(d).error();
+        out.push_back(std::move(*d));
+    }
+    return out;
+}
+
+std::optional<std::string> parse_error_message(std::string_view body) {
+    if (body.size() > max_error_body_bytes) return std::nullopt;
+    simdjson::dom::parser parser;
+    const simdjson::padded_string padded(body);
+    simdjson::dom::element root;
+    simdjson::dom::object o;
+    if (parser.parse(padded).get(root) != simdjson::SUCCESS ||
+        root.get_object().get(o) != simdjson::SUCCESS) {
+        return std::nullopt;
+    }
+    std::string_view message;
+    if (o["message"].get_string().get(message) != simdjson::SUCCESS) return std::nullopt;
+    std::string out;
+    for (const char c : message) {
+        if (out.size() >= 200) {
+            out += "...";
+            break;
+        }
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f) continue;
+        out += c;
+    }
+    return out;
+}
+
+result<std::chrono::system_clock::time_point> parse_timestamp(std::string_view s) {
+    int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+    const bool head = s.size() >= 20 && digits(s, 0, 4, year) && s[4] == '-' &&
+                      digits(s, 5, 2, month) && s[7] == '-' && digits(s, 8, 2, day) &&
+                      (s[10] == 'T' || s[10] == 't') && digits(s, 11, 2, hour) && s[13] == ':' &&
+                      digits(s, 14, 2, minute) && s[16] == ':' && digits(s, 17, 2, second);
+    if (!head || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 ||
+        second > 60 || year < 1970 || year > 2200) {
+        return not_timestamp();
+    }
+    std::size_t at = 19;
+    std::int64_t nanos = 0;
+    if (at < s.size() && s[at] == '.') {
+        ++at;
+        std::size_t n = 0;
+        while (at < s.size() && s[at] >= '0' && s[at] <= '9') {
+            if (n < 9) nanos = nanos * 10 + (s[at] - '0');
+            ++n;
+            ++at;
+        }
+        if (n == 0) return not_timestamp();
+        for (std::size_t k = n; k < 9; ++k) nanos *= 10;
+    }
+    std::int64_t offset_s = 0;
+    if (at < s.size() && (s[at] == 'Z' || s[at] == 'z')) {
+        ++at;
+    } else if (at < s.size() && (s[at] == '+' || s[at] == '-')) {
+        int oh = 0, om = 0;
+        if (!digits(s, at + 1, 2, oh) || at + 3 >= s.size() || s[at + 3] != ':' ||
+            !digits(s, at + 4, 2, om) || oh > 23 || om > 59) {
+            return not_timestamp();
+        }
+        offset_s = (oh * 3600 + om * 60) * (s[at] == '+' ? 1 : -1);
+        at += 6;
+    } else {
+        return not_timestamp();
+    }
+    if (at != s.size()) return not_timestamp();
+    std::tm tm{};
+    tm.tm_year = year - 1900;
+    tm.tm_mon = month - 1;
+    tm.tm_mday = day;
+    tm.tm_hour = hour;
+    tm.tm_min = minute;
+    tm.tm_sec = second;
+    const std::time_t t = ::timegm(&tm);
+    return std::chrono::system_clock::from_time_t(t) - std::chrono::seconds(offset_s) +
+           std::chrono::duration_cast<std::chrono::system_clock::duration>(
+               std::chrono::nanoseconds(nanos));
+}
+
+std::string encode_metadata_filter(const std::map<std::string, std::string>& filter) {
+    std::string pairs;
+    for (const auto& [key, value] : filter) {
+        if (!pairs.empty()) pairs += '&';
+        // Twice here: the server unescapes the whole value before it splits it (see the header).
+        pairs += escape_component(escape_component(key));
+        pairs += '=';
+        pairs += escape_component(escape_component(value));
+    }
+    return escape_component(pairs);
+}
+
+bool is_valid_sandbox_id(std::string_view id) noexcept {
+    if (id.empty() || id.size() > 64 || id.front() == '-' || id.back() == '-') return false;
+    for (const char c : id) {
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+    }
+    return true;
+}
+
+}  // namespace moat::e2b

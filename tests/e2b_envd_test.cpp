@@ -1,0 +1,853 @@
+// The envd client (src/e2b/envd_client.hpp) against a real `moat serve` this file starts (the
+// built binary, ports 0, an API key file, a fresh state directory): commands, streams, limits,
+// cancellation, spawn, files. Sandboxes are made by POSTing /v2/sandboxes with moat's HTTP
+// client, as the e2b backend does; processes left behind are looked for on this host, below the
+// server's pid. The pure parsers (envd_responses.hpp) are tested on bytes first.
+#include "e2b/envd_client.hpp"
+#include "e2b/envd_responses.hpp"
+
+#include <moat/backend.hpp>
+#include <moat/log.hpp>
+#include <moat/with_timeout.hpp>
+
+#include "http/client.hpp"
+#include "support/async_test.hpp"
+#include "support/host_inspect.hpp"
+#include "support/serve_process.hpp"
+#include "support/tcp_fault_proxy.hpp"
+
+#include <asio/experimental/parallel_group.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <doctest/doctest.h>
+#include <simdjson.h>
+
+#include <unistd.h>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+namespace moat::test {
+namespace {
+
+using namespace std::chrono_literals;
+using e2b::envd_client;
+
+// One `moat serve` for this file's tests (support/serve_process.hpp), started on first use.
+serve_process& shared_serve() {
+    static serve_process serve;
+    return serve;
+}
+
+struct sandbox_ref {
+    std::string id;
+    std::string token;
+};
+
+asio::awaitable<sandbox_ref> create_sandbox(http::client& client, const serve_process& serve) {
+    http::request request;
+    request.method = "POST";
+    request.url = serve.api_url() + "/v2/sandboxes";
+    request.headers.add("X-API-Key", serve.api_key());
+    request.headers.add("Content-Type", "application/json");
+    request.body = R"({"templateID":"base","timeout":600})";
+    request.limit = deadline::after(60s);
+    auto reply = co_await client.async_fetch(std::move(request), 1 << 20);
+    REQUIRE(reply);
+    REQUIRE(reply->status() == 201);
+    simdjson::dom::parser parser;
+    const simdjson::padded_string text(reply->body);
+    simdjson::dom::element root = parser.parse(text);
+    sandbox_ref ref;
+    ref.id = std::string(std::string_view(root["sandboxID"]));
+    ref.token = std::string(std::string_view(root["envdAccessToken"]));
+    co_return ref;
+}
+
+asio::awaitable<void> destroy_sandbox(http::client& client, const serve_process& serve,
+                                      std::string id) {
+    http::request request;
+    request.method = "DELETE";
+    request.url = serve.api_url() + "/sandboxes/" + id;
+    request.headers.add("X-API-Key", serve.api_key());
+    request.limit = deadline::after(60s);
+    auto reply = co_await client.async_fetch(std::move(request), 1 << 20);
+    CHECK(reply);
+}
+
+// One sandbox and an envd client for it, for one test.
+struct envd_fixture {
+    asio::io_context io;
+    std::shared_ptr<http::client> http = std::make_shared<http::client>(io.get_executor());
+    serve_process& serve = shared_serve();
+    sandbox_ref sandbox;
+    std::unique_ptr<envd_client> client;
+
+    explicit envd_fixture(e2b::envd_options options = {}) {
+        sandbox = run_async(io, create_sandbox(*http, serve));
+        client = make_client(options);
+    }
+    ~envd_fixture() {
+        client.reset();
+        run_async(io, destroy_sandbox(*http, serve, sandbox.id));
+    }
+    std::unique_ptr<envd_client> make_client(e2b::envd_options options,
+                                             std::string token_override = {},
+                                             std::string envd_url = {}) {
+        e2b::envd_endpoint endpoint;
+        endpoint.base_url = envd_url.empty() ? serve.envd_url() : envd_url;
+        endpoint.sandbox_id = sandbox.id;
+        endpoint.access_token = token_override.empty() ? sandbox.token : token_override;
+        return std::make_unique<envd_client>(http, endpoint, options);
+    }
+};
+
+exec_request command(std::string shell) {
+    exec_request r;
+    r.shell = std::move(shell);
+    r.wall_limit = 30s;
+    return r;
+}
+
+asio::awaitable<result<exec_result>> run(envd_client& client, exec_request request) {
+    const auto limits = request.output;
+    auto stream = co_await client.async_exec_stream(std::move(request));
+    if (!stream) co_return std::move(stream).error();
+    co_return co_await async_collect(std::move(*stream), limits);
+}
+
+// Waits `delay`, then emits terminal cancellation to `op` and returns its result.
+template <class T>
+asio::awaitable<result<T>> cancel_after(asio::awaitable<result<T>> op,
+                                        std::chrono::milliseconds delay) {
+    auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer timer(executor, delay);
+    auto task = asio::co_spawn(executor, std::move(op), asio::experimental::deferred);
+    auto wait = timer.async_wait(asio::experimental::deferred);
+    auto group = asio::experimental::make_parallel_group(std::move(task), std::move(wait));
+    auto outcome =
+        co_await group.async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+    auto& [order, failure, value, timer_error] = outcome;
+    (void)order;
+    (void)timer_error;
+    if (failure) std::rethrow_exception(failure);
+    co_return std::move(value);
+}
+
+// A command line in one of the server's sandboxes contains `needle`.
+bool host_runs(const serve_process& serve, const std::string& needle) {
+    return !serve.sandbox_processes_matching(needle).empty();
+}
+
+}  // namespace
+
+// --- the parsers, on bytes ---
+
+TEST_CASE("envd responses: process events parse, garbage is a protocol_error") {
+    auto start = e2b::parse_process_event(R"({"event":{"start":{"pid":1000}}})");
+    REQUIRE(start);
+    CHECK(std::get<e2b::start_event>(*start).pid == 1000);
+    auto data = e2b::parse_process_event(R"({"event":{"data":{"stderr":"aGkK"}},"x":1})");
+    REQUIRE(data);
+    CHECK(std::get<e2b::data_event>(*data).channel == output_channel::err);
+    CHECK(std::get<e2b::data_event>(*data).bytes == "hi\n");
+    auto end = e2b::parse_process_event(
+        R"({"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}}})");
+    REQUIRE(end);
+    CHECK(std::get<e2b::end_event>(*end).exit_code == 3);
+    auto keepalive = e2b::parse_process_event(R"({"event":{"keepalive":{}}})");
+    REQUIRE(keepalive);
+    CHECK(std::holds_alternative<e2b::keepalive_event>(*keepalive));
+    for (std::string_view garbage :
+         {"", "{", "[]", R"({"event":{}})", R"({"event":{"start":{"pid":"x"}}})",
+          R"({"event":{"data":{"stdout":"!!"}}})", R"({"event":{"data":{"pty":"aGkK"}}})",
+          R"({"event":{"end":{"exitCode":"3.5"}}})", "\xff\xfe"}) {
+        auto parsed = e2b::parse_process_event(garbage);
+        REQUIRE_FALSE(parsed);
+        CHECK(parsed.error().code == errc::protocol_error);
+    }
+}
+
+TEST_CASE("envd responses: Go's ProcessState becomes moat's exit code and signal") {
+    e2b::end_event exited{3, true, "exit status 3", "exit status 3"};
+    auto r = e2b::result_from_end(exited);
+    CHECK(r.exit_code == 3);
+    CHECK(r.signal == 0);
+    e2b::end_event killed{-1, false, "signal: killed", "signal: killed"};
+    r = e2b::result_from_end(killed);
+    CHECK(r.signal == SIGKILL);
+    CHECK(r.exit_code == 128 + SIGKILL);
+    e2b::end_event segv{-1, false, "signal: segmentation fault (core dumped)", ""};
+    CHECK(e2b::result_from_end(segv).signal == SIGSEGV);
+    CHECK(e2b::signal_from_go_name("terminated") == SIGTERM);
+    CHECK(e2b::signal_from_go_name("signal 40") == 40);
+    CHECK(e2b::signal_from_go_name("nonsense") == 0);
+}
+
+TEST_CASE("envd responses: entries, listings and base64 round trips") {
+    auto entry = e2b::parse_entry_response(
+        R"({"entry":{"name":"a","type":"FILE_TYPE_FILE","path":"/home/user/a","size":"12","mode":420}})");
+    REQUIRE(entry);
+    CHECK(entry->type == file_type::regular);
+    CHECK(entry->size == 12);
+    CHECK(entry->mode == 0644);
+    auto dir = e2b::parse_entry_response(
+        R"({"entry":{"name":"d","type":"FILE_TYPE_DIRECTORY","path":"/d","mode":2147484141}})");
+    REQUIRE(dir);
+    CHECK(dir->type == file_type::directory);
+    CHECK(dir->mode == 0755);
+    auto listing = e2b::parse_list_dir_response(
+        R"({"entries":[{"name":"a","path":"/a"},{"name":"b","path":"/b"},{"name":"c","path":"/c"}]})",
+        2);
+    REQUIRE_FALSE(listing);
+    CHECK(listing.error().code == errc::too_large);
+    CHECK_FALSE(e2b::parse_entry_response(R"({"entry":{"size":"-1"}})"));
+    CHECK_FALSE(e2b::parse_entry_response(R"({})"));
+    auto list = e2b::parse_list_response(R"({"processes":[{"pid":7,"tag":"t","config":{}}]})");
+    REQUIRE(list);
+    REQUIRE(list->size() == 1);
+    CHECK((*list)[0].pid == 7);
+    CHECK((*list)[0].tag == "t");
+    std::string every;
+    for (int i = 0; i < 256; ++i) every.push_back(static_cast<char>(i));
+    for (std::size_t n = 0; n < 5; ++n) {
+        const auto text = every.substr(0, n) + every;
+        CHECK(e2b::base64_decode(e2b::base64_encode(text)) == text);
+    }
+    CHECK_FALSE(e2b::base64_decode("a"));
+    CHECK(e2b::parse_envd_error_message(R"({"code":404,"message":"path '/x' does not exist"})") ==
+          "path '/x' does not exist");
+    CHECK(e2b::parse_envd_error_message("<html>") == "");
+}
+
+// --- commands against moat serve ---
+
+TEST_CASE(
+    "envd client: exit codes, stdout, stderr, env, cwd and stdin come back as the local backend "
+    "reports them") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto r = co_await run(*f.client, command("echo out; echo err >&2; exit 3"));
+        REQUIRE(r);
+        CHECK(r->exit_code == 3);
+        CHECK(r->signal == 0);
+        CHECK_FALSE(r->timed_out);
+        CHECK(r->out.text() == "out\n");
+        CHECK(r->err.text() == "err\n");
+
+        auto killed = co_await run(*f.client, command("kill -TERM $$"));
+        REQUIRE(killed);
+        CHECK(killed->signal == SIGTERM);
+        CHECK(killed->exit_code == 128 + SIGTERM);
+
+        exec_request request;
+        request.argv = {"sh", "-c", "pwd; echo \"$FOO\"; cat"};
+        request.env["FOO"] = "bar baz";
+        request.cwd = "/tmp";
+        request.stdin_data = "from stdin";
+        auto ran = co_await run(*f.client, std::move(request));
+        REQUIRE(ran);
+        CHECK(ran->exit_code == 0);
+        CHECK(ran->out.text() == "/tmp\nbar baz\nfrom stdin");
+
+        auto missing = co_await run(*f.client, command("exit 0"));
+        REQUIRE(missing);
+        CHECK(missing->exit_code == 0);
+
+        exec_request bad_cwd = command("true");
+        bad_cwd.cwd = "/no/such/dir";
+        auto refused = co_await run(*f.client, std::move(bad_cwd));
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == errc::invalid_argument);
+    }());
+}
+
+TEST_CASE("envd client: output past the caps keeps head and tail and counts the rest") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        exec_request request = command("head -c 3000000 /dev/zero | tr '\\0' a; echo -n END");
+        request.output.head_bytes = 1000;
+        request.output.tail_bytes = 1000;
+        auto r = co_await run(*f.client, std::move(request));
+        REQUIRE(r);
+        CHECK(r->out.total_bytes == 3000003);
+        CHECK(r->out.is_truncated());
+        CHECK(r->out.head == std::string(1000, 'a'));
+        CHECK(r->out.tail.size() == 1000);
+        CHECK(r->out.tail.ends_with("aEND"));
+        CHECK(r->out.omitted_bytes == 3000003 - 2000);
+    }());
+}
+
+TEST_CASE(
+    "envd client: a command past its wall limit ends as 124, timed_out, with no process left on "
+    "the host") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        exec_request request = command("sleep 987001");
+        request.wall_limit = 1500ms;
+        auto r = co_await run(*f.client, std::move(request));
+        REQUIRE(r);
+        CHECK(r->timed_out);
+        CHECK(r->exit_code == 124);
+        CHECK(r->signal == SIGKILL);
+        CHECK_FALSE(host_runs(f.serve, "sleep 987001"));
+    }());
+}
+
+TEST_CASE("envd client: output streams in chunks before the command ends") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto stream =
+            co_await f.client->async_exec_stream(command("echo first; exec sleep 987002.5"));
+        REQUIRE(stream);
+        auto first = co_await stream->async_next();
+        REQUIRE(first);
+        REQUIRE(std::holds_alternative<output_chunk>(*first));
+        CHECK(std::get<output_chunk>(*first).data == "first\n");
+        // The command is still running: the chunk came before its end.
+        CHECK(host_runs(f.serve, "sleep 987002.5"));
+    }());
+    // Dropping the stream killed it; async_kill_all waits for that kill.
+    run_async(f.io, f.client->async_kill_all());
+    CHECK_FALSE(host_runs(f.serve, "sleep 987002.5"));
+}
+
+TEST_CASE(
+    "envd client: cancelling or timing out an exec at several points leaves no process on the "
+    "host") {
+    envd_fixture f;
+    for (const auto delay : {0ms, 50ms, 300ms, 1000ms}) {
+        CAPTURE(delay.count());
+        const std::string marker = "sleep 98700" + std::to_string(3 + delay.count() % 7) + "." +
+                                   std::to_string(delay.count());
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            auto stream = co_await f.client->async_exec_stream(command("exec " + marker));
+            REQUIRE(stream);
+            auto next = stream->async_next();
+            auto r = co_await cancel_after(std::move(next), delay);
+            REQUIRE_FALSE(r);
+            CHECK(r.error().code == errc::cancelled);
+            CHECK_FALSE(host_runs(f.serve, marker));
+            // The stream is finished.
+            auto again = co_await stream->async_next();
+            REQUIRE_FALSE(again);
+            CHECK(again.error().code == errc::invalid_argument);
+        }());
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            auto stream = co_await f.client->async_exec_stream(command("exec " + marker));
+            REQUIRE(stream);
+            auto next = stream->async_next();
+            auto r = co_await with_timeout(std::move(next), deadline::after(delay));
+            REQUIRE_FALSE(r);
+            CHECK(r.error().code == errc::deadline_exceeded);
+            CHECK_FALSE(host_runs(f.serve, marker));
+        }());
+    }
+    // A deadline while the Start itself is in flight: the client waits for envd's answer, then
+    // kills the command by its tag and confirms it gone before completing.
+    for (const auto delay : {1ms, 5ms, 20ms, 60ms}) {
+        CAPTURE(delay.count());
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            auto start = f.client->async_exec_stream(command("exec sleep 987020"));
+            auto r = co_await with_timeout(std::move(start), deadline::after(delay));
+            if (!r) {
+                CHECK(r.error().code == errc::deadline_exceeded);
+                CHECK_FALSE(host_runs(f.serve, "sleep 987020"));
+            }
+            // Otherwise it started in time; dropping the stream kills it.
+        }());
+        run_async(f.io, f.client->async_kill_all());
+        CHECK_FALSE(host_runs(f.serve, "sleep 987020"));
+    }
+}
+
+TEST_CASE("envd client: spawn takes stdin, reports its output and is signalled") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        exec_request cat;
+        cat.argv = {"cat"};
+        cat.wall_limit = 60s;
+        auto p = co_await f.client->async_spawn(std::move(cat));
+        REQUIRE(p);
+        CHECK(p->id() != 0);
+        auto written = co_await p->async_write_stdin("abc\n");
+        REQUIRE(written);
+        auto echoed = co_await p->async_next();
+        REQUIRE(echoed);
+        REQUIRE(std::holds_alternative<output_chunk>(*echoed));
+        CHECK(std::get<output_chunk>(*echoed).data == "abc\n");
+        auto closed = co_await p->async_close_stdin();
+        REQUIRE(closed);
+        auto end = co_await p->async_next();
+        REQUIRE(end);
+        REQUIRE(std::holds_alternative<exec_result>(*end));
+        CHECK(std::get<exec_result>(*end).exit_code == 0);
+
+        exec_request sleeper;
+        sleeper.argv = {"sleep", "987010"};
+        auto s = co_await f.client->async_spawn(std::move(sleeper));
+        REQUIRE(s);
+        auto unsupported = co_await s->async_signal(SIGUSR1);
+        REQUIRE_FALSE(unsupported);
+        CHECK(unsupported.error().code == errc::not_supported);
+        auto term = co_await s->async_signal(SIGTERM);
+        REQUIRE(term);
+        auto ended = co_await s->async_next();
+        REQUIRE(ended);
+        REQUIRE(std::holds_alternative<exec_result>(*ended));
+        CHECK(std::get<exec_result>(*ended).signal == SIGTERM);
+        CHECK(std::get<exec_result>(*ended).exit_code == 128 + SIGTERM);
+
+        exec_request other;
+        other.argv = {"sleep", "987011"};
+        auto o = co_await f.client->async_spawn(std::move(other));
+        REQUIRE(o);
+        auto killed = co_await f.client->async_signal(o->id(), SIGKILL);
+        REQUIRE(killed);
+        auto done = co_await o->async_next();
+        REQUIRE(done);
+        REQUIRE(std::holds_alternative<exec_result>(*done));
+        CHECK(std::get<exec_result>(*done).signal == SIGKILL);
+        auto gone = co_await f.client->async_signal(o->id(), SIGKILL);
+        REQUIRE_FALSE(gone);
+        CHECK(gone.error().code == errc::invalid_argument);
+    }());
+    CHECK_FALSE(host_runs(f.serve, "sleep 98701"));
+}
+
+TEST_CASE(
+    "envd client: a frame over the client's cap is a protocol_error and the command is killed") {
+    e2b::envd_options options;
+    options.max_frame_bytes = 256;
+    envd_fixture f(options);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto stream = co_await f.client->async_exec_stream(
+            command("head -c 4096 /dev/zero | tr '\\0' x; exec sleep 987012"));
+        REQUIRE(stream);
+        result<std::variant<output_chunk, exec_result>> next =
+            std::variant<output_chunk, exec_result>(output_chunk{});
+        do {
+            next = co_await stream->async_next();
+        } while (next && std::holds_alternative<output_chunk>(*next));
+        REQUIRE_FALSE(next);
+        CHECK(next.error().code == errc::protocol_error);
+        CHECK_FALSE(host_runs(f.serve, "sleep 987012"));
+    }());
+}
+
+// --- files ---
+
+TEST_CASE("envd client: 256 KiB of every byte value round-trips, with its mode") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        std::string content;
+        for (int i = 0; i < 256 * 1024; ++i) content.push_back(static_cast<char>(i % 256));
+        std::vector<file_write> files(2);
+        files[0].path = "/home/user/bytes.bin";
+        files[0].content = content;
+        files[1].path = "/home/user/run.sh";
+        files[1].content = "#!/bin/sh\necho ran\n";
+        files[1].mode = 0755;
+        auto written = co_await f.client->async_write_files(files);
+        REQUIRE(written);
+        REQUIRE(written->size() == 2);
+        CHECK((*written)[0].outcome);
+        CHECK((*written)[1].outcome);
+        std::vector<std::string> paths = {"/home/user/bytes.bin", "/home/user/run.sh"};
+        auto read = co_await f.client->async_read_files(paths);
+        REQUIRE(read);
+        REQUIRE((*read)[0].content);
+        CHECK(*(*read)[0].content == content);
+        auto st = co_await f.client->async_stat("/home/user/run.sh");
+        REQUIRE(st);
+        CHECK(st->mode == 0755);
+        auto ran = co_await run(*f.client, command("/home/user/run.sh"));
+        REQUIRE(ran);
+        CHECK(ran->out.text() == "ran\n");
+        // No temporary file is left beside them.
+        auto listing = co_await f.client->async_list_dir("/home/user");
+        REQUIRE(listing);
+        for (const auto& e : *listing) CHECK_FALSE(e.name.starts_with(".moat-upload"));
+    }());
+}
+
+namespace {
+struct pattern_source {
+    std::uint64_t total;
+    std::shared_ptr<std::uint64_t> sent;
+};
+asio::awaitable<result<std::string>> next_pattern(pattern_source s) {
+    constexpr std::size_t chunk = 1024 * 1024;
+    if (*s.sent >= s.total) co_return std::string();
+    std::string out(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, s.total - *s.sent)),
+                    '\0');
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = static_cast<char>((*s.sent + i) * 7 % 251);
+    *s.sent += out.size();
+    co_return out;
+}
+}  // namespace
+
+TEST_CASE("envd client: 20 MiB streams in and out in bounded memory") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        constexpr std::uint64_t total = 20 * 1024 * 1024;
+        pattern_source source{total, std::make_shared<std::uint64_t>(0)};
+        byte_source pull = [source]() { return next_pattern(source); };
+        const long before = resident_bytes();
+        file_write_target target;
+        target.path = "/home/user/big.bin";
+        auto written = co_await f.client->async_write_file_stream(target, pull);
+        REQUIRE(written);
+        CHECK(written->outcome);
+        auto stream = co_await f.client->async_read_file_stream("/home/user/big.bin");
+        REQUIRE(stream);
+        CHECK(stream->stat().size == total);
+        std::uint64_t at = 0;
+        bool same = true;
+        std::size_t largest = 0;
+        for (;;) {
+            auto chunk = co_await stream->async_next();
+            REQUIRE(chunk);
+            if (chunk->empty()) break;
+            largest = std::max(largest, chunk->size());
+            for (std::size_t i = 0; i < chunk->size() && same; ++i)
+                same = (*chunk)[i] == static_cast<char>((at + i) * 7 % 251);
+            at += chunk->size();
+        }
+        CHECK(same);
+        CHECK(at == total);
+        CHECK(largest <= file_stream_chunk_bytes);
+        const long grown = resident_bytes() - before;
+        MESSAGE("resident growth over the 20 MiB round trip: " << grown / 1024 << " KiB");
+        CHECK(grown < 12 * 1024 * 1024);
+    }());
+}
+
+TEST_CASE(
+    "envd client: a symlink to a host path is resolved inside the sandbox, never on the host") {
+    envd_fixture f;
+    const std::string host_file = "/tmp/moat-envd-host-secret-" + std::to_string(::getpid());
+    {
+        std::ofstream out(host_file);
+        out << "HOST SECRET";
+    }
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto made = co_await run(
+            *f.client, command("ln -s " + host_file + " /home/user/escape && ln -s ../../.." +
+                               host_file + " /home/user/relative"));
+        REQUIRE(made);
+        REQUIRE(made->exit_code == 0);
+        std::vector<std::string> paths = {"/home/user/escape", "/home/user/relative",
+                                          "/home/user/../../.." + host_file};
+        auto read = co_await f.client->async_read_files(paths);
+        REQUIRE(read);
+        for (const auto& r : *read) {
+            CAPTURE(r.path);
+            REQUIRE_FALSE(r.content);
+            CHECK(r.content.error().code == errc::file_not_found);
+        }
+        std::vector<file_write> writes(1);
+        writes[0].path = "/home/user/escape";
+        writes[0].content = "overwritten";
+        auto written = co_await f.client->async_write_files(writes);
+        REQUIRE(written);
+        // The link itself was replaced (files.hpp), the host file never touched.
+        CHECK((*written)[0].outcome);
+        auto st = co_await f.client->async_stat("/home/user/escape");
+        REQUIRE(st);
+        CHECK(st->type == file_type::regular);
+    }());
+    CHECK(read_file(host_file) == "HOST SECRET");
+    std::filesystem::remove(host_file);
+}
+
+TEST_CASE("envd client: missing paths, directories and bad paths get moat's per-path errors") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        std::vector<std::string> paths = {"/home/user/nope", "/home/user", "relative/path", ""};
+        auto read = co_await f.client->async_read_files(paths);
+        REQUIRE(read);
+        REQUIRE(read->size() == 4);
+        CHECK((*read)[0].content.error().code == errc::file_not_found);
+        CHECK((*read)[0].content.error().detail.find("/home/user/nope") != std::string::npos);
+        CHECK((*read)[1].content.error().code == errc::is_directory);
+        CHECK((*read)[2].content.error().code == errc::invalid_path);
+        CHECK((*read)[3].content.error().code == errc::invalid_path);
+
+        std::vector<file_write> writes(3);
+        writes[0].path = "/home/user/no/such/dir/file";
+        writes[1].path = "/home/user";
+        writes[2].path = "/usr/moat-not-writable";
+        auto written = co_await f.client->async_write_files(writes);
+        REQUIRE(written);
+        CHECK((*written)[0].outcome.error().code == errc::file_not_found);
+        CHECK((*written)[1].outcome.error().code == errc::is_directory);
+        CHECK((*written)[2].outcome.error().code == errc::permission_denied);
+        auto missing = co_await f.client->async_stat("/home/user/nope");
+        REQUIRE_FALSE(missing);
+        CHECK(missing.error().code == errc::file_not_found);
+        auto no_dir = co_await f.client->async_list_dir("/home/user/nope");
+        REQUIRE_FALSE(no_dir);
+        CHECK(no_dir.error().code == errc::file_not_found);
+        auto plain = co_await run(*f.client, command("echo x > /tmp/plain"));
+        REQUIRE(plain);
+        auto not_dir = co_await f.client->async_list_dir("/tmp/plain");
+        REQUIRE_FALSE(not_dir);
+        CHECK(not_dir.error().code == errc::invalid_path);
+        // With create_parents, the streamed write makes the directories.
+        file_write_target target;
+        target.path = "/home/user/made/by/upload.txt";
+        target.create_parents = true;
+        pattern_source five{5, std::make_shared<std::uint64_t>(0)};
+        byte_source once = [five]() { return next_pattern(five); };
+        auto made = co_await f.client->async_write_file_stream(target, once);
+        REQUIRE(made);
+        CHECK(made->outcome);
+    }());
+}
+
+TEST_CASE("envd client: batch, file, stream and listing limits are enforced") {
+    e2b::envd_options options;
+    options.files.max_files = 3;
+    options.files.max_file_bytes = 1000;
+    options.files.max_batch_bytes = 2500;
+    options.files.max_dir_entries = 5;
+    envd_fixture f(options);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        std::vector<file_write> four(4);
+        for (std::size_t i = 0; i < four.size(); ++i) four[i].path = "/tmp/f" + std::to_string(i);
+        auto too_many = co_await f.client->async_write_files(four);
+        REQUIRE_FALSE(too_many);
+        CHECK(too_many.error().code == errc::too_large);
+
+        std::vector<file_write> big(3);
+        for (std::size_t i = 0; i < big.size(); ++i) {
+            big[i].path = "/tmp/b" + std::to_string(i);
+            big[i].content = std::string(900, 'b');
+        }
+        auto over_batch = co_await f.client->async_write_files(big);
+        REQUIRE_FALSE(over_batch);
+        CHECK(over_batch.error().code == errc::too_large);
+
+        std::vector<file_write> one(1);
+        one[0].path = "/tmp/one";
+        one[0].content = std::string(1001, 'x');
+        auto over_file = co_await f.client->async_write_files(one);
+        REQUIRE(over_file);
+        CHECK((*over_file)[0].outcome.error().code == errc::too_large);
+
+        auto made = co_await run(*f.client, command("head -c 5000 /dev/zero > /tmp/large"));
+        REQUIRE(made);
+        std::vector<std::string> large = {"/tmp/large"};
+        auto read_large = co_await f.client->async_read_files(large);
+        REQUIRE(read_large);
+        CHECK((*read_large)[0].content.error().code == errc::too_large);
+
+        file_write_target target;
+        target.path = "/tmp/streamed";
+        target.max_bytes = 3 * 1024 * 1024;
+        pattern_source source{8 * 1024 * 1024, std::make_shared<std::uint64_t>(0)};
+        byte_source pull = [source]() { return next_pattern(source); };
+        auto capped = co_await f.client->async_write_file_stream(target, pull);
+        REQUIRE(capped);
+        REQUIRE_FALSE(capped->outcome);
+        CHECK(capped->outcome.error().code == errc::too_large);
+        auto listing = co_await f.client->async_list_dir("/tmp");
+        REQUIRE(listing);
+        for (const auto& e : *listing) {
+            CHECK(e.name != "streamed");
+            CHECK_FALSE(e.name.starts_with(".moat-upload"));
+        }
+
+        auto many = co_await run(*f.client,
+                                 command("mkdir /tmp/many && cd /tmp/many && touch a b c d e f"));
+        REQUIRE(many);
+        auto over = co_await f.client->async_list_dir("/tmp/many");
+        REQUIRE_FALSE(over);
+        CHECK(over.error().code == errc::too_large);
+    }());
+}
+
+TEST_CASE(
+    "envd client: stat and list_dir report types, sizes and modes, sorted, links not followed") {
+    envd_fixture f;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto made = co_await run(
+            *f.client,
+            command("mkdir -p /tmp/d/sub && printf 12345 > /tmp/d/c && touch /tmp/d/a && "
+                    "chmod 600 /tmp/d/a && ln -s /tmp/d/sub /tmp/d/b"));
+        REQUIRE(made);
+        REQUIRE(made->exit_code == 0);
+        auto listing = co_await f.client->async_list_dir("/tmp/d");
+        REQUIRE(listing);
+        REQUIRE(listing->size() == 4);
+        CHECK((*listing)[0].name == "a");
+        CHECK((*listing)[1].name == "b");
+        CHECK((*listing)[1].type == file_type::symlink);
+        CHECK((*listing)[2].name == "c");
+        CHECK((*listing)[2].type == file_type::regular);
+        CHECK((*listing)[2].size == 5);
+        CHECK((*listing)[3].name == "sub");
+        CHECK((*listing)[3].type == file_type::directory);
+        auto a = co_await f.client->async_stat("/tmp/d/a");
+        REQUIRE(a);
+        CHECK(a->mode == 0600);
+        auto b = co_await f.client->async_stat("/tmp/d/b");
+        REQUIRE(b);
+        CHECK(b->type == file_type::symlink);
+        auto sub = co_await f.client->async_stat("/tmp/d/sub");
+        REQUIRE(sub);
+        CHECK(sub->type == file_type::directory);
+    }());
+}
+
+TEST_CASE("envd client: the access token never appears in an error detail or a log line") {
+    envd_fixture f;
+    std::vector<std::string> logged;
+    std::mutex mutex;
+    set_log_sink([&](const log_record& r) {
+        std::lock_guard lock(mutex);
+        logged.emplace_back(r.message);
+    });
+    const std::string wrong = "wrong-token-0123456789-secret";
+    auto bad = f.make_client({}, wrong);
+    std::vector<std::string> details;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto r = co_await run(*bad, command("true"));
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code == errc::unauthorized);
+        details.push_back(r.error().detail);
+        auto st = co_await bad->async_stat("/tmp");
+        REQUIRE_FALSE(st);
+        details.push_back(st.error().detail);
+        std::vector<std::string> paths = {"/tmp/x"};
+        auto read = co_await bad->async_read_files(paths);
+        if (!read) details.push_back(read.error().detail);
+        auto health = co_await bad->async_health();
+        if (!health) details.push_back(health.error().detail);
+        auto missing = co_await f.client->async_stat("/nope");
+        REQUIRE_FALSE(missing);
+        details.push_back(missing.error().detail);
+        auto signal = co_await f.client->async_signal(999999, SIGKILL);
+        REQUIRE_FALSE(signal);
+        details.push_back(signal.error().detail);
+    }());
+    set_log_sink({});
+    for (const auto& d : details) {
+        CAPTURE(d);
+        CHECK(d.find(wrong) == std::string::npos);
+        CHECK(d.find(f.sandbox.token) == std::string::npos);
+    }
+    for (const auto& line : logged) {
+        CHECK(line.find(wrong) == std::string::npos);
+        CHECK(line.find(f.sandbox.token) == std::string::npos);
+    }
+}
+
+}  // namespace moat::test
+
+// --- faults between the client and envd, through a TCP proxy on loopback ---
+
+namespace moat::test {
+
+namespace {
+// A start event's chunk is at most this long (its pid has at most 6 digits).
+constexpr std::size_t start_chunk_bytes = 45;
+}  // namespace
+
+TEST_CASE(
+    "envd client: a stream cut mid-frame or reset is an error and the command is still killed") {
+    envd_fixture f;
+    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
+    auto through = f.make_client({}, {}, proxy.url());
+    for (const bool reset : {false, true}) {
+        CAPTURE(reset);
+        if (reset)
+            proxy.arm(tcp_fault_proxy::reset_after(start_chunk_bytes + 8, "Process/Start", true));
+        else
+            proxy.arm(
+                tcp_fault_proxy::truncate_after(start_chunk_bytes + 8, "Process/Start", true));
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            auto stream = co_await through->async_exec_stream(
+                command("head -c 3000 /dev/zero | tr '\\0' y; exec sleep 987030"));
+            REQUIRE(stream);
+            result<std::variant<output_chunk, exec_result>> next =
+                std::variant<output_chunk, exec_result>(output_chunk{});
+            do {
+                next = co_await stream->async_next();
+            } while (next && std::holds_alternative<output_chunk>(*next));
+            REQUIRE_FALSE(next);
+            if (reset)
+                CHECK(next.error().code == errc::backend_failure);
+            else
+                CHECK(next.error().code == errc::protocol_error);
+            CHECK_FALSE(host_runs(f.serve, "sleep 987030"));
+        }());
+        CHECK(proxy.fired() >= 1);
+    }
+}
+
+TEST_CASE(
+    "envd client: garbage or an oversized frame before the start event is a protocol_error, and "
+    "the command is killed") {
+    envd_fixture f;
+    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
+    auto through = f.make_client({}, {}, proxy.url());
+    const std::string garbage =
+        tcp_fault_proxy::chunk(tcp_fault_proxy::envelope_header(0, 5) + "garbg");
+    const std::string oversized =
+        tcp_fault_proxy::chunk(tcp_fault_proxy::envelope_header(0, 100 * 1024 * 1024) + "{");
+    for (const auto& injected : {garbage, oversized}) {
+        proxy.arm(tcp_fault_proxy::inject_after(0, injected, "Process/Start", true));
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            auto stream = co_await through->async_exec_stream(command("exec sleep 987031"));
+            REQUIRE_FALSE(stream);
+            CHECK(stream.error().code == errc::protocol_error);
+        }());
+        run_async(f.io, through->async_kill_all());
+        CHECK_FALSE(host_runs(f.serve, "sleep 987031"));
+    }
+}
+
+TEST_CASE(
+    "envd client: a stream that stalls past the wall limit is ended by the client itself, as 124") {
+    envd_fixture f;
+    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
+    auto through = f.make_client({}, {}, proxy.url());
+    // Only the start event gets through; envd's end of the stream at the limit never arrives.
+    proxy.arm(tcp_fault_proxy::stall_after(start_chunk_bytes, "Process/Start", true));
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        exec_request request = command("exec sleep 987032");
+        request.wall_limit = 1500ms;
+        auto r = co_await run(*through, std::move(request));
+        REQUIRE(r);
+        CHECK(r->timed_out);
+        CHECK(r->exit_code == 124);
+        CHECK_FALSE(host_runs(f.serve, "sleep 987032"));
+    }());
+    proxy.resume();
+}
+
+TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout instead of hanging") {
+    envd_fixture f;
+    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
+    e2b::envd_options options;
+    options.request_timeout = 500ms;
+    auto through = f.make_client(options, {}, proxy.url());
+    proxy.stall();
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto st = co_await through->async_stat("/tmp");
+        REQUIRE_FALSE(st);
+        CHECK(st.error().code == errc::deadline_exceeded);
+        CHECK(st.error().detail.find("/tmp") != std::string::npos);
+    }());
+    proxy.resume();
+}
+
+}  // namespace moat::test
