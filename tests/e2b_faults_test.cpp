@@ -76,7 +76,8 @@ bool is_one_of(const moat::error& e, std::initializer_list<errc> codes) {
 struct faults {
     explicit faults(moat::test::serve_process& s = plain_serve())
         : serve(s),
-          descriptors_before(open_descriptors()),
+          io(),
+          descriptors_before(open_descriptors()),  // with io's own (epoll, eventfd, timerfd)
           api(std::make_unique<tcp_fault_proxy>("127.0.0.1", s.api_port())),
           envd(std::make_unique<tcp_fault_proxy>("127.0.0.1", s.envd_port())) {
         moat::e2b_config config;
@@ -151,8 +152,8 @@ struct faults {
     }
 
     moat::test::serve_process& serve;
-    std::size_t descriptors_before;
     asio::io_context io;
+    std::size_t descriptors_before;
     std::unique_ptr<tcp_fault_proxy> api;
     std::unique_ptr<tcp_fault_proxy> envd;
     std::unique_ptr<moat::backend> b;
