@@ -27,6 +27,7 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -37,6 +38,22 @@ using moat::errc;
 using moat::test::tcp_fault_proxy;
 
 namespace {
+
+// What the descriptors are, for a failure message.
+std::string descriptor_list() {
+    std::string out;
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return out;
+    while (const auto* entry = ::readdir(dir)) {
+        if (entry->d_name[0] == '.') continue;
+        char target[256] = {};
+        const std::string link = std::string("/proc/self/fd/") + entry->d_name;
+        const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+        out += std::string(entry->d_name) + "->" + (n > 0 ? std::string(target, n) : "?") + " ";
+    }
+    ::closedir(dir);
+    return out;
+}
 
 std::size_t open_descriptors() {
     std::size_t n = 0;
@@ -76,8 +93,8 @@ bool is_one_of(const moat::error& e, std::initializer_list<errc> codes) {
 struct faults {
     explicit faults(moat::test::serve_process& s = plain_serve())
         : serve(s),
-          io(),
-          descriptors_before(open_descriptors()),  // with io's own (epoll, eventfd, timerfd)
+          descriptors_before(open_descriptors()),
+          io(std::make_unique<asio::io_context>()),
           api(std::make_unique<tcp_fault_proxy>("127.0.0.1", s.api_port())),
           envd(std::make_unique<tcp_fault_proxy>("127.0.0.1", s.envd_port())) {
         moat::e2b_config config;
@@ -88,7 +105,7 @@ struct faults {
         config.request_timeout = 3s;
         config.max_retry_after = 2s;
         config.kill_grace = 2s;
-        b = moat::make_e2b_backend(io.get_executor(), config);
+        b = moat::make_e2b_backend(io->get_executor(), config);
         rt = std::make_unique<moat::runtime>(*b);
     }
 
@@ -96,7 +113,7 @@ struct faults {
 
     template <class T>
     T run(asio::awaitable<T> task, std::chrono::seconds watchdog = std::chrono::seconds(120)) {
-        return moat::test::run_async(io, std::move(task), watchdog);
+        return moat::test::run_async(*io, std::move(task), watchdog);
     }
 
     std::shared_ptr<moat::sandbox> create() {
@@ -145,15 +162,16 @@ struct faults {
         envd->resume();
         rt.reset();
         b.reset();
-        io.run_for(std::chrono::seconds(1));
+        io->run_for(std::chrono::seconds(1));
+        io.reset();  // its reactor's descriptors are made on first use
         api.reset();
         envd.reset();
-        CHECK(open_descriptors() == descriptors_before);
+        CHECK_MESSAGE(open_descriptors() == descriptors_before, descriptor_list());
     }
 
     moat::test::serve_process& serve;
-    asio::io_context io;
     std::size_t descriptors_before;
+    std::unique_ptr<asio::io_context> io;
     std::unique_ptr<tcp_fault_proxy> api;
     std::unique_ptr<tcp_fault_proxy> envd;
     std::unique_ptr<moat::backend> b;
