@@ -76,7 +76,10 @@ struct store_pull {
 
 struct emit_terminal {
     std::shared_ptr<cancelled_pull> p;
-    void operator()() const { p->signal.emit(asio::cancellation_type::terminal); }
+    // Only while the pull is pending: one that completed has no handler to cancel.
+    void operator()() const {
+        if (!p->outcome) p->signal.emit(asio::cancellation_type::terminal);
+    }
 };
 
 // Ends `stream` through its own cancellation path; the caller's cancellation state must already
