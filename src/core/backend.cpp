@@ -1,8 +1,20 @@
 #include <moat/backend.hpp>
 
+#include "core/async_event.hpp"
+#include "core/cancellation.hpp"
+#include "core/exception_boundary.hpp"
 #include "core/output_capture.hpp"
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+#include <asio/this_coro.hpp>
+
 #include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
 
 namespace moat {
 namespace {
@@ -32,6 +44,70 @@ class buffered_read_stream final : public file_read_stream::impl {
     bool finished_ = false;
 };
 
+// A pull that is cancelled once it has begun: the stream's own terminal cancellation, which stops
+// the program and confirms its end (exec.hpp). Used when the caller's cancellation arrived while
+// no pull was pending (between the stream's start and a pull, or between two pulls): awaiting a
+// pull then would throw in the caller's frame before the stream saw anything, and dropping the
+// stream kills without confirming.
+struct cancelled_pull {
+    explicit cancelled_pull(asio::any_io_executor executor) : done(std::move(executor)) {}
+    exec_stream stream;
+    asio::cancellation_signal signal;
+    async_event done;
+    std::optional<result<std::variant<output_chunk, exec_result>>> outcome;
+};
+
+asio::awaitable<result<std::variant<output_chunk, exec_result>>> pull(
+    std::shared_ptr<cancelled_pull> p) {
+    co_return co_await p->stream.async_next();
+}
+
+struct store_pull {
+    std::shared_ptr<cancelled_pull> p;
+    void operator()(std::exception_ptr e, result<std::variant<output_chunk, exec_result>> r) {
+        if (e) {
+            p->outcome = error_from_exception(e);
+        } else {
+            p->outcome = std::move(r);
+        }
+        p->done.set();
+    }
+};
+
+struct emit_terminal {
+    std::shared_ptr<cancelled_pull> p;
+    // Only while the pull is pending: one that completed has no handler to cancel.
+    void operator()() const {
+        if (!p->outcome) p->signal.emit(asio::cancellation_type::terminal);
+    }
+};
+
+// Ends `stream` through its own cancellation path; the caller's cancellation state must already
+// be reset. Bounded by the stream's kill grace (the wait below is a backstop).
+asio::awaitable<error> stop_through_pull(exec_stream stream) {
+    auto executor = co_await asio::this_coro::executor;
+    auto p = std::make_shared<cancelled_pull>(executor);
+    p->stream = std::move(stream);
+    for (;;) {
+        p->outcome.reset();
+        p->signal.slot().clear();
+        auto token = asio::bind_cancellation_slot(p->signal.slot(), store_pull{p});
+        asio::co_spawn(executor, pull(p), token);
+        // Posted behind the pull's start, so it reaches the pull where it waits.
+        asio::post(executor, emit_terminal{p});
+        const auto limit = deadline::after(std::chrono::seconds(60));
+        co_await p->done.async_wait(limit);
+        if (!p->outcome) co_return make_error(errc::backend_failure, "the stream did not stop");
+        p->done = async_event(executor);
+        if (!*p->outcome) co_return std::move(*p->outcome).error();
+        if (std::holds_alternative<exec_result>(**p->outcome)) {
+            // It ended on its own meanwhile: nothing is left running; the caller cancelled.
+            co_return make_error(errc::cancelled, "the caller cancelled the operation");
+        }
+        // A chunk that was ready before the cancellation arrived: pull again.
+    }
+}
+
 }  // namespace
 
 const char* to_string(sandbox_state state) noexcept {
@@ -48,6 +124,10 @@ asio::awaitable<result<exec_result>> async_collect(exec_stream stream, output_li
     output_capture out(limits);
     output_capture err(limits);
     for (;;) {
+        if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            co_await asio::this_coro::reset_cancellation_state();
+            co_return co_await stop_through_pull(std::move(stream));
+        }
         auto next = co_await stream.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
@@ -65,6 +145,11 @@ asio::awaitable<result<exec_result>> backend::async_exec(std::string id, exec_re
     const output_limits limits = request.output;
     auto stream = co_await async_exec_stream(std::move(id), std::move(request));
     if (!stream) co_return std::move(stream).error();
+    // A cancellation that arrived as the stream started would throw at the next co_await.
+    if (is_cancelled(co_await asio::this_coro::cancellation_state)) {
+        co_await asio::this_coro::reset_cancellation_state();
+        co_return co_await stop_through_pull(std::move(*stream));
+    }
     co_return co_await async_collect(std::move(*stream), limits);
 }
 

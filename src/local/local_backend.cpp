@@ -36,6 +36,7 @@
 #include <csignal>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace moat {
@@ -1143,13 +1144,27 @@ class local_backend final : public backend {
         // The stream owns the command from here: dropping it (cancellation included) kills it.
         started.stream = std::make_unique<local_exec_stream>(
             executor_, std::move(command), std::move(pipes.out_ours), std::move(pipes.err_ours));
-        const auto outcome = co_await (*state)->started.async_wait(start_limit);
-        // A cancellation that raced the start is honoured too, so the caller's next co_await does
-        // not throw with the command still running.
+        // The record is sent: the command runs whatever the caller does. A cancellation already
+        // pending would make the wait below throw (and drop the stream unconfirmed), so it is
+        // taken here, and one that races the start is honoured too.
+        std::optional<async_event::wait_outcome> outcome;
+        if (!is_cancelled(co_await asio::this_coro::cancellation_state)) {
+            outcome = co_await (*state)->started.async_wait(start_limit);
+        }
         const bool raced = is_cancelled(co_await asio::this_coro::cancellation_state);
         if (raced) co_await asio::this_coro::reset_cancellation_state();
-        if (outcome == async_event::wait_outcome::cancelled || raced) {
-            started.stream.reset();  // kills it
+        if (!outcome || *outcome == async_event::wait_outcome::cancelled || raced) {
+            // As exec_stream's own cancellation: kill, then wait (not cancellably, bounded by the
+            // kill grace) for the agent to confirm the end before completing.
+            if (!(*state)->exit) (void)sandbox->agent->kill(exec_id, SIGKILL);
+            const auto grace = deadline::after(options_.kill_grace);
+            co_await (*state)->exited.async_wait(grace);
+            if (!(*state)->exit) {
+                co_return make_error(errc::backend_failure,
+                                     "exec was cancelled as the command started, and its end was "
+                                     "not confirmed within " +
+                                         std::to_string(options_.kill_grace.count()) + " ms");
+            }
             co_return make_error(errc::cancelled, "exec was cancelled before the command started");
         }
         if (!(*state)->start && !(*state)->exit) {

@@ -188,8 +188,9 @@ int serve_process::stop(std::chrono::milliseconds grace, int signal) {
         }
     };
     if (!reap(grace)) {
-        MESSAGE("moat serve did not exit within " << grace.count() << " ms of signal " << signal
-                                                  << ": SIGKILL");
+        // Not a doctest macro: this also runs from destructors of statics, after doctest ended.
+        std::fprintf(stderr, "moat serve did not exit within %lld ms of signal %d: SIGKILL\n",
+                     static_cast<long long>(grace.count()), signal);
         ::kill(pid_, SIGKILL);
         if (!reap(std::chrono::seconds(10))) exit_status_ = -1;
     }
@@ -205,15 +206,23 @@ std::vector<pid_t> serve_process::descendants() const {
     return out;
 }
 
-std::vector<pid_t> serve_process::sandbox_processes() const {
+std::vector<pid_t> serve_process::sandbox_agents() const {
     // serve -> its helper (moat-helper) -> each sandbox's pid 1 (moat-agent) -> the commands.
     std::vector<pid_t> out;
     if (pid_ <= 0 || exit_status_) return out;
     for (pid_t helper : children_of(pid_)) {
         for (pid_t agent : children_of(helper)) {
-            for (pid_t p : moat::test::descendants(agent)) {
-                if (moat::test::is_running(p)) out.push_back(p);
-            }
+            if (moat::test::is_running(agent)) out.push_back(agent);
+        }
+    }
+    return out;
+}
+
+std::vector<pid_t> serve_process::sandbox_processes() const {
+    std::vector<pid_t> out;
+    for (pid_t agent : sandbox_agents()) {
+        for (pid_t p : moat::test::descendants(agent)) {
+            if (moat::test::is_running(p)) out.push_back(p);
         }
     }
     return out;

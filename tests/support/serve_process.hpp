@@ -65,6 +65,8 @@ class serve_process {
     // Every live host process below the server right now: its sandbox helper, the sandboxes'
     // pid 1 agents and whatever commands run in them.
     std::vector<pid_t> descendants() const;
+    // The host pids of its sandboxes' pid 1 agents (children of its helper), one per live sandbox.
+    std::vector<pid_t> sandbox_agents() const;
     // The host processes that belong to its sandboxes' commands: everything below the sandboxes'
     // pid 1 agents (serve -> its helper -> one agent per sandbox -> commands). Empty means nothing
     // a command started is left.
