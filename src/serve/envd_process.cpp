@@ -206,6 +206,24 @@ asio::awaitable<void> follow(connect_stream& stream, process_table::subscription
     }
 }
 
+// The reason a process that never started gives (its stderr, at most a line), read to its end
+// within `limit`.
+asio::awaitable<std::string> start_failure_reason(process& p, deadline limit) {
+    std::string reason;
+    for (int i = 0; i < 16 && !limit.has_expired(); ++i) {
+        auto next = co_await p.async_next();
+        if (!next) break;
+        const auto* chunk = std::get_if<output_chunk>(&*next);
+        if (chunk == nullptr) break;  // the end
+        if (chunk->channel == output_channel::err && reason.size() < 512)
+            reason.append(chunk->data, 0, 512 - reason.size());
+    }
+    while (!reason.empty() && (reason.back() == '\n' || reason.back() == '\r')) reason.pop_back();
+    if (const auto nl = reason.find('\n'); nl != std::string::npos) reason.resize(nl);
+    if (reason.empty()) reason = "the program could not be run";
+    co_return reason;
+}
+
 asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
     const auto timeout = connect_timeout(call.request);
@@ -265,6 +283,15 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     if (!spawned) {
         const auto c = code_of(spawned.error());
         (void)co_await stream.async_end(c, spawned.error().detail);
+        co_return;
+    }
+    if (spawned->pid() == 0) {
+        // The program could not be started (missing, not executable): envd fails Start itself, as
+        // Go's cmd.Start fails; there is no process, so no pid to report. Its one-line reason is
+        // what the local backend wrote on the command's stderr before its end (127 or 126).
+        const auto reason = co_await start_failure_reason(*spawned, start_limit);
+        (void)co_await stream.async_end(code::invalid_argument,
+                                        "error starting process: " + reason);
         co_return;
     }
     auto pid = table->add(std::move(*spawned), parsed->process, parsed->tag);
