@@ -1,7 +1,8 @@
-// The egress proxy's host side (src/egress): the policy and address classification as pure
-// functions.
+// The egress proxy's host side (src/egress): the policy, address classification and request
+// parsing as pure functions.
 #include "egress/address_policy.hpp"
 #include "egress/network_policy.hpp"
+#include "egress/proxy_request.hpp"
 
 #include <doctest/doctest.h>
 
@@ -257,4 +258,110 @@ TEST_CASE(
     CHECK_FALSE(parse_numeric_ipv4("example.123"));
     // One trailing dot is a fully qualified name's: 1.2.3. is 1.2.0.3, never a name to resolve.
     CHECK(parse_numeric_ipv4("1.2.3.")->to_string() == "1.2.0.3");
+}
+
+namespace {
+
+parse_outcome parse(std::string_view text, const request_caps& caps = {}) {
+    return parse_proxy_request(text, caps);
+}
+
+void check_refused(std::string_view text, int status, std::string_view reason_part,
+                   const request_caps& caps = {}) {
+    auto out = parse(text, caps);
+    CAPTURE(std::string(text.substr(0, 80)));
+    REQUIRE(out.state == parse_outcome::state::refused);
+    CHECK(out.status == status);
+    CHECK(out.reason.find(reason_part) != std::string::npos);
+    CHECK(out.reason.find('\n') == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("the request parser reads CONNECT host:port and says where the tunnel's bytes start") {
+    const std::string text = "CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\nTLS...";
+    auto out = parse(text);
+    REQUIRE(out.state == parse_outcome::state::complete);
+    CHECK(out.request.is_connect);
+    CHECK(out.request.host == "pypi.org");
+    CHECK(out.request.port == 443);
+    CHECK(out.request.upstream_head.empty());
+    CHECK(text.substr(out.request.head_bytes) == "TLS...");
+
+    auto v6 = parse("CONNECT [2001:db8::1]:8443 HTTP/1.1\r\n\r\n");
+    REQUIRE(v6.state == parse_outcome::state::complete);
+    CHECK(v6.request.host_is_ipv6_literal);
+    CHECK(v6.request.host == "2001:db8::1");
+    CHECK(v6.request.port == 8443);
+}
+
+TEST_CASE("the request parser rewrites an absolute-form request to origin form for the upstream") {
+    auto out = parse(
+        "GET http://PyPI.test/simple/pkg/?q=1#frag HTTP/1.1\r\nHost: wrong.example\r\n"
+        "User-Agent: pip\r\nProxy-Authorization: Basic c2VjcmV0\r\nConnection: keep-alive\r\n"
+        "Proxy-Connection: keep-alive\r\nAccept: */*\r\n\r\n");
+    REQUIRE(out.state == parse_outcome::state::complete);
+    CHECK_FALSE(out.request.is_connect);
+    CHECK(out.request.host == "PyPI.test");
+    CHECK(out.request.port == 80);
+    CHECK(out.request.upstream_head ==
+          "GET /simple/pkg/?q=1 HTTP/1.1\r\nHost: PyPI.test\r\nUser-Agent: pip\r\n"
+          "Accept: */*\r\nConnection: close\r\n\r\n");
+
+    auto with_port =
+        parse("POST http://mirror.test:8080?x HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi");
+    REQUIRE(with_port.state == parse_outcome::state::complete);
+    CHECK(with_port.request.port == 8080);
+    CHECK(with_port.request.upstream_head ==
+          "POST /?x HTTP/1.0\r\nHost: mirror.test:8080\r\nContent-Length: 2\r\n"
+          "Connection: close\r\n\r\n");
+}
+
+TEST_CASE("the request parser waits for more bytes until the head is complete") {
+    CHECK(parse("").state == parse_outcome::state::incomplete);
+    CHECK(parse("CONNECT pypi.org:443 HTTP/1.1").state == parse_outcome::state::incomplete);
+    CHECK(parse("CONNECT pypi.org:443 HTTP/1.1\r\nHost: x\r\n").state ==
+          parse_outcome::state::incomplete);
+}
+
+TEST_CASE("malformed proxy requests are refused with a 400 and a one-line reason") {
+    check_refused("GET /simple/ HTTP/1.1\r\n\r\n", 400, "absolute URL");
+    check_refused("GET https://pypi.org/ HTTP/1.1\r\n\r\n", 400, "CONNECT");
+    check_refused("GET ftp://pypi.org/ HTTP/1.1\r\n\r\n", 400, "not http://");
+    check_refused("GET http://user:pw@pypi.org/ HTTP/1.1\r\n\r\n", 400, "credentials");
+    check_refused("CONNECT pypi.org HTTP/1.1\r\n\r\n", 400, "host:port");
+    check_refused("CONNECT pypi.org:0 HTTP/1.1\r\n\r\n", 400, "port");
+    check_refused("CONNECT pypi.org:99999 HTTP/1.1\r\n\r\n", 400, "port");
+    check_refused("CONNECT :443 HTTP/1.1\r\n\r\n", 400, "no host");
+    check_refused("CONNECT [::1:443 HTTP/1.1\r\n\r\n", 400, "']'");
+    check_refused("CONNECT pypi.org:443 HTTP/2\r\n\r\n", 400, "HTTP/1.0 or HTTP/1.1");
+    check_refused("CONNECT  pypi.org:443 HTTP/1.1\r\n\r\n", 400, "METHOD TARGET");
+    check_refused("CONNECT pypi.org:443\r\n\r\n", 400, "METHOD TARGET");
+    check_refused("GE(T http://a.test/ HTTP/1.1\r\n\r\n", 400, "method");
+    check_refused("CONNECT pypi.org:443 HTTP/1.1\nHost: x\n\n", 400, "CRLF");
+    check_refused("CONNECT pypi.org:443 HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400, "folded");
+    check_refused("CONNECT pypi.org:443 HTTP/1.1\r\nNo colon\r\n\r\n", 400, "without a name");
+    check_refused("CONNECT pypi.org:443 HTTP/1.1\r\nBad Name: x\r\n\r\n", 400, "name");
+    check_refused("CONNECT pypi.org:443 HTTP/1.1\r\nX: a\rb\r\n\r\n", 400, "control byte");
+    check_refused("GET http://a.test/\x01 HTTP/1.1\r\n\r\n", 400, "bad character");
+    check_refused("CONNECT " + std::string(300, 'a') + ":443 HTTP/1.1\r\n\r\n", 400,
+                  "CONNECT target");
+}
+
+TEST_CASE("oversized request lines and heads are refused as soon as they pass a cap") {
+    request_caps caps;
+    caps.max_request_line_bytes = 64;
+    caps.max_head_bytes = 256;
+    caps.max_headers = 4;
+    // Without the end of the line yet: refused, not waited for.
+    check_refused("GET http://a.test/" + std::string(100, 'x'), 414, "request line", caps);
+    check_refused("GET http://a.test/" + std::string(100, 'x') + " HTTP/1.1\r\n\r\n", 414,
+                  "request line", caps);
+    std::string many = "CONNECT a.test:443 HTTP/1.1\r\n";
+    for (int i = 0; i < 5; ++i) many += "X-" + std::to_string(i) + ": v\r\n";
+    check_refused(many, 431, "more than 4 headers", caps);  // before the blank line
+    check_refused(many + "\r\n", 431, "more than 4 headers", caps);
+    check_refused("CONNECT a.test:443 HTTP/1.1\r\nX: " + std::string(300, 'v'), 431, "head", caps);
+    check_refused("CONNECT a.test:443 HTTP/1.1\r\nX: " + std::string(300, 'v') + "\r\n\r\n", 431,
+                  "head", caps);
 }
