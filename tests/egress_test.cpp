@@ -1002,3 +1002,31 @@ TEST_CASE(
     proxy_fixture f;
     moat::test::run_async(f.io, throughput_case(&f));
 }
+
+namespace {
+
+// A name that is not pinned goes through asio's resolver (localhost: /etc/hosts, no traffic
+// leaves the machine), and every address it returns is checked.
+asio::awaitable<void> resolver_case(proxy_fixture* f) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto target = "localhost:" + std::to_string(echo.port());
+    const auto closed = f->add_sandbox("sb-closed", allow({target}));
+    const auto line = co_await refusal_line(closed, "CONNECT " + target + " HTTP/1.1\r\n\r\n");
+    CHECK(line.starts_with("localhost resolves to "));
+    CHECK(line.ends_with(", a loopback address"));
+    // With loopback allowed, the proxy connects to one of the checked addresses (the echo server
+    // listens on 127.0.0.1 only; an ::1 tried first is refused and the next address is used).
+    const auto opened = f->add_sandbox("sb-opened", allow({target}, {}, {"127.0.0.0/8", "::1"}));
+    auto tunnel = co_await open_tunnel(opened, target);
+    CHECK(co_await echo_through(tunnel, "resolved") == "resolved");
+    tunnel.close();
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a name that is not pinned is resolved by the proxy and every address it returns is checked") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, resolver_case(&f));
+}

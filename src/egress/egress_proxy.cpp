@@ -24,6 +24,7 @@ using clock = std::chrono::steady_clock;
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr std::size_t relay_chunk_bytes = 256 * 1024;
 constexpr std::size_t head_read_bytes = 4096;
+constexpr std::size_t lingering_close_bytes = 256 * 1024;
 
 struct sandbox_entry {
     std::string id;
@@ -165,9 +166,19 @@ asio::awaitable<void> send_refusal(std::shared_ptr<connection> c, egress_proxy::
     auto [ec, n] = co_await asio::async_write(c->client, buffer, use_tuple);
     (void)ec;
     (void)n;
-    // Let the client read the reply before the close: stop sending, then close.
+    // A lingering close: stop sending, then read and discard what the client still sends (up to
+    // a cap, under the reply deadline) before closing. Closing with unread bytes queued would
+    // send a reset, and the client could lose the reply (an oversized head is refused unread).
     std::error_code ignored;
     c->client.shutdown(asio::socket_base::shutdown_send, ignored);
+    std::array<char, head_read_bytes> discard{};
+    std::size_t drained = 0;
+    while (!c->is_closed && drained < lingering_close_bytes) {
+        auto discard_buffer = asio::buffer(discard);
+        auto [read_error, got] = co_await c->client.async_read_some(discard_buffer, use_tuple);
+        drained += got;
+        if (read_error) break;
+    }
     c->close("refused");
 }
 
