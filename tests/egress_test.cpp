@@ -1030,3 +1030,34 @@ TEST_CASE(
     proxy_fixture f;
     moat::test::run_async(f.io, resolver_case(&f));
 }
+
+namespace {
+
+// A listener whose accept queue is full drops new SYNs, so a connect to it neither succeeds nor
+// fails: the proxy's connect deadline is what ends it.
+asio::awaitable<void> connect_timeout_case(proxy_fixture* f) {
+    auto executor = co_await asio::this_coro::executor;
+    tcp::acceptor full(executor);
+    full.open(tcp::v4());
+    full.bind(tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    full.listen(0);  // room for one connection, never accepted
+    const auto port = full.local_endpoint().port();
+    auto filler = co_await connect_to(port);
+    egress_limits limits;
+    limits.connect_timeout = std::chrono::milliseconds(300);
+    const auto target = "stuck.test:" + std::to_string(port);
+    const auto door =
+        f->add_sandbox("sb-1", allow({target}, {"stuck.test=127.0.0.1"}, {"127.0.0.0/8"}), limits);
+    const auto reply = co_await exchange(door, "CONNECT " + target + " HTTP/1.1\r\n\r\n");
+    CHECK(reply.starts_with("HTTP/1.1 504 Gateway Timeout\r\n"));
+    CHECK(body_of(reply) == "connecting to " + target + " took longer than 300 ms\n");
+    filler.close();
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("a connect that never completes ends at the connect deadline with a 504 and its reason") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, connect_timeout_case(&f), std::chrono::seconds(30));
+}
