@@ -1091,3 +1091,41 @@ TEST_CASE("a connect that never completes ends at the connect deadline with a 50
     proxy_fixture f;
     moat::test::run_async(f.io, connect_timeout_case(&f), std::chrono::seconds(30));
 }
+
+namespace {
+
+// A client may send its first bytes (a TLS ClientHello, a request body) right behind the head,
+// before the proxy has answered: they reach the upstream, after the rewritten head for HTTP.
+asio::awaitable<void> pipelined_case(proxy_fixture* f) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto target = "echo.test:" + std::to_string(echo.port());
+    const auto port =
+        f->add_sandbox("sb-1", allow({target}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"}));
+    auto socket = co_await connect_to(port);
+    const std::string request = "CONNECT " + target + " HTTP/1.1\r\n\r\nearly bytes";
+    auto buffer = asio::buffer(request);
+    co_await asio::async_write(socket, buffer, asio::use_awaitable);
+    CHECK(co_await read_head(socket) == "HTTP/1.1 200 Connection established\r\n\r\n");
+    std::string back(11, '\0');
+    auto in = asio::buffer(back);
+    co_await asio::async_read(socket, in, asio::use_awaitable);
+    CHECK(back == "early bytes");
+    socket.close();
+
+    auto& web = f->start_upstream(server_kind::http);
+    const auto authority = "web.test:" + std::to_string(web.port());
+    const auto web_door =
+        f->add_sandbox("sb-2", allow({authority}, {"web.test=127.0.0.1"}, {"127.0.0.0/8"}));
+    const auto reply = co_await exchange(
+        web_door, "POST http://" + authority + "/upload HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody");
+    CHECK(body_of(reply) == "hello");
+    CHECK(web.seen->starts_with("POST /upload HTTP/1.1\r\nHost: " + authority + "\r\n"));
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("bytes a client sends right behind its request head reach the upstream in order") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, pipelined_case(&f));
+}
