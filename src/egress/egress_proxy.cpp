@@ -1,0 +1,561 @@
+#include "egress/egress_proxy.hpp"
+
+#include <moat/log.hpp>
+#include <moat/task_group.hpp>
+
+#include <asio/connect.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/write.hpp>
+
+#include <array>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace moat::egress {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr std::size_t relay_chunk_bytes = 256 * 1024;
+constexpr std::size_t head_read_bytes = 4096;
+constexpr std::size_t lingering_close_bytes = 256 * 1024;
+
+struct sandbox_entry {
+    std::string id;
+    network_policy policy;
+    egress_limits limits;
+    std::uint64_t bytes_used = 0;
+    bool is_closed = false;
+    std::set<struct connection*> connections;
+};
+
+enum class phase { head, connect, relay, reply };
+
+struct connection : std::enable_shared_from_this<connection> {
+    connection(std::shared_ptr<sandbox_entry> owner, asio::generic::stream_protocol::socket socket)
+        : sandbox(std::move(owner)),
+          client(std::move(socket)),
+          upstream(client.get_executor()),
+          resolver(client.get_executor()),
+          timer(client.get_executor()) {}
+    // Registered by serve() for close_sandbox() and the connection limit, for as long as it lives
+    // (a task destroyed before it ran included).
+    ~connection() { sandbox->connections.erase(this); }
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+
+    std::shared_ptr<sandbox_entry> sandbox;
+    asio::generic::stream_protocol::socket client;
+    asio::ip::tcp::socket upstream;
+    asio::ip::tcp::resolver resolver;
+    asio::steady_timer timer;
+    phase current = phase::head;
+    clock::time_point last_activity = clock::now();
+    bool is_closed = false;
+    bool connect_timed_out = false;
+    std::string close_reason = "done";
+    std::uint64_t bytes_out = 0;
+    std::uint64_t bytes_in = 0;
+
+    void close(std::string reason) {
+        if (is_closed) return;
+        is_closed = true;
+        close_reason = std::move(reason);
+        std::error_code ignored;
+        client.close(ignored);
+        upstream.close(ignored);
+        resolver.cancel();
+        timer.cancel();
+    }
+
+    // One timer per connection: the head and reply deadlines close it, the connect deadline
+    // aborts the attempt (the client still gets its 504), idleness closes a relay.
+    void arm(clock::time_point when) {
+        timer.expires_at(when);
+        std::weak_ptr<connection> weak = weak_from_this();
+        timer.async_wait([weak](std::error_code ec) {
+            if (ec) return;
+            if (auto self = weak.lock()) self->on_deadline();
+        });
+    }
+
+    void on_deadline() {
+        if (is_closed) return;
+        if (current == phase::connect) {
+            connect_timed_out = true;
+            std::error_code ignored;
+            resolver.cancel();
+            upstream.close(ignored);
+        } else if (current == phase::relay) {
+            const auto idle_until = last_activity + sandbox->limits.idle_timeout;
+            if (clock::now() < idle_until) {
+                arm(idle_until);
+                return;
+            }
+            close("idle");
+        } else {
+            close(current == phase::head ? "request head timeout" : "reply timeout");
+        }
+    }
+};
+
+std::string reply_text(int status, const std::string& line) {
+    const std::string body = line + "\n";
+    return "HTTP/1.1 " + std::to_string(status) + " " + status_phrase(status) +
+           "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+std::string host_and_port(const std::string& host, std::uint16_t port) {
+    if (port == 80 || port == 443) return host;
+    return host + ":" + std::to_string(port);
+}
+
+// The addresses to check and connect to, or a refusal (status + line).
+struct resolution {
+    std::vector<asio::ip::address> addresses;
+    int status = 0;
+    std::string line;
+};
+
+}  // namespace
+
+struct egress_proxy::impl {
+    impl(asio::any_io_executor ex, event_sink s)
+        : executor(ex), sink(std::move(s)), tasks(ex, "egress proxy") {}
+
+    asio::any_io_executor executor;
+    event_sink sink;
+    task_group tasks;
+    std::map<std::string, std::shared_ptr<sandbox_entry>, std::less<>> sandboxes;
+
+    void emit(const egress_event& event) {
+        if (!sink) return;
+        try {
+            sink(event);
+        } catch (const std::exception& e) {
+            detail::log(log_level::warning, "egress", std::string("event sink threw: ") + e.what());
+        }
+    }
+};
+
+namespace {
+
+asio::awaitable<void> send_refusal(std::shared_ptr<connection> c, egress_proxy::impl* proxy,
+                                   std::string host, std::uint16_t port, int status,
+                                   std::string line) {
+    egress_event event;
+    event.sandbox_id = c->sandbox->id;
+    event.host = std::move(host);
+    event.port = port;
+    event.outcome = egress_outcome::refused;
+    event.status = status;
+    event.reason = line;
+    proxy->emit(event);
+    if (c->is_closed) co_return;
+    c->current = phase::reply;
+    c->arm(clock::now() + c->sandbox->limits.head_timeout);
+    const std::string text = reply_text(status, line);
+    auto buffer = asio::buffer(text);
+    auto [ec, n] = co_await asio::async_write(c->client, buffer, use_tuple);
+    (void)ec;
+    (void)n;
+    // A lingering close: stop sending, then read and discard what the client still sends (up to
+    // a cap, under the reply deadline) before closing. Closing with unread bytes queued would
+    // send a reset, and the client could lose the reply (an oversized head is refused unread).
+    std::error_code ignored;
+    c->client.shutdown(asio::socket_base::shutdown_send, ignored);
+    std::array<char, head_read_bytes> discard{};
+    std::size_t drained = 0;
+    while (!c->is_closed && drained < lingering_close_bytes) {
+        auto discard_buffer = asio::buffer(discard);
+        auto [read_error, got] = co_await c->client.async_read_some(discard_buffer, use_tuple);
+        drained += got;
+        if (read_error) break;
+    }
+    c->close("refused");
+}
+
+asio::awaitable<resolution> resolve(std::shared_ptr<connection> c, const std::string& host,
+                                    std::uint16_t port) {
+    resolution out;
+    if (const auto* pinned = c->sandbox->policy.pinned(host)) {
+        out.addresses = *pinned;
+        co_return out;
+    }
+    const std::string service = std::to_string(port);
+    auto [ec, results] = co_await c->resolver.async_resolve(
+        host, service, asio::ip::resolver_base::numeric_service, use_tuple);
+    if (ec) {
+        if (c->connect_timed_out) {
+            out.status = 504;
+            out.line = "resolving " + host + " took longer than " +
+                       std::to_string(c->sandbox->limits.connect_timeout.count()) + " ms";
+        } else {
+            out.status = 502;
+            out.line = "could not resolve " + host + " (" + ec.message() + ")";
+        }
+        co_return out;
+    }
+    for (const auto& entry : results) {
+        const auto address = entry.endpoint().address();
+        bool seen = false;
+        for (const auto& a : out.addresses) seen = seen || a == address;
+        if (!seen) out.addresses.push_back(address);
+    }
+    if (out.addresses.empty()) {
+        out.status = 502;
+        out.line = "could not resolve " + host + " (no addresses)";
+    }
+    co_return out;
+}
+
+template <class From, class To>
+asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
+                           std::uint64_t& counter) {
+    std::vector<char> buffer(relay_chunk_bytes);
+    while (!c->is_closed) {
+        auto read_buffer = asio::buffer(buffer);
+        auto [read_error, n] = co_await from.async_read_some(read_buffer, use_tuple);
+        if (n > 0) {
+            auto& sandbox = *c->sandbox;
+            if (sandbox.bytes_used + n > sandbox.limits.max_bytes) {
+                sandbox.bytes_used = sandbox.limits.max_bytes;
+                c->close("byte budget");
+                co_return;
+            }
+            sandbox.bytes_used += n;
+            counter += n;
+            c->last_activity = clock::now();
+            auto write_buffer = asio::buffer(buffer.data(), n);
+            auto [write_error, written] = co_await asio::async_write(to, write_buffer, use_tuple);
+            (void)written;
+            if (write_error) {
+                c->close("write failed");
+                co_return;
+            }
+            c->last_activity = clock::now();
+        }
+        if (read_error) {
+            if (read_error == asio::error::eof && !c->is_closed) {
+                std::error_code ignored;
+                to.shutdown(asio::socket_base::shutdown_send, ignored);
+            } else {
+                c->close(read_error == asio::error::operation_aborted ? c->close_reason : "reset");
+            }
+            co_return;
+        }
+    }
+}
+
+asio::awaitable<void> relay(std::shared_ptr<connection> c) {
+    using namespace asio::experimental::awaitable_operators;
+    auto up = pump(c, c->client, c->upstream, c->bytes_out);
+    auto down = pump(c, c->upstream, c->client, c->bytes_in);
+    auto both = std::move(up) && std::move(down);
+    co_await std::move(both);
+}
+
+// What the request's host is: an address to check, or a normalised name, or a refusal.
+struct host_reading {
+    std::optional<asio::ip::address> address;
+    std::string name;  // normalised name, or the address as text
+    int status = 0;
+    std::string line;
+};
+
+host_reading read_host(const proxy_request& request) {
+    host_reading out;
+    if (request.host_is_ipv6_literal) {
+        std::error_code ec;
+        auto v6 = asio::ip::make_address_v6(request.host, ec);
+        if (ec || request.host.find('%') != std::string::npos) {
+            out.status = 400;
+            out.line = "the request's IPv6 host is not an IPv6 address";
+            return out;
+        }
+        out.address = asio::ip::address(v6);
+        out.name = v6.to_string();
+        return out;
+    }
+    if (looks_numeric(request.host)) {
+        auto v4 = parse_numeric_ipv4(request.host);
+        if (!v4) {
+            out.status = 400;
+            out.line = "the request's host looks numeric but is not an IPv4 address";
+            return out;
+        }
+        out.address = asio::ip::address(*v4);
+        out.name = v4->to_string();
+        return out;
+    }
+    auto name = normalise_host_name(request.host, true);
+    if (!name) {
+        out.status = 400;
+        out.line = "the request's host is not a valid host name";
+        return out;
+    }
+    out.name = std::move(*name);
+    return out;
+}
+
+asio::awaitable<void> run_connection(std::shared_ptr<connection> c, egress_proxy::impl* proxy) {
+    auto& limits = c->sandbox->limits;
+
+    // 1. The request head, under its deadline and the caps.
+    c->arm(clock::now() + limits.head_timeout);
+    std::string buffered;
+    std::array<char, head_read_bytes> chunk{};
+    parse_outcome parsed;
+    while (true) {
+        parsed = parse_proxy_request(buffered, limits.caps);
+        if (parsed.state != parse_outcome::state::incomplete) break;
+        auto read_buffer = asio::buffer(chunk);
+        auto [ec, n] = co_await c->client.async_read_some(read_buffer, use_tuple);
+        buffered.append(chunk.data(), n);
+        if (ec) {
+            if (buffered.empty() || c->is_closed) {
+                c->close(c->is_closed ? c->close_reason : "client left");
+                co_return;
+            }
+            parsed = parse_proxy_request(buffered, limits.caps);
+            if (parsed.state == parse_outcome::state::incomplete) {
+                c->close("client left mid-request");
+                co_return;
+            }
+            break;
+        }
+    }
+    if (parsed.state == parse_outcome::state::refused) {
+        co_await send_refusal(c, proxy, "", 0, parsed.status, parsed.reason);
+        co_return;
+    }
+    const auto& request = parsed.request;
+
+    // 2. The policy: the host, then the byte budget.
+    auto host = read_host(request);
+    if (host.status != 0) {
+        co_await send_refusal(c, proxy, "", request.port, host.status, host.line);
+        co_return;
+    }
+    const auto& policy = c->sandbox->policy;
+    if (host.address) {
+        if (auto refused = refusal_for(*host.address, policy.allowed_ranges())) {
+            std::string line =
+                "host " + request.host + " is " + host.name + ", " + describe(*refused);
+            if (request.host == host.name) line = "host " + host.name + " is " + describe(*refused);
+            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+            co_return;
+        }
+        if (policy.mode() != network_mode::all) {
+            std::string line =
+                "host " + host.name + " is an IP address; this sandbox's allow-list names hosts";
+            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+            co_return;
+        }
+    } else if (!policy.allows_host(host.name, request.port)) {
+        std::string line = "host " + host_and_port(host.name, request.port) +
+                           " is not on this sandbox's allow-list";
+        co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+        co_return;
+    }
+    if (c->sandbox->bytes_used >= limits.max_bytes) {
+        std::string line = "this sandbox's egress byte budget (" +
+                           std::to_string(limits.max_bytes) + " bytes) is used up";
+        co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+        co_return;
+    }
+
+    // 3. Resolve, check every address, connect to exactly the checked ones.
+    c->current = phase::connect;
+    c->arm(clock::now() + limits.connect_timeout);
+    resolution resolved;
+    if (host.address) {
+        resolved.addresses.push_back(*host.address);
+    } else {
+        resolved = co_await resolve(c, host.name, request.port);
+    }
+    if (c->is_closed) co_return;
+    if (resolved.status != 0) {
+        co_await send_refusal(c, proxy, host.name, request.port, resolved.status, resolved.line);
+        co_return;
+    }
+    for (const auto& address : resolved.addresses) {
+        if (auto refused = refusal_for(address, policy.allowed_ranges())) {
+            std::string line =
+                host.name + " resolves to " + address.to_string() + ", " + describe(*refused);
+            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+            co_return;
+        }
+    }
+    std::error_code connect_error = asio::error::host_not_found;
+    for (const auto& address : resolved.addresses) {
+        if (c->is_closed || c->connect_timed_out) break;
+        std::error_code ignored;
+        c->upstream.close(ignored);
+        const asio::ip::tcp::endpoint endpoint(address, request.port);
+        auto [ec] = co_await c->upstream.async_connect(endpoint, use_tuple);
+        connect_error = ec;
+        if (!ec) break;
+    }
+    if (c->is_closed) co_return;
+    if (connect_error || c->connect_timed_out) {
+        std::string line;
+        int status = 502;
+        if (c->connect_timed_out) {
+            status = 504;
+            line = "connecting to " + host_and_port(host.name, request.port) +
+                   " took longer than " + std::to_string(limits.connect_timeout.count()) + " ms";
+        } else {
+            line = "could not connect to " + host.name + ":" + std::to_string(request.port) + " (" +
+                   connect_error.message() + ")";
+        }
+        co_await send_refusal(c, proxy, host.name, request.port, status, std::move(line));
+        co_return;
+    }
+
+    // 4. Relay.
+    egress_event allowed;
+    allowed.sandbox_id = c->sandbox->id;
+    allowed.host = host.name;
+    allowed.port = request.port;
+    allowed.outcome = egress_outcome::allowed;
+    proxy->emit(allowed);
+
+    c->current = phase::relay;
+    c->last_activity = clock::now();
+    c->arm(c->last_activity + limits.idle_timeout);
+    std::string first;
+    if (request.is_connect) {
+        const std::string established = "HTTP/1.1 200 Connection established\r\n\r\n";
+        auto buffer = asio::buffer(established);
+        auto [ec, n] = co_await asio::async_write(c->client, buffer, use_tuple);
+        (void)n;
+        if (ec) c->close("client left");
+    } else {
+        first = request.upstream_head;
+    }
+    first.append(buffered, request.head_bytes);
+    if (!c->is_closed && !first.empty()) {
+        c->sandbox->bytes_used += first.size();
+        c->bytes_out += first.size();
+        auto buffer = asio::buffer(first);
+        auto [ec, n] = co_await asio::async_write(c->upstream, buffer, use_tuple);
+        (void)n;
+        if (ec) c->close("upstream left");
+    }
+    if (!c->is_closed) co_await relay(c);
+    c->close(c->close_reason);
+
+    egress_event closed;
+    closed.sandbox_id = c->sandbox->id;
+    closed.host = host.name;
+    closed.port = request.port;
+    closed.outcome = egress_outcome::closed;
+    closed.reason = c->close_reason;
+    closed.bytes_out = c->bytes_out;
+    closed.bytes_in = c->bytes_in;
+    proxy->emit(closed);
+}
+
+asio::awaitable<void> refuse_at_door(std::shared_ptr<connection> c, egress_proxy::impl* proxy,
+                                     std::string line) {
+    co_await send_refusal(c, proxy, "", 0, 429, std::move(line));
+}
+
+}  // namespace
+
+const char* to_string(egress_outcome outcome) noexcept {
+    switch (outcome) {
+        case egress_outcome::allowed:
+            return "allowed";
+        case egress_outcome::refused:
+            return "refused";
+        case egress_outcome::closed:
+            return "closed";
+    }
+    return "unknown";
+}
+
+egress_proxy::egress_proxy(asio::any_io_executor executor, event_sink sink)
+    : impl_(std::make_shared<impl>(executor, std::move(sink))) {}
+
+egress_proxy::~egress_proxy() {
+    for (auto& [id, sandbox] : impl_->sandboxes) {
+        for (auto* c :
+             std::vector<connection*>(sandbox->connections.begin(), sandbox->connections.end())) {
+            c->close("proxy destroyed");
+        }
+    }
+}
+
+result<void> egress_proxy::add_sandbox(std::string sandbox_id, network_policy policy,
+                                       egress_limits limits) {
+    if (impl_->sandboxes.contains(sandbox_id)) {
+        return make_error(errc::invalid_argument,
+                          "sandbox " + sandbox_id + " already has an egress policy");
+    }
+    auto entry = std::make_shared<sandbox_entry>();
+    entry->id = sandbox_id;
+    entry->policy = std::move(policy);
+    entry->limits = limits;
+    impl_->sandboxes.emplace(std::move(sandbox_id), std::move(entry));
+    return {};
+}
+
+void egress_proxy::serve(std::string_view sandbox_id,
+                         asio::generic::stream_protocol::socket socket) {
+    auto it = impl_->sandboxes.find(sandbox_id);
+    if (it == impl_->sandboxes.end()) {
+        std::error_code ignored;
+        socket.close(ignored);
+        egress_event event;
+        event.sandbox_id = std::string(sandbox_id);
+        event.reason = "no egress policy for this sandbox";
+        impl_->emit(event);
+        return;
+    }
+    auto c = std::make_shared<connection>(it->second, std::move(socket));
+    const auto& sandbox = *it->second;
+    if (sandbox.connections.size() >= sandbox.limits.max_connections) {
+        std::string line = "this sandbox has " + std::to_string(sandbox.connections.size()) +
+                           " proxied connections open, its limit";
+        impl_->tasks.spawn(refuse_at_door(std::move(c), impl_.get(), std::move(line)));
+        return;
+    }
+    // Registered now, not when the task first runs, so the limit counts it at once.
+    it->second->connections.insert(c.get());
+    impl_->tasks.spawn(run_connection(std::move(c), impl_.get()));
+}
+
+std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {
+    auto it = impl_->sandboxes.find(sandbox_id);
+    if (it == impl_->sandboxes.end()) return 0;
+    auto sandbox = it->second;
+    impl_->sandboxes.erase(it);
+    sandbox->is_closed = true;
+    const std::vector<connection*> open(sandbox->connections.begin(), sandbox->connections.end());
+    for (auto* c : open) c->close("sandbox closed");
+    return open.size();
+}
+
+std::optional<egress_sandbox_stats> egress_proxy::stats(std::string_view sandbox_id) const {
+    auto it = impl_->sandboxes.find(sandbox_id);
+    if (it == impl_->sandboxes.end()) return std::nullopt;
+    return egress_sandbox_stats{it->second->connections.size(), it->second->bytes_used};
+}
+
+asio::awaitable<void> egress_proxy::async_shutdown() {
+    std::vector<std::string> ids;
+    for (const auto& [id, sandbox] : impl_->sandboxes) ids.push_back(id);
+    for (const auto& id : ids) close_sandbox(id);
+    co_await impl_->tasks.async_wait_all();
+}
+
+}  // namespace moat::egress

@@ -1,0 +1,110 @@
+// The host side of sandbox egress: a forward proxy that serves connections on behalf of
+// sandboxes, each under its own network_policy and limits.
+//
+// A connection arrives as any connected stream socket (loopback TCP in tests; the end of the
+// unix socket or socketpair bridged from inside the sandbox's network namespace later) and is
+// handed to serve() with the id of the sandbox it belongs to. The proxy reads one request
+// (proxy_request.hpp), checks the host against the sandbox's allow-list, resolves it itself (the
+// sandbox's --resolve table first, else asio's asynchronous resolver), checks every address the
+// name resolves to (address_policy.hpp: any refused address refuses the request), connects to
+// exactly the addresses it checked, and then relays bytes both ways until both sides are done.
+// A refusal is an HTTP reply with one line saying why ("host example.com is not on this
+// sandbox's allow-list"), then the connection closes.
+//
+// Bounds per sandbox (egress_limits): concurrent connections (the next one gets 429), bytes
+// relayed in both directions over the sandbox's life (a connection that passes the budget is
+// closed, later ones get 403), idle time of a relayed connection, time to send the request head,
+// and time to resolve and connect (504). Every decision is an egress_event through the sink given
+// at construction: the sandbox id, host, port, outcome and byte counts, never request content.
+//
+// Confined to its executor: construct it, call every member, and run the sink there (give a
+// strand if the io_context runs on several threads). It never blocks the executor: every step
+// is asynchronous, name resolution included. Call async_shutdown() before destroying it.
+#pragma once
+
+#include "egress/network_policy.hpp"
+#include "egress/proxy_request.hpp"
+
+#include <moat/result.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/generic/stream_protocol.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace moat::egress {
+
+struct egress_limits {
+    std::size_t max_connections = 32;
+    std::uint64_t max_bytes = std::uint64_t{4} << 30;
+    std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
+    std::chrono::milliseconds head_timeout{std::chrono::seconds(10)};
+    std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};  // resolve + connect
+    request_caps caps;
+};
+
+enum class egress_outcome {
+    allowed,  // the proxy connected and starts relaying
+    refused,  // the request got a 4xx/5xx reply (reason says why)
+    closed,  // a relayed connection ended (reason: "done", "idle", "byte budget", "sandbox closed")
+};
+
+const char* to_string(egress_outcome outcome) noexcept;
+
+struct egress_event {
+    std::string sandbox_id;
+    std::string host;  // normalised; empty when the request was malformed
+    std::uint16_t port = 0;
+    egress_outcome outcome = egress_outcome::refused;
+    int status = 0;               // refused: the HTTP status sent
+    std::string reason;           // refused: the line sent; closed: why it ended
+    std::uint64_t bytes_out = 0;  // sandbox to upstream (closed only)
+    std::uint64_t bytes_in = 0;   // upstream to sandbox (closed only)
+};
+
+struct egress_sandbox_stats {
+    std::size_t active_connections = 0;
+    std::uint64_t bytes_used = 0;
+};
+
+class egress_proxy {
+  public:
+    using event_sink = std::function<void(const egress_event&)>;
+
+    egress_proxy(asio::any_io_executor executor, event_sink sink);
+    egress_proxy(const egress_proxy&) = delete;
+    egress_proxy& operator=(const egress_proxy&) = delete;
+    ~egress_proxy();
+
+    // Registers a sandbox. invalid_argument if the id is already registered.
+    result<void> add_sandbox(std::string sandbox_id, network_policy policy, egress_limits limits);
+
+    // Serves one connection for `sandbox_id` (returns at once; the connection runs on the
+    // proxy's executor). A connection for an unknown or closed sandbox is closed unanswered and
+    // reported as refused.
+    void serve(std::string_view sandbox_id, asio::generic::stream_protocol::socket socket);
+
+    // Closes every connection of the sandbox at once (both sockets, pending resolution and
+    // connects) and forgets the sandbox. Returns how many connections were closed.
+    std::size_t close_sandbox(std::string_view sandbox_id);
+
+    std::optional<egress_sandbox_stats> stats(std::string_view sandbox_id) const;
+
+    // Closes every sandbox's connections and completes when every connection task has ended.
+    // Cancellation: none (it only waits for tasks already told to stop).
+    asio::awaitable<void> async_shutdown();
+
+    struct impl;  // implementation detail
+
+  private:
+    std::shared_ptr<impl> impl_;
+};
+
+}  // namespace moat::egress

@@ -1,0 +1,211 @@
+#include "egress/network_policy.hpp"
+
+namespace moat::egress {
+namespace {
+
+constexpr std::size_t max_name_bytes = 253;
+constexpr std::size_t max_label_bytes = 63;
+
+bool name_char(char c, bool allow_underscore) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           (allow_underscore && c == '_');
+}
+
+// Why `name` (lower case) is not a valid name, or empty when it is.
+std::string name_problem(std::string_view name, bool allow_underscore) {
+    if (name.empty()) return "is empty";
+    if (name.size() > max_name_bytes) return "is longer than 253 bytes";
+    std::size_t start = 0;
+    while (start <= name.size()) {
+        auto dot = name.find('.', start);
+        if (dot == std::string_view::npos) dot = name.size();
+        const auto label = name.substr(start, dot - start);
+        if (label.empty()) return "has an empty label";
+        if (label.size() > max_label_bytes) return "has a label longer than 63 bytes";
+        for (char c : label) {
+            if (!name_char(c, allow_underscore)) {
+                if (static_cast<unsigned char>(c) < 0x21 || static_cast<unsigned char>(c) > 0x7E) {
+                    return "has a control or non-ASCII byte";
+                }
+                return std::string("has a bad character '") + c + "'";
+            }
+        }
+        if (label.front() == '-' || label.back() == '-') {
+            return "has a label that starts or ends with '-'";
+        }
+        start = dot + 1;
+    }
+    return {};
+}
+
+std::string lower(std::string_view text) {
+    std::string out(text);
+    for (char& c : out) {
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    }
+    return out;
+}
+
+std::optional<std::uint16_t> parse_port(std::string_view digits) {
+    if (digits.empty() || digits.size() > 5) return std::nullopt;
+    unsigned value = 0;
+    for (char c : digits) {
+        if (c < '0' || c > '9') return std::nullopt;
+        value = value * 10 + static_cast<unsigned>(c - '0');
+    }
+    if (value == 0 || value > 65535) return std::nullopt;
+    return static_cast<std::uint16_t>(value);
+}
+
+std::string quoted(std::string_view text) {
+    std::string out = "\"";
+    for (char c : text.substr(0, 300)) {
+        out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) ? '?' : c;
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+bool host_pattern::matches(std::string_view host, std::uint16_t request_port) const {
+    if (port) {
+        if (request_port != *port) return false;
+    } else if (request_port != 80 && request_port != 443) {
+        return false;
+    }
+    if (!subdomains_only) return host == name;
+    return host.size() > name.size() + 1 && host.ends_with(name) &&
+           host[host.size() - name.size() - 1] == '.';
+}
+
+std::optional<std::string> normalise_host_name(std::string_view host, bool allow_underscore) {
+    if (!host.empty() && host.back() == '.') host.remove_suffix(1);
+    auto name = lower(host);
+    if (!name_problem(name, allow_underscore).empty()) return std::nullopt;
+    return name;
+}
+
+std::optional<host_pattern> parse_host_pattern(std::string_view text, std::string& why) {
+    host_pattern pattern;
+    if (text.starts_with('[')) {
+        why = "is an IP literal; name the address with --resolve NAME=ADDR and allow the name";
+        return std::nullopt;
+    }
+    const auto colon = text.rfind(':');
+    if (colon != std::string_view::npos) {
+        auto port = parse_port(text.substr(colon + 1));
+        if (!port) {
+            why = "has a port that is not 1-65535";
+            return std::nullopt;
+        }
+        pattern.port = port;
+        text = text.substr(0, colon);
+    }
+    if (text.starts_with("*.")) {
+        pattern.subdomains_only = true;
+        text.remove_prefix(2);
+    }
+    if (!text.empty() && text.back() == '.') text.remove_suffix(1);
+    auto name = lower(text);
+    if (auto problem = name_problem(name, false); !problem.empty()) {
+        why = problem;
+        return std::nullopt;
+    }
+    if (looks_numeric(name)) {
+        why = "is an IP literal; name the address with --resolve NAME=ADDR and allow the name";
+        return std::nullopt;
+    }
+    pattern.name = std::move(name);
+    return pattern;
+}
+
+bool network_policy::allows_host(std::string_view host, std::uint16_t port) const {
+    if (mode_ == network_mode::all) return true;
+    if (mode_ == network_mode::none) return false;
+    for (const auto& pattern : patterns_) {
+        if (pattern.matches(host, port)) return true;
+    }
+    return false;
+}
+
+const std::vector<asio::ip::address>* network_policy::pinned(std::string_view host) const {
+    auto it = pinned_.find(host);
+    return it == pinned_.end() ? nullptr : &it->second;
+}
+
+std::string network_policy::summary() const {
+    if (mode_ == network_mode::none) return "off";
+    if (mode_ == network_mode::all) return "all hosts";
+    std::string out;
+    for (const auto& text : pattern_texts_) {
+        if (!out.empty()) out += ", ";
+        out += text;
+    }
+    return out;
+}
+
+result<network_policy> make_network_policy(const network_request& request) {
+    network_policy policy;
+    policy.mode_ = request.mode;
+    if (request.mode == network_mode::all && !request.allow_hosts.empty()) {
+        return make_error(errc::invalid_argument,
+                          "network all cannot be combined with --allow-host (it already allows "
+                          "every host)");
+    }
+    if (request.mode == network_mode::none &&
+        (!request.allow_hosts.empty() || !request.resolve.empty() ||
+         !request.allow_addresses.empty())) {
+        return make_error(errc::invalid_argument,
+                          "network none takes no --allow-host, --resolve or --allow-address");
+    }
+    if (request.mode == network_mode::allow_list && request.allow_hosts.empty()) {
+        return make_error(errc::invalid_argument, "an allow-list network needs --allow-host");
+    }
+    for (const auto& text : request.allow_hosts) {
+        std::string why;
+        auto pattern = parse_host_pattern(text, why);
+        if (!pattern) {
+            return make_error(errc::invalid_argument,
+                              "--allow-host pattern " + quoted(text) + " " + why);
+        }
+        policy.patterns_.push_back(std::move(*pattern));
+        policy.pattern_texts_.push_back(text);
+    }
+    for (const auto& text : request.resolve) {
+        const auto equals = text.find('=');
+        if (equals == std::string::npos) {
+            return make_error(errc::invalid_argument,
+                              "--resolve " + quoted(text) + " is not NAME=ADDR");
+        }
+        const std::string_view view(text);
+        auto name = lower(view.substr(0, equals));
+        if (!name.empty() && name.back() == '.') name.pop_back();
+        if (auto problem = name_problem(name, false); !problem.empty() || looks_numeric(name)) {
+            if (problem.empty()) problem = "is an IP literal";
+            return make_error(errc::invalid_argument,
+                              "--resolve " + quoted(text) + ": the name " + problem);
+        }
+        const std::string address_text(view.substr(equals + 1));
+        std::error_code ec;
+        auto address = asio::ip::make_address(address_text, ec);
+        if (ec || address_text.find('%') != std::string::npos ||
+            (address.is_v4() && address.to_string() != address_text)) {
+            return make_error(errc::invalid_argument,
+                              "--resolve " + quoted(text) +
+                                  ": the address is not an IPv4 (dotted) or IPv6 address");
+        }
+        policy.pinned_[name].push_back(address);
+    }
+    for (const auto& text : request.allow_addresses) {
+        std::string why;
+        auto range = parse_address_range(text, why);
+        if (!range) {
+            return make_error(errc::invalid_argument,
+                              "--allow-address " + quoted(text) + " " + why);
+        }
+        policy.ranges_.push_back(*range);
+    }
+    return policy;
+}
+
+}  // namespace moat::egress
