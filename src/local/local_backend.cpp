@@ -926,7 +926,8 @@ class local_backend final : public backend {
             }
             actions.push_back(std::move(a));
         }
-        for (const auto& file : orphaned_files(wire::sandboxes_dir(options_.state_dir), recorded, now)) {
+        for (const auto& file :
+             orphaned_files(wire::sandboxes_dir(options_.state_dir), recorded, now)) {
             janitor_action a{"remove_file", file, "no sandbox records it", false, ""};
             if (!dry_run) {
                 a.done = ::unlink(file.c_str()) == 0 || errno == ENOENT;
