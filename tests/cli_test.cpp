@@ -313,6 +313,13 @@ TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpi
     const std::string orphan =
         live_cgroup.substr(0, live_cgroup.rfind('/')) + "/sb-00000000000000000001";
     REQUIRE(::mkdir(orphan.c_str(), 0755) == 0);
+    // Older than the janitor's grace (a younger one may be a create under way: the next one).
+    timespec two_minutes_ago[2] = {};
+    two_minutes_ago[0].tv_sec = two_minutes_ago[1].tv_sec = ::time(nullptr) - 120;
+    REQUIRE(::utimensat(AT_FDCWD, orphan.c_str(), two_minutes_ago, 0) == 0);
+    const std::string young_orphan =
+        live_cgroup.substr(0, live_cgroup.rfind('/')) + "/sb-00000000000000000002";
+    REQUIRE(::mkdir(young_orphan.c_str(), 0755) == 0);
 
     // A dry run says what it would do and changes nothing.
     auto dry = moat_cli("janitor --dry-run");
@@ -334,6 +341,8 @@ TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpi
     CHECK(after.find(live) != std::string::npos);
     CHECK(moat::test::is_running(live_pid));
     CHECK(::access(orphan.c_str(), F_OK) != 0);
+    CHECK(done.output.find(young_orphan) == std::string::npos);
+    CHECK(::rmdir(young_orphan.c_str()) == 0);
     // Nothing left to do.
     CHECK(moat_cli("janitor").output.find(stale) == std::string::npos);
     CHECK(moat_cli("destroy " + live).exit_code == 0);

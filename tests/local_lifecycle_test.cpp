@@ -1,5 +1,6 @@
 // Sandbox lifetime: destroy leaves nothing behind, a sandbox dies with its creator, create
 // failures are typed.
+#include "local/janitor_rules.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <csignal>
+#include <fstream>
 
 using moat::test::local_fixture;
 using namespace std::chrono_literals;
@@ -285,4 +287,60 @@ TEST_CASE_FIXTURE(local_fixture, "running out of descriptors fails one request, 
     CHECK(sh(second.id, "echo new").out.text() == "new\n");
     destroy(first.id);
     destroy(second.id);
+}
+
+namespace {
+// Sets a path's modification time `age` into the past.
+void age_path(const std::string& path, std::chrono::seconds age) {
+    timespec times[2] = {};
+    times[0].tv_sec = times[1].tv_sec = ::time(nullptr) - age.count();
+    REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0);
+}
+}  // namespace
+
+TEST_CASE("the janitor calls a cgroup or socket orphaned only when it is old and empty") {
+    MOAT_REQUIRE_NAMESPACES();
+    // A create makes its cgroups and attach socket before its record; a sandbox recorded in another
+    // state directory has its cgroups under the same parent and no record here.
+    const std::string own = moat::test::cgroup_dir(::getpid(), "pids");
+    REQUIRE_FALSE(own.empty());
+    const std::string parent = own + "/moat-janitor-rules-test";
+    const std::string young = parent + "/sb-00000000000000000011";
+    const std::string old_empty = parent + "/sb-00000000000000000012";
+    const std::string old_busy = parent + "/sb-00000000000000000013";
+    const std::string recorded = parent + "/sb-00000000000000000014";
+    for (const auto& dir : {parent, young, old_empty, old_busy, old_busy + "/init", recorded})
+        REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+    for (const auto& dir : {old_empty, old_busy, recorded}) age_path(dir, std::chrono::minutes(2));
+    pid_t sleeper = -1;
+    char a0[] = "sleep", a1[] = "100";
+    char* argv[] = {a0, a1, nullptr};
+    REQUIRE(::posix_spawnp(&sleeper, "sleep", nullptr, nullptr, argv, environ) == 0);
+    {
+        std::ofstream procs(old_busy + "/init/cgroup.procs");
+        procs << sleeper << "\n";
+    }
+    const auto now = std::chrono::system_clock::now();
+    auto orphans = moat::orphaned_cgroups({parent}, {"sb-00000000000000000014"}, now);
+    CHECK(orphans == std::vector<std::string>{old_empty});
+    ::kill(sleeper, SIGKILL);
+    ::waitpid(sleeper, nullptr, 0);
+    orphans = moat::orphaned_cgroups({parent}, {"sb-00000000000000000014"}, now);
+    std::sort(orphans.begin(), orphans.end());
+    CHECK(orphans == std::vector<std::string>{old_empty, old_busy});
+    for (const auto& dir : {old_busy + "/init", young, old_empty, old_busy, recorded, parent})
+        CHECK(::rmdir(dir.c_str()) == 0);
+
+    // Attach sockets: a young one is a create under way.
+    char dir_template[] = "/tmp/moat-janitor-files-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template) != nullptr);
+    const std::string dir = dir_template;
+    const std::string young_sock = dir + "/sb-00000000000000000021.sock";
+    const std::string old_sock = dir + "/sb-00000000000000000022.sock";
+    for (const auto& f : {young_sock, old_sock}) std::ofstream{f} << "";
+    age_path(old_sock, std::chrono::minutes(2));
+    CHECK(moat::orphaned_files(dir, {}, std::chrono::system_clock::now()) ==
+          std::vector<std::string>{old_sock});
+    for (const auto& f : {young_sock, old_sock}) ::unlink(f.c_str());
+    ::rmdir(dir.c_str());
 }

@@ -42,6 +42,35 @@ std::string cgroup2_mount() {
 constexpr auto ttl_slack = std::chrono::seconds(30);
 constexpr auto unfinished_create = std::chrono::minutes(10);
 
+bool older_than(const std::string& path, std::chrono::system_clock::time_point now,
+                std::chrono::seconds age) {
+    struct stat st {};
+    return ::lstat(path.c_str(), &st) == 0 &&
+           now - std::chrono::system_clock::from_time_t(st.st_mtime) > age;
+}
+
+// Whether any cgroup in the tree at `dir` holds a process (a cgroup.procs that is not empty). An
+// unreadable one counts as populated: the janitor leaves what it cannot prove empty.
+bool cgroup_tree_populated(const std::string& dir, int depth = 0) {
+    if (depth > 8) return true;
+    std::ifstream procs(dir + "/cgroup.procs");
+    if (!procs) return true;
+    if (procs.peek() != std::ifstream::traits_type::eof()) return true;
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return true;
+    bool populated = false;
+    while (dirent* entry = ::readdir(d)) {
+        const std::string_view name = entry->d_name;
+        if (entry->d_type != DT_DIR || name == "." || name == "..") continue;
+        if (cgroup_tree_populated(dir + "/" + std::string(name), depth + 1)) {
+            populated = true;
+            break;
+        }
+    }
+    ::closedir(d);
+    return populated;
+}
+
 }  // namespace
 
 std::string janitor_reason(const sandbox_record& r, std::chrono::system_clock::time_point now) {
@@ -105,7 +134,8 @@ std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& rec
 }
 
 std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
-                                          const std::set<std::string>& recorded_ids) {
+                                          const std::set<std::string>& recorded_ids,
+                                          std::chrono::system_clock::time_point now) {
     std::vector<std::string> out;
     for (const auto& parent : parents) {
         DIR* d = ::opendir(parent.c_str());
@@ -113,7 +143,9 @@ std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
         while (dirent* entry = ::readdir(d)) {
             const std::string name = entry->d_name;
             if (!looks_like_id(name) || recorded_ids.contains(name)) continue;
-            out.push_back(parent + "/" + name);
+            const std::string dir = parent + "/" + name;
+            if (!older_than(dir, now, orphan_min_age) || cgroup_tree_populated(dir)) continue;
+            out.push_back(dir);
         }
         ::closedir(d);
     }
@@ -121,22 +153,21 @@ std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
 }
 
 std::vector<std::string> orphaned_files(const std::string& sandboxes_dir,
-                                        const std::set<std::string>& recorded_ids) {
+                                        const std::set<std::string>& recorded_ids,
+                                        std::chrono::system_clock::time_point now) {
     std::vector<std::string> out;
     DIR* d = ::opendir(sandboxes_dir.c_str());
     if (d == nullptr) return out;
-    const auto now = std::chrono::system_clock::now();
     while (dirent* entry = ::readdir(d)) {
         const std::string_view name = entry->d_name;
         const std::string path = sandboxes_dir + "/" + std::string(name);
         if (name.ends_with(".sock")) {
             const auto id = name.substr(0, name.size() - 5);
-            if (looks_like_id(id) && !recorded_ids.contains(std::string(id))) out.push_back(path);
-        } else if (name.find(".json.tmp-") != std::string_view::npos) {
-            struct stat st {};
-            if (::lstat(path.c_str(), &st) == 0 &&
-                now - std::chrono::system_clock::from_time_t(st.st_mtime) > std::chrono::minutes(1))
+            if (looks_like_id(id) && !recorded_ids.contains(std::string(id)) &&
+                older_than(path, now, orphan_min_age))
                 out.push_back(path);
+        } else if (name.find(".json.tmp-") != std::string_view::npos) {
+            if (older_than(path, now, orphan_min_age)) out.push_back(path);
         }
     }
     ::closedir(d);

@@ -24,13 +24,23 @@ bool is_sweepable(const sandbox_record& record);
 // this process's own (<own cgroup>/moat in each v1 hierarchy and in the v2 one).
 std::set<std::string> moat_cgroup_parents(const std::vector<sandbox_record>& records);
 
-// Sandbox cgroup directories (moat/sb-...) under `parents` whose id has no record.
-std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
-                                          const std::set<std::string>& recorded_ids);
+// How old an unrecorded cgroup, attach socket or temporary record must be before the janitor
+// calls it orphaned. A create makes the cgroups and the socket before it writes the record, and
+// the cgroup parents are shared by every state directory on the host (a sandbox recorded in
+// another one has no record here): the age and the emptiness checks keep the janitor away from
+// both.
+inline constexpr std::chrono::seconds orphan_min_age{60};
 
-// Files in the sandboxes directory that belong to no record: attach sockets of sandboxes
-// without a record, and temporary record files older than a minute.
+// Sandbox cgroup directories (moat/sb-...) under `parents` whose id has no record, that are older
+// than orphan_min_age and hold no process anywhere in their tree.
+std::vector<std::string> orphaned_cgroups(const std::set<std::string>& parents,
+                                          const std::set<std::string>& recorded_ids,
+                                          std::chrono::system_clock::time_point now);
+
+// Files in the sandboxes directory that belong to no record and are older than orphan_min_age:
+// attach sockets of sandboxes without a record, and temporary record files.
 std::vector<std::string> orphaned_files(const std::string& sandboxes_dir,
-                                        const std::set<std::string>& recorded_ids);
+                                        const std::set<std::string>& recorded_ids,
+                                        std::chrono::system_clock::time_point now);
 
 }  // namespace moat

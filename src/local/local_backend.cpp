@@ -916,7 +916,7 @@ class local_backend final : public backend {
             }
             actions.push_back(std::move(a));
         }
-        for (const auto& dir : orphaned_cgroups(moat_cgroup_parents(records), recorded)) {
+        for (const auto& dir : orphaned_cgroups(moat_cgroup_parents(records), recorded, now)) {
             janitor_action a{"remove_cgroup", dir, "no sandbox records it", false, ""};
             if (!dry_run) {
                 const int err = remove_cgroup_tree(dir);
@@ -925,7 +925,7 @@ class local_backend final : public backend {
             }
             actions.push_back(std::move(a));
         }
-        for (const auto& file : orphaned_files(wire::sandboxes_dir(options_.state_dir), recorded)) {
+        for (const auto& file : orphaned_files(wire::sandboxes_dir(options_.state_dir), recorded, now)) {
             janitor_action a{"remove_file", file, "no sandbox records it", false, ""};
             if (!dry_run) {
                 a.done = ::unlink(file.c_str()) == 0 || errno == ENOENT;
