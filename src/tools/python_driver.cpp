@@ -399,7 +399,7 @@ while True:
 
 // The relay: one per cell, started by whichever worker holds the turn.
 constexpr std::string_view relay = R"PY(
-import fcntl, os, select, socket, sys, time
+import _socket, fcntl, os, select, sys, time
 home = os.path.join('.cells', '.kernel')
 wait = int(sys.argv[1]) / 1000.0
 def say(data):
@@ -436,7 +436,7 @@ while True:
             say(b'busy\n')
             os._exit(0)
         time.sleep(0.01)
-conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # not socket: its import costs
 try:
     conn.connect(os.path.join(home, 'sock'))
 except OSError:
