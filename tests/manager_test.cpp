@@ -1,5 +1,6 @@
 // The session manager on the real local backend: single flight, rebuilds, per-call cleanup, idle
-// and lifetime limits with reasons, heartbeats, the pool, shutdown with work in flight.
+// and lifetime limits with reasons, heartbeats, the pool, shutdown with work in flight, the keys
+// a shared store refuses. (Several workers sharing a store: shared_sessions_test.cpp.)
 #include <doctest/doctest.h>
 
 #include <moat/session_manager.hpp>
@@ -16,6 +17,9 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 using moat::test::local_fixture;
 using moat::test::pause;
@@ -312,4 +316,25 @@ TEST_CASE_FIXTURE(local_fixture,
     auto refused = run(manager.async_acquire("late"));
     REQUIRE_FALSE(refused);
     CHECK(refused.error().code == moat::errc::shutting_down);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "with a shared store, a session key that cannot be a label is refused") {
+    char name[] = "/tmp/moat-manager-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    moat::host_store_options store_options;
+    store_options.directory = name;
+    moat::runtime rt(*local);
+    event_log log;
+    moat::session_manager manager(rt, logged(log),
+                                  moat::make_host_session_store(io.get_executor(), store_options));
+    auto refused = run(manager.async_acquire("line\nbreak"));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::invalid_argument);
+    auto too_long = run(manager.async_acquire(std::string(201, 'k')));
+    REQUIRE_FALSE(too_long);
+    CHECK(too_long.error().code == moat::errc::invalid_argument);
+    CHECK(log.count(moat::manager_event::kind::created) == 0);
+    run(manager.async_shutdown());
+    ::rmdir(name);
 }

@@ -56,6 +56,12 @@ enum class errc : int {
     // Retryable; when the server said how long to wait (Retry-After), the detail ends with
     // "retry after <N> s" and the HTTP layer's status_error carries it as a duration.
     rate_limited = 18,
+    // The session store (a shared store: the host's session files, Redis) could not be reached,
+    // timed out within the caller's deadline, or answered outside its protocol. The session
+    // manager fails the acquire rather than create a second sandbox for a session it cannot see.
+    // The detail never contains the store's credentials. Retry later; it is not the sandbox's
+    // fault.
+    store_unavailable = 19,
 };
 
 // Kinds of failure, for branching. A code belongs to at most one condition.
@@ -67,7 +73,7 @@ enum class condition : int {
     caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
                        // permission_denied, not_supported, sandbox_not_found, unauthorized
     backend_failure = 5,  // protocol_error, layer_unavailable: the backend cannot do this as is
-    unavailable = 6,      // sandbox_unavailable, shutting_down
+    unavailable = 6,      // sandbox_unavailable, shutting_down, store_unavailable
 };
 
 const std::error_category& error_category() noexcept;

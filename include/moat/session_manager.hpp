@@ -8,8 +8,11 @@
 //   model chose) maps to one sandbox. A live sandbox is reused; one that is gone, expired or
 //   quarantined is replaced, the seed hook runs again, and the lease says `rebuilt` so the tool
 //   layer can tell the model its earlier state is gone. Concurrent first use of one key creates
-//   exactly one sandbox; distinct keys proceed in parallel. The session store holds ids, not
-//   objects; when it and the backend disagree, the backend is the truth;
+//   exactly one sandbox, across every worker sharing the store (the store's claim,
+//   session_store.hpp); distinct keys proceed in parallel. The session store holds ids, not
+//   objects; when it and the backend disagree, the backend is the truth, and a sandbox found
+//   through the store is handed out only if it carries the label moat.session=KEY. With a
+//   shared store, keys must be printable ASCII of at most 200 bytes (they are labels);
 // - pooled (async_take_warm): warm sandboxes handed out once each and never returned; refilled in
 //   the background through the runtime's admission control; none is handed out near its TTL.
 //
@@ -24,6 +27,7 @@
 #include <moat/deadline.hpp>
 #include <moat/runtime.hpp>
 #include <moat/sandbox.hpp>
+#include <moat/session_store.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -43,21 +47,21 @@ enum class end_reason { user_request, idle_timeout, max_lifetime, ttl, shutdown,
 // "user_request", "idle_timeout", "max_lifetime", "ttl", "shutdown", "error".
 const char* to_string(end_reason reason) noexcept;
 
-// Where session keys map to sandbox ids. The default keeps them in memory (this process only);
-// a shared store (several server workers) implements the same interface.
-class session_store {
-  public:
-    virtual ~session_store() = default;
-    virtual asio::awaitable<result<std::optional<std::string>>> async_get(std::string key) = 0;
-    virtual asio::awaitable<result<void>> async_put(std::string key, std::string sandbox_id) = 0;
-    virtual asio::awaitable<result<void>> async_erase(std::string key) = 0;
-};
-
-std::unique_ptr<session_store> make_memory_session_store();
-
 // What happened, for logs and metrics. Carries no secrets (no environment, no output).
 struct manager_event {
-    enum class kind { created, attached, rebuilt, ended, pool_refilled, pool_discarded };
+    // entry_refused: a store entry named a sandbox that does not carry this session's label (stale
+    // or poisoned); it was not handed out, and the session was rebuilt. store_fallback: the store
+    // failed and options.local_fallback served the acquire from this process alone.
+    enum class kind {
+        created,
+        attached,
+        rebuilt,
+        ended,
+        pool_refilled,
+        pool_discarded,
+        entry_refused,
+        store_fallback
+    };
     kind what = kind::created;
     std::string session_key;  // "" outside sessions
     std::string sandbox_id;
@@ -65,7 +69,8 @@ struct manager_event {
     std::string detail;
 };
 
-// "created", "attached", "rebuilt", "ended", "pool_refilled", "pool_discarded".
+// "created", "attached", "rebuilt", "ended", "pool_refilled", "pool_discarded", "entry_refused",
+// "store_fallback".
 const char* to_string(manager_event::kind kind) noexcept;
 
 struct manager_options {
@@ -88,13 +93,33 @@ struct manager_options {
     std::chrono::milliseconds pool_min_remaining_ttl = std::chrono::minutes(5);
     // Called for every event (on the executor); must not block.
     std::function<void(const manager_event&)> on_event;
+
+    // Sharing a store between workers (session_store.hpp). The creator of a session's sandbox
+    // holds the key's claim for claim_lease and renews it every claim_lease / 3 while it creates
+    // and seeds; if it dies, another worker takes over once the lease has run out. Set it above
+    // the longest create + seed plus a renewal's latency.
+    std::chrono::milliseconds claim_lease = std::chrono::seconds(15);
+    // While another worker holds the claim, a waiter reads the store this often, until the entry
+    // is committed, the lease expires (it then claims itself) or its deadline passes.
+    std::chrono::milliseconds claim_poll = std::chrono::milliseconds(20);
+    // The longest an acquire without a deadline waits for another worker's create.
+    std::chrono::milliseconds claim_wait = std::chrono::minutes(2);
+    // When the store fails (store_unavailable), serve the acquire from this process alone (its
+    // own sessions, or a fresh sandbox not recorded in the store) instead of failing it. RISK:
+    // other workers cannot see that sandbox, so one conversation may get two sandboxes and its
+    // state splits between them; the fallback is reported as a store_fallback event. Off by
+    // default: an acquire fails with store_unavailable within its deadline.
+    bool local_fallback = false;
 };
 
 // A session's sandbox while the caller uses it. Holding it keeps the session from idling out and
 // keeps its TTL extended; dropping it touches the session.
 struct session_lease {
     std::shared_ptr<sandbox> box;
-    bool rebuilt = false;  // a previous sandbox of this key was lost: its state is gone
+    // A previous sandbox of this key was lost and this is the first lease handed out since, on
+    // any worker sharing the store: its state is gone, tell the model. Exactly one acquire per
+    // rebuild sees true (the store's generation and its `noticed` mark).
+    bool rebuilt = false;
     std::shared_ptr<void> hold;
 
     // Lets the session go before the lease itself goes out of scope (the same as dropping it):
@@ -113,8 +138,10 @@ struct shutdown_report {
 
 class session_manager {
   public:
+    // Workers that share conversations share one store (make_host_session_store, the Redis store);
+    // each worker has its own manager and runtime.
     session_manager(runtime& sandboxes, manager_options options,
-                    std::unique_ptr<session_store> store = make_memory_session_store());
+                    std::shared_ptr<session_store> store = make_memory_session_store());
     ~session_manager();
     session_manager(const session_manager&) = delete;
     session_manager& operator=(const session_manager&) = delete;
@@ -127,10 +154,17 @@ class session_manager {
     // The layout of the sandboxes it creates (options.spec.layout), for the layers above.
     const sandbox_layout& layout() const noexcept;
 
-    // Per session: attach-or-create for `key`.
+    // Per session: attach-or-create for `key`. Through the store: attach to the sandbox its entry
+    // names (checked live and labelled for this key), else claim the key and create (or rebuild);
+    // while another worker holds the claim, wait for its entry. Errors: store_unavailable when the
+    // store fails (unless options.local_fallback), deadline_exceeded when the deadline (or
+    // claim_wait) passes while another worker creates, invalid_argument for an empty key or, with
+    // a shared store, one that cannot be a label; the create's and the seed hook's errors.
     asio::awaitable<result<session_lease>> async_acquire(std::string key, deadline limit = {});
 
-    // Ends a session (reason user_request unless given) and confirms its sandbox is gone.
+    // Ends a session (reason user_request unless given) and confirms its sandbox is gone. A key
+    // this manager has not used itself is looked up in the store (another worker's session);
+    // sandbox_not_found when neither knows it.
     asio::awaitable<result<void>> async_end(std::string key,
                                             end_reason reason = end_reason::user_request);
 

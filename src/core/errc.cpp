@@ -33,6 +33,7 @@ class errc_category final : public std::error_category {
                 return condition::backend_failure;
             case errc::sandbox_unavailable:
             case errc::shutting_down:
+            case errc::store_unavailable:
                 return condition::unavailable;
         }
         return {value, *this};
@@ -119,6 +120,8 @@ const char* to_string(errc e) noexcept {
             return "unauthorized";
         case errc::rate_limited:
             return "rate_limited";
+        case errc::store_unavailable:
+            return "store_unavailable";
     }
     return "unknown";
 }

@@ -193,6 +193,7 @@ code from_errc(std::error_code e) noexcept {
             return code::unauthenticated;
         case errc::sandbox_unavailable:
         case errc::shutting_down:
+        case errc::store_unavailable:
             return code::unavailable;
         case errc::layer_unavailable:
             return code::failed_precondition;

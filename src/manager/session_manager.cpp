@@ -50,31 +50,15 @@ const char* to_string(manager_event::kind kind) noexcept {
             return "pool_refilled";
         case manager_event::kind::pool_discarded:
             return "pool_discarded";
+        case manager_event::kind::entry_refused:
+            return "entry_refused";
+        case manager_event::kind::store_fallback:
+            return "store_fallback";
     }
     return "unknown";
 }
 
 namespace {
-
-class memory_session_store final : public session_store {
-  public:
-    asio::awaitable<result<std::optional<std::string>>> async_get(std::string key) override {
-        auto it = ids_.find(key);
-        if (it == ids_.end()) co_return std::optional<std::string>();
-        co_return std::optional<std::string>(it->second);
-    }
-    asio::awaitable<result<void>> async_put(std::string key, std::string sandbox_id) override {
-        ids_[std::move(key)] = std::move(sandbox_id);
-        co_return result<void>{};
-    }
-    asio::awaitable<result<void>> async_erase(std::string key) override {
-        ids_.erase(key);
-        co_return result<void>{};
-    }
-
-  private:
-    std::map<std::string, std::string> ids_;
-};
 
 using clock = std::chrono::steady_clock;
 
@@ -98,11 +82,17 @@ std::string utc_now() {
     return text;
 }
 
-}  // namespace
-
-std::unique_ptr<session_store> make_memory_session_store() {
-    return std::make_unique<memory_session_store>();
+// A store failure as the acquire reports it: store_unavailable, whatever the store said, except
+// the caller's own cancellation.
+error store_failure(error e) {
+    if (e.code == errc::cancelled || e.code == errc::store_unavailable) return e;
+    return make_error(errc::store_unavailable, "the session store failed: " + e.to_string());
 }
+
+// How long an end or a background step may wait for the store.
+constexpr std::chrono::seconds store_step_limit{5};
+
+}  // namespace
 
 struct session_manager::state : std::enable_shared_from_this<session_manager::state> {
     struct session {
@@ -111,7 +101,10 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         clock::time_point created;
         clock::time_point last_used;
         clock::time_point last_heartbeat;
+        clock::time_point last_touch;
         std::size_t holds = 0;
+        bool local_only = false;     // options.local_fallback made it: not in the store
+        bool idle_checking = false;  // an idle end is being decided with the store
     };
 
     struct opened_session {
@@ -126,18 +119,31 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         std::optional<result<opened_session>> outcome;
     };
 
-    // Dropped with the lease: the session is no longer in use.
+    // Dropped with the lease: the session is no longer in use (touched here and in the store).
     struct hold {
         std::weak_ptr<session> s;
+        std::weak_ptr<state> owner;
         ~hold() {
-            if (auto alive = s.lock()) {
-                --alive->holds;
-                alive->last_used = clock::now();
+            auto alive = s.lock();
+            if (!alive) return;
+            --alive->holds;
+            alive->last_used = clock::now();
+            auto manager = owner.lock();
+            if (manager && !manager->shutting_down && !alive->local_only) {
+                manager->tasks.spawn(touch_in_background(manager, alive));
             }
         }
     };
 
-    state(runtime& rt, manager_options o, std::unique_ptr<session_store> st)
+    // The claim holder's lease renewal, stopped when the create is over.
+    struct claim_keeper {
+        explicit claim_keeper(const asio::any_io_executor& ex) : timer(ex) {}
+        asio::steady_timer timer;
+        bool done = false;
+        bool lost = false;
+    };
+
+    state(runtime& rt, manager_options o, std::shared_ptr<session_store> st)
         : sandboxes(rt),
           executor(rt.get_backend().get_executor()),
           options(std::move(o)),
@@ -167,6 +173,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         spec.labels["moat.policy"] = policy;
         spec.labels["moat.created"] = utc_now();
         if (printable_label(key)) spec.labels["moat.session"] = key;
+        // Another worker attaches to it, and it must outlive the worker that made it.
+        if (store->is_shared() && !key.empty()) spec.survive_owner = true;
         return spec;
     }
 
@@ -175,7 +183,16 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         s->last_used = clock::now();
         auto h = std::make_shared<hold>();
         h->s = s;
+        h->owner = weak_from_this();
         return session_lease{s->box, rebuilt, std::move(h)};
+    }
+
+    std::shared_ptr<session> new_session(const std::string& key, std::shared_ptr<sandbox> box) {
+        auto s = std::make_shared<session>();
+        s->key = key;
+        s->box = std::move(box);
+        s->created = s->last_used = s->last_heartbeat = s->last_touch = clock::now();
+        return s;
     }
 
     // Why a session whose sandbox is no longer usable ended.
@@ -184,73 +201,316 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                                                                          : end_reason::error;
     }
 
+    // A stored id is a claim about another system: the sandbox must exist, run and carry this
+    // session's label. None: it is gone, or it is not this session's (refused, with an event).
+    asio::awaitable<result<std::shared_ptr<sandbox>>> adopt(const std::string& key,
+                                                            const std::string& id, deadline limit) {
+        auto attached = co_await sandboxes.async_attach(id, limit);
+        if (!attached) {
+            const auto code = attached.error().code;
+            if (code == errc::sandbox_not_found || code == errc::sandbox_unavailable) {
+                co_return std::shared_ptr<sandbox>();
+            }
+            co_return std::move(attached).error();
+        }
+        auto box = std::move(*attached);
+        if (printable_label(key)) {
+            const auto& labels = box->info().labels;
+            auto it = labels.find("moat.session");
+            if (it == labels.end() || it->second != key) {
+                emit(manager_event::kind::entry_refused, key, id, std::nullopt,
+                     "the store named a sandbox that does not carry moat.session=" + key);
+                co_return std::shared_ptr<sandbox>();
+            }
+        }
+        co_return box;
+    }
+
+    // The session's sandbox through the store: attach to the entry's, else claim the key and
+    // create (a rebuild when the entry's sandbox is gone), else wait for the claim's holder.
     asio::awaitable<result<opened_session>> open_session(std::string key, deadline limit,
                                                          bool lost) {
-        bool rebuilt = lost;
-        auto getting = guarded(store->async_get(key));
-        auto stored = co_await std::move(getting);
-        if (!stored) co_return std::move(stored).error();
-        if (*stored) {
-            // The backend is the truth: a stored id that cannot be attached is replaced.
-            auto attached = co_await sandboxes.async_attach(**stored, limit);
-            if (attached) {
-                auto s = std::make_shared<session>();
-                s->key = key;
-                s->box = std::move(*attached);
-                s->created = s->last_used = s->last_heartbeat = clock::now();
-                emit(manager_event::kind::attached, key, s->box->id());
-                co_return opened_session{s, lost};
+        const deadline wait_limit = earliest(limit, deadline::after(options.claim_wait));
+        asio::steady_timer timer(executor);
+        for (;;) {
+            auto getting = guarded(store->async_get(key, limit));
+            auto stored = co_await std::move(getting);
+            if (!stored) {
+                auto falling = fall_back(key, limit, lost, stored.error());
+                co_return co_await std::move(falling);
             }
-            rebuilt = true;
+            std::string expected;
+            std::uint64_t generation = lost ? 1 : 0;
+            bool rebuild = lost;
+            if (*stored && !(*stored)->sandbox_id.empty()) {
+                expected = (*stored)->sandbox_id;
+                auto adopting = adopt(key, expected, limit);
+                auto found = co_await std::move(adopting);
+                if (!found) co_return std::move(found).error();
+                if (*found) {
+                    auto touching =
+                        guarded(store->async_touch(key, expected, options.spec.ttl, true, limit));
+                    auto touched = co_await std::move(touching);
+                    if (!touched) {
+                        auto falling = fall_back(key, limit, lost, touched.error());
+                        co_return co_await std::move(falling);
+                    }
+                    if (!*touched) continue;  // the entry changed meanwhile: read it again
+                    auto s = new_session(key, std::move(*found));
+                    emit(manager_event::kind::attached, key, s->box->id());
+                    co_return opened_session{s, (*touched)->notice};
+                }
+                rebuild = true;
+                generation = (*stored)->generation + 1;
+            }
+            bool claimed_elsewhere = *stored && (*stored)->claimed;
+            if (!claimed_elsewhere) {
+                auto claiming =
+                    guarded(store->async_claim(key, expected, options.claim_lease, limit));
+                auto claim = co_await std::move(claiming);
+                if (!claim) {
+                    auto falling = fall_back(key, limit, lost, claim.error());
+                    co_return co_await std::move(falling);
+                }
+                if (claim->token) {
+                    auto creating = create_claimed(key, *claim->token, generation, rebuild, limit);
+                    auto made = co_await std::move(creating);
+                    if (!made) co_return std::move(made).error();
+                    if (*made) co_return std::move(**made);
+                    continue;  // the claim was lost: attach to the successor's sandbox
+                }
+                claimed_elsewhere = true;
+            }
+            // Another worker creates it: read again in a moment, bounded by the deadline.
+            if (wait_limit.has_expired()) {
+                co_return make_error(errc::deadline_exceeded,
+                                     "acquire: the deadline passed while another worker created "
+                                     "the session's sandbox");
+            }
+            const auto left = wait_limit.remaining();
+            const auto poll = std::min<clock::duration>(options.claim_poll, left);
+            timer.expires_after(poll);
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_return make_error(errc::cancelled, "acquire was cancelled");
         }
+    }
+
+    // Holding the claim: sweep what a dead predecessor left, create, seed, commit fenced. None:
+    // the claim was lost before the commit (the new sandbox is destroyed).
+    asio::awaitable<result<std::optional<opened_session>>> create_claimed(std::string key,
+                                                                          std::string token,
+                                                                          std::uint64_t generation,
+                                                                          bool rebuild,
+                                                                          deadline limit) {
+        auto self = shared_from_this();
+        auto keeper = std::make_shared<claim_keeper>(executor);
+        tasks.spawn(renew_claim(self, key, token, keeper));
+        struct stop_renewing {
+            std::shared_ptr<claim_keeper> k;
+            ~stop_renewing() {
+                k->done = true;
+                k->timer.cancel();
+            }
+        } stop{keeper};
+        auto sweeping = sweep_strays(key, limit);
+        co_await std::move(sweeping);
+        const sandbox_spec spec = spec_for("session", key);
+        auto created = co_await sandboxes.async_create(spec, limit);
+        if (!created) {
+            auto releasing = release_claim(key, token);
+            co_await std::move(releasing);
+            co_return std::move(created).error();
+        }
+        auto box = std::move(*created);
+        if (options.seed) {
+            auto seeding = guarded(call_seed(options.seed, box, rebuild));
+            auto seeded = co_await std::move(seeding);
+            if (!seeded) {
+                (void)co_await box->async_destroy();
+                auto releasing = release_claim(key, token);
+                co_await std::move(releasing);
+                co_return std::move(seeded).error();
+            }
+        }
+        auto committing = guarded(
+            store->async_commit(key, token, box->id(), generation, options.spec.ttl, limit));
+        auto committed = co_await std::move(committing);
+        if (!committed || !*committed) {
+            (void)co_await box->async_destroy();
+            if (!committed) {
+                auto releasing = release_claim(key, token);
+                co_await std::move(releasing);
+                co_return store_failure(std::move(committed).error());
+            }
+            detail::log(log_level::warning, "manager",
+                        "lost the claim on session " + key + " before committing its sandbox");
+            co_return std::optional<opened_session>();
+        }
+        auto s = new_session(key, std::move(box));
+        bool notice = false;
+        if (generation > 0) {
+            auto touching =
+                guarded(store->async_touch(key, s->box->id(), options.spec.ttl, true, limit));
+            auto touched = co_await std::move(touching);
+            notice = touched && *touched && (*touched)->notice;
+        }
+        emit(rebuild ? manager_event::kind::rebuilt : manager_event::kind::created, key,
+             s->box->id());
+        co_return opened_session{s, notice};
+    }
+
+    asio::awaitable<void> release_claim(const std::string& key, const std::string& token) {
+        co_await asio::this_coro::reset_cancellation_state();
+        auto releasing =
+            guarded(store->async_release(key, token, deadline::after(store_step_limit)));
+        (void)co_await std::move(releasing);
+    }
+
+    // Sandboxes labelled for this session (and with this manager's labels) that the store does not
+    // name: what a creator that died before its commit left. Only the claim holder sweeps, so
+    // nothing another live worker is still making is touched (a holder whose lease ran out cannot
+    // commit what it makes anyway).
+    asio::awaitable<void> sweep_strays(const std::string& key, deadline limit) {
+        if (!store->is_shared() || !printable_label(key)) co_return;
+        label_filter filter = options.spec.labels;
+        filter["moat.session"] = key;
+        filter["moat.policy"] = "session";
+        auto listing = sandboxes.get_backend().async_list(filter);
+        auto listed = co_await std::move(listing);
+        if (!listed) {
+            detail::log(
+                log_level::warning, "manager",
+                "could not list strays of session " + key + ": " + listed.error().to_string());
+            co_return;
+        }
+        for (auto& info : *listed) {
+            if (limit.has_expired()) break;
+            auto destroying = sandboxes.get_backend().async_destroy(info.id);
+            auto destroyed = co_await std::move(destroying);
+            emit(manager_event::kind::ended, key, info.id, end_reason::error,
+                 destroyed ? "left by a worker that did not commit it"
+                           : destroyed.error().to_string());
+        }
+    }
+
+    static asio::awaitable<void> renew_claim(std::shared_ptr<state> self, std::string key,
+                                             std::string token,
+                                             std::shared_ptr<claim_keeper> keeper) {
+        const auto every = std::max<std::chrono::milliseconds>(self->options.claim_lease / 3,
+                                                               std::chrono::milliseconds(1));
+        while (!keeper->done) {
+            keeper->timer.expires_after(every);
+            auto [ec] = co_await keeper->timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec || keeper->done) co_return;
+            auto renewing = guarded(self->store->async_renew(key, token, self->options.claim_lease,
+                                                             deadline::after(every)));
+            auto renewed = co_await std::move(renewing);
+            if (renewed && !*renewed) {
+                keeper->lost = true;
+                co_return;
+            }
+            if (!renewed) {
+                detail::log(log_level::warning, "manager",
+                            "renewing the claim on session " + key +
+                                " failed: " + renewed.error().to_string());
+            }
+        }
+    }
+
+    // With options.local_fallback, a store failure is served from this process alone.
+    asio::awaitable<result<opened_session>> fall_back(std::string key, deadline limit, bool lost,
+                                                      error failure) {
+        failure = store_failure(std::move(failure));
+        if (!options.local_fallback || failure.code == errc::cancelled) co_return failure;
+        emit(manager_event::kind::store_fallback, key, "", std::nullopt, failure.to_string());
         const sandbox_spec spec = spec_for("session", key);
         auto created = co_await sandboxes.async_create(spec, limit);
         if (!created) co_return std::move(created).error();
         auto box = std::move(*created);
         if (options.seed) {
-            auto seeding = guarded(call_seed(options.seed, box, rebuilt));
+            auto seeding = guarded(call_seed(options.seed, box, lost));
             auto seeded = co_await std::move(seeding);
             if (!seeded) {
                 (void)co_await box->async_destroy();
                 co_return std::move(seeded).error();
             }
         }
-        auto putting = guarded(store->async_put(key, box->id()));
-        auto put = co_await std::move(putting);
-        if (!put) {
-            (void)co_await box->async_destroy();
-            co_return std::move(put).error();
+        auto s = new_session(key, std::move(box));
+        s->local_only = true;
+        emit(lost ? manager_event::kind::rebuilt : manager_event::kind::created, key, s->box->id(),
+             std::nullopt, "local fallback: not in the store");
+        co_return opened_session{s, lost};
+    }
+
+    // The session in this process, if its sandbox still runs and the store still names it.
+    // None: go through the store (lost says the sandbox is gone).
+    struct local_outcome {
+        std::optional<session_lease> lease;
+        bool lost = false;
+    };
+
+    asio::awaitable<result<local_outcome>> reuse_local(std::string key, deadline limit) {
+        local_outcome out;
+        auto it = sessions.find(key);
+        if (it == sessions.end()) co_return out;
+        auto existing = it->second;
+        // The backend is the truth: the sandbox may have ended without the handle noticing yet.
+        bool running = false;
+        if (usable(*existing->box)) {
+            auto seen = co_await sandboxes.get_backend().async_inspect(existing->box->id());
+            running = seen && seen->state == sandbox_state::running;
         }
-        auto s = std::make_shared<session>();
-        s->key = key;
-        s->box = std::move(box);
-        s->created = s->last_used = s->last_heartbeat = clock::now();
-        emit(rebuilt ? manager_event::kind::rebuilt : manager_event::kind::created, key,
-             s->box->id());
-        co_return opened_session{s, rebuilt};
+        it = sessions.find(key);
+        if (it == sessions.end() || it->second != existing) co_return out;
+        if (!running) {
+            out.lost = true;
+            sessions.erase(it);
+            // The entry stays: the next claim replaces it (compare-and-set) as a rebuild.
+            (void)co_await end_session(existing, lost_reason(*existing->box), false);
+            co_return out;
+        }
+        if (existing->local_only) {
+            out.lease = lease(existing, false);
+            co_return out;
+        }
+        auto touching =
+            guarded(store->async_touch(key, existing->box->id(), options.spec.ttl, true, limit));
+        auto touched = co_await std::move(touching);
+        if (!touched) {
+            auto failure = store_failure(std::move(touched).error());
+            if (!options.local_fallback || failure.code == errc::cancelled) co_return failure;
+            emit(manager_event::kind::store_fallback, key, existing->box->id(), std::nullopt,
+                 failure.to_string());
+            out.lease = lease(existing, false);
+            co_return out;
+        }
+        if (*touched) {
+            existing->last_touch = clock::now();
+            out.lease = lease(existing, (*touched)->notice);
+            co_return out;
+        }
+        // The store no longer names this sandbox (another worker ended or replaced it): forget it
+        // here and follow the store.
+        it = sessions.find(key);
+        if (it != sessions.end() && it->second == existing) sessions.erase(it);
+        co_return out;
     }
 
     asio::awaitable<result<session_lease>> acquire(std::string key, deadline limit) {
         if (shutting_down)
             co_return make_error(errc::shutting_down, "the manager is shutting down");
         if (key.empty()) co_return make_error(errc::invalid_argument, "empty session key");
-        auto self = shared_from_this();
-        bool lost = false;
-        if (auto it = sessions.find(key); it != sessions.end()) {
-            auto existing = it->second;
-            // The backend is the truth: the sandbox may have ended without the handle noticing yet.
-            if (usable(*existing->box)) {
-                auto seen = co_await sandboxes.get_backend().async_inspect(existing->box->id());
-                if (seen && seen->state == sandbox_state::running) co_return lease(existing, false);
-            }
-            it = sessions.find(key);
-            if (it == sessions.end() || it->second != existing)
-                co_return co_await acquire(key, limit);
-            lost = true;
-            auto gone = it->second;
-            sessions.erase(it);
-            (void)co_await end_session(gone, lost_reason(*gone->box));
+        if (store->is_shared() && !printable_label(key)) {
+            co_return make_error(errc::invalid_argument,
+                                 "a shared session key must be 1 to 200 printable ASCII "
+                                 "characters (it is the sandbox's moat.session label)");
         }
+        auto self = shared_from_this();
+        auto reusing = reuse_local(key, limit);
+        auto local = co_await std::move(reusing);
+        if (!local) co_return std::move(local).error();
+        if (local->lease) co_return std::move(*local->lease);
+        const bool lost = local->lost;
         if (auto it = inflight.find(key); it != inflight.end()) {
             auto p = it->second;
             while (!p->done.is_set()) {
@@ -265,7 +525,12 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                 }
             }
             if (!*p->outcome) co_return p->outcome->error();
-            co_return lease((*p->outcome)->s, (*p->outcome)->rebuilt);
+            // The rebuild notice went to the acquire that opened it.
+            co_return lease((*p->outcome)->s, false);
+        }
+        if (sessions.contains(key)) {
+            auto again = acquire(key, limit);
+            co_return co_await std::move(again);
         }
         auto p = std::make_shared<pending>(executor);
         inflight[key] = p;
@@ -291,7 +556,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         auto it = inflight.find(key);
         if (it != inflight.end() && it->second == p) inflight.erase(it);
         if (opened && shutting_down) {
-            (void)co_await opened->s->box->async_destroy();
+            if (!store->is_shared()) (void)co_await opened->s->box->async_destroy();
             opened = make_error(errc::shutting_down, "the manager is shutting down");
         }
         if (opened) sessions[key] = opened->s;
@@ -300,17 +565,77 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         co_return lease(opened->s, opened->rebuilt);
     }
 
-    asio::awaitable<result<void>> end_session(std::shared_ptr<session> s, end_reason reason) {
+    // Ends a session: its entry goes from the store (unless `erase_entry` is false: a lost
+    // sandbox's entry stays for the rebuild), its sandbox is destroyed and confirmed.
+    asio::awaitable<result<void>> end_session(std::shared_ptr<session> s, end_reason reason,
+                                              bool erase_entry = true) {
         auto self = shared_from_this();
         if (auto it = sessions.find(s->key); it != sessions.end() && it->second == s) {
             sessions.erase(it);
         }
-        auto erasing = guarded(store->async_erase(s->key));
-        (void)co_await std::move(erasing);
+        if (erase_entry && !s->local_only) {
+            auto erasing = guarded(store->async_erase(s->key, s->box->id(), std::nullopt,
+                                                      deadline::after(store_step_limit)));
+            (void)co_await std::move(erasing);
+        }
         auto destroyed = co_await s->box->async_destroy();
         emit(manager_event::kind::ended, s->key, s->box->id(), reason,
              destroyed ? "" : destroyed.error().to_string());
         co_return destroyed;
+    }
+
+    // A released lease: the store records the use, so other workers' idle clocks restart too.
+    static asio::awaitable<void> touch_in_background(std::shared_ptr<state> self,
+                                                     std::shared_ptr<session> s) {
+        auto touching =
+            guarded(self->store->async_touch(s->key, s->box->id(), self->options.spec.ttl, false,
+                                             deadline::after(store_step_limit)));
+        auto touched = co_await std::move(touching);
+        if (touched) s->last_touch = clock::now();
+    }
+
+    // The shared idle timeout: the store removes the entry only if no worker used it for
+    // idle_timeout; otherwise this worker takes the store's last use as its own.
+    static asio::awaitable<void> end_if_idle(std::shared_ptr<state> self,
+                                             std::shared_ptr<session> s) {
+        struct done_checking {
+            session* s;
+            ~done_checking() { s->idle_checking = false; }
+        } done{s.get()};
+        if (s->local_only) {
+            (void)co_await self->end_session(s, end_reason::idle_timeout);
+            co_return;
+        }
+        const auto limit = deadline::after(store_step_limit);
+        auto erasing = guarded(
+            self->store->async_erase(s->key, s->box->id(), self->options.idle_timeout, limit));
+        auto erased = co_await std::move(erasing);
+        if (!erased) {
+            detail::log(
+                log_level::warning, "manager",
+                "idle check of session " + s->key + " failed: " + erased.error().to_string());
+            s->last_used = clock::now();  // try again after another idle_timeout
+            co_return;
+        }
+        if (*erased) {
+            (void)co_await self->end_session(s, end_reason::idle_timeout, false);
+            co_return;
+        }
+        auto getting = guarded(self->store->async_get(s->key, limit));
+        auto stored = co_await std::move(getting);
+        if (stored && *stored && (*stored)->sandbox_id == s->box->id()) {
+            const auto used = clock::now() - (*stored)->unused_for;
+            s->last_used = std::max(s->last_used, used);
+            co_return;
+        }
+        if (!stored) {
+            s->last_used = clock::now();
+            co_return;
+        }
+        // Ended or replaced by another worker: not this worker's to end any more.
+        auto it = self->sessions.find(s->key);
+        if (it != self->sessions.end() && it->second == s && s->holds == 0)
+            self->sessions.erase(it);
     }
 
     asio::awaitable<result<exec_result>> run_once(exec_request request,
@@ -446,6 +771,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             if (ec || self->shutting_down) co_return;
             const auto now = clock::now();
             std::vector<std::pair<std::shared_ptr<session>, end_reason>> ending;
+            const auto touch_every =
+                std::min(self->options.heartbeat_interval, self->options.idle_timeout / 2);
             for (auto& [key, s] : self->sessions) {
                 if (!usable(*s->box)) {
                     ending.emplace_back(s, lost_reason(*s->box));
@@ -453,16 +780,27 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
                            now - s->created >= *self->options.max_lifetime) {
                     ending.emplace_back(s, end_reason::max_lifetime);
                 } else if (s->holds == 0 && now - s->last_used >= self->options.idle_timeout) {
-                    ending.emplace_back(s, end_reason::idle_timeout);
-                } else if (s->holds > 0 &&
-                           now - s->last_heartbeat >= self->options.heartbeat_interval) {
-                    s->last_heartbeat = now;
-                    self->tasks.spawn(heartbeat(self, s->box));
+                    if (!s->idle_checking) {
+                        s->idle_checking = true;
+                        self->tasks.spawn(end_if_idle(self, s));
+                    }
+                } else if (s->holds > 0) {
+                    if (now - s->last_heartbeat >= self->options.heartbeat_interval) {
+                        s->last_heartbeat = now;
+                        self->tasks.spawn(heartbeat(self, s->box));
+                    }
+                    // In use here: other workers must not see it idle.
+                    if (!s->local_only && now - s->last_touch >= touch_every) {
+                        s->last_touch = now;
+                        self->tasks.spawn(touch_in_background(self, s));
+                    }
                 }
             }
             for (auto& [s, reason] : ending) {
                 self->sessions.erase(s->key);
-                self->tasks.spawn(end_in_background(self, s, reason));
+                // A lost sandbox's entry stays for the rebuild (compare-and-set on its id).
+                const bool erase_entry = reason == end_reason::max_lifetime;
+                self->tasks.spawn(end_in_background(self, s, reason, erase_entry));
             }
         }
     }
@@ -481,9 +819,10 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     }
 
     static asio::awaitable<void> end_in_background(std::shared_ptr<state> self,
-                                                   std::shared_ptr<session> s, end_reason reason) {
+                                                   std::shared_ptr<session> s, end_reason reason,
+                                                   bool erase_entry) {
         if (self->shutting_down) co_return;
-        (void)co_await self->end_session(std::move(s), reason);
+        (void)co_await self->end_session(std::move(s), reason, erase_entry);
     }
 
     static asio::awaitable<void> destroy_into(std::shared_ptr<sandbox> box, std::string key,
@@ -498,12 +837,32 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     }
 
     asio::awaitable<result<void>> end_by_key(std::string key, end_reason reason) {
+        auto self = shared_from_this();
         auto it = sessions.find(key);
-        if (it == sessions.end()) {
+        if (it != sessions.end()) {
+            auto found = it->second;
+            co_return co_await end_session(std::move(found), reason);
+        }
+        // Another worker's session: through the store.
+        const auto limit = deadline::after(store_step_limit);
+        auto getting = guarded(store->async_get(key, limit));
+        auto stored = co_await std::move(getting);
+        if (!stored) co_return store_failure(std::move(stored).error());
+        if (!*stored || (*stored)->sandbox_id.empty()) {
             co_return make_error(errc::sandbox_not_found, "no session with key '" + key + "'");
         }
-        auto found = it->second;
-        co_return co_await end_session(std::move(found), reason);
+        const std::string id = (*stored)->sandbox_id;
+        auto adopting = adopt(key, id, limit);
+        auto found = co_await std::move(adopting);
+        if (!found) co_return std::move(found).error();
+        auto erasing = guarded(store->async_erase(key, id, std::nullopt, limit));
+        auto erased = co_await std::move(erasing);
+        if (!erased) co_return store_failure(std::move(erased).error());
+        if (!*found) co_return result<void>{};  // already gone (or not this session's: refused)
+        auto destroyed = co_await (*found)->async_destroy();
+        emit(manager_event::kind::ended, key, id, reason,
+             destroyed ? "" : destroyed.error().to_string());
+        co_return destroyed;
     }
 
     // The boundary of async_shutdown, whose result is a report, not a result<T>: an exception
@@ -512,7 +871,9 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     asio::awaitable<shutdown_report> shutdown_never_throwing(std::chrono::milliseconds grace) {
         auto self = shared_from_this();
         std::vector<std::string> known;
-        for (auto& [key, s] : sessions) known.push_back(s->box->id());
+        for (auto& [key, s] : sessions) {
+            if (!store->is_shared() || s->local_only) known.push_back(s->box->id());
+        }
         for (auto& box : pool) known.push_back(box->id());
         for (auto& box : one_shots) known.push_back(box->id());
         std::string failure;
@@ -538,7 +899,10 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         if (watch_timer != nullptr) watch_timer->cancel();  // the watcher ends now, not at its tick
         const auto limit = deadline::after(grace);
         std::vector<std::pair<std::shared_ptr<sandbox>, std::string>> all;
-        for (auto& [key, s] : sessions) all.emplace_back(s->box, key);
+        // A shared store's sessions belong to every worker: they stay (the others attach to them).
+        for (auto& [key, s] : sessions) {
+            if (!store->is_shared() || s->local_only) all.emplace_back(s->box, key);
+        }
         sessions.clear();
         for (auto& box : pool) all.emplace_back(box, "");
         pool.clear();
@@ -568,7 +932,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     runtime& sandboxes;
     asio::any_io_executor executor;
     manager_options options;
-    std::unique_ptr<session_store> store;
+    std::shared_ptr<session_store> store;
     task_group tasks;
     std::map<std::string, std::shared_ptr<session>> sessions;
     std::map<std::string, std::shared_ptr<pending>> inflight;
@@ -582,7 +946,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
 };
 
 session_manager::session_manager(runtime& sandboxes, manager_options options,
-                                 std::unique_ptr<session_store> store)
+                                 std::shared_ptr<session_store> store)
     : state_(std::make_shared<state>(sandboxes, std::move(options), std::move(store))) {
     state_->tasks.spawn(state::watch(state_));
     state_->start_refill();

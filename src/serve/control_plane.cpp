@@ -61,7 +61,9 @@ int status_for(const error& e) {
     if (e.code == errc::invalid_argument || e.code == errc::invalid_path) return 400;
     if (e.code == errc::limit_exceeded || e.code == errc::rate_limited) return 429;
     if (e.code == errc::sandbox_not_found) return 404;
-    if (e.code == errc::shutting_down || e.code == errc::sandbox_unavailable) return 503;
+    if (e.code == errc::shutting_down || e.code == errc::sandbox_unavailable ||
+        e.code == errc::store_unavailable)
+        return 503;
     return 500;
 }
 

@@ -112,6 +112,8 @@ std::string model_message(const error& failure) {
             return "too many sandboxes are running on this host right now";
         case errc::shutting_down:
             return "the code tool is shutting down";
+        case errc::store_unavailable:
+            return "the session store is unavailable right now; try again shortly";
         default:
             return "the sandbox is unavailable";
     }

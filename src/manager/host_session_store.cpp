@@ -1,0 +1,386 @@
+// The host-local store (session_store.hpp): one entry file and one lock file per key in a 0700
+// directory. Every step takes the key's flock (polled on a timer, never blocking the executor),
+// reads the entry, applies the contract's step (store_entry.hpp) and writes the entry back with a
+// rename, so a process killed at any point leaves either the old entry or the new one.
+#include <moat/session_store.hpp>
+
+#include "core/unique_fd.hpp"
+#include "manager/store_entry.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string_view>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/asio_compat.hpp"
+
+namespace moat {
+namespace {
+
+constexpr std::size_t max_key_bytes = 120;
+constexpr std::size_t max_entry_bytes = 4096;
+
+std::string default_directory() {
+    if (::geteuid() == 0) return "/run/moat/sessions";
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime && *runtime == '/') {
+        return std::string(runtime) + "/moat/sessions";
+    }
+    return "/tmp/moat-" + std::to_string(::geteuid()) + "/sessions";
+}
+
+std::string hex(std::string_view bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(bytes.size() * 2);
+    for (unsigned char c : bytes) {
+        out += digits[c >> 4];
+        out += digits[c & 15];
+    }
+    return out;
+}
+
+error unavailable(const std::string& what) {
+    return make_error(errc::store_unavailable, "host session store: " + what);
+}
+
+error unavailable_errno(const std::string& what, int code) {
+    return unavailable(what + ": " + std::strerror(code));
+}
+
+std::int64_t ticks(store_detail::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+store_detail::time_point from_ticks(std::int64_t n) {
+    return store_detail::time_point(
+        std::chrono::duration_cast<store_detail::clock::duration>(std::chrono::nanoseconds(n)));
+}
+
+// "name value\n" lines; values have no newline (ids and tokens are ours, printable).
+std::string serialize(const std::string& key, const store_detail::entry& e) {
+    std::string out;
+    out += "key " + hex(key) + "\n";
+    out += "sandbox " + e.sandbox_id + "\n";
+    out += "generation " + std::to_string(e.generation) + "\n";
+    out += "noticed " + std::to_string(e.noticed) + "\n";
+    out += "last_used " + std::to_string(ticks(e.last_used)) + "\n";
+    out += "expires " + std::to_string(ticks(e.expires)) + "\n";
+    out += "token " + e.token + "\n";
+    out += "lease_until " + std::to_string(ticks(e.lease_until)) + "\n";
+    return out;
+}
+
+template <class Int>
+bool parse_int(std::string_view text, Int& out) {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc() && end == text.data() + text.size();
+}
+
+result<store_detail::entry> parse(const std::string& key, std::string_view text) {
+    store_detail::entry e;
+    bool key_seen = false;
+    while (!text.empty()) {
+        const auto nl = text.find('\n');
+        if (nl == std::string_view::npos) return unavailable("a session entry file is truncated");
+        const auto line = text.substr(0, nl);
+        text.remove_prefix(nl + 1);
+        const auto space = line.find(' ');
+        if (space == std::string_view::npos) return unavailable("a session entry file is garbled");
+        const auto name = line.substr(0, space);
+        const auto value = line.substr(space + 1);
+        std::int64_t n = 0;
+        bool ok = true;
+        if (name == "key") {
+            ok = value == hex(key);
+            key_seen = true;
+        } else if (name == "sandbox") {
+            e.sandbox_id = std::string(value);
+        } else if (name == "generation") {
+            ok = parse_int(value, e.generation);
+        } else if (name == "noticed") {
+            ok = parse_int(value, e.noticed);
+        } else if (name == "last_used") {
+            ok = parse_int(value, n);
+            e.last_used = from_ticks(n);
+        } else if (name == "expires") {
+            ok = parse_int(value, n);
+            e.expires = from_ticks(n);
+        } else if (name == "token") {
+            e.token = std::string(value);
+        } else if (name == "lease_until") {
+            ok = parse_int(value, n);
+            e.lease_until = from_ticks(n);
+        }
+        if (!ok) return unavailable("a session entry file is garbled");
+    }
+    if (!key_seen) return unavailable("a session entry file names no key");
+    return e;
+}
+
+class host_session_store final : public session_store {
+  public:
+    host_session_store(asio::any_io_executor executor, host_store_options options)
+        : executor_(std::move(executor)), options_(std::move(options)) {
+        if (options_.directory.empty()) options_.directory = default_directory();
+    }
+
+    asio::awaitable<result<std::optional<session_record>>> async_get(std::string key,
+                                                                     deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        store_detail::expire(*e, now());
+        co_return store_detail::view(&*e, now());
+    }
+
+    asio::awaitable<result<session_claim>> async_claim(std::string key, std::string expected,
+                                                       std::chrono::milliseconds lease,
+                                                       deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        auto token = new_token();
+        if (!token) co_return std::move(token).error();
+        auto answer = store_detail::claim(*e, expected, lease, now(), std::move(*token));
+        if (answer.token) {
+            auto written = write(key, *e);
+            if (!written) co_return std::move(written).error();
+        }
+        co_return answer;
+    }
+
+    asio::awaitable<result<bool>> async_renew(std::string key, std::string token,
+                                              std::chrono::milliseconds lease,
+                                              deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        if (!store_detail::renew(*e, token, lease, now())) co_return false;
+        auto written = write(key, *e);
+        if (!written) co_return std::move(written).error();
+        co_return true;
+    }
+
+    asio::awaitable<result<bool>> async_commit(std::string key, std::string token,
+                                               std::string sandbox_id, std::uint64_t generation,
+                                               std::chrono::milliseconds ttl,
+                                               deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        if (!store_detail::commit(*e, token, std::move(sandbox_id), generation, ttl, now())) {
+            co_return false;
+        }
+        auto written = write(key, *e);
+        if (!written) co_return std::move(written).error();
+        co_return true;
+    }
+
+    asio::awaitable<result<void>> async_release(std::string key, std::string token,
+                                                deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        if (e->token != token) co_return result<void>{};
+        store_detail::release(*e, token);
+        store_detail::expire(*e, now());
+        co_return write(key, *e);
+    }
+
+    asio::awaitable<result<std::optional<session_touch>>> async_touch(std::string key,
+                                                                      std::string sandbox_id,
+                                                                      std::chrono::milliseconds ttl,
+                                                                      bool take_notice,
+                                                                      deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        auto answer = store_detail::touch(*e, sandbox_id, ttl, take_notice, now());
+        if (answer) {
+            auto written = write(key, *e);
+            if (!written) co_return std::move(written).error();
+        }
+        co_return answer;
+    }
+
+    asio::awaitable<result<bool>> async_erase(
+        std::string key, std::string sandbox_id,
+        std::optional<std::chrono::milliseconds> unused_at_least, deadline limit) override {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        if (!store_detail::erase(*e, sandbox_id, unused_at_least, now())) co_return false;
+        auto written = write(key, *e);
+        if (!written) co_return std::move(written).error();
+        co_return true;
+    }
+
+    bool is_shared() const noexcept override { return true; }
+
+  private:
+    static store_detail::time_point now() { return store_detail::clock::now(); }
+
+    std::string path(const std::string& key, const char* suffix) const {
+        return options_.directory + "/" + hex(key) + suffix;
+    }
+
+    // The directory, made 0700 if missing; refused unless it is a real directory of ours that
+    // nobody else can write.
+    result<void> ensure_directory() {
+        if (directory_ready_) return {};
+        const auto& dir = options_.directory;
+        if (const auto slash = dir.rfind('/'); slash != std::string::npos && slash > 0) {
+            (void)::mkdir(dir.substr(0, slash).c_str(), 0711);
+        }
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            return unavailable_errno("cannot make " + dir, errno);
+        }
+        struct stat st {};
+        if (::lstat(dir.c_str(), &st) != 0) return unavailable_errno("cannot stat " + dir, errno);
+        if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+            return unavailable(dir + " is not a 0700 directory of this user");
+        }
+        directory_ready_ = true;
+        return {};
+    }
+
+    // The key's flock, retried on a timer until the earlier of `limit` and lock_wait. The lock
+    // file is checked to still be the one at its path after locking, so one unlinked meanwhile
+    // is never mistaken for the live lock.
+    asio::awaitable<result<unique_fd>> lock(const std::string& key, deadline limit) {
+        if (key.empty() || key.size() > max_key_bytes) {
+            co_return make_error(errc::invalid_argument,
+                                 "a host session key must be 1 to 120 bytes");
+        }
+        if (auto ready = ensure_directory(); !ready) co_return std::move(ready).error();
+        const auto lock_path = path(key, ".lock");
+        const auto until = earliest(limit, deadline::after(options_.lock_wait));
+        asio::steady_timer timer(executor_);
+        auto pause = std::chrono::milliseconds(1);
+        for (;;) {
+            unique_fd fd(
+                ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+            if (fd.get() < 0) co_return unavailable_errno("cannot open a lock file", errno);
+            if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) {
+                struct stat held {};
+                struct stat current {};
+                if (::fstat(fd.get(), &held) == 0 && ::stat(lock_path.c_str(), &current) == 0 &&
+                    held.st_ino == current.st_ino && held.st_dev == current.st_dev) {
+                    co_return fd;
+                }
+                continue;  // unlinked while we waited: lock the new one
+            }
+            if (errno != EWOULDBLOCK && errno != EINTR) {
+                co_return unavailable_errno("cannot lock a lock file", errno);
+            }
+            fd.reset();
+            if (until.has_expired()) {
+                co_return unavailable("a session's lock was held longer than the wait allows");
+            }
+            timer.expires_after(
+                std::min<std::chrono::steady_clock::duration>(pause, until.remaining()));
+            auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+            if (ec) co_return make_error(errc::cancelled, "the store operation was cancelled");
+            pause = std::min(pause * 2, std::chrono::milliseconds(10));
+        }
+    }
+
+    result<store_detail::entry> read(const std::string& key) {
+        const auto entry_path = path(key, ".entry");
+        unique_fd fd(::open(entry_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        if (fd.get() < 0) {
+            if (errno == ENOENT) return store_detail::entry{};
+            return unavailable_errno("cannot open a session entry", errno);
+        }
+        std::string text(max_entry_bytes + 1, '\0');
+        std::size_t have = 0;
+        for (;;) {
+            const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) return unavailable_errno("cannot read a session entry", errno);
+            if (n == 0) break;
+            have += static_cast<std::size_t>(n);
+            if (have > max_entry_bytes) return unavailable("a session entry file is too large");
+        }
+        text.resize(have);
+        return parse(key, text);
+    }
+
+    // Replaces the entry atomically (an empty one is removed, with its lock file: the caller
+    // holds the lock, and lockers check that the file they locked is still the live one).
+    result<void> write(const std::string& key, const store_detail::entry& e) {
+        const auto entry_path = path(key, ".entry");
+        if (store_detail::is_empty(e)) {
+            if (::unlink(entry_path.c_str()) != 0 && errno != ENOENT) {
+                return unavailable_errno("cannot remove a session entry", errno);
+            }
+            (void)::unlink(path(key, ".lock").c_str());
+            return {};
+        }
+        const auto temporary = entry_path + ".tmp";
+        const auto text = serialize(key, e);
+        unique_fd fd(
+            ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+        if (fd.get() < 0) return unavailable_errno("cannot write a session entry", errno);
+        std::size_t done = 0;
+        while (done < text.size()) {
+            const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return unavailable_errno("cannot write a session entry", errno);
+            done += static_cast<std::size_t>(n);
+        }
+        fd.reset();
+        if (::rename(temporary.c_str(), entry_path.c_str()) != 0) {
+            return unavailable_errno("cannot replace a session entry", errno);
+        }
+        return {};
+    }
+
+    static result<std::string> new_token() {
+        unsigned char bytes[16];
+        std::size_t have = 0;
+        while (have < sizeof bytes) {
+            const ssize_t n = ::getrandom(bytes + have, sizeof bytes - have, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) return unavailable_errno("no random bytes for a claim token", errno);
+            have += static_cast<std::size_t>(n);
+        }
+        return hex(std::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+    }
+
+    asio::any_io_executor executor_;
+    host_store_options options_;
+    bool directory_ready_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<session_store> make_host_session_store(asio::any_io_executor executor,
+                                                       host_store_options options) {
+    return std::make_shared<host_session_store>(std::move(executor), std::move(options));
+}
+
+}  // namespace moat
