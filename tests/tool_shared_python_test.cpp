@@ -5,6 +5,7 @@
 
 #include <moat/runtime.hpp>
 #include <moat/session_manager.hpp>
+#include <moat/session_store.hpp>
 #include <moat/tools.hpp>
 
 #include "support/local_fixture.hpp"
@@ -34,12 +35,9 @@ moat::manager_options shared_options() {
 }
 
 // One worker: its own backend (and helper), runtime, manager and tool session for the key
-// "conversation". `sandbox_id`, if given, is the conversation's sandbox another worker made (the
-// store entry a shared store would hold).
+// "conversation", over the store the workers share.
 struct worker {
-    explicit worker(const std::string& sandbox_id = {}) {
-        auto store = moat::make_memory_session_store();
-        if (!sandbox_id.empty()) REQUIRE(fixture.run(store->async_put("conversation", sandbox_id)));
+    explicit worker(std::shared_ptr<moat::session_store> store) {
         rt = std::make_unique<moat::runtime>(*fixture.local);
         manager = std::make_unique<moat::session_manager>(*rt, shared_options(), std::move(store));
         tools = std::make_unique<moat::tool_session>(*manager, "conversation");
@@ -75,14 +73,15 @@ TEST_CASE(
     "two workers on one sandbox alternate run_python and read each other's variables, the "
     "numbering runs on across them, and the interpreter outlives the worker that started it") {
     MOAT_REQUIRE_NAMESPACES();
-    worker a;
+    auto store = moat::make_memory_session_store();
+    worker a(store);
     auto set = a.python("x = 41\nimport os\nos.getpid()");
     REQUIRE(set.status == moat::tool_status::ok);
     const std::string pid = set.stdout_text;
     const auto box = a.tools->current_sandbox();
     REQUIRE(box);
 
-    worker b(box->id);
+    worker b(store);
     auto read = b.python("x += 1\nprint(x)");
     CHECK(read.status == moat::tool_status::ok);
     CHECK(read.stdout_text == "42\n");
@@ -112,9 +111,10 @@ TEST_CASE(
     "a cell past its limit on one worker restarts the shared interpreter, and both workers are "
     "told once") {
     MOAT_REQUIRE_NAMESPACES();
-    worker a;
+    auto store = moat::make_memory_session_store();
+    worker a(store);
     REQUIRE(a.python("x = 1").status == moat::tool_status::ok);
-    worker b(a.tools->current_sandbox()->id);
+    worker b(store);
     REQUIRE(b.python("print(x)").stdout_text == "1\n");
 
     auto slow = a.python("while True:\n    pass", 1s);
@@ -137,9 +137,10 @@ TEST_CASE(
 
 TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then says busy") {
     MOAT_REQUIRE_NAMESPACES();
-    worker a;
+    auto store = moat::make_memory_session_store();
+    worker a(store);
     REQUIRE(a.python("import os, time").status == moat::tool_status::ok);
-    worker b(a.tools->current_sandbox()->id);
+    worker b(store);
     // A's cell holds the interpreter until the test lets it go (a file B writes).
     // (On its own thread, which drives A's io_context; checked on this one.)
     std::optional<moat::result<moat::tool_result>> held;
