@@ -14,11 +14,13 @@
 #include <moat/session_store.hpp>
 #include <moat/tools.hpp>
 
+#include <asio/buffers_iterator.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/read_until.hpp>
 #include <asio/streambuf.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <signal.h>
