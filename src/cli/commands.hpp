@@ -34,5 +34,7 @@ int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible 
 // usage_error (never echoing the URL, which may carry a password) for anything else.
 std::shared_ptr<session_store> open_session_store(const std::string& url,
                                                   asio::any_io_executor executor);
+// The same check alone, for parsing (before any coroutine runs).
+void check_session_store_url(const std::string& url);
 
 }  // namespace moat::cli

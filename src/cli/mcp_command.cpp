@@ -95,6 +95,7 @@ mcp_options parse_mcp_options(int argc, char** argv) {
     if (!store_given) {
         if (const char* from_env = std::getenv("MOAT_STORE")) o.store = from_env;
     }
+    if (!o.session.empty()) check_session_store_url(o.store);
     o.manager.spec.labels["moat.client"] = "mcp";
     return o;
 }

@@ -38,21 +38,24 @@ struct session_options {
 
 }  // namespace
 
-std::shared_ptr<session_store> open_session_store(const std::string& url,
-                                                  asio::any_io_executor executor) {
-    if (url.empty() || url == "host") return make_host_session_store(std::move(executor));
+void check_session_store_url(const std::string& url) {
+    if (url.empty() || url == "host") return;
     if (url.starts_with("host:")) {
-        host_store_options options;
-        options.directory = url.substr(5);
-        if (options.directory.empty() || options.directory.front() != '/') {
-            throw usage_error("--store: host:DIR needs an absolute directory");
-        }
-        return make_host_session_store(std::move(executor), options);
+        if (url.size() > 5 && url[5] == '/') return;
+        throw usage_error("--store: host:DIR needs an absolute directory");
     }
     // Never echo the URL: it may carry a password.
     throw usage_error(
         "--store: this build knows the host-local store only (host or host:DIR); a redis:// "
         "store is not available yet");
+}
+
+std::shared_ptr<session_store> open_session_store(const std::string& url,
+                                                  asio::any_io_executor executor) {
+    check_session_store_url(url);
+    host_store_options options;
+    if (url.starts_with("host:")) options.directory = url.substr(5);
+    return make_host_session_store(std::move(executor), options);
 }
 
 namespace {
@@ -83,6 +86,7 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
             break;
         }
     }
+    check_session_store_url(o.store);
     if (sub == "ls") {
         if (i != argc) throw usage_error("moat session ls takes no key");
         return o;
