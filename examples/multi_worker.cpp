@@ -23,6 +23,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -32,6 +33,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,7 +113,7 @@ asio::awaitable<int> serve_turns(moat::backend& local, std::string name, std::st
                 code = 1;
             } else {
                 std::printf("%s %s %s %s\n", name.c_str(), first.c_str(), to_string(ran->status),
-                            escape(ran->stdout_text + ran->stderr_text).c_str());
+                            escape(ran->stdout_text + ran->stderr_text + ran->message).c_str());
             }
         }
         std::fflush(stdout);
@@ -125,12 +127,15 @@ asio::awaitable<int> serve_turns(moat::backend& local, std::string name, std::st
 int run_worker(const std::string& name, const std::string& store_url) {
     asio::io_context io;
     auto local = moat::make_local_backend(io.get_executor());
-    int code = 3;
+    std::optional<int> code;
     asio::co_spawn(io, serve_turns(*local, name, store_url),
                    [&code](std::exception_ptr failure, int c) { code = failure ? 3 : c; });
-    io.run();
+    // Until the turns are done (the backend keeps work of its own on the context).
+    while (!code && io.run_one() > 0) {
+    }
     local.reset();
-    return code;
+    io.run_for(std::chrono::seconds(1));
+    return code.value_or(3);
 }
 
 // A worker process, its stdin and its stdout.
@@ -143,7 +148,8 @@ struct worker_process {
 worker_process start_worker(const char* self, const std::string& name, const std::string& store) {
     int to_child[2];
     int from_child[2];
-    if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) return {};
+    // Close-on-exec: the second worker must not hold the first one's stdin open.
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) return {};
     const pid_t pid = ::fork();
     if (pid == 0) {
         ::dup2(to_child[0], STDIN_FILENO);
@@ -184,6 +190,7 @@ int stop_worker(worker_process& w) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // the parent's progress, line by line
     if (argc == 4 && std::strcmp(argv[1], "--worker") == 0) return run_worker(argv[2], argv[3]);
     std::string store = argc > 1 ? argv[1] : "";
     if (store.empty()) {
