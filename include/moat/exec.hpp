@@ -41,6 +41,16 @@ struct exec_request {
     // spawned process (backend::async_spawn, sandbox::async_spawn).
     std::chrono::milliseconds wall_limit = std::chrono::seconds(60);
     output_limits output;
+    // Spawn only (backend::async_spawn, sandbox::async_spawn): a resident of the sandbox, owned
+    // by no caller. It keeps running when the handle is dropped, when the backend that started it
+    // detaches or its process exits (another backend attached to the sandbox, another worker, may
+    // use what it serves), and ends by itself, by its wall limit, by a signal, or with the sandbox
+    // (destroy, TTL). Its stdio reaches the handle only while the handle lives: a resident that
+    // outlives it must stop using its stdio (point it at /dev/null). Local backend: it runs in a
+    // cgroup of its own, where the sandbox has per-command cgroups; what it leaves behind when it
+    // exits is killed then, and the sweep of an idle sandbox's strays spares it. On E2B every
+    // process started through envd keeps running when its client disconnects.
+    bool resident = false;
 
     static constexpr std::chrono::milliseconds max_wall_limit = std::chrono::seconds(600);
     // A spawned process is a service that lives across calls (an interpreter kept per session):

@@ -2,11 +2,21 @@
 // code (see arguments.hpp for the CLI's own codes).
 #pragma once
 
+#include <asio/any_io_executor.hpp>
+
+#include <memory>
+#include <string>
+
+namespace moat {
+class session_store;
+}
+
 namespace moat::cli {
 
 int run_command(int argc, char** argv);        // moat run: one command in a fresh sandbox
 int create_command(int argc, char** argv);     // moat create: a sandbox that outlives the CLI
 int exec_command(int argc, char** argv);       // moat exec: a command in an existing sandbox
+int session_command(int argc, char** argv);    // moat session exec|end|ls: shared sessions
 int cp_command(int argc, char** argv);         // moat cp: files in and out
 int destroy_command(int argc, char** argv);    // moat destroy: end sandboxes, confirmed
 int ls_command(int argc, char** argv);         // moat ls: every sandbox on this host
@@ -18,5 +28,13 @@ int bench_command(int argc, char** argv);      // moat bench create|advise: late
 int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server on stdio
 int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
 int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible sandbox host
+
+// The shared session store `url` names (--store, MOAT_STORE) for moat session and moat mcp
+// --session: "" or "host" (the host-local store in its default directory) or "host:DIR". Throws
+// usage_error (never echoing the URL, which may carry a password) for anything else.
+std::shared_ptr<session_store> open_session_store(const std::string& url,
+                                                  asio::any_io_executor executor);
+// The same check alone, for parsing (before any coroutine runs).
+void check_session_store_url(const std::string& url);
 
 }  // namespace moat::cli

@@ -29,6 +29,14 @@ constexpr const char* usage_text =
     "      prints its id on the last line\n"
     "  exec [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
     "      run CMD in sandbox ID, stream its output, exit with CMD's code\n"
+    "  session exec [--store URL] [--timeout S] [--stdin] [--json] KEY -- CMD...\n"
+    "      run CMD in the sandbox of conversation KEY (attach-or-create: every moat process\n"
+    "      naming KEY shares one sandbox, labelled moat.session=KEY); --store or MOAT_STORE:\n"
+    "      host (the default, this host's processes) or host:DIR\n"
+    "  session end [--store URL] KEY\n"
+    "      end conversation KEY's sandbox, confirmed (exit 4: no such session)\n"
+    "  session ls [--json]\n"
+    "      the sessions' sandboxes on this host, by key\n"
     "  cp [--raw] SRC DST\n"
     "      copy one file in or out; one side is ID:/absolute/path, the other a host path or -\n"
     "      (run, exec and cp to - show a sandbox's control characters on a terminal as ^[;\n"
@@ -65,10 +73,11 @@ constexpr const char* usage_text =
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
-    "      [--retry-ceiling N|off]\n"
+    "      [--retry-ceiling N|off] [--session KEY [--store URL]]\n"
     "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
     "      read_file, list_files, start/list/stop_process, read_process_output); one sandbox\n"
-    "      per connection, destroyed when the client leaves\n"
+    "      per connection, destroyed when the client leaves; with --session, conversation\n"
+    "      KEY's shared sandbox (as moat session), which outlives the connection\n"
     "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
     "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir DIR]\n"
     "        [--max-file-bytes N]\n"
@@ -155,13 +164,21 @@ int main(int argc, char** argv) {
         }
         using handler = int (*)(int, char**);
         static constexpr std::pair<std::string_view, handler> commands[] = {
-            {"run", moat::cli::run_command},         {"create", moat::cli::create_command},
-            {"exec", moat::cli::exec_command},       {"cp", moat::cli::cp_command},
-            {"destroy", moat::cli::destroy_command}, {"ls", moat::cli::ls_command},
-            {"doctor", moat::cli::doctor_command},   {"inventory", moat::cli::inventory_command},
-            {"janitor", moat::cli::janitor_command}, {"smoke", moat::cli::smoke_command},
-            {"bench", moat::cli::bench_command},     {"mcp", moat::cli::mcp_command},
-            {"demo", moat::cli::demo_command},       {"serve", moat::cli::serve_command},
+            {"run", moat::cli::run_command},
+            {"create", moat::cli::create_command},
+            {"exec", moat::cli::exec_command},
+            {"session", moat::cli::session_command},
+            {"cp", moat::cli::cp_command},
+            {"destroy", moat::cli::destroy_command},
+            {"ls", moat::cli::ls_command},
+            {"doctor", moat::cli::doctor_command},
+            {"inventory", moat::cli::inventory_command},
+            {"janitor", moat::cli::janitor_command},
+            {"smoke", moat::cli::smoke_command},
+            {"bench", moat::cli::bench_command},
+            {"mcp", moat::cli::mcp_command},
+            {"demo", moat::cli::demo_command},
+            {"serve", moat::cli::serve_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

@@ -1,7 +1,10 @@
 // moat mcp: a Model Context Protocol tool server on stdin/stdout, one per-session sandbox per
-// connection (see mcp/mcp_server.hpp). Logs go to stderr; stdout carries only protocol messages.
+// connection (see mcp/mcp_server.hpp), or with --session KEY the shared session KEY (the store of
+// --store / MOAT_STORE, host-local by default), which outlives the connection. Logs go to stderr;
+// stdout carries only protocol messages.
 #include <moat/runtime.hpp>
 #include <moat/session_manager.hpp>
+#include <moat/session_store.hpp>
 #include <moat/tools.hpp>
 
 #include "cli/arguments.hpp"
@@ -11,6 +14,7 @@
 
 #include <unistd.h>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -20,6 +24,8 @@ namespace {
 struct mcp_options {
     manager_options manager;
     tool_options tools;
+    std::string store;    // --store or MOAT_STORE (with --session)
+    std::string session;  // --session KEY: a shared session that outlives the connection
 };
 
 // A tool name prefix: what MCP tool names allow (letters, digits, '_', '-', '.'), short.
@@ -53,6 +59,7 @@ int parse_retry_ceiling(const std::string& value) {
 
 mcp_options parse_mcp_options(int argc, char** argv) {
     mcp_options o;
+    bool store_given = false;
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (auto seconds = flag_value("--timeout", argc, argv, i)) {
@@ -72,20 +79,40 @@ mcp_options parse_mcp_options(int argc, char** argv) {
             o.tools.tool_prefix = parse_tool_prefix(*prefix);
         } else if (auto ceiling = flag_value("--retry-ceiling", argc, argv, i)) {
             o.tools.failures_before_stop = parse_retry_ceiling(*ceiling);
+        } else if (auto url = flag_value("--store", argc, argv, i)) {
+            o.store = *url;
+            store_given = true;
+        } else if (auto key = flag_value("--session", argc, argv, i)) {
+            if (key->empty()) throw usage_error("--session: the key is empty");
+            o.session = *key;
         } else {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         }
     }
+    if (store_given && o.session.empty()) {
+        throw usage_error("--store needs --session KEY (a connection's own session is not shared)");
+    }
+    if (!store_given) {
+        if (const char* from_env = std::getenv("MOAT_STORE")) o.store = from_env;
+    }
+    if (!o.session.empty()) check_session_store_url(o.store);
     o.manager.spec.labels["moat.client"] = "mcp";
     return o;
 }
 
 asio::awaitable<int> serve(backend& b, mcp_options o) {
     runtime sandboxes(b);
-    session_manager sessions(sandboxes, o.manager);
+    // With --session the session lives in the shared store and outlives this connection (the
+    // manager's shutdown leaves a shared store's sandboxes running); without, it is this
+    // connection's own and is destroyed when the client leaves.
+    std::shared_ptr<session_store> store = o.session.empty()
+                                               ? make_memory_session_store()
+                                               : open_session_store(o.store, b.get_executor());
+    session_manager sessions(sandboxes, o.manager, std::move(store));
     int code = 0;
     {
-        tool_session tools(sessions, "mcp-" + std::to_string(::getpid()), o.tools);
+        const std::string key = o.session.empty() ? "mcp-" + std::to_string(::getpid()) : o.session;
+        tool_session tools(sessions, key, o.tools);
         mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO);
         code = co_await server.async_run();
     }

@@ -1072,7 +1072,10 @@ class local_backend final : public backend {
                                  "instead of exec_request::stdin_data");
         }
         const auto ceiling = exec_request::max_spawn_wall_limit;
-        auto started = co_await start_command(std::move(id), std::move(request), ceiling);
+        // A resident is a sandbox service: its own cgroup, and it outlives this connection.
+        const std::uint32_t flags =
+            request.resident ? wire::exec_resident | wire::exec_own_cgroup : wire::exec_none;
+        auto started = co_await start_command(std::move(id), std::move(request), ceiling, flags);
         if (!started) co_return std::move(started).error();
         auto handle = std::make_unique<local_process>(
             executor_, std::move(started->stream), std::move(started->stdin_socket),
@@ -1120,6 +1123,7 @@ class local_backend final : public backend {
         command.oom = sandbox->oom;
         command.kill_grace = options_.kill_grace;
         command.backstop = deadline::after(request.wall_limit + wall_limit_slack);
+        command.resident = request.resident;
 
         const int child_ends[3] = {pipes.stdin_theirs.get(), pipes.out_theirs.get(),
                                    pipes.err_theirs.get()};

@@ -29,7 +29,9 @@ local_exec_stream::local_exec_stream(const asio::any_io_executor& executor, loca
     : command_(std::move(command)), out_(executor, out.release()), err_(executor, err.release()) {}
 
 local_exec_stream::~local_exec_stream() {
-    if (!finished_ && !command_.state->exit) (void)command_.agent->kill(command_.exec_id, SIGKILL);
+    if (!finished_ && !command_.state->exit && !command_.resident) {
+        (void)command_.agent->kill(command_.exec_id, SIGKILL);
+    }
     command_.agent->release(command_.exec_id);
 }
 

@@ -24,6 +24,7 @@ struct local_command {
     std::shared_ptr<oom_watch> oom;  // the sandbox's; consulted when the command is SIGKILLed
     deadline backstop;               // past this the agent failed to enforce the wall limit
     std::chrono::milliseconds kill_grace{2000};
+    bool resident = false;  // exec_request::resident: dropping the stream does not kill it
 };
 
 class local_exec_stream final : public exec_stream::impl {

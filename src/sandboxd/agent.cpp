@@ -350,8 +350,9 @@ class agent {
         int status_pipe;            // read end: errno if the child failed before exec
         cgroup_slot cgroup;         // its own cgroup (exec_own_cgroup), or dir -1
         bool timed_out = false;
-        bool started = false;  // `started` sent: the child has exec'd (its status pipe hit EOF)
-        int spawn_errno = 0;   // what the child reported before it could exec
+        bool resident = false;  // exec_resident: outlives its connection, spared by the sweep
+        bool started = false;   // `started` sent: the child has exec'd (its status pipe hit EOF)
+        int spawn_errno = 0;    // what the child reported before it could exec
         // Its start block (start_blocks), released once the child has exec'd or died.
         void* block = nullptr;
         std::size_t block_bytes = 0;
@@ -387,6 +388,8 @@ class agent {
     // Moves killed cgroups that have emptied back to the idle list.
     void check_draining();
     void drop_cgroup(const cgroup_slot& slot);
+    // SIGKILLs the processes that are members of `cgroup_dir` itself (not of cgroups below it).
+    void kill_members(int cgroup_dir);
     pid_t start_child(const start_block& block, int cgroup_dir);
     void send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
                      int spawn_errno, std::uint64_t start_us);
@@ -556,10 +559,11 @@ bool agent::close_connections() {
     for (std::size_t i = connections_.size(); i-- > 0;) {
         const connection c = connections_[i];
         if (!c.closing) continue;
-        // What a connection started dies with it: nobody is left to read its result.
+        // What a connection started dies with it: nobody is left to read its result. A
+        // resident is the sandbox's, not the connection's: it runs on, reported to nobody.
         for (auto& running : commands_) {
             if (running.connection != c.fd) continue;
-            signal_command(running.pid, SIGKILL);
+            if (!running.resident) signal_command(running.pid, SIGKILL);
             running.connection = -1;
         }
         ::close(c.fd);
@@ -680,6 +684,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         request.wall_limit_ms == 0 ? 0 : start + request.wall_limit_ms * 1000;
     // `started` follows once the child has exec'd (check_starts), never waited for here.
     command c{request.exec_id, pid, start, deadline, fd, status[0], slot};
+    c.resident = (request.flags & wire::exec_resident) != 0;
     c.block = block.base;
     c.block_bytes = block.bytes;
     commands_.push_back(c);
@@ -807,23 +812,7 @@ bool agent::release_cgroup(cgroup_slot slot) {
     if (!write_at(slot.dir, "cgroup.kill", "1")) {
         // Before Linux 5.14: freeze, signal every member, thaw (a frozen cgroup cannot fork).
         (void)write_at(slot.dir, "cgroup.freeze", "1");
-        const int procs = ::openat(slot.dir, "cgroup.procs", O_RDONLY | O_CLOEXEC);
-        if (procs >= 0) {
-            char text[4096];
-            ssize_t n;
-            while ((n = ::read(procs, text, sizeof text)) > 0) {
-                std::string_view rest(text, static_cast<std::size_t>(n));
-                while (!rest.empty()) {
-                    const auto newline = rest.find('\n');
-                    int member = 0;
-                    std::from_chars(rest.data(), rest.data() + rest.size(), member);
-                    if (member > 1) ::kill(member, SIGKILL);
-                    if (newline == std::string_view::npos) break;
-                    rest.remove_prefix(newline + 1);
-                }
-            }
-            ::close(procs);
-        }
+        kill_members(slot.dir);
         (void)write_at(slot.dir, "cgroup.freeze", "0");
     }
     slot.killed_us = now_us();
@@ -913,7 +902,41 @@ void agent::reap() {
     // next pass.
     // (Not the commands' cgroup.kill: a cgroup once killed that way kills every child later cloned
     // into it or below it, see check_draining.)
-    if (command_ended && commands_.empty()) ::kill(-1, SIGKILL);
+    if (!command_ended) return;
+    bool residents = false;
+    bool separable = true;  // every resident has a cgroup of its own
+    for (const auto& c : commands_) {
+        if (!c.resident) return;
+        residents = true;
+        separable = separable && c.cgroup.dir >= 0;
+    }
+    if (!residents) {
+        ::kill(-1, SIGKILL);
+        return;
+    }
+    // Only residents run: they and what they started live in cgroups of their own below the
+    // commands' one, so the strays are the commands' cgroup's own members. Without per-command
+    // cgroups there is no telling a resident's processes from strays: nothing is swept then.
+    if (separable && command_cgroup_ >= 0) kill_members(command_cgroup_);
+}
+
+void agent::kill_members(int cgroup_dir) {
+    const int procs = ::openat(cgroup_dir, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+    if (procs < 0) return;
+    char text[4096];
+    ssize_t n;
+    while ((n = ::read(procs, text, sizeof text)) > 0) {
+        std::string_view rest(text, static_cast<std::size_t>(n));
+        while (!rest.empty()) {
+            const auto newline = rest.find('\n');
+            int member = 0;
+            std::from_chars(rest.data(), rest.data() + rest.size(), member);
+            if (member > 1) ::kill(member, SIGKILL);
+            if (newline == std::string_view::npos) break;
+            rest.remove_prefix(newline + 1);
+        }
+    }
+    ::close(procs);
 }
 
 void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,

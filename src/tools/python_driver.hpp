@@ -25,4 +25,32 @@ namespace moat {
 
 std::string_view python_driver_source();
 
+// The interpreter as a resident of the sandbox, shared by every worker that attaches to it.
+//
+// The supervisor (`python3 -I -c <resident source> <driver source>`, started with
+// exec_request::resident by whichever worker first finds none) takes the lock
+// <workdir>/.cells/.kernel/lock (a POSIX record lock: one supervisor per sandbox, released when it
+// dies), listens on the unix socket .cells/.kernel/sock (mode 0600 in a 0700 directory: the
+// sandbox user's; nothing of the host is reachable through it), prints "ready" (or "running" when
+// another holds the lock) and points its stdio at /dev/null. It starts the driver above as its
+// child (its own session), serves one connection at a time, and keeps the cell numbering and a
+// generation count (one per interpreter started) in .cells/.kernel/state, so a restarted
+// interpreter, whoever restarts it, numbers on.
+//
+// A cell, from any worker: the worker spawns the relay (`python3 -I -c <relay source> <turn wait
+// ms>`) and writes the framed cell to its stdin. The relay takes the turn lock
+// (.cells/.kernel/turn; waiting up to the turn wait, else it prints "busy" and exits), connects,
+// forwards the frame and copies everything the supervisor sends to its stdout. It prints "none"
+// and exits when there is no supervisor. The supervisor answers "go <generation> <1 if this cell
+// starts an interpreter, else 0>\n", then the driver's results channel unchanged up to and
+// including the cell's end record (later bytes wait for the next cell), and closes the connection.
+// It writes the end record itself when the interpreter died during the cell ("NNN crashed <exit
+// code> <signal>") or when the worker stopped it: any byte from the worker on the relay's stdin,
+// or the relay's end, kills the interpreter's process group, confirmed, and the end record is
+// "NNN killed". A broken framing also kills the interpreter. The frame "p\n" is a ping: the
+// supervisor answers "pong" once it is done with every earlier connection, so a worker that
+// stopped a cell knows the interpreter's kill is complete.
+std::string_view python_resident_source();
+std::string_view python_relay_source();
+
 }  // namespace moat

@@ -5,9 +5,14 @@
 #include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
 
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <csignal>
+#include <optional>
 #include <utility>
 #include <variant>
 
@@ -17,27 +22,76 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// Time for a killed interpreter's end to be reported before we stop waiting for it.
+// Time for a killed relay's end to be reported, or a finished one's exit, before we stop waiting.
 constexpr auto reap_grace = std::chrono::seconds(3);
+// Starting the supervisor and the relay's answer past its turn wait.
+constexpr auto start_bound = std::chrono::seconds(15);
+// The supervisor's kill of an interpreter whose cell was stopped (it waits 5 s for the reap).
+constexpr auto stop_bound = std::chrono::seconds(8);
+// Attempts to reach an interpreter that is not there yet (each one may start a supervisor).
+constexpr int start_rounds = 4;
+// The longest a cell waits for another worker's cell.
+constexpr std::chrono::milliseconds max_turn_wait = std::chrono::seconds(30);
+// A relay's or supervisor's first line, and the stderr kept for an error message.
+constexpr std::size_t max_greeting = 256;
+constexpr std::size_t max_kept_err = 4096;
 
-}  // namespace
-
-struct python_kernel::running {
-    std::string sandbox_id;
-    process interpreter;
-    std::string leftover;  // results-channel bytes after the last cell's end record
+// The first line a relay or a supervisor prints, and what followed it on stdout.
+struct greeting {
+    bool complete = false;  // a whole line arrived (else the program ended first)
+    std::string line;
+    std::string rest;
+    std::string err;                    // its stderr so far (its own Python errors), capped
+    std::optional<exec_result> exited;  // it ended before or right after its line
 };
 
-namespace {
+asio::awaitable<result<greeting>> read_greeting(process& program) {
+    greeting g;
+    std::string buffer;
+    for (;;) {
+        auto next = co_await program.async_next();
+        if (!next) co_return std::move(next).error();
+        if (auto* chunk = std::get_if<output_chunk>(&*next)) {
+            if (chunk->channel == output_channel::err) {
+                const auto room = max_kept_err - std::min(max_kept_err, g.err.size());
+                g.err.append(chunk->data.substr(0, room));
+                continue;
+            }
+            buffer += chunk->data;
+            const auto newline = buffer.find('\n');
+            if (newline != std::string::npos) {
+                g.complete = true;
+                g.line = buffer.substr(0, newline);
+                g.rest = buffer.substr(newline + 1);
+                co_return g;
+            }
+            if (buffer.size() > max_greeting) {
+                co_return make_error(errc::backend_failure,
+                                     "the Python relay's first line is over " +
+                                         std::to_string(max_greeting) + " bytes");
+            }
+            continue;
+        }
+        g.exited = std::get<exec_result>(std::move(*next));
+        g.line = std::move(buffer);
+        co_return g;
+    }
+}
+
+// The first line of a program's stderr, for an error message.
+std::string first_line(const std::string& text) {
+    const auto newline = text.find('\n');
+    return text.substr(0, std::min<std::size_t>(newline, 200));
+}
 
 struct cell_read {
-    std::optional<exec_result> exited;  // set when the interpreter ended during the cell
+    std::optional<exec_result> exited;  // set when the relay ended before the end record
 };
 
-asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& results) {
+asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& results) {
     cell_read read;
     while (!results.is_done() && !results.is_broken()) {
-        auto next = co_await interpreter.async_next();
+        auto next = co_await relay.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
             if (chunk->channel == output_channel::out) {
@@ -53,66 +107,184 @@ asio::awaitable<result<cell_read>> read_cell(process& interpreter, cell_output& 
     co_return read;
 }
 
-// Writes the cell to the interpreter's command channel, then reads its results up to the end
-// record.
-asio::awaitable<result<cell_read>> send_and_read(process& interpreter, std::string framed,
-                                                 cell_output& results) {
-    auto written = co_await interpreter.async_write_stdin(std::move(framed));
-    if (!written) {
-        // The interpreter stopped reading: it is exiting. Its end is what the cell reports.
-        if (written.error().code == errc::cancelled) co_return std::move(written).error();
+// Waits (bounded) for a program's end, discarding what it still prints.
+asio::awaitable<void> await_end(process& program) {
+    const auto limit = deadline::after(reap_grace);
+    for (;;) {
+        auto pulled = program.async_next();  // a named local (g++ 12)
+        auto next = co_await with_timeout(std::move(pulled), limit);
+        if (!next || std::holds_alternative<exec_result>(*next)) break;
     }
-    co_return co_await read_cell(interpreter, results);
+}
+
+// "go <generation> <fresh>": the generation, or 0 if the line is not that.
+std::uint64_t parse_go(std::string_view line, bool& fresh) {
+    if (!line.starts_with("go ")) return 0;
+    line.remove_prefix(3);
+    std::uint64_t generation = 0;
+    const auto parsed = std::from_chars(line.data(), line.data() + line.size(), generation);
+    if (parsed.ec != std::errc() || parsed.ptr == line.data() + line.size()) return 0;
+    fresh = std::string_view(parsed.ptr, line.data() + line.size()) == " 1";
+    return generation;
+}
+
+// The supervisor's own end records: "NNN crashed <exit code> <signal>", "NNN killed".
+bool parse_crash(std::string_view line, int& exit_code, int& signal) {
+    const auto first_space = line.find(' ');
+    if (first_space == std::string_view::npos) return false;
+    line.remove_prefix(first_space + 1);
+    if (line == "killed") {
+        exit_code = 128 + SIGKILL;
+        signal = SIGKILL;
+        return true;
+    }
+    if (!line.starts_with("crashed ")) return false;
+    line.remove_prefix(8);
+    const auto parsed_code = std::from_chars(line.data(), line.data() + line.size(), exit_code);
+    if (parsed_code.ec != std::errc() || parsed_code.ptr == line.data() + line.size()) {
+        return false;
+    }
+    const char* rest = parsed_code.ptr + 1;
+    const auto parsed_signal = std::from_chars(rest, line.data() + line.size(), signal);
+    return parsed_signal.ec == std::errc();
 }
 
 }  // namespace
+
+asio::awaitable<void> python_kernel::confirm_stopped(sandbox& box) {
+    exec_request call;
+    call.argv = {python_,
+                 "-I",
+                 "-S",
+                 "-c",
+                 std::string(python_relay_source()),
+                 std::to_string(std::chrono::milliseconds(stop_bound).count())};
+    call.wall_limit = stop_bound + start_bound;
+    const auto limit = deadline::after(stop_bound + start_bound);
+    auto spawned = co_await box.async_spawn(std::move(call), limit);
+    if (!spawned) co_return;
+    process ping = std::move(*spawned);
+    std::string frame = "p\n";
+    (void)co_await ping.async_write_stdin(std::move(frame));
+    auto greeted_op = read_greeting(ping);  // a named local (g++ 12)
+    (void)co_await with_timeout(std::move(greeted_op), limit);
+    co_await await_end(ping);
+}
 
 python_kernel::python_kernel(std::string python, output_limits capture)
     : python_(std::move(python)), capture_(capture) {}
 
 python_kernel::~python_kernel() = default;
 
-asio::awaitable<void> python_kernel::async_stop() {
-    if (!running_) co_return;
-    auto ending = std::move(running_);
-    (void)co_await ending->interpreter.async_signal(SIGKILL);
-    const auto limit = deadline::after(reap_grace);
-    for (;;) {
-        auto pulled = ending->interpreter.async_next();  // a named local (g++ 12)
-        auto next = co_await with_timeout(std::move(pulled), limit);
-        if (!next || std::holds_alternative<exec_result>(*next)) break;
+asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadline limit) {
+    exec_request start;
+    start.argv = {python_,
+                  "-I",
+                  "-S",
+                  "-c",
+                  std::string(python_resident_source()),
+                  std::string(python_driver_source())};
+    start.wall_limit = exec_request::max_spawn_wall_limit;
+    start.resident = true;
+    auto spawned = co_await box.async_spawn(std::move(start), limit);
+    if (!spawned) co_return std::move(spawned).error();
+    process supervisor = std::move(*spawned);
+    const auto bound = earliest(limit, deadline::after(start_bound));
+    auto greeted_op = read_greeting(supervisor);  // a named local (g++ 12)
+    auto greeted = co_await with_timeout(std::move(greeted_op), bound);
+    co_await asio::this_coro::reset_cancellation_state();
+    if (!greeted) co_return std::move(greeted).error();
+    if (greeted->complete && greeted->line == "ready") co_return result<void>{};
+    if (greeted->complete && greeted->line == "running") {
+        // Another worker's supervisor holds the lock and is about to listen.
+        asio::steady_timer pause(co_await asio::this_coro::executor);
+        pause.expires_after(std::chrono::milliseconds(50));
+        co_await pause.async_wait(asio::use_awaitable);
+        co_return result<void>{};
     }
+    co_return make_error(
+        errc::backend_failure,
+        "the Python interpreter's supervisor did not start" +
+            (greeted->err.empty() ? std::string() : ": " + first_line(greeted->err)));
 }
 
 asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
     deadline limit, std::function<void(output_channel, std::string_view)> on_output) {
     cell_outcome outcome;
-    if (running_ && running_->sandbox_id != box->id()) co_await async_stop();
-    if (!running_) {
-        exec_request start;
-        start.argv = {python_, "-u", "-c", std::string(python_driver_source()),
-                      std::to_string(cells_)};
-        start.wall_limit = exec_request::max_spawn_wall_limit;
-        auto spawned = co_await box->async_spawn(std::move(start), limit);
+    const std::string framed = std::to_string(code.size()) + "\n" + code;
+    const auto turn_wait = std::min(timeout, max_turn_wait);
+    process relay;
+    greeting greeted;
+    for (int round = 0;; ++round) {
+        exec_request call;
+        call.argv = {python_,
+                     "-I",
+                     "-S",
+                     "-c",
+                     std::string(python_relay_source()),
+                     std::to_string(turn_wait.count())};
+        call.wall_limit = std::min<std::chrono::milliseconds>(exec_request::max_spawn_wall_limit,
+                                                              timeout + turn_wait + start_bound);
+        auto spawned = co_await box->async_spawn(std::move(call), limit);
         if (!spawned) co_return std::move(spawned).error();
-        auto fresh = std::make_unique<running>();
-        fresh->sandbox_id = box->id();
-        fresh->interpreter = std::move(*spawned);
-        running_ = std::move(fresh);
-        outcome.started_interpreter = true;
+        relay = std::move(*spawned);
+        std::string frame = framed;
+        auto written = co_await relay.async_write_stdin(std::move(frame));
+        if (!written && written.error().code == errc::cancelled) {
+            co_return std::move(written).error();
+        }
+        const auto bound = earliest(limit, deadline::after(turn_wait + start_bound));
+        auto greeted_op = read_greeting(relay);  // a named local (g++ 12)
+        auto got = co_await with_timeout(std::move(greeted_op), bound);
+        co_await asio::this_coro::reset_cancellation_state();
+        if (!got) {
+            if (got.error().code == errc::deadline_exceeded && !limit.is_never() &&
+                limit.when() <= bound.when()) {
+                co_return std::move(got).error();
+            }
+            if (got.error().code == errc::cancelled) co_return std::move(got).error();
+            co_return make_error(errc::backend_failure,
+                                 "the Python relay did not answer: " + got.error().detail);
+        }
+        greeted = std::move(*got);
+        if (greeted.complete && greeted.line == "busy") {
+            outcome.how = cell_outcome::ending::busy;
+            co_await await_end(relay);
+            co_return outcome;
+        }
+        if (greeted.complete && greeted.line == "none") {
+            co_await await_end(relay);
+            if (round + 1 == start_rounds) {
+                co_return make_error(
+                    errc::backend_failure,
+                    "the sandbox's Python interpreter could not be reached after " +
+                        std::to_string(start_rounds) + " starts");
+            }
+            auto started = co_await start_resident(*box, limit);
+            if (!started) co_return std::move(started).error();
+            continue;
+        }
+        bool fresh = false;
+        outcome.generation = greeted.complete ? parse_go(greeted.line, fresh) : 0;
+        if (outcome.generation == 0) {
+            co_await await_end(relay);
+            co_return make_error(
+                errc::backend_failure,
+                "the Python relay failed" +
+                    (greeted.err.empty() ? std::string() : ": " + first_line(greeted.err)));
+        }
+        outcome.started_interpreter = fresh;
+        break;
     }
-    ++cells_;
 
     cell_output results(capture_);
     if (on_output) results.on_output(on_output);
-    // What a background thread or child printed after the previous cell ended is this cell's.
-    results.feed(std::exchange(running_->leftover, {}));
-    std::string framed = std::to_string(code.size()) + "\n" + code;
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
     const auto first = earliest(cell_limit, limit);
-    auto exchange = send_and_read(running_->interpreter, std::move(framed), results);
+    results.feed(greeted.rest);
+    auto exchange = read_cell(relay, results);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
@@ -121,8 +293,9 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     outcome.err = results.finish_err();
 
     if (!read) {
-        // Whatever stopped the read, the interpreter is in an unknown state: end it.
-        co_await async_stop();
+        // The stop killed the relay (confirmed); its connection's end has the supervisor kill the
+        // interpreter. A ping, served after that, confirms it (bounded).
+        co_await confirm_stopped(*box);
         const bool caller_first = !limit.is_never() && limit.when() <= cell_limit.when();
         if (read.error().code == errc::deadline_exceeded && !caller_first) {
             outcome.how = cell_outcome::ending::timed_out;
@@ -131,25 +304,25 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
         }
         co_return std::move(read).error();
     }
-    if (read->exited) {
-        running_.reset();
-        const auto& ended = *read->exited;
-        outcome.how = cell_outcome::ending::crashed;
-        outcome.signal = ended.signal;
-        outcome.exit_code = ended.signal != 0 ? 128 + ended.signal : ended.exit_code;
-        outcome.oom_killed = ended.oom_killed;
-        co_return outcome;
-    }
-    if (results.is_broken()) {
-        // Only code that writes to the driver's own descriptors gets here: the channel can no
-        // longer be trusted to mark a cell's end, so the interpreter ends like a crashed one.
-        co_await async_stop();
+    if (results.is_broken() || read->exited) {
+        // Only code that writes to the driver's own descriptors breaks the channel (the
+        // supervisor then kills the interpreter), and only the supervisor's own end (a cell that
+        // killed it) ends the relay before the end record: either way the interpreter is gone.
+        co_await await_end(relay);
         outcome.how = cell_outcome::ending::crashed;
         outcome.signal = SIGKILL;
         outcome.exit_code = 128 + SIGKILL;
         co_return outcome;
     }
-    running_->leftover = results.take_leftover();
+    co_await await_end(relay);  // its exit releases the turn
+    int exit_code = 0;
+    int signal = 0;
+    if (parse_crash(results.status_line(), exit_code, signal)) {
+        outcome.how = cell_outcome::ending::crashed;
+        outcome.exit_code = exit_code;
+        outcome.signal = signal;
+        co_return outcome;
+    }
     const auto status = parse_marker_line(results.status_line());
     outcome.raised = status.raised;
     outcome.exception_type = status.exception_type;

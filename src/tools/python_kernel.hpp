@@ -1,6 +1,8 @@
-// One Python interpreter kept alive inside a sandbox across a session's cells (see
-// python_driver.hpp for the protocol). Confined to one executor; one cell at a time (the tool
-// session serialises calls).
+// The worker's side of a session's Python interpreter, a resident of the sandbox shared by every
+// worker attached to it (see python_driver.hpp for the protocol): each cell goes through a relay
+// command this worker spawns; the first cell that finds no interpreter starts its supervisor.
+// Confined to one executor; one cell at a time per worker (the tool session serialises calls),
+// and one at a time across workers (the sandbox's turn lock).
 #pragma once
 
 #include <moat/deadline.hpp>
@@ -26,6 +28,7 @@ struct cell_outcome {
         completed,  // the cell ran to its end (ok or with an exception)
         timed_out,  // past its time limit: the interpreter was killed
         crashed,    // the interpreter exited during the cell (os._exit, a signal, OOM)
+        busy,       // another worker's cell held the interpreter for the whole turn wait
     };
     ending how = ending::completed;
     bool raised = false;         // completed with an exception
@@ -36,6 +39,9 @@ struct cell_outcome {
     int signal = 0;
     bool oom_killed = false;
     bool started_interpreter = false;  // this cell started a new interpreter
+    // The interpreter's generation (1 for the sandbox's first, +1 per restart by any worker);
+    // 0 when the cell did not reach one (busy).
+    std::uint64_t generation = 0;
     std::chrono::milliseconds duration{0};
 };
 
@@ -46,26 +52,25 @@ class python_kernel {
     python_kernel(const python_kernel&) = delete;
     python_kernel& operator=(const python_kernel&) = delete;
 
-    // Runs `code` in `box`'s interpreter, starting one first if there is none there (a running
-    // interpreter in another sandbox is killed). `timeout` is the cell's limit: past it the
-    // interpreter is killed and the outcome says timed_out. Errors: the interpreter could not be
-    // started (the sandbox's error), or the caller's cancellation / `limit` (the interpreter is
-    // killed and confirmed gone first). `on_output`, if set, receives the cell's own output (never
-    // the driver's records) as it arrives.
+    // Runs `code` in `box`'s interpreter, starting one first if there is none there. The cell
+    // waits for another worker's cell at most `timeout` (30 s at most), else the outcome is busy;
+    // then `timeout` is the cell's limit: past it the interpreter is killed and the outcome says
+    // timed_out. Errors: the interpreter could not be started or reached (the sandbox's error),
+    // or the caller's cancellation / `limit` (the cell's relay is killed, confirmed, and with it
+    // the interpreter). `on_output`, if set, receives the cell's own output (never the driver's
+    // records) as it arrives.
     asio::awaitable<result<cell_outcome>> async_run(
         std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
         deadline limit, std::function<void(output_channel, std::string_view)> on_output = {});
 
-    // Kills the interpreter, if any, and waits (bounded) for its end.
-    asio::awaitable<void> async_stop();
-
-    struct running;
-
   private:
+    asio::awaitable<result<void>> start_resident(sandbox& box, deadline limit);
+    // Waits (bounded) until the supervisor has finished with every earlier connection: the kill
+    // of an interpreter whose relay was stopped is complete.
+    asio::awaitable<void> confirm_stopped(sandbox& box);
+
     std::string python_;
     output_limits capture_;
-    std::unique_ptr<running> running_;
-    std::uint64_t cells_ = 0;  // cells sent so far, across restarts: the next file's number
 };
 
 }  // namespace moat

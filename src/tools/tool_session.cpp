@@ -261,8 +261,11 @@ struct tool_session::state {
     bool uses_turns = false;
     std::optional<sandbox_info> box_info;  // the sandbox the last call used
     bool ended = false;
-    bool interpreter_lost = false;  // a cancelled cell took the interpreter with it
-    std::string sandbox_id;         // the sandbox the last call used
+    // The generation of the sandbox's interpreter (python_kernel) this session last saw or
+    // announced: a later one was started by a restart the model has not been told about, whoever
+    // restarted it (another worker sharing the sandbox, a cancelled cell). 0: none yet.
+    std::uint64_t generation = 0;
+    std::string sandbox_id;  // the sandbox the last call used
 
     shaped_text shape(const captured_output& output) const {
         return shape_for_model(output, options.shaping);
@@ -434,23 +437,38 @@ struct tool_session::state {
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("run_python", std::move(got).error());
         auto box = got->lease.box;
+        if (got->rebuilt) generation = 0;  // a new sandbox: its interpreters count from 1
         auto ran =
             co_await kernel.async_run(box, std::move(code), timeout, limit, std::move(on_output));
-        if (!ran) {
-            // The interpreter was killed with the call: say so when the next cell starts one.
-            interpreter_lost = true;
-            co_return failed_step("run_python", std::move(ran).error());
-        }
+        // A stopped call may have taken the interpreter with it: the next cell sees a later
+        // generation then, and says so.
+        if (!ran) co_return failed_step("run_python", std::move(ran).error());
         tool_result r;
         r.tool = "run_python";
         r.duration = ran->duration;
         const auto& outcome = *ran;
+        if (outcome.how == cell_outcome::ending::busy) {
+            r.status = tool_status::error;
+            r.error_code = "busy";
+            r.message =
+                "another call is running Python in this conversation's sandbox and did "
+                "not finish within " +
+                seconds_text(
+                    std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30))) +
+                "; this code did not run";
+            r.hint = "call " + named("run_python") + " again";
+            if (got->rebuilt) r.notices.emplace_back(notice_rebuilt);
+            co_return r;
+        }
+        const bool restarted_unseen = generation != 0 && outcome.generation > generation;
         if (got->rebuilt) {
             r.notices.emplace_back(notice_rebuilt);
-        } else if (outcome.started_interpreter && interpreter_lost) {
+        } else if (restarted_unseen && outcome.how == cell_outcome::ending::completed) {
             r.notices.emplace_back(notice_restarted);
         }
-        interpreter_lost = false;
+        generation = outcome.generation;
+        // A result that says the interpreter restarted announces its successor too.
+        if (outcome.how != cell_outcome::ending::completed) generation = outcome.generation + 1;
         auto shaped_out = shape(outcome.out);
         r.stdout_text = std::move(shaped_out.text);
         r.stdout_omitted = shaped_out.omitted_chars;
@@ -518,6 +536,8 @@ struct tool_session::state {
                 }
                 r.notices.emplace_back(notice_restarted);
                 break;
+            case cell_outcome::ending::busy:
+                break;  // answered above
         }
         co_await add_artifacts(r, *box, limit);
         co_return r;
@@ -1140,7 +1160,6 @@ asio::awaitable<result<void>> tool_session::async_end() {
     const auto never = deadline::never();
     if (auto refused = co_await s->take_turn(never)) co_return std::move(*refused);
     s->ended = true;
-    co_await s->kernel.async_stop();
     co_await s->stop_background();
     s->calls.release();
     s->calls.refuse_all();

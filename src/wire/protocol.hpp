@@ -24,7 +24,8 @@ namespace moat::wire {
 // 3: created carries the cpu cgroup; survivors' agents accept attach connections.
 // 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups; created.tracking_cgroup.
 // 5: create carries the sandbox layout (user name, home, workdir, artifacts_dir).
-inline constexpr std::uint32_t protocol_version = 5;
+// 6: exec_resident.
+inline constexpr std::uint32_t protocol_version = 6;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -167,6 +168,11 @@ enum exec_flags : std::uint32_t {
     // process: the agent runs it in a cgroup of its own, where the sandbox has per-command cgroups,
     // and kills whatever is left in it when the main process exits.
     exec_own_cgroup = 1u << 0,
+    // A sandbox service (a spawn with exec_request::resident): it does not end with the
+    // connection that started it, runs in a cgroup of its own (where the sandbox has per-command
+    // cgroups) so the idle sweep spares it and its own leftovers die with it, and ends by itself,
+    // by its wall limit or with the sandbox.
+    exec_resident = 1u << 1,
 };
 
 // Followed by `argc` argv strings, then `envc` "K=V" strings, then the working directory; each

@@ -1,0 +1,93 @@
+// moat session exec / end / ls as a shell-based agent runs them: separate moat processes that
+// name one key share one sandbox through the host-local store.
+#include <doctest/doctest.h>
+
+#include "support/local_fixture.hpp"
+#include "support/moat_cli.hpp"
+
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <array>
+#include <cstdio>
+#include <string>
+
+using moat::test::cli_outcome;
+using moat::test::moat_cli;
+
+namespace {
+
+// Runs a shell command line (several moat processes at once) and collects its output.
+cli_outcome run_shell_line(const std::string& line) {
+    FILE* pipe = ::popen(line.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    cli_outcome o;
+    std::array<char, 4096> buffer{};
+    std::size_t n;
+    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+        o.output.append(buffer.data(), n);
+    const int status = ::pclose(pipe);
+    o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return o;
+}
+
+std::string store_dir() {
+    char name[] = "/tmp/moat-session-store-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    return name;
+}
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+    std::size_t n = 0;
+    for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "concurrent moat session exec processes with one key share one sandbox, end confirms, an "
+    "unknown key exits 4") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string store = "--store host:" + store_dir();
+    const std::string key = "cli-session-" + std::to_string(::getpid());
+    const std::string exec = std::string(MOAT_CLI_PATH) + " session exec " + store + " " + key +
+                             " -- sh -c 'echo $$ >> /workspace/log; cat /workspace/log | wc -l'";
+    std::string line;
+    for (int i = 0; i < 6; ++i) line += exec + " >/dev/null 2>&1 & ";
+    line += "wait";
+    REQUIRE(run_shell_line(line).exit_code == 0);
+
+    // Six processes wrote into one sandbox's workspace.
+    auto counted = moat_cli("session exec " + store + " " + key + " -- wc -l /workspace/log");
+    CHECK(counted.exit_code == 0);
+    CHECK(counted.output == "6 /workspace/log\n");
+    auto listed = moat_cli("session ls");
+    CHECK(listed.exit_code == 0);
+    CHECK(count_of(listed.output, key + " ") == 1);
+    // The sandbox carries the session's label.
+    auto labelled = moat_cli("ls --label moat.session=" + key);
+    CHECK(count_of(labelled.output, "sb-") == 1);
+
+    auto ended = moat_cli("session end " + store + " " + key);
+    CHECK(ended.exit_code == 0);
+    CHECK(ended.output == "ended " + key + "\n");
+    CHECK(count_of(moat_cli("ls --label moat.session=" + key).output, "sb-") == 0);
+    auto again = moat_cli("session end " + store + " " + key);
+    CHECK(again.exit_code == 4);
+    CHECK(again.output.find("no session named") != std::string::npos);
+    auto unknown = moat_cli("session end " + store + " never-used-" + key);
+    CHECK(unknown.exit_code == 4);
+}
+
+TEST_CASE("moat session rejects bad input with one line and exit code 2") {
+    for (const char* args :
+         {"session", "session frob", "session exec", "session exec key",
+          "session exec --bogus k -- true", "session end", "session end a b", "session ls extra",
+          "session exec --store redis://user:secret@host:6379 k -- true"}) {
+        const auto o = moat_cli(args);
+        CHECK_MESSAGE(o.exit_code == 2, args);
+        CHECK_MESSAGE(o.output.find("secret") == std::string::npos, args);
+        CHECK_MESSAGE(o.output.rfind("moat", 0) == 0, args);
+    }
+}
