@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <array>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 using moat::test::cli_outcome;
@@ -45,12 +47,12 @@ std::size_t count_of(const std::string& text, const std::string& part) {
 
 }  // namespace
 
-TEST_CASE(
-    "concurrent moat session exec processes with one key share one sandbox, end confirms, an "
-    "unknown key exits 4") {
-    MOAT_REQUIRE_NAMESPACES();
-    const std::string store = "--store host:" + store_dir();
-    const std::string key = "cli-session-" + std::to_string(::getpid());
+namespace {
+
+// Six concurrent `moat session exec` with one key, then ls, end, a second end and an unknown key,
+// through the store that `store` (a --store flag) names.
+void one_sandbox_per_key(const std::string& store, const std::string& key_suffix) {
+    const std::string key = "cli-session-" + std::to_string(::getpid()) + "-" + key_suffix;
     const std::string exec = std::string(MOAT_CLI_PATH) + " session exec " + store + " " + key +
                              " -- sh -c 'echo $$ >> /workspace/log; cat /workspace/log | wc -l'";
     std::string line;
@@ -80,11 +82,49 @@ TEST_CASE(
     CHECK(unknown.exit_code == 4);
 }
 
+}  // namespace
+
+// A redis-server on a unix socket in a temporary directory, stopped (SIGTERM, then SIGKILL) at
+// the end.
+struct redis_server {
+    std::string dir = store_dir();
+    std::string socket = dir + "/redis.sock";
+    pid_t pid = -1;
+    redis_server() {
+        const std::string args = "redis-server --port 0 --save '' --appendonly no --unixsocket " +
+                                 socket + " --dir " + dir + " >/dev/null 2>&1 & echo $!";
+        const auto started = run_shell_line(args);
+        pid = std::atoi(started.output.c_str());
+        for (int i = 0; i < 200 && ::access(socket.c_str(), F_OK) != 0; ++i) ::usleep(50'000);
+    }
+    ~redis_server() {
+        if (pid <= 0) return;
+        ::kill(pid, SIGTERM);
+        for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) ::usleep(50'000);
+        ::kill(pid, SIGKILL);
+    }
+};
+
+TEST_CASE(
+    "concurrent moat session exec processes with one key share one sandbox, end confirms, an "
+    "unknown key exits 4") {
+    MOAT_REQUIRE_NAMESPACES();
+    SUBCASE("through the host-local store") {
+        one_sandbox_per_key("--store host:" + store_dir(), "host");
+    }
+    SUBCASE("through a Redis store") {
+        redis_server redis;
+        REQUIRE_MESSAGE(redis.pid > 0, "redis-server did not start");
+        REQUIRE_MESSAGE(::access(redis.socket.c_str(), F_OK) == 0, "redis-server did not listen");
+        one_sandbox_per_key("--store unix://" + redis.socket, "redis");
+    }
+}
+
 TEST_CASE("moat session rejects bad input with one line and exit code 2") {
     for (const char* args :
          {"session", "session frob", "session exec", "session exec key",
           "session exec --bogus k -- true", "session end", "session end a b", "session ls extra",
-          "session exec --store redis://user:secret@host:6379 k -- true"}) {
+          "session exec --store redis://user:secret@host:notaport k -- true"}) {
         const auto o = moat_cli(args);
         CHECK_MESSAGE(o.exit_code == 2, args);
         CHECK_MESSAGE(o.output.find("secret") == std::string::npos, args);

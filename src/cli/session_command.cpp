@@ -8,6 +8,7 @@
 // Without --store (and without MOAT_STORE) the host-local store serves: every moat process on this
 // host shares its sessions. The sandbox carries the label moat.session=KEY and outlives the
 // command; `end` destroys it, confirmed, and exits 4 for a key no store entry names.
+#include <moat/redis_session_store.hpp>
 #include <moat/runtime.hpp>
 #include <moat/session_manager.hpp>
 #include <moat/session_store.hpp>
@@ -44,18 +45,27 @@ void check_session_store_url(const std::string& url) {
         if (url.size() > 5 && url[5] == '/') return;
         throw usage_error("--store: host:DIR needs an absolute directory");
     }
-    // Never echo the URL: it may carry a password.
-    throw usage_error(
-        "--store: this build knows the host-local store only (host or host:DIR); a redis:// "
-        "store is not available yet");
+    // Never echo the URL: it may carry a password (parse_redis_url's details never do).
+    if (auto parsed = parse_redis_url(url); !parsed)
+        throw usage_error("--store: " + parsed.error().detail);
 }
 
 std::shared_ptr<session_store> open_session_store(const std::string& url,
                                                   asio::any_io_executor executor) {
     check_session_store_url(url);
-    host_store_options options;
-    if (url.starts_with("host:")) options.directory = url.substr(5);
-    return make_host_session_store(std::move(executor), options);
+    if (url.empty() || url == "host" || url.starts_with("host:")) {
+        host_store_options options;
+        if (url.starts_with("host:")) options.directory = url.substr(5);
+        return make_host_session_store(std::move(executor), options);
+    }
+    // redis://, rediss://, unix://: the password from the URL, else MOAT_STORE_PASSWORD.
+    auto config = parse_redis_url(url);
+    if (!config) throw usage_error("--store: " + config.error().detail);
+    if (auto loaded = load_redis_password(*config); !loaded)
+        throw usage_error("--store: " + loaded.error().detail);
+    auto store = make_redis_session_store(std::move(executor), std::move(*config));
+    if (!store) throw usage_error("--store: " + store.error().detail);
+    return std::move(*store);
 }
 
 namespace {
