@@ -102,7 +102,7 @@ constexpr const char* usage_text =
 bool takes_backend(std::string_view command, int argc, char** argv) {
     static constexpr std::string_view names[] = {"run",     "create", "exec",      "cp",
                                                  "destroy", "ls",     "inventory", "janitor",
-                                                 "smoke",   "doctor", "mcp"};
+                                                 "smoke",   "doctor", "mcp",       "session"};
     for (const auto name : names) {
         if (command == name) return true;
     }
