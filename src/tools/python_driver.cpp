@@ -310,7 +310,9 @@ def serve(conn):
             return
         parts.append(more)
         got += len(more)
-    conn.setblocking(False)
+    # The connection stays in timeout mode: sendall on a non-blocking socket gives up (and loses
+    # the rest of a record) as soon as the relay falls behind; a relay that takes in nothing for
+    # the whole timeout is gone, and the cell with it.
     fresh = interp is None or interp.poll() is not None
     if fresh:
         if interp is not None:
@@ -330,7 +332,9 @@ def serve(conn):
     if leftover:
         mine, rest = records.feed(leftover)
         leftover = b''
-        send(conn, mine)
+        if not send(conn, mine):
+            stop()
+            return
         if rest is not None:
             leftover = rest
             return
@@ -347,22 +351,20 @@ def serve(conn):
         if conn in ready_r:
             try:
                 asked = conn.recv(16)
-            except BlockingIOError:
-                asked = b'-'
             except OSError:
                 asked = b''
-            if asked != b'-':
-                # The worker stopped the cell (its time limit, its caller) or went away.
-                stop()
-                end_record(conn, '%03d killed' % number)
-                return
+            # The worker stopped the cell (its time limit, its caller) or went away.
+            stop()
+            end_record(conn, '%03d killed' % number)
+            return
         if err in ready_r:
             try:
                 data = os.read(err, 65536)
             except BlockingIOError:
                 data = None
-            if data:
-                send(conn, b'e%d\n' % len(data) + data)
+            if data and not send(conn, b'e%d\n' % len(data) + data):
+                stop()
+                return
         if out in ready_r:
             try:
                 data = os.read(out, 65536)
@@ -373,8 +375,7 @@ def serve(conn):
                 end_record(conn, '%03d crashed %d %d' % (number, code, sig))
                 return
             mine, rest = records.feed(data)
-            send(conn, mine)
-            if records.broken:
+            if not send(conn, mine) or records.broken:
                 stop()
                 return
             if rest is not None:
