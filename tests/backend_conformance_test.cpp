@@ -17,6 +17,9 @@
 #include <moat/backend.hpp>
 #include <moat/errc.hpp>
 #include <moat/local_backend.hpp>
+#include <moat/runtime.hpp>
+#include <moat/session_manager.hpp>
+#include <moat/tools.hpp>
 #include <moat/with_timeout.hpp>
 
 #include "http/client.hpp"
@@ -626,6 +629,81 @@ TEST_CASE_TEMPLATE("a spawned process reads stdin until it is closed and ends on
     CHECK(kill_end.result->exit_code == 128 + SIGKILL);
     CHECK(t.host_processes(box.id, "sleep 5556").empty());
     t.destroy(box.id);
+}
+
+TEST_CASE_TEMPLATE("a resident outlives its dropped handle and ends with its sandbox", Kind,
+                   MOAT_CONFORMANCE_KINDS) {
+    MOAT_REQUIRE_NAMESPACES();
+    conformance<Kind> t;
+    const auto box = t.create();
+    moat::exec_request service;
+    service.argv = {"sleep", "7777"};
+    service.wall_limit = moat::exec_request::max_spawn_wall_limit;
+    service.resident = true;
+    {
+        auto spawned = t.run(t.b->async_spawn(box.id, service));
+        REQUIRE_MESSAGE(spawned.has_value(), spawned.error().detail);
+        CHECK(moat::test::eventually(
+            [&] { return !t.host_processes(box.id, "sleep 7777").empty(); }));
+    }
+    // A non-resident's drop kills it over the same executor: give that every chance to happen
+    // (two round trips and a while of the executor) before looking.
+    moat::exec_request plain;
+    plain.argv = {"sleep", "7778"};
+    {
+        auto dropped = t.run(t.b->async_spawn(box.id, plain));
+        REQUIRE(dropped.has_value());
+        CHECK(moat::test::eventually(
+            [&] { return !t.host_processes(box.id, "sleep 7778").empty(); }));
+    }
+    (void)t.sh(box.id, "true");
+    t.check_nothing_left(box.id, "sleep 7778", "a dropped spawn", false);
+    (void)t.sh(box.id, "true");
+    REQUIRE_MESSAGE(t.host_processes(box.id, "sleep 7777").size() == 1,
+                    "the resident did not survive its handle");
+    const pid_t resident = t.host_processes(box.id, "sleep 7777").front();
+    t.destroy(box.id);
+    CHECK(moat::test::eventually([&] { return !moat::test::is_running(resident); }));
+}
+
+TEST_CASE_TEMPLATE(
+    "the tool layer runs on the backend: its layout, Python cells sharing one interpreter, files",
+    Kind, MOAT_CONFORMANCE_KINDS) {
+    MOAT_REQUIRE_NAMESPACES();
+    conformance<Kind> t;
+    CHECK(t.b->layout_for({}).home == Kind::home);
+    CHECK(t.b->layout_for({}).workdir == Kind::home);
+    moat::runtime rt(*t.b);
+    moat::session_manager manager(rt, moat::manager_options{});
+    moat::tool_session tools(manager, "conformance");
+    CHECK(tools.layout().workdir == Kind::home);
+    CHECK(tools.layout().artifacts_dir == std::string(Kind::home) + "/out");
+    bool described = false;
+    for (const auto& definition : tools.definitions()) {
+        if (definition.name == "run_shell") {
+            described = definition.description.find(Kind::home) != std::string::npos;
+        }
+    }
+    CHECK_MESSAGE(described, "run_shell's description does not name " << Kind::home);
+
+    auto first = t.run(tools.async_run_python("import os\nx = 41\nprint(os.getpid())"));
+    REQUIRE(first.has_value());
+    INFO(first->to_json());
+    CHECK(first->status == moat::tool_status::ok);
+    auto second = t.run(tools.async_run_python("print(x + 1)\nprint(os.getpid())"));
+    REQUIRE(second.has_value());
+    INFO(second->to_json());
+    CHECK(second->status == moat::tool_status::ok);
+    CHECK(second->stdout_text == "42\n" + first->stdout_text);
+    auto wrote = t.run(tools.async_call("write_file", R"({"path": "out/r.txt", "content": "hi"})"));
+    REQUIRE(wrote.has_value());
+    CHECK(wrote->status == moat::tool_status::ok);
+    CHECK(wrote->path == std::string(Kind::home) + "/out/r.txt");
+    auto seen = t.run(tools.async_run_python("print(open('out/r.txt').read())"));
+    REQUIRE(seen.has_value());
+    CHECK(seen->stdout_text == "hi\n");
+    REQUIRE(t.run(tools.async_end()).has_value());
+    (void)t.run(manager.async_shutdown());
 }
 
 // ---- files ----------------------------------------------------------------------------------

@@ -66,6 +66,13 @@ class backend {
     // backend that adds a hop (a network, a proxy) includes that hop here.
     virtual std::chrono::milliseconds stop_grace() const { return std::chrono::seconds(2); }
 
+    // The paths a sandbox created with `requested` (sandbox_spec::layout) will have, known before
+    // any create: what the layers above (the tool layer, its descriptions) must use. The default
+    // is `requested` itself; a backend whose sandboxes have a fixed layout (e2b: /home/user)
+    // returns that one for the default request. A layout the backend cannot provide is still
+    // refused by async_create.
+    virtual sandbox_layout layout_for(const sandbox_layout& requested) const { return requested; }
+
     // Creates a sandbox and returns once its pid 1 is ready to run commands. Cancelling destroys
     // the half-made sandbox. Errors: invalid_argument (a bad spec field, named), layer_unavailable
     // (a layer or limit this host cannot enforce, named), backend_failure.

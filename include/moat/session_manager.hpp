@@ -151,7 +151,8 @@ class session_manager {
                                                         std::vector<file_write> inputs = {},
                                                         deadline limit = {});
 
-    // The layout of the sandboxes it creates (options.spec.layout), for the layers above.
+    // The layout of the sandboxes it creates (backend::layout_for options.spec.layout), for the
+    // layers above.
     const sandbox_layout& layout() const noexcept;
 
     // Per session: attach-or-create for `key`. Through the store: attach to the sandbox its entry

@@ -10,6 +10,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/stderr_log.hpp"
 #include "mcp/mcp_server.hpp"
 
 #include <unistd.h>
@@ -126,6 +127,7 @@ asio::awaitable<int> serve(backend& b, mcp_options o) {
 
 int mcp_command(int argc, char** argv) {
     mcp_options o = parse_mcp_options(argc, argv);
+    install_stderr_log("mcp");
     return run_with_backend([&o](backend& b) { return serve(b, o); });
 }
 

@@ -3,6 +3,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/stderr_log.hpp"
 #include "serve/serve_host.hpp"
 
 #include <asio/ip/address.hpp>
@@ -114,6 +115,7 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
 
 int serve_command(int argc, char** argv) {
     serve::serve_options options = parse_serve_options(argc, argv);
+    install_stderr_log("serve");
     serve::serve_hooks hooks;
     hooks.announce = [](std::string_view line) {
         std::fprintf(stdout, "%.*s\n", static_cast<int>(line.size()), line.data());

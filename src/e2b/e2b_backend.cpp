@@ -270,6 +270,10 @@ class e2b_backend final : public backend {
                                                            exec_request request) override {
         return guarded(exec_stream_in(state_, std::move(id), std::move(request)));
     }
+    sandbox_layout layout_for(const sandbox_layout& requested) const override {
+        return requested == sandbox_layout{} ? e2b_layout() : requested;
+    }
+
     asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
         return guarded(spawn_in(state_, std::move(id), std::move(request)));
     }

@@ -42,10 +42,13 @@ class envd_command final : public exec_stream::impl, public process::impl {
           response_(std::move(response)),
           decoder_(s_->options.max_frame_bytes),
           tag_(std::move(tag)),
-          wall_limit_(request.wall_limit) {}
+          wall_limit_(request.wall_limit),
+          resident_(request.resident) {}
 
     ~envd_command() override {
-        if (finished_) return;
+        // A resident outlives its handle: envd keeps a process whose stream closed running, and
+        // it ends by itself, at its Connect-Timeout-Ms or with the sandbox.
+        if (finished_ || resident_) return;
         // Dropped before its end: the command dies with its stream, as a local one does.
         if (s_->tasks) s_->tasks->spawn(async_kill_task(s_, tag_));
     }
@@ -87,6 +90,7 @@ class envd_command final : public exec_stream::impl, public process::impl {
     std::string tag_;
     std::uint32_t pid_ = 0;
     std::chrono::milliseconds wall_limit_;
+    bool resident_ = false;  // exec_request::resident: not killed when dropped
     steady::time_point started_ = steady::now();
     std::optional<exec_result> end_;
     bool finished_ = false;

@@ -147,6 +147,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         : sandboxes(rt),
           executor(rt.get_backend().get_executor()),
           options(std::move(o)),
+          layout(rt.get_backend().layout_for(options.spec.layout)),
           store(std::move(st)),
           tasks(executor, "session manager") {}
 
@@ -938,6 +939,7 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     runtime& sandboxes;
     asio::any_io_executor executor;
     manager_options options;
+    sandbox_layout layout;  // the sandboxes' effective layout (backend::layout_for the spec's)
     std::shared_ptr<session_store> store;
     task_group tasks;
     std::map<std::string, std::shared_ptr<session>> sessions;
@@ -1016,7 +1018,7 @@ asio::any_io_executor session_manager::get_executor() const {
 }
 
 const sandbox_layout& session_manager::layout() const noexcept {
-    return state_->options.spec.layout;
+    return state_->layout;
 }
 
 }  // namespace moat

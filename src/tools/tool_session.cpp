@@ -1,3 +1,4 @@
+#include <moat/log.hpp>
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
@@ -314,6 +315,8 @@ struct tool_session::state {
     }
 
     static tool_result unavailable(std::string tool, const error& failure) {
+        // The model reads only the kind; the operator's log keeps what went wrong.
+        detail::log(log_level::warning, "tools", tool + ": " + failure.to_string());
         return failed(std::move(tool), tool_status::unavailable, model_message(failure),
                       "call the tool again: a new sandbox will be created (files and variables "
                       "from earlier calls will be gone); if it keeps failing, tell the user the "
