@@ -160,8 +160,9 @@ TEST_CASE_FIXTURE(tool_fixture,
     CHECK(big.stdout_text.find("\xef\xbf\xbd") == std::string::npos);  // nothing was split
     // 20 MB from one cell outruns the relay that carries it out of the sandbox: the supervisor
     // must wait for the relay, not drop what it could not send at once.
-    auto many = python("import sys\nfor i in range(2000): sys.stdout.write('x' * 9999 + '\\n')\n"
-                       "print('the end')");
+    auto many = python(
+        "import sys\nfor i in range(2000): sys.stdout.write('x' * 9999 + '\\n')\n"
+        "print('the end')");
     INFO(many.message);
     CHECK(many.status == moat::tool_status::ok);
     CHECK(many.stdout_text.ends_with("the end\n"));
