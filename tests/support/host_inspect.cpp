@@ -101,9 +101,30 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
     }
 }
 
+namespace {
+
+// The parent of `pid` from /proc/<pid>/stat (the field after the command's closing ')'), or -1.
+pid_t parent_of(pid_t pid) {
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) return -1;
+    std::istringstream rest(stat.substr(close + 1));
+    char state = 0;
+    pid_t parent = -1;
+    rest >> state >> parent;
+    return parent;
+}
+
+}  // namespace
+
 pid_t find_descendant(pid_t root, const std::string& needle) {
     for (const pid_t p : descendants(root)) {
-        if (command_line(p).find(needle) != std::string::npos) return p;
+        const std::string line = command_line(p);
+        if (line.find(needle) == std::string::npos) continue;
+        // A fork that has not exec'd yet still shows its parent's command line (`moat run --
+        // sleep 1000` itself): it is not the program looked for.
+        if (line == command_line(parent_of(p))) continue;
+        return p;
     }
     return -1;
 }
