@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 extern "C" const unsigned char moat_sandboxd_image_begin[];
 extern "C" const unsigned char moat_sandboxd_image_end[];
@@ -46,9 +48,18 @@ result<int> embedded_image_fd() {
         p += n;
         left -= static_cast<std::size_t>(n);
     }
-    if (::fcntl(memfd.get(), F_ADD_SEALS,
-                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
-        return make_error(errc::backend_failure, errno_text("sealing moat-sandboxd", errno));
+    // F_SEAL_WRITE fails with EBUSY while the kernel still holds a transient pin on one of the
+    // file's pages (it waits for pins only briefly): retried a few times, 10 ms apart, once per
+    // process.
+    for (int attempt = 1;; ++attempt) {
+        if (::fcntl(memfd.get(), F_ADD_SEALS,
+                    F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0) {
+            break;
+        }
+        if (errno != EBUSY || attempt == 10) {
+            return make_error(errc::backend_failure, errno_text("sealing moat-sandboxd", errno));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     fd = memfd.release();
     return fd;
