@@ -38,6 +38,7 @@
 #include <vector>
 
 using moat::test::local_fixture;
+using moat::test::parent_of;
 using namespace std::chrono_literals;
 
 namespace {
@@ -83,14 +84,6 @@ class captured_log {
     mutable std::mutex mutex_;
     std::vector<entry> records_;
 };
-
-// The parent of `pid`, from /proc/<pid>/stat, or -1.
-pid_t parent_of(pid_t pid) {
-    const std::string stat = moat::test::read_file("/proc/" + std::to_string(pid) + "/stat");
-    const auto end = stat.rfind(')');
-    if (end == std::string::npos || end + 4 >= stat.size()) return -1;
-    return static_cast<pid_t>(std::atoi(stat.c_str() + end + 4));
-}
 
 std::string temporary_dir() {
     char name[] = "/tmp/moat-faults-test-XXXXXX";

@@ -14,12 +14,13 @@ namespace moat::cli {
 
 namespace {
 
+// The least level MOAT_LOG lets through, as a rank of log_level; past error for "off".
 std::optional<int> level_rank(std::string_view name) {
-    if (name == "debug") return 0;
-    if (name == "info") return 1;
-    if (name == "warning") return 2;
-    if (name == "error") return 3;
-    if (name == "off") return 4;
+    for (const log_level level :
+         {log_level::debug, log_level::info, log_level::warning, log_level::error}) {
+        if (name == to_string(level)) return static_cast<int>(level);
+    }
+    if (name == "off") return static_cast<int>(log_level::error) + 1;
     return std::nullopt;
 }
 

@@ -101,9 +101,6 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
     }
 }
 
-namespace {
-
-// The parent of `pid` from /proc/<pid>/stat (the field after the command's closing ')'), or -1.
 pid_t parent_of(pid_t pid) {
     const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
     const auto close = stat.rfind(')');
@@ -114,8 +111,6 @@ pid_t parent_of(pid_t pid) {
     rest >> state >> parent;
     return parent;
 }
-
-}  // namespace
 
 pid_t find_descendant(pid_t root, const std::string& needle) {
     for (const pid_t p : descendants(root)) {

@@ -29,6 +29,9 @@ std::string cgroup_dir(pid_t pid, const std::string& controller);
 bool eventually(const std::function<bool()>& condition,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
+// The parent of `pid`, from /proc/<pid>/stat, or -1.
+pid_t parent_of(pid_t pid);
+
 // First descendant of `root` whose command line contains `needle`, or -1. A fork that has not
 // exec'd yet (its command line still its parent's) is passed over.
 pid_t find_descendant(pid_t root, const std::string& needle);
