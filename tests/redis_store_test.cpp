@@ -739,14 +739,53 @@ TEST_CASE(
         // Erase if idle: just used, so an idle erase keeps it; an erase naming another sandbox
         // keeps it; a plain erase removes it.
         const std::optional<std::chrono::milliseconds> idle = 60s;
-        auto kept = co_await store->async_erase("conversation-1", "box-b", idle, limit);
+        const std::optional<std::chrono::milliseconds> any;
+        auto kept = co_await store->async_erase("conversation-1", "box-b", idle, any, limit);
         REQUIRE(kept);
         CHECK_FALSE(*kept);
-        const std::optional<std::chrono::milliseconds> any;
-        auto wrong = co_await store->async_erase("conversation-1", "box-a", any, limit);
+        auto wrong = co_await store->async_erase("conversation-1", "box-a", any, any, limit);
         REQUIRE(wrong);
         CHECK_FALSE(*wrong);
-        auto erased = co_await store->async_erase("conversation-1", "box-b", any, limit);
+
+        // Ended for idleness: a marker keeps the generation and notice mark for its time; a
+        // claim expecting "" takes it; the next generation's commit is announced once.
+        const std::optional<std::chrono::milliseconds> remember = 60s;
+        auto marked = co_await store->async_erase("conversation-1", "box-b", any, remember, limit);
+        REQUIRE(marked);
+        CHECK(*marked);
+        auto marker = co_await store->async_get("conversation-1", limit);
+        REQUIRE(marker);
+        REQUIRE(marker->has_value());
+        CHECK((*marker)->ended);
+        CHECK((*marker)->sandbox_id.empty());
+        CHECK((*marker)->generation == 1);
+        CHECK((*marker)->noticed == 1);
+        auto marker_ttl_command = cmd({"PTTL", "moat:s:conversation-1"});
+        auto marker_ttl = co_await raw.async_command(std::move(marker_ttl_command), limit);
+        REQUIRE(marker_ttl);
+        CHECK(marker_ttl->integer > 0);
+        CHECK(marker_ttl->integer <= 60000);
+        auto on_marker = co_await store->async_touch("conversation-1", "box-b", 60s, true, limit);
+        REQUIRE(on_marker);
+        CHECK_FALSE(on_marker->has_value());
+        auto reclaim = co_await store->async_claim("conversation-1", "", 10s, limit);
+        REQUIRE(reclaim);
+        REQUIRE(reclaim->token);
+        auto back =
+            co_await store->async_commit("conversation-1", *reclaim->token, "box-c", 2, 60s, limit);
+        REQUIRE(back);
+        CHECK(*back);
+        auto told = co_await store->async_touch("conversation-1", "box-c", 60s, true, limit);
+        REQUIRE(told);
+        REQUIRE(told->has_value());
+        CHECK((*told)->notice);
+        CHECK_FALSE((*told)->current.ended);
+        auto once = co_await store->async_touch("conversation-1", "box-c", 60s, true, limit);
+        REQUIRE(once);
+        REQUIRE(once->has_value());
+        CHECK_FALSE((*once)->notice);
+
+        auto erased = co_await store->async_erase("conversation-1", "box-c", any, any, limit);
         REQUIRE(erased);
         CHECK(*erased);
         auto gone = co_await store->async_get("conversation-1", limit);

@@ -217,16 +217,67 @@ TEST_CASE(
         CHECK_FALSE(*stale_touch);
 
         // The shared idle mark: a recent use keeps the entry, an old one lets it go.
-        auto kept = f.run(store->async_erase("k", "box-2", 10s, limit));
+        const std::optional<std::chrono::milliseconds> forget;
+        auto kept = f.run(store->async_erase("k", "box-2", 10s, forget, limit));
         REQUIRE(kept);
         CHECK_FALSE(*kept);
         f.run(pause(100ms));
-        auto gone = f.run(store->async_erase("k", "box-2", 50ms, limit));
+        auto gone = f.run(store->async_erase("k", "box-2", 50ms, forget, limit));
         REQUIRE(gone);
         CHECK(*gone);
         auto after = f.run(store->async_get("k", limit));
         REQUIRE(after);
         CHECK_FALSE(*after);
+
+        // An ended marker (an idle end): no sandbox, the generation and notice mark kept; a claim
+        // expecting "" takes it, and the commit of the next generation is announced once.
+        auto m_claim = f.run(store->async_claim("m", "", 10s, limit));
+        REQUIRE(m_claim);
+        REQUIRE(m_claim->token);
+        REQUIRE(f.run(store->async_commit("m", *m_claim->token, "box-m1", 3, 60s, limit)));
+        auto m_taken = f.run(store->async_touch("m", "box-m1", 60s, true, limit));
+        REQUIRE(m_taken);
+        REQUIRE(*m_taken);
+        CHECK((*m_taken)->notice);
+        const std::optional<std::chrono::milliseconds> remember = 10s;
+        auto marked = f.run(store->async_erase("m", "box-m1", forget, remember, limit));
+        REQUIRE(marked);
+        CHECK(*marked);
+        auto marker = f.run(store->async_get("m", limit));
+        REQUIRE(marker);
+        REQUIRE(*marker);
+        CHECK((*marker)->ended);
+        CHECK((*marker)->sandbox_id.empty());
+        CHECK((*marker)->generation == 3);
+        CHECK((*marker)->noticed == 3);
+        CHECK_FALSE((*marker)->claimed);
+        auto on_marker = f.run(store->async_touch("m", "box-m1", 60s, true, limit));
+        REQUIRE(on_marker);
+        CHECK_FALSE(*on_marker);
+        auto m_again = f.run(store->async_claim("m", "", 10s, limit));
+        REQUIRE(m_again);
+        REQUIRE(m_again->token);
+        REQUIRE(f.run(store->async_commit("m", *m_again->token, "box-m2", 4, 60s, limit)));
+        auto back = f.run(store->async_get("m", limit));
+        REQUIRE(back);
+        REQUIRE(*back);
+        CHECK_FALSE((*back)->ended);
+        CHECK((*back)->sandbox_id == "box-m2");
+        auto m_told = f.run(store->async_touch("m", "box-m2", 60s, true, limit));
+        REQUIRE(m_told);
+        REQUIRE(*m_told);
+        CHECK((*m_told)->notice);
+        auto m_once = f.run(store->async_touch("m", "box-m2", 60s, true, limit));
+        REQUIRE(m_once);
+        REQUIRE(*m_once);
+        CHECK_FALSE((*m_once)->notice);
+        // A marker runs out after its time: the key is then as if it had never been used.
+        const std::optional<std::chrono::milliseconds> briefly = 100ms;
+        REQUIRE(f.run(store->async_erase("m", "box-m2", forget, briefly, limit)));
+        f.run(pause(200ms));
+        auto forgotten = f.run(store->async_get("m", limit));
+        REQUIRE(forgotten);
+        CHECK_FALSE(*forgotten);
 
         // Entries expire with their TTL.
         auto short_claim = f.run(store->async_claim("t", "", 10s, limit));

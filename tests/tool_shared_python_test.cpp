@@ -8,6 +8,7 @@
 #include <moat/session_store.hpp>
 #include <moat/tools.hpp>
 
+#include "support/async_wait.hpp"
 #include "support/local_fixture.hpp"
 
 #include <memory>
@@ -26,20 +27,25 @@ bool has_notice(const moat::tool_result& r, const std::string& part) {
     return false;
 }
 
-moat::manager_options shared_options() {
+moat::manager_options shared_options(const std::string& label,
+                                     std::chrono::milliseconds idle_timeout) {
     moat::manager_options o;
     o.spec.survive_owner = true;
     o.spec.ttl = 10min;
-    o.spec.labels["test"] = "shared-python";
+    o.spec.labels["test"] = label;
+    o.idle_timeout = idle_timeout;
     return o;
 }
 
 // One worker: its own backend (and helper), runtime, manager and tool session for the key
 // "conversation", over the store the workers share.
 struct worker {
-    explicit worker(std::shared_ptr<moat::session_store> store) {
+    explicit worker(std::shared_ptr<moat::session_store> store,
+                    const std::string& label = "shared-python",
+                    std::chrono::milliseconds idle_timeout = 10min) {
         rt = std::make_unique<moat::runtime>(*fixture.local);
-        manager = std::make_unique<moat::session_manager>(*rt, shared_options(), std::move(store));
+        manager = std::make_unique<moat::session_manager>(*rt, shared_options(label, idle_timeout),
+                                                          std::move(store));
         tools = std::make_unique<moat::tool_session>(*manager, "conversation");
     }
     ~worker() { leave(); }
@@ -175,4 +181,60 @@ TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then sa
     CHECK(after.notices.empty());
     REQUIRE(b.fixture.run(b.tools->async_end()));
     (void)b.fixture.run(b.manager->async_shutdown());
+}
+
+TEST_CASE(
+    "a rebuild reaches the model once across two workers, whether the sandbox was destroyed "
+    "behind their backs or the session idled out and came back") {
+    MOAT_REQUIRE_NAMESPACES();
+    auto store = moat::make_memory_session_store();
+    const std::string label = "shared-python-rebuild";
+    worker a(store, label, 3s);
+    worker b(store, label, 3s);
+    REQUIRE(a.python("x = 1").status == moat::tool_status::ok);
+    REQUIRE(b.python("print(x)").stdout_text == "1\n");
+    const auto first = a.tools->current_sandbox();
+    REQUIRE(first);
+
+    // Destroyed behind both workers' backs: whichever serves the next turn rebuilds and tells
+    // the model; the other worker's next turn is on the same new sandbox and says nothing.
+    REQUIRE(a.fixture.run(a.fixture.local->async_destroy(first->id)));
+    auto told = a.python("print('x' in globals())");
+    CHECK(told.stdout_text == "False\n");
+    CHECK(has_notice(told, "rebuilt"));
+    auto quiet = b.python("print('x' in globals())");
+    CHECK(quiet.stdout_text == "False\n");
+    CHECK_FALSE(has_notice(quiet, "rebuilt"));
+    const auto second = b.tools->current_sandbox();
+    REQUIRE(second);
+    CHECK(second->id != first->id);
+    CHECK(a.tools->current_sandbox()->id == second->id);
+
+    // Idle: both managers see no use for 3 s, one of them ends the session. The conversation
+    // comes back on b: told once, there; a's next turn is quiet.
+    REQUIRE(b.python("y = 2").status == moat::tool_status::ok);
+    auto ended = [&](worker& w) {
+        auto listed = w.fixture.run(w.fixture.local->async_list({{"test", label}}));
+        REQUIRE(listed);
+        for (const auto& info : *listed)
+            if (info.state == moat::sandbox_state::running) return false;
+        return true;
+    };
+    bool idled_out = false;
+    for (int round = 0; round < 40 && !idled_out; ++round) {
+        a.fixture.run(moat::test::pause(250ms));
+        b.fixture.run(moat::test::pause(250ms));
+        idled_out = ended(a);
+    }
+    REQUIRE(idled_out);
+    auto back = b.python("print('y' in globals())");
+    CHECK(back.stdout_text == "False\n");
+    CHECK(has_notice(back, "rebuilt"));
+    auto after = a.python("print('y' in globals())");
+    CHECK(after.stdout_text == "False\n");
+    CHECK_FALSE(has_notice(after, "rebuilt"));
+    CHECK(a.tools->current_sandbox()->id == b.tools->current_sandbox()->id);
+    CHECK(a.tools->current_sandbox()->id != second->id);
+    REQUIRE(a.fixture.run(a.tools->async_end()));
+    (void)a.fixture.run(a.manager->async_shutdown());
 }

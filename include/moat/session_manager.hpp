@@ -81,6 +81,12 @@ struct manager_options {
     sandbox_spec spec;
     std::chrono::milliseconds idle_timeout = std::chrono::minutes(10);
     std::optional<std::chrono::milliseconds> max_lifetime;
+    // A session that ends other than by async_end (idle_timeout, max_lifetime, shutdown) leaves a
+    // marker in the store for this long (session_record::ended). If the conversation comes back
+    // within it, on any worker, its next sandbox is a rebuild: the lease says `rebuilt`, once, so
+    // the model learns that its files and variables are gone. 0: no marker (the next sandbox is
+    // simply created).
+    std::chrono::milliseconds remember_ended = std::chrono::hours(24);
     // While a lease is held, the sandbox's TTL is moved to spec.ttl from now this often.
     std::chrono::milliseconds heartbeat_interval = std::chrono::minutes(1);
     // Runs on every sandbox a session gets (rebuilt: it replaces one that was lost), before the

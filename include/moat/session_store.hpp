@@ -54,6 +54,11 @@ struct session_record {
     std::chrono::milliseconds unused_for{0};
     // A claim is held on the key right now (its lease has not expired).
     bool claimed = false;
+    // The key's sandbox was ended for idleness and the entry kept as a marker (async_erase with
+    // `remember_for`): sandbox_id is "", generation and noticed are the ended sandbox's. The next
+    // commit is a rebuild (generation + 1), so the model is told, once, that its files and
+    // variables are gone, whichever worker serves the conversation next.
+    bool ended = false;
 };
 
 // The answer to async_claim.
@@ -121,9 +126,13 @@ class session_store {
     // Removes the entry when it still names `sandbox_id` and, given `unused_at_least`, when it has
     // not been used for at least that long (the shared idle timeout: a use on another worker a
     // moment ago keeps it). True: this call removed it. A live claim on the key is not touched.
+    // Given `remember_for`, the entry is not deleted but marked ended (session_record::ended) for
+    // that long: it names no sandbox, keeps its generation and noticed, and a claim expecting ""
+    // takes it like a key with no entry.
     virtual asio::awaitable<result<bool>> async_erase(
         std::string key, std::string sandbox_id,
-        std::optional<std::chrono::milliseconds> unused_at_least, deadline limit) = 0;
+        std::optional<std::chrono::milliseconds> unused_at_least,
+        std::optional<std::chrono::milliseconds> remember_for, deadline limit) = 0;
 
     // Whether other processes can see this store's entries (host, Redis). The manager checks a
     // shared entry's sandbox for this session's label before handing it out.

@@ -10,11 +10,17 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <random>
 #include <string_view>
+#include <vector>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/random.h>
@@ -48,6 +54,26 @@ std::string hex(std::string_view bytes) {
     return out;
 }
 
+// The key a file name spells (hex, as hex() writes it); none for a name that is not.
+std::optional<std::string> unhex(std::string_view text) {
+    if (text.empty() || text.size() % 2 != 0 || text.size() > 2 * max_key_bytes)
+        return std::nullopt;
+    auto digit = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    };
+    std::string out;
+    out.reserve(text.size() / 2);
+    for (std::size_t i = 0; i < text.size(); i += 2) {
+        const int high = digit(text[i]);
+        const int low = digit(text[i + 1]);
+        if (high < 0 || low < 0) return std::nullopt;
+        out += static_cast<char>(high * 16 + low);
+    }
+    return out;
+}
+
 error unavailable(const std::string& what) {
     return make_error(errc::store_unavailable, "host session store: " + what);
 }
@@ -72,6 +98,7 @@ std::string serialize(const std::string& key, const store_detail::entry& e) {
     out += "sandbox " + e.sandbox_id + "\n";
     out += "generation " + std::to_string(e.generation) + "\n";
     out += "noticed " + std::to_string(e.noticed) + "\n";
+    out += std::string("ended ") + (e.ended ? "1" : "0") + "\n";
     out += "last_used " + std::to_string(ticks(e.last_used)) + "\n";
     out += "expires " + std::to_string(ticks(e.expires)) + "\n";
     out += "token " + e.token + "\n";
@@ -108,6 +135,9 @@ result<store_detail::entry> parse(const std::string& key, std::string_view text)
             ok = parse_int(value, e.generation);
         } else if (name == "noticed") {
             ok = parse_int(value, e.noticed);
+        } else if (name == "ended") {
+            ok = value == "0" || value == "1";
+            e.ended = value == "1";
         } else if (name == "last_used") {
             ok = parse_int(value, n);
             e.last_used = from_ticks(n);
@@ -226,15 +256,20 @@ class host_session_store final : public session_store {
 
     asio::awaitable<result<bool>> async_erase(
         std::string key, std::string sandbox_id,
-        std::optional<std::chrono::milliseconds> unused_at_least, deadline limit) override {
+        std::optional<std::chrono::milliseconds> unused_at_least,
+        std::optional<std::chrono::milliseconds> remember_for, deadline limit) override {
         auto locking = lock(key, limit);
         auto locked = co_await std::move(locking);
         if (!locked) co_return std::move(locked).error();
         auto e = read(key);
         if (!e) co_return std::move(e).error();
-        if (!store_detail::erase(*e, sandbox_id, unused_at_least, now())) co_return false;
+        if (!store_detail::erase(*e, sandbox_id, unused_at_least, remember_for, now())) {
+            co_return false;
+        }
         auto written = write(key, *e);
         if (!written) co_return std::move(written).error();
+        locked->reset();
+        sweep_some();
         co_return true;
     }
 
@@ -285,12 +320,7 @@ class host_session_store final : public session_store {
                 ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
             if (fd.get() < 0) co_return unavailable_errno("cannot open a lock file", errno);
             if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) {
-                struct stat held {};
-                struct stat current {};
-                if (::fstat(fd.get(), &held) == 0 && ::stat(lock_path.c_str(), &current) == 0 &&
-                    held.st_ino == current.st_ino && held.st_dev == current.st_dev) {
-                    co_return fd;
-                }
+                if (is_live_lock(fd, lock_path)) co_return fd;
                 continue;  // unlinked while we waited: lock the new one
             }
             if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -305,6 +335,50 @@ class host_session_store final : public session_store {
             auto [ec] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
             if (ec) co_return make_error(errc::cancelled, "the store operation was cancelled");
             pause = std::min(pause * 2, std::chrono::milliseconds(10));
+        }
+    }
+
+    // The locked file is still the one at its path (a locker that unlinked it did so under the
+    // lock, after which the next locker makes a new one).
+    static bool is_live_lock(const unique_fd& fd, const std::string& lock_path) {
+        struct stat held {};
+        struct stat current {};
+        return ::fstat(fd.get(), &held) == 0 && ::stat(lock_path.c_str(), &current) == 0 &&
+               held.st_ino == current.st_ino && held.st_dev == current.st_dev;
+    }
+
+    // Entries that ran out (a TTL, an ended marker) are otherwise removed only when their key is
+    // used again. After an erase, a few entries picked at random from the directory (a bounded
+    // listing) are expired and removed when empty; a key whose lock is busy is skipped, so this
+    // never waits. A key that is never used again therefore does not stay for ever.
+    void sweep_some() {
+        static constexpr std::size_t max_listed = 4096;
+        static constexpr std::size_t per_sweep = 8;
+        static constexpr std::string_view suffix = ".entry";
+        std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(options_.directory.c_str()), ::closedir);
+        if (!dir) return;
+        std::vector<std::string> keys;
+        while (keys.size() < max_listed) {
+            const dirent* d = ::readdir(dir.get());
+            if (d == nullptr) break;
+            std::string_view name = d->d_name;
+            if (name.size() <= suffix.size() || !name.ends_with(suffix)) continue;
+            name.remove_suffix(suffix.size());
+            if (auto key = unhex(name)) keys.push_back(std::move(*key));
+        }
+        dir.reset();
+        std::minstd_rand pick(std::random_device{}());
+        std::shuffle(keys.begin(), keys.end(), pick);
+        if (keys.size() > per_sweep) keys.resize(per_sweep);
+        for (const auto& key : keys) {
+            const auto lock_path = path(key, ".lock");
+            unique_fd fd(::open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+            if (fd.get() < 0 || ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;
+            if (!is_live_lock(fd, lock_path)) continue;
+            auto e = read(key);
+            if (!e) continue;
+            store_detail::expire(*e, now());
+            if (store_detail::is_empty(*e)) (void)write(key, *e);
         }
     }
 

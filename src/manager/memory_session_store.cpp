@@ -41,8 +41,11 @@ class memory_session_store final : public session_store {
                                                std::chrono::milliseconds ttl, deadline) override {
         std::lock_guard lock(mutex_);
         auto* e = find(key);
-        co_return e != nullptr&& store_detail::commit(*e, token, std::move(sandbox_id), generation,
-                                                      ttl, now());
+        const bool committed =
+            e != nullptr &&
+            store_detail::commit(*e, token, std::move(sandbox_id), generation, ttl, now());
+        sweep_some();
+        co_return committed;
     }
 
     asio::awaitable<result<void>> async_release(std::string key, std::string token,
@@ -66,12 +69,14 @@ class memory_session_store final : public session_store {
 
     asio::awaitable<result<bool>> async_erase(
         std::string key, std::string sandbox_id,
-        std::optional<std::chrono::milliseconds> unused_at_least, deadline) override {
+        std::optional<std::chrono::milliseconds> unused_at_least,
+        std::optional<std::chrono::milliseconds> remember_for, deadline) override {
         std::lock_guard lock(mutex_);
         auto* e = find(key);
-        const bool erased =
-            e != nullptr && store_detail::erase(*e, sandbox_id, unused_at_least, now());
+        const bool erased = e != nullptr && store_detail::erase(*e, sandbox_id, unused_at_least,
+                                                                remember_for, now());
         forget_if_empty(key);
+        sweep_some();
         co_return erased;
     }
 
@@ -97,9 +102,29 @@ class memory_session_store final : public session_store {
         if (it != entries_.end() && store_detail::is_empty(it->second)) entries_.erase(it);
     }
 
+    // Drops up to sweep_step entries that have run out (TTLs, ended markers) and that nobody
+    // asks about any more, from where the last sweep stopped: a key that is never used again
+    // does not stay in memory for ever, and no call walks the whole map.
+    void sweep_some() {
+        static constexpr std::size_t sweep_step = 16;
+        const auto at = now();
+        auto it = entries_.upper_bound(sweep_after_);
+        for (std::size_t i = 0; i < sweep_step; ++i) {
+            if (it == entries_.end()) {
+                sweep_after_.clear();
+                it = entries_.begin();
+                if (it == entries_.end()) return;
+            }
+            store_detail::expire(it->second, at);
+            sweep_after_ = it->first;
+            it = store_detail::is_empty(it->second) ? entries_.erase(it) : std::next(it);
+        }
+    }
+
     std::mutex mutex_;
     std::map<std::string, store_detail::entry> entries_;
     std::uint64_t tokens_ = 0;
+    std::string sweep_after_;  // the last key a sweep looked at ("": start from the first)
 };
 
 }  // namespace

@@ -243,7 +243,11 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             std::string expected;
             std::uint64_t generation = lost ? 1 : 0;
             bool rebuild = lost;
-            if (*stored && !(*stored)->sandbox_id.empty()) {
+            if (*stored && (*stored)->ended) {
+                // Ended for idleness (or its lifetime) on some worker: a rebuild, announced once.
+                rebuild = true;
+                generation = (*stored)->generation + 1;
+            } else if (*stored && !(*stored)->sandbox_id.empty()) {
                 expected = (*stored)->sandbox_id;
                 auto adopting = adopt(key, expected, limit);
                 auto found = co_await std::move(adopting);
@@ -566,6 +570,15 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         co_return lease(opened->s, opened->rebuilt);
     }
 
+    // How long the store keeps a marker for a session that ends for `reason` (none: the entry
+    // goes). Only the caller's own async_end forgets the conversation.
+    std::optional<std::chrono::milliseconds> marker_for(end_reason reason) const {
+        if (reason == end_reason::user_request || options.remember_ended.count() <= 0) {
+            return std::nullopt;
+        }
+        return options.remember_ended;
+    }
+
     // Ends a session: its entry goes from the store (unless `erase_entry` is false: a lost
     // sandbox's entry stays for the rebuild), its sandbox is destroyed and confirmed.
     asio::awaitable<result<void>> end_session(std::shared_ptr<session> s, end_reason reason,
@@ -575,7 +588,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             sessions.erase(it);
         }
         if (erase_entry && !s->local_only) {
-            auto erasing = guarded(store->async_erase(s->key, s->box->id(), std::nullopt,
+            const auto remember = marker_for(reason);
+            auto erasing = guarded(store->async_erase(s->key, s->box->id(), std::nullopt, remember,
                                                       deadline::after(store_step_limit)));
             (void)co_await std::move(erasing);
         }
@@ -608,8 +622,9 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
             co_return;
         }
         const auto limit = deadline::after(store_step_limit);
-        auto erasing = guarded(
-            self->store->async_erase(s->key, s->box->id(), self->options.idle_timeout, limit));
+        const auto remember = self->marker_for(end_reason::idle_timeout);
+        auto erasing = guarded(self->store->async_erase(
+            s->key, s->box->id(), self->options.idle_timeout, remember, limit));
         auto erased = co_await std::move(erasing);
         if (!erased) {
             detail::log(
@@ -862,7 +877,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         auto adopting = adopt(key, id, limit);
         auto found = co_await std::move(adopting);
         if (!found) co_return std::move(found).error();
-        auto erasing = guarded(store->async_erase(key, id, std::nullopt, limit));
+        const auto remember = marker_for(reason);
+        auto erasing = guarded(store->async_erase(key, id, std::nullopt, remember, limit));
         auto erased = co_await std::move(erasing);
         if (!erased) co_return store_failure(std::move(erased).error());
         if (!*found) co_return result<void>{};  // already gone (or not this session's: refused)

@@ -20,7 +20,8 @@ struct entry {
     std::uint64_t generation = 0;
     std::uint64_t noticed = 0;
     time_point last_used{};
-    time_point expires{};  // with the sandbox's TTL; meaningful while sandbox_id is set
+    time_point expires{};  // with the sandbox's TTL while sandbox_id is set; the marker's if ended
+    bool ended = false;    // ended for idleness, kept as a marker (session_record::ended)
     std::string token;     // the claim's ("" while none is held)
     time_point lease_until{};
 };
@@ -28,15 +29,16 @@ struct entry {
 // Drops what has run out: the claim after its lease, the committed part after its TTL.
 inline void expire(entry& e, time_point now) {
     if (!e.token.empty() && now >= e.lease_until) e.token.clear();
-    if (!e.sandbox_id.empty() && now >= e.expires) {
+    if ((!e.sandbox_id.empty() || e.ended) && now >= e.expires) {
         e.sandbox_id.clear();
+        e.ended = false;
         e.generation = 0;
         e.noticed = 0;
     }
 }
 
 inline bool is_empty(const entry& e) {
-    return e.sandbox_id.empty() && e.token.empty();
+    return e.sandbox_id.empty() && e.token.empty() && !e.ended;
 }
 
 inline std::optional<session_record> view(const entry* e, time_point now) {
@@ -49,6 +51,7 @@ inline std::optional<session_record> view(const entry* e, time_point now) {
         r.unused_for = std::chrono::duration_cast<std::chrono::milliseconds>(now - e->last_used);
     }
     r.claimed = !e->token.empty();
+    r.ended = e->ended;
     return r;
 }
 
@@ -79,7 +82,8 @@ inline bool renew(entry& e, const std::string& token, std::chrono::milliseconds 
 inline bool commit(entry& e, const std::string& token, std::string sandbox_id,
                    std::uint64_t generation, std::chrono::milliseconds ttl, time_point now) {
     if (!holds(e, token, now)) return false;
-    if (e.sandbox_id.empty()) e.noticed = 0;
+    if (e.sandbox_id.empty() && !e.ended) e.noticed = 0;
+    e.ended = false;
     e.sandbox_id = std::move(sandbox_id);
     e.generation = generation;
     e.last_used = now;
@@ -109,11 +113,17 @@ inline std::optional<session_touch> touch(entry& e, const std::string& sandbox_i
 }
 
 inline bool erase(entry& e, const std::string& sandbox_id,
-                  std::optional<std::chrono::milliseconds> unused_at_least, time_point now) {
+                  std::optional<std::chrono::milliseconds> unused_at_least,
+                  std::optional<std::chrono::milliseconds> remember_for, time_point now) {
     expire(e, now);
     if (e.sandbox_id.empty() || e.sandbox_id != sandbox_id) return false;
     if (unused_at_least && now - e.last_used < *unused_at_least) return false;
     e.sandbox_id.clear();
+    if (remember_for) {
+        e.ended = true;
+        e.expires = now + *remember_for;
+        return true;
+    }
     e.generation = 0;
     e.noticed = 0;
     return true;

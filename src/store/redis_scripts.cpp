@@ -12,14 +12,16 @@ local function now_ms()
 end
 local function ms(n) return string.format('%.0f', n) end
 local function record(now)
-  local e = redis.call('HMGET', KEYS[1], 's', 'g', 'n', 'u')
+  local e = redis.call('HMGET', KEYS[1], 's', 'g', 'n', 'u', 'e')
   local claimed = redis.call('EXISTS', KEYS[2])
   local s = e[1] or ''
-  if s == '' and claimed == 0 then return {0} end
+  local ended = 0
+  if s == '' and e[5] == '1' then ended = 1 end
+  if s == '' and claimed == 0 and ended == 0 then return {0} end
   local unused = 0
   if s ~= '' and e[4] then unused = now - tonumber(e[4]) end
   if unused < 0 then unused = 0 end
-  return {1, s, e[2] or '0', e[3] or '0', unused, claimed}
+  return {1, s, e[2] or '0', e[3] or '0', unused, claimed, ended}
 end
 )lua";
 
@@ -83,8 +85,9 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   if e[1] == ARGV[1] and e[2] == ARGV[2] then return 1 end
   return 0
 end
-local s = redis.call('HGET', KEYS[1], 's')
-if not s or s == '' then redis.call('HSET', KEYS[1], 'n', '0') end
+local e = redis.call('HMGET', KEYS[1], 's', 'e')
+if (not e[1] or e[1] == '') and e[2] ~= '1' then redis.call('HSET', KEYS[1], 'n', '0') end
+redis.call('HDEL', KEYS[1], 'e')
 redis.call('HSET', KEYS[1], 's', ARGV[2], 'g', ARGV[3], 'u', ms(now), 't', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('DEL', KEYS[2])
@@ -120,7 +123,8 @@ return {1, notice, record(now)}
     return script;
 }
 
-// ARGV: sandbox id, unused at least ms (-1: any). 1: removed.
+// ARGV: sandbox id, unused at least ms (-1: any), remember for ms (-1: delete). 1: removed (or
+// marked ended: the sandbox id cleared, 'e' set, generation and noticed kept, expiring then).
 const redis_script& erase_script() {
     static const auto script = make(R"lua(
 local now = now_ms()
@@ -128,7 +132,13 @@ local e = redis.call('HMGET', KEYS[1], 's', 'u')
 if not e[1] or e[1] ~= ARGV[1] then return 0 end
 local least = tonumber(ARGV[2])
 if least >= 0 and now - tonumber(e[2] or '0') < least then return 0 end
-redis.call('DEL', KEYS[1])
+local remember = tonumber(ARGV[3])
+if remember >= 0 then
+  redis.call('HSET', KEYS[1], 's', '', 'e', '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
 return 1
 )lua");
     return script;

@@ -58,7 +58,7 @@ bool to_uint64(const std::string& text, std::uint64_t& out) {
     return ec == std::errc{} && ptr == end;
 }
 
-// {1, sandbox, generation, noticed, unused_ms, claimed} or {0}.
+// {1, sandbox, generation, noticed, unused_ms, claimed, ended} or {0}.
 bool parse_record(const redis_reply& reply, std::optional<session_record>& out) {
     if (reply.type != redis_reply::kind::array || reply.elements.empty()) return false;
     const auto& e = reply.elements;
@@ -67,9 +67,10 @@ bool parse_record(const redis_reply& reply, std::optional<session_record>& out) 
         out.reset();
         return true;
     }
-    if (e.size() != 6 || e[1].type != redis_reply::kind::string ||
+    if (e.size() != 7 || e[1].type != redis_reply::kind::string ||
         e[2].type != redis_reply::kind::string || e[3].type != redis_reply::kind::string ||
-        e[4].type != redis_reply::kind::integer || e[5].type != redis_reply::kind::integer) {
+        e[4].type != redis_reply::kind::integer || e[5].type != redis_reply::kind::integer ||
+        e[6].type != redis_reply::kind::integer) {
         return false;
     }
     session_record r;
@@ -77,6 +78,7 @@ bool parse_record(const redis_reply& reply, std::optional<session_record>& out) 
     if (!to_uint64(e[2].text, r.generation) || !to_uint64(e[3].text, r.noticed)) return false;
     r.unused_for = std::chrono::milliseconds(std::max<long long>(e[4].integer, 0));
     r.claimed = e[5].integer != 0;
+    r.ended = e[6].integer != 0;
     out = std::move(r);
     return true;
 }
@@ -128,12 +130,16 @@ class redis_session_store final : public session_store {
     }
     asio::awaitable<result<bool>> async_erase(
         std::string key, std::string sandbox_id,
-        std::optional<std::chrono::milliseconds> unused_at_least, deadline limit) override {
+        std::optional<std::chrono::milliseconds> unused_at_least,
+        std::optional<std::chrono::milliseconds> remember_for, deadline limit) override {
         std::string least = "-1";
         if (unused_at_least) {
             least = std::to_string(std::max<long long>(unused_at_least->count(), 0));
         }
-        std::vector<std::string> args{std::move(sandbox_id), std::move(least)};
+        // PEXPIRE needs a positive time: a marker kept for less than a millisecond is kept for one.
+        std::string remember = "-1";
+        if (remember_for) remember = std::to_string(std::max<long long>(remember_for->count(), 1));
+        std::vector<std::string> args{std::move(sandbox_id), std::move(least), std::move(remember)};
         return guarded(
             boolean(store::erase_script(), std::move(key), std::move(args), "erase", limit));
     }

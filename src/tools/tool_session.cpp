@@ -349,7 +349,12 @@ struct tool_session::state {
 
     struct leased {
         session_lease lease;
+        // The manager's word, which reaches exactly one call per rebuild across every worker that
+        // shares the store (an idle-ended session that comes back counts: its marker).
         bool rebuilt = false;
+        // This call has another sandbox than this object's last call had (a rebuild, or one that
+        // another worker announced): the interpreter numbering starts again.
+        bool moved = false;
     };
 
     asio::awaitable<result<leased>> lease(deadline limit) {
@@ -357,7 +362,8 @@ struct tool_session::state {
         auto got = co_await sessions.async_acquire(key, limit);
         if (!got) co_return std::move(got).error();
         leased l;
-        l.rebuilt = got->rebuilt || (!sandbox_id.empty() && sandbox_id != got->box->id());
+        l.rebuilt = got->rebuilt;
+        l.moved = got->rebuilt || (!sandbox_id.empty() && sandbox_id != got->box->id());
         sandbox_id = got->box->id();
         box_info = got->box->info();
         l.lease = std::move(*got);
@@ -440,7 +446,7 @@ struct tool_session::state {
         auto got = co_await lease(limit);
         if (!got) co_return failed_step("run_python", std::move(got).error());
         auto box = got->lease.box;
-        if (got->rebuilt) generation = 0;  // a new sandbox: its interpreters count from 1
+        if (got->moved) generation = 0;  // a new sandbox: its interpreters count from 1
         auto ran =
             co_await kernel.async_run(box, std::move(code), timeout, limit, std::move(on_output));
         // A stopped call may have taken the interpreter with it: the next cell sees a later
