@@ -4,12 +4,15 @@
 // variables are there whichever worker serves the turn (the interpreter is a resident of the
 // sandbox, not of a worker).
 //
-//   multi_worker [STORE]   STORE: host:DIR (default: host:<a fresh temporary directory>)
+//   multi_worker [STORE]   STORE: host:DIR (default: host:<a fresh temporary directory>), or a
+//                          Redis URL (redis://, rediss://, unix:///path/redis.sock; a password
+//                          from MOAT_STORE_PASSWORD)
 //
 // The parent starts itself twice as `multi_worker --worker NAME STORE`; a worker reads turns on
 // stdin ("KEY<TAB>code" with "\n" written as "\\n", or "end<TAB>KEY") and answers each with one
 // line. Build: part of the moat build; run: build/dev/examples/multi_worker
 #include <moat/local_backend.hpp>
+#include <moat/redis_session_store.hpp>
 #include <moat/session_manager.hpp>
 #include <moat/session_store.hpp>
 #include <moat/tools.hpp>
@@ -64,11 +67,29 @@ std::string escape(const std::string& text) {
     return out;
 }
 
+// host:DIR, or a Redis URL; nullptr (after saying why) when the URL is not one.
 std::shared_ptr<moat::session_store> open_store(const std::string& url,
                                                 asio::any_io_executor executor) {
-    moat::host_store_options options;
-    if (url.rfind("host:", 0) == 0) options.directory = url.substr(5);
-    return moat::make_host_session_store(std::move(executor), options);
+    if (url.rfind("host:", 0) == 0) {
+        moat::host_store_options options;
+        options.directory = url.substr(5);
+        return moat::make_host_session_store(std::move(executor), options);
+    }
+    auto config = moat::parse_redis_url(url);
+    if (!config) {
+        std::fprintf(stderr, "store: %s\n", config.error().to_string().c_str());
+        return nullptr;
+    }
+    if (auto loaded = moat::load_redis_password(*config); !loaded) {
+        std::fprintf(stderr, "store: %s\n", loaded.error().to_string().c_str());
+        return nullptr;
+    }
+    auto store = moat::make_redis_session_store(std::move(executor), std::move(*config));
+    if (!store) {
+        std::fprintf(stderr, "store: %s\n", store.error().to_string().c_str());
+        return nullptr;
+    }
+    return std::move(*store);
 }
 
 // One worker: answers turns from stdin until it closes.
@@ -77,7 +98,9 @@ asio::awaitable<int> serve_turns(moat::backend& local, std::string name, std::st
     moat::runtime sandboxes(local);
     moat::manager_options options;
     options.spec.labels["example"] = "multi_worker";
-    moat::session_manager manager(sandboxes, options, open_store(store_url, executor));
+    auto store = open_store(store_url, executor);
+    if (!store) co_return 2;
+    moat::session_manager manager(sandboxes, options, std::move(store));
     std::map<std::string, std::unique_ptr<moat::tool_session>> conversations;
     asio::posix::stream_descriptor input(executor, ::dup(STDIN_FILENO));
     asio::streambuf buffer(1 << 20);  // a turn is at most 1 MiB
