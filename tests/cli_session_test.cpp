@@ -4,6 +4,7 @@
 
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
+#include "support/redis_server.hpp"
 
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -84,27 +85,6 @@ void one_sandbox_per_key(const std::string& store, const std::string& key_suffix
 
 }  // namespace
 
-// A redis-server on a unix socket in a temporary directory, stopped (SIGTERM, then SIGKILL) at
-// the end.
-struct redis_server {
-    std::string dir = store_dir();
-    std::string socket = dir + "/redis.sock";
-    pid_t pid = -1;
-    redis_server() {
-        const std::string args = "redis-server --port 0 --save '' --appendonly no --unixsocket " +
-                                 socket + " --dir " + dir + " >/dev/null 2>&1 & echo $!";
-        const auto started = run_shell_line(args);
-        pid = std::atoi(started.output.c_str());
-        for (int i = 0; i < 200 && ::access(socket.c_str(), F_OK) != 0; ++i) ::usleep(50'000);
-    }
-    ~redis_server() {
-        if (pid <= 0) return;
-        ::kill(pid, SIGTERM);
-        for (int i = 0; i < 100 && ::kill(pid, 0) == 0; ++i) ::usleep(50'000);
-        ::kill(pid, SIGKILL);
-    }
-};
-
 TEST_CASE(
     "concurrent moat session exec processes with one key share one sandbox, end confirms, an "
     "unknown key exits 4") {
@@ -113,10 +93,8 @@ TEST_CASE(
         one_sandbox_per_key("--store host:" + store_dir(), "host");
     }
     SUBCASE("through a Redis store") {
-        redis_server redis;
-        REQUIRE_MESSAGE(redis.pid > 0, "redis-server did not start");
-        REQUIRE_MESSAGE(::access(redis.socket.c_str(), F_OK) == 0, "redis-server did not listen");
-        one_sandbox_per_key("--store unix://" + redis.socket, "redis");
+        moat::test::redis_server redis;
+        one_sandbox_per_key("--store " + redis.unix_url(), "redis");
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "support/async_wait.hpp"
 #include "support/local_fixture.hpp"
+#include "support/redis_server.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -62,12 +63,21 @@ std::string hex(const std::string& text) {
 
 // A store made for the kind under test: the memory store (one object for everyone) or a host
 // store per worker over one directory (as separate processes would have).
+// A Redis store per worker over one redis-server of the test's own, when `redis` is set.
 struct store_maker {
     bool host = false;
+    bool redis = false;
     std::shared_ptr<moat::session_store> memory = moat::make_memory_session_store();
     store_directory dir;
+    std::unique_ptr<moat::test::redis_server> server;
     std::shared_ptr<moat::session_store> make(asio::any_io_executor ex,
                                               std::chrono::milliseconds lock_wait = 2s) {
+        if (redis) {
+            if (!server) server = std::make_unique<moat::test::redis_server>();
+            auto made = moat::make_redis_session_store(std::move(ex), server->unix_config());
+            REQUIRE(made);
+            return std::move(*made);
+        }
         if (!host) return memory;
         moat::host_store_options o;
         o.directory = dir.path;
@@ -153,13 +163,14 @@ TEST_CASE("errc::store_unavailable is 19, named, and of the unavailable kind") {
 }
 
 TEST_CASE(
-    "a store grants one claim at a time, fences an expired holder and announces a rebuild "
-    "once") {
-    for (const bool host : {false, true}) {
-        CAPTURE(host);
+    "a store grants one claim at a time, fences an expired holder, announces a rebuild once and "
+    "keeps an ended marker for its time, over the memory, host and Redis stores") {
+    for (const std::string kind : {"memory", "host", "redis"}) {
+        CAPTURE(kind);
         local_fixture f;
         store_maker maker;
-        maker.host = host;
+        maker.host = kind == "host";
+        maker.redis = kind == "redis";
         auto store = maker.make(f.io.get_executor());
         const auto limit = moat::deadline::after(10s);
         auto first = f.run(store->async_claim("k", "", 200ms, limit));
@@ -460,15 +471,16 @@ TEST_CASE(
 
 TEST_CASE(
     "the idle timeout with two alternating workers never ends an active session and ends "
-    "an idle one once") {
+    "an idle one once, over the memory, host and Redis stores") {
     MOAT_REQUIRE_NAMESPACES();
-    for (const bool host : {false, true}) {
-        CAPTURE(host);
+    for (const std::string kind : {"memory", "host", "redis"}) {
+        CAPTURE(kind);
         local_fixture f;
         store_maker maker;
-        maker.host = host;
+        maker.host = kind == "host";
+        maker.redis = kind == "redis";
         event_log log;
-        const std::string label = host ? "shared-idle-host" : "shared-idle-memory";
+        const std::string label = "shared-idle-" + kind;
         std::vector<std::unique_ptr<worker>> workers;
         for (int i = 0; i < 2; ++i) {
             workers.push_back(
@@ -491,6 +503,21 @@ TEST_CASE(
         REQUIRE(f.run(until([&] { return log.ended(moat::end_reason::idle_timeout) == 1; }, 20s)));
         f.run(pause(1s));
         CHECK(log.ended(moat::end_reason::idle_timeout) == 1);
+        CHECK(running_with(f, {{"test", label}}) == 0);
+        // The conversation comes back: its new sandbox is a rebuild, announced to one worker.
+        auto back = f.run(workers[1]->manager->async_acquire("thread-idle"));
+        REQUIRE(back);
+        CHECK(back->rebuilt);
+        CHECK(back->box->id() != id);
+        const std::string back_id = back->box->id();
+        back->reset();
+        auto other = f.run(workers[0]->manager->async_acquire("thread-idle"));
+        REQUIRE(other);
+        CHECK_FALSE(other->rebuilt);
+        CHECK(other->box->id() == back_id);
+        other->reset();
+        CHECK(log.count(moat::manager_event::kind::rebuilt) == 1);
+        REQUIRE(f.run(workers[0]->manager->async_end("thread-idle")));
         CHECK(running_with(f, {{"test", label}}) == 0);
         shut_down_all(f, workers);
     }
