@@ -3,6 +3,7 @@
 // cancellation, spawn, files. Sandboxes are made by POSTing /v2/sandboxes with moat's HTTP
 // client, as the e2b backend does; processes left behind are looked for on this host, below the
 // server's pid. The pure parsers (envd_responses.hpp) are tested on bytes first.
+#include "core/go_signals.hpp"
 #include "e2b/envd_client.hpp"
 #include "e2b/envd_responses.hpp"
 
@@ -184,9 +185,9 @@ TEST_CASE("envd responses: Go's ProcessState becomes moat's exit code and signal
     CHECK(r.exit_code == 128 + SIGKILL);
     e2b::end_event segv{-1, false, "signal: segmentation fault (core dumped)", ""};
     CHECK(e2b::result_from_end(segv).signal == SIGSEGV);
-    CHECK(e2b::signal_from_go_name("terminated") == SIGTERM);
-    CHECK(e2b::signal_from_go_name("signal 40") == 40);
-    CHECK(e2b::signal_from_go_name("nonsense") == 0);
+    CHECK(moat::detail::signal_from_go_name("terminated") == SIGTERM);
+    CHECK(moat::detail::signal_from_go_name("signal 40") == 40);
+    CHECK(moat::detail::signal_from_go_name("nonsense") == 0);
 }
 
 TEST_CASE("envd responses: entries, listings and base64 round trips") {

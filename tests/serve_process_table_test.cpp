@@ -1,6 +1,7 @@
 // The process table of `moat serve`'s envd process service, over real spawned processes in real
 // sandboxes: the bounded output buffer, replay and live output, retained ends, signals, stdin,
 // and the table's end with its sandbox.
+#include "core/go_signals.hpp"
 #include "serve/process_requests.hpp"
 #include "serve/process_table.hpp"
 
@@ -127,9 +128,12 @@ TEST_CASE("a process's end carries Go's ProcessState values") {
     end = moat::serve::end_from_result(timed_out);
     CHECK(end.timed_out);
     CHECK(end.status == "signal: killed");
-    CHECK(moat::serve::go_signal_name(SIGTERM) == "terminated");
-    CHECK(moat::serve::go_signal_name(SIGSEGV) == "segmentation fault");
-    CHECK(moat::serve::go_signal_name(40) == "signal 40");
+    CHECK(moat::detail::go_signal_name(SIGTERM) == "terminated");
+    CHECK(moat::detail::go_signal_name(SIGSEGV) == "segmentation fault");
+    CHECK(moat::detail::go_signal_name(40) == "signal 40");
+    // What serve writes, the e2b backend reads back.
+    for (int n = 1; n <= 64; ++n)
+        CHECK(moat::detail::signal_from_go_name(moat::detail::go_signal_name(n)) == n);
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,

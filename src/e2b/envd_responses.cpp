@@ -1,5 +1,6 @@
 #include "e2b/envd_responses.hpp"
 
+#include "core/go_signals.hpp"
 #include "core/json_writer.hpp"
 
 #include <simdjson.h>
@@ -93,41 +94,6 @@ result<object> parse_document(simdjson::dom::parser& parser, const simdjson::pad
         return bad(std::string(what) + " that is not a JSON object");
     return root;
 }
-
-constexpr std::array<std::string_view, 32> go_signal_names = {
-    "",
-    "hangup",
-    "interrupt",
-    "quit",
-    "illegal instruction",
-    "trace/breakpoint trap",
-    "aborted",
-    "bus error",
-    "floating point exception",
-    "killed",
-    "user defined signal 1",
-    "segmentation fault",
-    "user defined signal 2",
-    "broken pipe",
-    "alarm clock",
-    "terminated",
-    "stack fault",
-    "child exited",
-    "continued",
-    "stopped (signal)",
-    "stopped",
-    "stopped (tty input)",
-    "stopped (tty output)",
-    "urgent I/O condition",
-    "CPU time limit exceeded",
-    "file size limit exceeded",
-    "virtual timer expired",
-    "profiling timer expired",
-    "window changed",
-    "I/O possible",
-    "power failure",
-    "bad system call",
-};
 
 result<entry_info> entry_of(const element& e) {
     object o;
@@ -247,19 +213,6 @@ result<process_event> parse_process_event(std::string_view json) {
     return bad("a process event of no known kind");
 }
 
-int signal_from_go_name(std::string_view name) {
-    for (std::size_t i = 1; i < go_signal_names.size(); ++i) {
-        if (go_signal_names[i] == name) return static_cast<int>(i);
-    }
-    if (name.starts_with("signal ")) {
-        int n = 0;
-        const auto digits = name.substr(7);
-        auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-        if (ec == std::errc{} && end == digits.data() + digits.size() && n > 0 && n < 65) return n;
-    }
-    return 0;
-}
-
 exec_result result_from_end(const end_event& end) {
     exec_result r;
     if (end.exited) {
@@ -273,7 +226,7 @@ exec_result result_from_end(const end_event& end) {
         // "signal: killed (core dumped)"
         if (const auto core = status.find(" (core dumped)"); core != std::string_view::npos)
             status = status.substr(0, core);
-        signal = signal_from_go_name(status);
+        signal = detail::signal_from_go_name(status);
     }
     if (signal == 0) signal = SIGKILL;  // not exited, and no known signal: it was killed
     r.signal = signal;

@@ -53,10 +53,6 @@ result<process_event> parse_process_event(std::string_view json);
 // when the name is unknown). timed_out, duration and output are the caller's to fill.
 exec_result result_from_end(const end_event& end);
 
-// Go's name of a Linux signal ("killed" → 9), as os.ProcessState.String() prints it after
-// "signal: "; also "signal N". 0 for a name it does not know.
-int signal_from_go_name(std::string_view name);
-
 // process.StartRequest: {"process":{"cmd","args","envs","cwd"?},"tag":...,"stdin":bool}. The tag
 // names the command before its pid is known (a kill after a cancelled Start uses it).
 std::string encode_start_request(const std::vector<std::string>& argv,

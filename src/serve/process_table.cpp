@@ -1,5 +1,7 @@
 #include "serve/process_table.hpp"
 
+#include "core/go_signals.hpp"
+
 #include <moat/task_group.hpp>
 #include <moat/with_timeout.hpp>
 
@@ -26,7 +28,7 @@ process_end end_from_result(const exec_result& r) {
     if (r.signal != 0) {
         end.exit_code = -1;
         end.exited = false;
-        end.status = "signal: " + go_signal_name(r.signal);
+        end.status = "signal: " + detail::go_signal_name(r.signal);
         end.error = end.status;
     } else {
         end.exit_code = r.exit_code;
@@ -35,46 +37,6 @@ process_end end_from_result(const exec_result& r) {
         if (r.exit_code != 0) end.error = end.status;
     }
     return end;
-}
-
-std::string go_signal_name(int signal) {
-    // Go's syscall signal table for Linux (what os.ProcessState.String() prints).
-    static constexpr std::array<const char*, 32> names = {
-        nullptr,
-        "hangup",
-        "interrupt",
-        "quit",
-        "illegal instruction",
-        "trace/breakpoint trap",
-        "aborted",
-        "bus error",
-        "floating point exception",
-        "killed",
-        "user defined signal 1",
-        "segmentation fault",
-        "user defined signal 2",
-        "broken pipe",
-        "alarm clock",
-        "terminated",
-        "stack fault",
-        "child exited",
-        "continued",
-        "stopped (signal)",
-        "stopped",
-        "stopped (tty input)",
-        "stopped (tty output)",
-        "urgent I/O condition",
-        "CPU time limit exceeded",
-        "file size limit exceeded",
-        "virtual timer expired",
-        "profiling timer expired",
-        "window changed",
-        "I/O possible",
-        "power failure",
-        "bad system call",
-    };
-    if (signal > 0 && signal < static_cast<int>(names.size())) return names[signal];
-    return "signal " + std::to_string(signal);
 }
 
 struct process_table::subscriber {

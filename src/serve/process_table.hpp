@@ -73,8 +73,6 @@ struct process_end {
 
 // The end as envd would report it for this exec_result.
 process_end end_from_result(const exec_result& r);
-// Go's name for a signal ("killed", "terminated", "segmentation fault"); "signal N" for others.
-std::string go_signal_name(int signal);
 
 // Which process a call means: by pid, or by the tag it was started with.
 struct process_selector {
