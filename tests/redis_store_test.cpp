@@ -13,6 +13,7 @@
 #include "support/async_test.hpp"
 #include "support/local_fixture.hpp"
 #include "support/redis_server.hpp"
+#include "support/session_worker_process.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -43,9 +44,14 @@ using moat::redis_config;
 using moat::store::redis_client;
 using moat::store::redis_command;
 using moat::store::redis_reply;
+using moat::test::field;
+using moat::test::finish;
 using moat::test::free_loopback_port;
+using moat::test::read_line;
 using moat::test::redis_server;
 using moat::test::run_async;
+using moat::test::running_with;
+using moat::test::start_worker;
 using namespace std::chrono_literals;
 
 namespace {
@@ -870,182 +876,11 @@ TEST_CASE("a key prefix isolates two applications sharing one Redis") {
 
 namespace {
 
-struct child {
-    pid_t pid = -1;
-    int out = -1;  // the read end of its stdout
-};
-
-child start_worker(const std::vector<std::string>& args) {
-    int pipe_fds[2];
-    REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        ::dup2(pipe_fds[1], STDOUT_FILENO);
-        std::vector<char*> argv;
-        static std::string path = MOAT_SESSION_WORKER_PATH;
-        argv.push_back(path.data());
-        std::vector<std::string> copy = args;
-        for (auto& a : copy) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execv(path.c_str(), argv.data());
-        ::_exit(127);
-    }
-    ::close(pipe_fds[1]);
-    return child{pid, pipe_fds[0]};
-}
-
-// Reads until a line starting with `prefix` (returned, without the newline), the end, or 90 s.
-std::string read_line(const child& c, const std::string& prefix = "") {
-    std::string line;
-    const auto limit = std::chrono::steady_clock::now() + 90s;
-    for (;;) {
-        pollfd p{c.out, POLLIN, 0};
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            limit - std::chrono::steady_clock::now());
-        if (left.count() <= 0) return line;
-        const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready <= 0) return line;
-        char ch;
-        const ssize_t n = ::read(c.out, &ch, 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return line;
-        if (ch == '\n') {
-            if (line.rfind(prefix, 0) == 0) return line;
-            line.clear();
-            continue;
-        }
-        line += ch;
-    }
-}
-
-int finish(child& c) {
-    int status = 0;
-    ::waitpid(c.pid, &status, 0);
-    ::close(c.out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string field(const std::string& line, const std::string& name) {
-    const auto at = line.find(name + "=");
-    if (at == std::string::npos) return "";
-    const auto start = at + name.size() + 1;
-    return line.substr(start, line.find(' ', start) - start);
-}
-
-std::size_t running_with(moat::test::local_fixture& f,
-                         const std::map<std::string, std::string>& labels) {
-    auto listed = f.run(f.local->async_list(labels));
-    REQUIRE(listed);
-    std::size_t n = 0;
-    for (const auto& info : *listed) n += info.state == moat::sandbox_state::running ? 1 : 0;
-    return n;
-}
-
 std::string worker_url(const redis_server& server) {
     return "unix://" + server.socket_path + "?prefix=mw:";
 }
 
 }  // namespace
-
-TEST_CASE("eight worker processes acquiring one key at once over Redis share one sandbox") {
-    MOAT_REQUIRE_NAMESPACES();
-    moat::test::local_fixture f;
-    redis_server server;
-    const auto store = worker_url(server);
-    std::vector<child> children;
-    for (int i = 0; i < 8; ++i) {
-        children.push_back(
-            start_worker({store, "redis-8", "acquire", "--label", "test=redis-proc-eight"}));
-    }
-    std::set<std::string> ids;
-    int rebuilt = 0;
-    for (auto& c : children) {
-        const auto line = read_line(c, "id=");
-        CAPTURE(line);
-        CHECK(finish(c) == 0);
-        ids.insert(field(line, "id"));
-        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-    }
-    CHECK(ids.size() == 1);
-    CHECK_FALSE(ids.begin()->empty());
-    CHECK(rebuilt == 0);
-    CHECK(running_with(f, {{"test", "redis-proc-eight"}}) == 1);
-    auto ender = start_worker({store, "redis-8", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "redis-proc-eight"}}) == 0);
-}
-
-TEST_CASE(
-    "a worker process killed in the middle of its create over Redis is taken over after its lease, "
-    "and its half-made sandbox is destroyed") {
-    MOAT_REQUIRE_NAMESPACES();
-    moat::test::local_fixture f;
-    redis_server server;
-    const auto store = worker_url(server);
-    auto doomed = start_worker({store, "redis-kill", "acquire", "--label", "test=redis-proc-kill",
-                                "--lease-ms", "1000", "--hang-in-seed"});
-    const auto seeding = read_line(doomed, "seeding");
-    const std::string half_made = field(seeding, "id");
-    REQUIRE_FALSE(half_made.empty());
-    REQUIRE(::kill(doomed.pid, SIGKILL) == 0);
-    CHECK(finish(doomed) == 128 + SIGKILL);
-    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 1);  // left behind by the dead
-
-    auto successor = start_worker(
-        {store, "redis-kill", "acquire", "--label", "test=redis-proc-kill", "--lease-ms", "1000"});
-    const auto line = read_line(successor, "id=");
-    CAPTURE(line);
-    CHECK(finish(successor) == 0);
-    const std::string id = field(line, "id");
-    REQUIRE_FALSE(id.empty());
-    CHECK(id != half_made);
-    auto old = f.run(f.local->async_inspect(half_made));
-    CHECK((!old || old->state == moat::sandbox_state::exited));
-    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 1);
-    auto ender = start_worker({store, "redis-kill", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "redis-proc-kill"}}) == 0);
-}
-
-TEST_CASE(
-    "worker processes that find the session's sandbox destroyed rebuild it once over Redis, and "
-    "one of them gives the notice") {
-    MOAT_REQUIRE_NAMESPACES();
-    moat::test::local_fixture f;
-    redis_server server;
-    const auto store = worker_url(server);
-    auto first = start_worker({store, "redis-r", "acquire", "--label", "test=redis-proc-rebuild"});
-    const std::string old_id = field(read_line(first, "id="), "id");
-    CHECK(finish(first) == 0);
-    REQUIRE_FALSE(old_id.empty());
-    REQUIRE(f.run(f.local->async_destroy(old_id)));
-    std::vector<child> children;
-    for (int i = 0; i < 4; ++i) {
-        children.push_back(
-            start_worker({store, "redis-r", "acquire", "--label", "test=redis-proc-rebuild"}));
-    }
-    std::set<std::string> ids;
-    int rebuilt = 0;
-    for (auto& c : children) {
-        const auto line = read_line(c, "id=");
-        CAPTURE(line);
-        CHECK(finish(c) == 0);
-        ids.insert(field(line, "id"));
-        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-    }
-    CHECK(ids.size() == 1);
-    CHECK(*ids.begin() != old_id);
-    CHECK(rebuilt == 1);
-    CHECK(running_with(f, {{"test", "redis-proc-rebuild"}}) == 1);
-    auto ender = start_worker({store, "redis-r", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "redis-proc-rebuild"}}) == 0);
-}
 
 TEST_CASE(
     "a Redis entry pointing at another session's sandbox is refused, and the session gets its "

@@ -11,6 +11,7 @@
 #include "support/async_wait.hpp"
 #include "support/local_fixture.hpp"
 #include "support/redis_server.hpp"
+#include "support/session_worker_process.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
@@ -30,8 +31,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+using moat::test::field;
+using moat::test::finish;
 using moat::test::local_fixture;
 using moat::test::pause;
+using moat::test::read_line;
+using moat::test::running_with;
+using moat::test::start_worker;
 using moat::test::until;
 using namespace std::chrono_literals;
 
@@ -132,14 +138,6 @@ bool all_done(const Slots& slots) {
     for (const auto& s : slots)
         if (!s->has_value()) return false;
     return true;
-}
-
-std::size_t running_with(local_fixture& f, const std::map<std::string, std::string>& labels) {
-    auto listed = f.run(f.local->async_list(labels));
-    REQUIRE(listed);
-    std::size_t n = 0;
-    for (const auto& info : *listed) n += info.state == moat::sandbox_state::running ? 1 : 0;
-    return n;
 }
 
 asio::awaitable<void> tick_into(int& ticks) {
@@ -631,164 +629,136 @@ TEST_CASE(
     shut_down_all(f, workers);
 }
 
-// --- Worker processes over the host store ---
+// --- Worker processes over the host store and over Redis ---
 
 namespace {
 
-struct child {
-    pid_t pid = -1;
-    int out = -1;  // the read end of its stdout
-};
-
-child start_worker(const std::vector<std::string>& args) {
-    int pipe_fds[2];
-    REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        ::dup2(pipe_fds[1], STDOUT_FILENO);
-        std::vector<char*> argv;
-        static std::string path = MOAT_SESSION_WORKER_PATH;
-        argv.push_back(path.data());
-        std::vector<std::string> copy = args;
-        for (auto& a : copy) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        ::execv(path.c_str(), argv.data());
-        ::_exit(127);
-    }
-    ::close(pipe_fds[1]);
-    return child{pid, pipe_fds[0]};
-}
-
-// Reads until a line starting with `prefix` (returned, without the newline) or the end.
-std::string read_line(const child& c, const std::string& prefix = "") {
-    std::string line;
-    char ch;
-    for (;;) {
-        const ssize_t n = ::read(c.out, &ch, 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return line;
-        if (ch == '\n') {
-            if (line.rfind(prefix, 0) == 0) return line;
-            line.clear();
-            continue;
+// A store for worker processes: host:DIR, or a redis-server of the test's own (with a key
+// prefix, as an application would set).
+struct process_store {
+    explicit process_store(const std::string& kind) {
+        if (kind == "redis") {
+            server = std::make_unique<moat::test::redis_server>();
+            url = server->unix_url() + "?prefix=mw:";
+        } else {
+            url = "host:" + dir.path;
         }
-        line += ch;
     }
-}
-
-int finish(child& c) {
-    int status = 0;
-    ::waitpid(c.pid, &status, 0);
-    ::close(c.out);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string field(const std::string& line, const std::string& name) {
-    const auto at = line.find(name + "=");
-    if (at == std::string::npos) return "";
-    const auto start = at + name.size() + 1;
-    return line.substr(start, line.find(' ', start) - start);
-}
+    store_directory dir;
+    std::unique_ptr<moat::test::redis_server> server;
+    std::string url;
+};
 
 }  // namespace
 
 TEST_CASE(
-    "eight worker processes acquiring one key at once over the host store share one "
-    "sandbox") {
+    "eight worker processes acquiring one key at once share one sandbox, over the host store "
+    "and over Redis") {
     MOAT_REQUIRE_NAMESPACES();
-    local_fixture f;
-    store_directory dir;
-    const std::string store = "host:" + dir.path;
-    std::vector<child> children;
-    for (int i = 0; i < 8; ++i) {
-        children.push_back(
-            start_worker({store, "proc-8", "acquire", "--label", "test=shared-proc-eight"}));
+    for (const std::string kind : {"host", "redis"}) {
+        CAPTURE(kind);
+        local_fixture f;
+        process_store shared(kind);
+        const std::string store = shared.url;
+        std::vector<moat::test::worker_process> children;
+        for (int i = 0; i < 8; ++i) {
+            children.push_back(start_worker(
+                {store, "proc-8", "acquire", "--label", "test=shared-proc-eight-" + kind}));
+        }
+        std::set<std::string> ids;
+        int rebuilt = 0;
+        for (auto& c : children) {
+            const auto line = read_line(c, "id=");
+            CAPTURE(line);
+            CHECK(finish(c) == 0);
+            ids.insert(field(line, "id"));
+            rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
+        }
+        CHECK(ids.size() == 1);
+        CHECK_FALSE(ids.begin()->empty());
+        CHECK(rebuilt == 0);
+        CHECK(running_with(f, {{"test", "shared-proc-eight-" + kind}}) == 1);
+        auto ender = start_worker({store, "proc-8", "end"});
+        CHECK(read_line(ender, "ended") == "ended");
+        CHECK(finish(ender) == 0);
+        CHECK(running_with(f, {{"test", "shared-proc-eight-" + kind}}) == 0);
     }
-    std::set<std::string> ids;
-    int rebuilt = 0;
-    for (auto& c : children) {
-        const auto line = read_line(c, "id=");
-        CAPTURE(line);
-        CHECK(finish(c) == 0);
-        ids.insert(field(line, "id"));
-        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-    }
-    CHECK(ids.size() == 1);
-    CHECK_FALSE(ids.begin()->empty());
-    CHECK(rebuilt == 0);
-    CHECK(running_with(f, {{"test", "shared-proc-eight"}}) == 1);
-    auto ender = start_worker({store, "proc-8", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "shared-proc-eight"}}) == 0);
 }
 
 TEST_CASE(
     "a worker process killed in the middle of its create is taken over after its lease, "
-    "and its half-made sandbox is destroyed") {
+    "and its half-made sandbox is destroyed, over the host store and over Redis") {
     MOAT_REQUIRE_NAMESPACES();
-    local_fixture f;
-    store_directory dir;
-    const std::string store = "host:" + dir.path;
-    auto doomed = start_worker({store, "proc-kill", "acquire", "--label", "test=shared-proc-kill",
-                                "--lease-ms", "1000", "--hang-in-seed"});
-    const auto seeding = read_line(doomed, "seeding");
-    const std::string half_made = field(seeding, "id");
-    REQUIRE_FALSE(half_made.empty());
-    REQUIRE(::kill(doomed.pid, SIGKILL) == 0);
-    CHECK(finish(doomed) == 128 + SIGKILL);
-    CHECK(running_with(f, {{"test", "shared-proc-kill"}}) == 1);  // left behind by the dead
+    for (const std::string kind : {"host", "redis"}) {
+        CAPTURE(kind);
+        local_fixture f;
+        process_store shared(kind);
+        const std::string store = shared.url;
+        auto doomed =
+            start_worker({store, "proc-kill", "acquire", "--label", "test=shared-proc-kill-" + kind,
+                          "--lease-ms", "1000", "--hang-in-seed"});
+        const auto seeding = read_line(doomed, "seeding");
+        const std::string half_made = field(seeding, "id");
+        REQUIRE_FALSE(half_made.empty());
+        REQUIRE(::kill(doomed.pid, SIGKILL) == 0);
+        CHECK(finish(doomed) == 128 + SIGKILL);
+        CHECK(running_with(f, {{"test", "shared-proc-kill-" + kind}}) ==
+              1);  // left behind by the dead
 
-    auto successor = start_worker(
-        {store, "proc-kill", "acquire", "--label", "test=shared-proc-kill", "--lease-ms", "1000"});
-    const auto line = read_line(successor, "id=");
-    CAPTURE(line);
-    CHECK(finish(successor) == 0);
-    const std::string id = field(line, "id");
-    REQUIRE_FALSE(id.empty());
-    CHECK(id != half_made);
-    auto old = f.run(f.local->async_inspect(half_made));
-    CHECK((!old || old->state == moat::sandbox_state::exited));
-    CHECK(running_with(f, {{"test", "shared-proc-kill"}}) == 1);
-    auto ender = start_worker({store, "proc-kill", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "shared-proc-kill"}}) == 0);
+        auto successor = start_worker({store, "proc-kill", "acquire", "--label",
+                                       "test=shared-proc-kill-" + kind, "--lease-ms", "1000"});
+        const auto line = read_line(successor, "id=");
+        CAPTURE(line);
+        CHECK(finish(successor) == 0);
+        const std::string id = field(line, "id");
+        REQUIRE_FALSE(id.empty());
+        CHECK(id != half_made);
+        auto old = f.run(f.local->async_inspect(half_made));
+        CHECK((!old || old->state == moat::sandbox_state::exited));
+        CHECK(running_with(f, {{"test", "shared-proc-kill-" + kind}}) == 1);
+        auto ender = start_worker({store, "proc-kill", "end"});
+        CHECK(read_line(ender, "ended") == "ended");
+        CHECK(finish(ender) == 0);
+        CHECK(running_with(f, {{"test", "shared-proc-kill-" + kind}}) == 0);
+    }
 }
 
 TEST_CASE(
     "worker processes that find the session's sandbox destroyed rebuild it once and one of "
-    "them gives the notice") {
+    "them gives the notice, over the host store and over Redis") {
     MOAT_REQUIRE_NAMESPACES();
-    local_fixture f;
-    store_directory dir;
-    const std::string store = "host:" + dir.path;
-    auto first = start_worker({store, "proc-r", "acquire", "--label", "test=shared-proc-rebuild"});
-    const std::string old_id = field(read_line(first, "id="), "id");
-    CHECK(finish(first) == 0);
-    REQUIRE_FALSE(old_id.empty());
-    REQUIRE(f.run(f.local->async_destroy(old_id)));
-    std::vector<child> children;
-    for (int i = 0; i < 4; ++i) {
-        children.push_back(
-            start_worker({store, "proc-r", "acquire", "--label", "test=shared-proc-rebuild"}));
+    for (const std::string kind : {"host", "redis"}) {
+        CAPTURE(kind);
+        local_fixture f;
+        process_store shared(kind);
+        const std::string store = shared.url;
+        auto first = start_worker(
+            {store, "proc-r", "acquire", "--label", "test=shared-proc-rebuild-" + kind});
+        const std::string old_id = field(read_line(first, "id="), "id");
+        CHECK(finish(first) == 0);
+        REQUIRE_FALSE(old_id.empty());
+        REQUIRE(f.run(f.local->async_destroy(old_id)));
+        std::vector<moat::test::worker_process> children;
+        for (int i = 0; i < 4; ++i) {
+            children.push_back(start_worker(
+                {store, "proc-r", "acquire", "--label", "test=shared-proc-rebuild-" + kind}));
+        }
+        std::set<std::string> ids;
+        int rebuilt = 0;
+        for (auto& c : children) {
+            const auto line = read_line(c, "id=");
+            CAPTURE(line);
+            CHECK(finish(c) == 0);
+            ids.insert(field(line, "id"));
+            rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
+        }
+        CHECK(ids.size() == 1);
+        CHECK(*ids.begin() != old_id);
+        CHECK(rebuilt == 1);
+        CHECK(running_with(f, {{"test", "shared-proc-rebuild-" + kind}}) == 1);
+        auto ender = start_worker({store, "proc-r", "end"});
+        CHECK(read_line(ender, "ended") == "ended");
+        CHECK(finish(ender) == 0);
+        CHECK(running_with(f, {{"test", "shared-proc-rebuild-" + kind}}) == 0);
     }
-    std::set<std::string> ids;
-    int rebuilt = 0;
-    for (auto& c : children) {
-        const auto line = read_line(c, "id=");
-        CAPTURE(line);
-        CHECK(finish(c) == 0);
-        ids.insert(field(line, "id"));
-        rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-    }
-    CHECK(ids.size() == 1);
-    CHECK(*ids.begin() != old_id);
-    CHECK(rebuilt == 1);
-    CHECK(running_with(f, {{"test", "shared-proc-rebuild"}}) == 1);
-    auto ender = start_worker({store, "proc-r", "end"});
-    CHECK(read_line(ender, "ended") == "ended");
-    CHECK(finish(ender) == 0);
-    CHECK(running_with(f, {{"test", "shared-proc-rebuild"}}) == 0);
 }
