@@ -2,6 +2,7 @@
 // envd demultiplexing and its server secret: pure functions and files, no server.
 #include <doctest/doctest.h>
 
+#include "core/rfc3339.hpp"
 #include "http/message.hpp"
 #include "serve/e2b_requests.hpp"
 #include "serve/envd_server.hpp"
@@ -112,6 +113,15 @@ TEST_CASE("RFC 3339 times and base64url tokens round-trip") {
           "2026-12-01T00:00:00Zjunk", "0026-12-01T14:40:11.12342z", "9999-12-31T23:59:59Z"}) {
         CHECK_MESSAGE(!parse_rfc3339(bad), bad);
     }
+    // The one printer behind every RFC 3339 moat writes: seconds, milliseconds, nanoseconds.
+    const auto nanos = moat::detail::parse_rfc3339("2026-12-01T14:40:11.123456789Z");
+    REQUIRE(nanos);
+    CHECK(moat::detail::format_rfc3339(*nanos) == "2026-12-01T14:40:11Z");
+    CHECK(moat::detail::format_rfc3339(*nanos, 3) == "2026-12-01T14:40:11.123Z");
+    CHECK(moat::detail::format_rfc3339(*nanos, 9) == "2026-12-01T14:40:11.123456789Z");
+    CHECK(moat::detail::parse_rfc3339(moat::detail::format_rfc3339(*nanos, 9)) == nanos);
+    CHECK(moat::detail::format_rfc3339(std::chrono::system_clock::time_point{}) ==
+          "1970-01-01T00:00:00Z");
     for (const std::string& s : std::vector<std::string>{
              "", "a", "ab", "abc", "1700000000000__sb-0123", std::string("\xff\x00\x7f", 3)}) {
         CHECK(base64url_decode(base64url_encode(s)) == s);

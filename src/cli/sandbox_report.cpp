@@ -1,6 +1,7 @@
 #include "cli/sandbox_report.hpp"
 
 #include "core/limits_json.hpp"
+#include "core/rfc3339.hpp"
 
 #include <cstdio>
 #include <ctime>
@@ -8,12 +9,7 @@
 namespace moat::cli {
 
 std::string format_utc(std::chrono::system_clock::time_point t) {
-    const std::time_t seconds = std::chrono::system_clock::to_time_t(t);
-    std::tm utc{};
-    ::gmtime_r(&seconds, &utc);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    return text;
+    return detail::format_rfc3339(t);
 }
 
 std::string format_span(std::chrono::system_clock::duration d) {

@@ -4,6 +4,7 @@
 
 #include "core/async_event.hpp"
 #include "core/exception_boundary.hpp"
+#include "core/rfc3339.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -74,12 +75,7 @@ bool printable_label(const std::string& text) {
 
 // RFC 3339, seconds.
 std::string utc_now() {
-    const std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    ::gmtime_r(&now, &utc);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    return text;
+    return detail::format_rfc3339(std::chrono::system_clock::now());
 }
 
 // A store failure as the acquire reports it: store_unavailable, whatever the store said, except

@@ -1,5 +1,7 @@
 #include "serve/e2b_requests.hpp"
 
+#include "core/rfc3339.hpp"
+
 #include <simdjson.h>
 
 #include <ctime>
@@ -105,16 +107,6 @@ int hex_value(char c) {
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
-}
-
-bool digits(std::string_view s, std::size_t at, std::size_t count, int& out) {
-    if (at + count > s.size()) return false;
-    out = 0;
-    for (std::size_t i = at; i < at + count; ++i) {
-        if (s[i] < '0' || s[i] > '9') return false;
-        out = out * 10 + (s[i] - '0');
-    }
-    return true;
 }
 
 constexpr std::string_view base64url_alphabet =
@@ -250,72 +242,13 @@ result<std::vector<std::pair<std::string, std::string>>> parse_metadata_filter(
 }
 
 result<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view s) {
-    int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
-    const bool head = s.size() >= 20 && digits(s, 0, 4, year) && s[4] == '-' &&
-                      digits(s, 5, 2, month) && s[7] == '-' && digits(s, 8, 2, day) &&
-                      (s[10] == 'T' || s[10] == 't') && digits(s, 11, 2, hour) && s[13] == ':' &&
-                      digits(s, 14, 2, minute) && s[16] == ':' && digits(s, 17, 2, second);
-    if (!head || month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59 ||
-        second > 60) {
-        return invalid("not an RFC 3339 date-time");
-    }
-    // system_clock counts nanoseconds: about 1678 to 2262. Keep well inside it.
-    if (year < 1970 || year > 2200) return invalid("date-time out of range (years 1970 to 2200)");
-    std::size_t at = 19;
-    std::int64_t nanos = 0;
-    if (at < s.size() && s[at] == '.') {
-        ++at;
-        std::size_t n = 0;
-        while (at < s.size() && s[at] >= '0' && s[at] <= '9') {
-            if (n < 9) nanos = nanos * 10 + (s[at] - '0');
-            ++n;
-            ++at;
-        }
-        if (n == 0) return invalid("not an RFC 3339 date-time");
-        for (std::size_t k = n; k < 9; ++k) nanos *= 10;
-    }
-    std::int64_t offset_s = 0;
-    if (at < s.size() && (s[at] == 'Z' || s[at] == 'z')) {
-        ++at;
-    } else if (at < s.size() && (s[at] == '+' || s[at] == '-')) {
-        int oh = 0, om = 0;
-        if (!digits(s, at + 1, 2, oh) || at + 3 >= s.size() || s[at + 3] != ':' ||
-            !digits(s, at + 4, 2, om) || oh > 23 || om > 59) {
-            return invalid("not an RFC 3339 date-time");
-        }
-        offset_s = (oh * 3600 + om * 60) * (s[at] == '+' ? 1 : -1);
-        at += 6;
-    } else {
-        return invalid("not an RFC 3339 date-time");
-    }
-    if (at != s.size()) return invalid("not an RFC 3339 date-time");
-    std::tm tm{};
-    tm.tm_year = year - 1900;
-    tm.tm_mon = month - 1;
-    tm.tm_mday = day;
-    tm.tm_hour = hour;
-    tm.tm_min = minute;
-    tm.tm_sec = second;
-    const std::time_t t = ::timegm(&tm);
-    const auto point = std::chrono::system_clock::from_time_t(t) - std::chrono::seconds(offset_s) +
-                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                           std::chrono::nanoseconds(nanos));
-    return point;
+    auto point = detail::parse_rfc3339(s);
+    if (!point) return invalid("not an RFC 3339 date-time from 1970 to 2200");
+    return *point;
 }
 
 std::string format_rfc3339(std::chrono::system_clock::time_point t) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch());
-    const std::time_t seconds = static_cast<std::time_t>(ms.count() / 1000);
-    std::tm tm{};
-    ::gmtime_r(&seconds, &tm);
-    char buffer[40];
-    const auto n = std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &tm);
-    std::string out(buffer, n);
-    const auto millis = static_cast<int>(ms.count() % 1000);
-    char frac[8];
-    std::snprintf(frac, sizeof frac, ".%03dZ", millis < 0 ? 0 : millis);
-    out += frac;
-    return out;
+    return detail::format_rfc3339(t, 3);
 }
 
 std::string base64url_encode(std::string_view bytes) {

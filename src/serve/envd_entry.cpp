@@ -1,6 +1,7 @@
 #include "serve/envd_entry.hpp"
 
 #include "core/json_writer.hpp"
+#include "core/rfc3339.hpp"
 
 #include <charconv>
 #include <ctime>
@@ -192,19 +193,12 @@ void write_entry_info(json_writer& out, const entry_info& e) {
     out.key("owner").value(e.owner);
     out.key("group").value(e.group);
     if (e.modified_seconds != 0 || e.modified_nanos != 0) {
-        std::tm utc{};
-        const std::time_t seconds = static_cast<std::time_t>(e.modified_seconds);
-        ::gmtime_r(&seconds, &utc);
-        char text[64];
-        std::size_t n = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &utc);
-        std::string stamp(text, n);
-        if (e.modified_nanos != 0) {
-            char nanos[16];
-            std::snprintf(nanos, sizeof nanos, ".%09d", e.modified_nanos);
-            stamp += nanos;
-        }
-        stamp += 'Z';
-        out.key("modifiedTime").value(stamp);
+        const auto modified = std::chrono::system_clock::time_point(
+            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                std::chrono::seconds(e.modified_seconds) +
+                std::chrono::nanoseconds(e.modified_nanos)));
+        out.key("modifiedTime")
+            .value(detail::format_rfc3339(modified, e.modified_nanos != 0 ? 9 : 0));
     }
     if (e.symlink_target) out.key("symlinkTarget").value(*e.symlink_target);
     out.end_object();
