@@ -12,9 +12,9 @@
 // descendant of it runs the command.
 //
 // One `moat serve` per kind per test process (ctest runs each case in its own process), started
-// on first use and stopped at exit. The e2b kinds are registered once the e2b backend is built in
-// (MOAT_HAVE_E2B_BACKEND, set by tests/CMakeLists.txt).
+// on first use and stopped at exit.
 #include <moat/backend.hpp>
+#include <moat/e2b_backend.hpp>
 #include <moat/errc.hpp>
 #include <moat/local_backend.hpp>
 #include <moat/runtime.hpp>
@@ -29,10 +29,6 @@
 #include "support/local_fixture.hpp"
 #include "support/serve_process.hpp"
 #include "support/test_ca.hpp"
-
-#if MOAT_HAVE_E2B_BACKEND
-#include <moat/e2b_backend.hpp>
-#endif
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -75,7 +71,6 @@ struct local_kind {
     static std::vector<pid_t> agents() { return {}; }
 };
 
-#if MOAT_HAVE_E2B_BACKEND
 moat::test::test_ca& suite_ca() {
     static moat::test::test_ca ca;
     return ca;
@@ -127,7 +122,6 @@ struct e2b_kind {
 };
 using e2b_http_kind = e2b_kind<false>;
 using e2b_tls_kind = e2b_kind<true>;
-#endif
 
 // ---- the harness ----------------------------------------------------------------------------
 
@@ -302,13 +296,9 @@ std::string unique_value() {
 }  // namespace
 
 TYPE_TO_STRING_AS("local", local_kind);
-#if MOAT_HAVE_E2B_BACKEND
 TYPE_TO_STRING_AS("e2b over http", e2b_http_kind);
 TYPE_TO_STRING_AS("e2b over tls", e2b_tls_kind);
 #define MOAT_CONFORMANCE_KINDS local_kind, e2b_http_kind, e2b_tls_kind
-#else
-#define MOAT_CONFORMANCE_KINDS local_kind
-#endif
 
 // ---- the suite's own support --------------------------------------------------------------
 

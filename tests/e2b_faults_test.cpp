@@ -8,8 +8,6 @@
 // exception. Afterwards the test's process has the same open descriptors as before it made the
 // backend, and the server host runs nothing of the command (looked at below the server's pid).
 // No secret (the API key, a sandbox's access token) appears in any error detail.
-#if MOAT_HAVE_E2B_BACKEND
-
 #include <moat/e2b_backend.hpp>
 #include <moat/errc.hpp>
 #include <moat/runtime.hpp>
@@ -376,5 +374,3 @@ TEST_CASE("the e2b backend refuses TLS with a wrong host name or an unknown CA, 
         CHECK(serve.stop() == 0);
     }
 }
-
-#endif  // MOAT_HAVE_E2B_BACKEND
