@@ -11,6 +11,7 @@
 #include "support/moat_cli.hpp"
 
 #include <moat/local_backend.hpp>
+#include <moat/log.hpp>
 
 #include <doctest/doctest.h>
 
@@ -375,8 +376,19 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connec
     auto started = run(local->async_spawn(box.id, tunnel));
     REQUIRE(started);
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
+    // closed"), not the sandbox's processes dying afterwards ("done").
+    std::vector<std::string> events;
+    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
+        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
+    });
     destroy(box.id);
+    moat::set_log_sink({});
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+    const std::string closed =
+        "closed hang.test:" + std::to_string(silent.port()) + " (sandbox closed";
+    CHECK(std::any_of(events.begin(), events.end(),
+                      [&](const std::string& e) { return e.starts_with(closed); }));
 }
 
 TEST_CASE_FIXTURE(local_fixture, "a backend that attaches to a survivor serves its proxy") {
