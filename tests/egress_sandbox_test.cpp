@@ -412,3 +412,37 @@ TEST_CASE_FIXTURE(local_fixture, "a backend that attaches to a survivor serves i
     CHECK(r.out.text() == "hello from the mirror\n");
     destroy(box.id);
 }
+
+TEST_CASE("moat run, create and exec take the network flags") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    const std::string flags = "--allow-host pypi.test:" + port +
+                              " --resolve pypi.test=127.0.0.1 --allow-address 127.0.0.1/32";
+    const std::string fetch = "curl -sS --max-time 20 http://pypi.test:" + port + "/hello.txt";
+
+    const auto ran = moat::test::moat_cli("run " + flags + " -- " + fetch);
+    CHECK(ran.exit_code == 0);
+    CHECK(ran.output == "hello from the mirror\n");
+    // Without the flags: loopback only, no resolver.
+    const auto closed = moat::test::moat_cli("run -- " + fetch);
+    CHECK(closed.exit_code == 6);
+
+    // A sandbox made by one process and used by another after its creator exited.
+    const auto created = moat::test::moat_cli("create --ttl 120 " + flags);
+    REQUIRE(created.exit_code == 0);
+    const std::string id = created.output.substr(created.output.rfind("sb-"), 23);
+    const auto exec = moat::test::moat_cli("exec " + id + " -- " + fetch);
+    CHECK(exec.exit_code == 0);
+    CHECK(exec.output == "hello from the mirror\n");
+    CHECK(moat::test::moat_cli("destroy " + id).exit_code == 0);
+
+    const auto bad = moat::test::moat_cli("run --allow-host 'py*pi.org' -- true");
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find("py*pi.org") != std::string::npos);
+    CHECK(std::count(bad.output.begin(), bad.output.end(), '\n') == 1);
+    const auto conflict = moat::test::moat_cli("create --network all --allow-host pypi.org");
+    CHECK(conflict.exit_code == 2);
+    CHECK(moat::test::moat_cli("run --network some -- true").exit_code == 2);
+}
