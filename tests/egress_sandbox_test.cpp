@@ -9,6 +9,7 @@
 // machine.
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
+#include "support/serve_process.hpp"
 
 #include <moat/local_backend.hpp>
 #include <moat/log.hpp>
@@ -445,4 +446,37 @@ TEST_CASE("moat run, create and exec take the network flags") {
     const auto conflict = moat::test::moat_cli("create --network all --allow-host pypi.org");
     CHECK(conflict.exit_code == 2);
     CHECK(moat::test::moat_cli("run --network some -- true").exit_code == 2);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags to every sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    moat::test::serve_process_options options;
+    options.extra_args = {"--allow-host",        "pypi.test:" + port, "--resolve",
+                          "pypi.test=127.0.0.1", "--allow-address",   "127.0.0.1/32"};
+    moat::test::serve_process server(options);
+    // A request asking for more is not heard: the operator's policy is the sandbox's.
+    const std::string body = files.dir + "/body.json";
+    std::ofstream(body) << R"({"templateID":"base","timeout":60,"allow_internet_access":true})";
+    const std::string reply = files.dir + "/reply.json";
+    REQUIRE(run_host("curl -sS --max-time 30 -o " + reply + " -H 'X-API-Key: " + server.api_key() +
+                     "' -H 'Content-Type: application/json' --data @" + body + " " +
+                     server.api_url() + "/sandboxes") == 0);
+    std::ifstream in(reply);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("\"sandboxID\":\"");
+    REQUIRE_MESSAGE(at != std::string::npos, text);
+    const std::string id = text.substr(at + 13, 23);
+    const auto attached = run(local->async_attach(id));
+    REQUIRE(attached);
+    CHECK(attached->network.mode == moat::network_mode::allow_list);
+    CHECK(attached->network.allow_hosts == std::vector<std::string>{"pypi.test:" + port});
+    const auto r = sh(id, "curl -sS --max-time 20 http://pypi.test:" + port +
+                              "/hello.txt; curl -sS --max-time 20 -o /dev/null -w '%{http_code}' "
+                              "http://other.test:" +
+                              port + "/");
+    CHECK(r.out.text() == "hello from the mirror\n403");
+    destroy(id);
 }
