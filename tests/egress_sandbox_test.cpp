@@ -11,6 +11,7 @@
 #include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
 
+#include <moat/e2b_backend.hpp>
 #include <moat/local_backend.hpp>
 #include <moat/log.hpp>
 
@@ -479,4 +480,22 @@ TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags 
                               port + "/");
     CHECK(r.out.text() == "hello from the mirror\n403");
     destroy(id);
+}
+
+TEST_CASE("the e2b backend refuses a network policy it cannot enforce") {
+    moat::test::serve_process serve;
+    asio::io_context io;
+    moat::e2b_config config;
+    config.api_url = serve.api_url();
+    config.sandbox_url = serve.envd_url();
+    config.api_key = serve.api_key();
+    config.request_timeout = 20s;
+    auto b = moat::make_e2b_backend(io.get_executor(), config);
+    moat::sandbox_spec spec;
+    spec.network.mode = moat::network_mode::allow_list;
+    spec.network.allow_hosts = {"pypi.org"};
+    const auto made = moat::test::run_async(io, b->async_create(spec));
+    REQUIRE_FALSE(made);
+    CHECK(made.error().code == moat::errc::not_supported);
+    CHECK(made.error().detail.find("network allow-list") != std::string::npos);
 }
