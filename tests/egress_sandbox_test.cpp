@@ -435,6 +435,11 @@ TEST_CASE("moat run, create and exec take the network flags") {
     const auto created = moat::test::moat_cli("create --ttl 120 " + flags);
     REQUIRE(created.exit_code == 0);
     const std::string id = created.output.substr(created.output.rfind("sb-"), 23);
+    const auto listed = moat::test::moat_cli("ls --json");
+    CHECK(listed.output.find(
+              R"("network":{"mode":"allow-list","allow_hosts":["pypi.test:)" + port +
+              R"("],"resolve":["pypi.test=127.0.0.1"],"allow_addresses":["127.0.0.1/32"]})") !=
+          std::string::npos);
     const auto exec = moat::test::moat_cli("exec " + id + " -- " + fetch);
     CHECK(exec.exit_code == 0);
     CHECK(exec.output == "hello from the mirror\n");
