@@ -96,6 +96,45 @@ struct sandbox_layout {
     bool operator==(const sandbox_layout&) const = default;
 };
 
+// What a sandbox may reach on the network (see docs/network.md). Every sandbox has its own network
+// namespace with loopback only, and no route out ever exists; a mode other than `none` adds one
+// way out: a forward proxy at 127.0.0.1:proxy_port inside the sandbox, served on the host, which
+// lets through only what the policy allows, and HTTP_PROXY / HTTPS_PROXY / http_proxy /
+// https_proxy (http://127.0.0.1:3128) and NO_PROXY / no_proxy (localhost,127.0.0.1,::1) in every
+// command's environment. Those variables are forced: a spec or exec env entry of the same name is
+// replaced. A backend that cannot enforce a policy other than `none` refuses the create
+// (errc::not_supported naming it), so nothing silently runs open.
+//
+// Validated at create: a bad pattern, address or range is errc::invalid_argument naming it (the
+// rules are docs/network.md's): `allow_list` needs at least one host, `all` takes no host,
+// `none` takes no entry at all. In sandbox_info::network the same struct carries what the
+// sandbox was created with (the local backend keeps it in the record, so attach, inspect and
+// list from another process report it too).
+enum class network_mode {
+    none,        // loopback only (the default)
+    allow_list,  // only hosts matching allow_hosts, through the proxy
+    all,         // any host through the proxy, asked for by name (the address checks still apply)
+};
+
+struct sandbox_network {
+    network_mode mode = network_mode::none;
+    // "pypi.org", "*.pythonhosted.org" (subdomains only), optionally ":PORT"; without a port,
+    // 80 and 443.
+    std::vector<std::string> allow_hosts;
+    // "NAME=ADDR": the proxy resolves NAME to ADDR (repeat for several addresses), never by DNS.
+    std::vector<std::string> resolve;
+    // CIDRs ("10.20.0.0/16", "fd12::/16", "127.0.0.1/32") the proxy may connect to although they
+    // are refused by default (loopback, private, link-local, ...; never the metadata addresses).
+    std::vector<std::string> allow_addresses;
+
+    // The proxy's port inside every sandbox whose mode is not none.
+    static constexpr std::uint16_t proxy_port = 3128;
+
+    bool operator==(const sandbox_network&) const = default;
+};
+
+const char* to_string(network_mode mode) noexcept;  // "none", "allow-list", "all"
+
 struct sandbox_spec {
     // Root filesystem: "" is the backend's default (local: the host's /usr read-only plus a
     // curated /etc; e2b: the provider's default template).
@@ -105,6 +144,8 @@ struct sandbox_spec {
     // Home, default working directory, artifacts directory and user (see sandbox_layout).
     sandbox_layout layout;
     resource_limits limits;
+    // What the sandbox may reach on the network: nothing by default (see sandbox_network).
+    sandbox_network network;
     // Caller metadata, filterable in list(). Keys and values are printable ASCII.
     std::map<std::string, std::string> labels;
     // The sandbox ends itself this long after creation, even if no host process is alive (its
@@ -137,6 +178,8 @@ struct sandbox_info {
     // The effective layout (see sandbox_layout): kept in the local backend's record, so attach,
     // inspect and list from another process report it too.
     sandbox_layout layout;
+    // What it was created with (see sandbox_network).
+    sandbox_network network;
     // The backend instance that created it (local: local_options::owner_instance) and whether it
     // outlives that instance's process.
     std::string owner_instance;

@@ -1,5 +1,7 @@
 #include "cli/arguments.hpp"
 
+#include "egress/network_policy.hpp"
+
 #include <moat/exec.hpp>
 
 #include <charconv>
@@ -73,6 +75,42 @@ std::uint64_t parse_megabytes(std::string_view flag, std::string_view text) {
                           std::string(text) + "'");
     }
     return *mb << 20;
+}
+
+bool network_flag(int argc, char** argv, int& i, network_flags& flags) {
+    if (auto host = flag_value("--allow-host", argc, argv, i)) {
+        flags.network.allow_hosts.push_back(*host);
+    } else if (auto entry = flag_value("--resolve", argc, argv, i)) {
+        flags.network.resolve.push_back(*entry);
+    } else if (auto range = flag_value("--allow-address", argc, argv, i)) {
+        flags.network.allow_addresses.push_back(*range);
+    } else if (auto mode = flag_value("--network", argc, argv, i)) {
+        if (*mode == "all") {
+            flags.all = true;
+        } else if (*mode == "none") {
+            flags.none = true;
+        } else {
+            throw usage_error("--network: expected all or none, got '" + *mode + "'");
+        }
+    } else {
+        return false;
+    }
+    return true;
+}
+
+sandbox_network finish_network(const network_flags& flags) {
+    if (flags.all && flags.none) throw usage_error("--network all and --network none conflict");
+    sandbox_network network = flags.network;
+    if (flags.all) {
+        network.mode = network_mode::all;
+    } else if (!flags.none && !network.allow_hosts.empty()) {
+        network.mode = network_mode::allow_list;
+    } else {
+        network.mode = network_mode::none;
+    }
+    auto policy = egress::make_network_policy(network);
+    if (!policy) throw usage_error(policy.error().detail);
+    return network;
 }
 
 }  // namespace moat::cli

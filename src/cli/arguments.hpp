@@ -2,6 +2,8 @@
 // whole (no trailing junk, no sign where none belongs, no overflow).
 #pragma once
 
+#include <moat/sandbox_spec.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -43,5 +45,20 @@ std::string parse_absolute_path(std::string_view flag, const std::string& text);
 // "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
 // nullopt if argv[i] is not this flag; throws usage_error if the value is missing.
 std::optional<std::string> flag_value(std::string_view flag, int argc, char** argv, int& i);
+
+// The network flags of run, create, mcp and session exec (docs/network.md): --allow-host PATTERN,
+// --resolve NAME=ADDR and --allow-address CIDR (each repeatable), --network all|none.
+struct network_flags {
+    sandbox_network network;
+    bool all = false;   // --network all
+    bool none = false;  // --network none
+};
+
+// Consumes the network flag at argv[i] (advancing i past its value); false if argv[i] is none.
+bool network_flag(int argc, char** argv, int& i, network_flags& flags);
+
+// The sandbox_network the flags ask for, validated as a create would validate it; throws
+// usage_error with one line naming the bad flag or entry.
+sandbox_network finish_network(const network_flags& flags);
 
 }  // namespace moat::cli

@@ -19,6 +19,7 @@ struct create_options {
 create_options parse_create_options(int argc, char** argv) {
     create_options o;
     o.spec.survive_owner = true;
+    network_flags network;
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--json") {
@@ -41,10 +42,13 @@ create_options parse_create_options(int argc, char** argv) {
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
             o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
+        } else if (network_flag(argc, argv, i, network)) {
+            continue;
         } else {
             throw usage_error("unexpected argument '" + std::string(arg) + "'");
         }
     }
+    o.spec.network = finish_network(network);
     if (!o.spec.labels.contains("moat.cli")) o.spec.labels["moat.cli"] = "create";
     return o;
 }

@@ -237,6 +237,13 @@ asio::awaitable<int> diagnose(backend& b) {
                         layer.provides);
             if (!available) problems.push_back(std::string("layer ") + layer.name + " is missing");
         }
+        // Egress needs only the sandbox's own network namespace (its endpoint lives there) and
+        // this process's ordinary outbound sockets (the proxy connects from the host).
+        const bool net_ns = std::find(report->layers.begin(), report->layers.end(), "net_ns") !=
+                            report->layers.end();
+        print_row("egress", net_ns ? "ok: --allow-host serves a proxy at 127.0.0.1:3128 inside "
+                                     "the sandbox, connecting from this host"
+                                   : "unavailable: needs the net_ns layer");
         // One reason per missing piece, "; "-separated, each naming its fix where there is one.
         std::string_view why = report->detail;
         while (!why.empty()) {

@@ -61,6 +61,7 @@ int parse_retry_ceiling(const std::string& value) {
 mcp_options parse_mcp_options(int argc, char** argv) {
     mcp_options o;
     bool store_given = false;
+    network_flags network;
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (auto seconds = flag_value("--timeout", argc, argv, i)) {
@@ -86,6 +87,8 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         } else if (auto key = flag_value("--session", argc, argv, i)) {
             if (key->empty()) throw usage_error("--session: the key is empty");
             o.session = *key;
+        } else if (network_flag(argc, argv, i, network)) {
+            continue;
         } else {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         }
@@ -97,6 +100,7 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         if (const char* from_env = std::getenv("MOAT_STORE")) o.store = from_env;
     }
     if (!o.session.empty()) check_session_store_url(o.store);
+    o.manager.spec.network = finish_network(network);
     o.manager.spec.labels["moat.client"] = "mcp";
     return o;
 }

@@ -23,6 +23,7 @@ struct run_options {
 
 run_options parse_run_options(int argc, char** argv) {
     run_options o;
+    network_flags network;
     int i = 0;
     for (; i < argc; ++i) {
         const std::string_view arg = argv[i];
@@ -52,6 +53,8 @@ run_options parse_run_options(int argc, char** argv) {
             o.spec.env[key] = value;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
             o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
+        } else if (network_flag(argc, argv, i, network)) {
+            continue;
         } else if (arg.starts_with("-")) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         } else {
@@ -60,6 +63,7 @@ run_options parse_run_options(int argc, char** argv) {
     }
     for (; i < argc; ++i) o.request.argv.emplace_back(argv[i]);
     if (o.request.argv.empty()) throw usage_error("missing command (moat run [options] -- CMD...)");
+    o.spec.network = finish_network(network);
     o.spec.labels["moat.cli"] = "run";
     return o;
 }

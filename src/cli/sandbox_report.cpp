@@ -68,6 +68,16 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.key("workdir").value(info.layout.workdir);
     w.key("artifacts_dir").value(info.layout.artifacts_dir);
     w.end_object();
+    w.key("network").begin_object();
+    w.key("mode").value(to_string(info.network.mode));
+    for (const auto& [name, list] : {std::pair{"allow_hosts", &info.network.allow_hosts},
+                                     std::pair{"resolve", &info.network.resolve},
+                                     std::pair{"allow_addresses", &info.network.allow_addresses}}) {
+        w.key(name).begin_array();
+        for (const auto& entry : *list) w.value(entry);
+        w.end_array();
+    }
+    w.end_object();
     w.end_object();
 }
 

@@ -56,6 +56,7 @@ std::string read_key_file(const std::string& path) {
 serve::serve_options parse_serve_options(int argc, char** argv) {
     serve::serve_options o;
     std::string key_file;
+    network_flags network;
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (auto listen = flag_value("--listen", argc, argv, i)) {
@@ -86,10 +87,13 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
             o.state_dir = parse_absolute_path("--state-dir", *dir);
         } else if (arg == "--destroy-on-exit") {
             o.destroy_on_exit = true;
+        } else if (network_flag(argc, argv, i, network)) {
+            continue;
         } else {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         }
     }
+    o.network = finish_network(network);
     if (o.tls_certificate_file.empty() != o.tls_key_file.empty()) {
         throw usage_error("--tls-cert and --tls-key go together");
     }

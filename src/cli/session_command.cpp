@@ -33,6 +33,7 @@ struct session_options {
     std::string store;  // --store or MOAT_STORE; "" = the host-local store
     std::string key;
     exec_request request;
+    sandbox_network network;  // for a session whose sandbox this exec creates
     bool json = false;
     bool read_stdin = false;
 };
@@ -72,6 +73,7 @@ namespace {
 
 session_options parse_session_options(std::string_view sub, int argc, char** argv) {
     session_options o;
+    network_flags network;
     if (const char* from_env = std::getenv("MOAT_STORE")) o.store = from_env;
     int i = 0;
     for (; i < argc; ++i) {
@@ -87,6 +89,7 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
                 o.request.wall_limit = parse_wall_limit("--timeout", *seconds);
                 continue;
             }
+            if (network_flag(argc, argv, i, network)) continue;
             if (arg.starts_with("-"))
                 throw usage_error("unknown option '" + std::string(arg) + "'");
             break;
@@ -97,6 +100,7 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
         }
     }
     check_session_store_url(o.store);
+    o.network = finish_network(network);
     if (sub == "ls") {
         if (i != argc) throw usage_error("moat session ls takes no key");
         return o;
@@ -117,8 +121,9 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
     return o;
 }
 
-manager_options cli_manager_options() {
+manager_options cli_manager_options(const sandbox_network& network = {}) {
     manager_options options;
+    options.spec.network = network;
     options.spec.labels["moat.client"] = "cli";
     return options;
 }
@@ -126,7 +131,7 @@ manager_options cli_manager_options() {
 asio::awaitable<int> session_exec(backend& b, session_options o) {
     runtime sandboxes(b);
     auto store = open_session_store(o.store, b.get_executor());
-    session_manager sessions(sandboxes, cli_manager_options(), store);
+    session_manager sessions(sandboxes, cli_manager_options(o.network), store);
     int code = 0;
     {
         auto got = co_await sessions.async_acquire(o.key, deadline::after(acquire_wait));

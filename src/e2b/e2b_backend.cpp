@@ -358,6 +358,13 @@ class e2b_backend final : public backend {
                                                         sandbox_spec spec, e2b_backend* self) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
         if (auto ok = validate(spec); !ok) co_return std::move(ok).error();
+        // E2B's own network options (allowOut / denyOut) are not mapped yet: refuse rather than
+        // run the sandbox with E2B's open default.
+        if (spec.network.mode != network_mode::none) {
+            co_return make_error(errc::not_supported,
+                                 std::string("network ") + to_string(spec.network.mode) +
+                                     ": the e2b backend cannot enforce a network policy yet");
+        }
         e2b::create_body body;
         body.template_id =
             spec.template_name.empty() ? s->config.default_template : spec.template_name;

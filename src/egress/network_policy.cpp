@@ -208,4 +208,71 @@ result<network_policy> make_network_policy(const network_request& request) {
     return policy;
 }
 
+result<network_policy> make_network_policy(const sandbox_network& network) {
+    for (const auto* list : {&network.allow_hosts, &network.resolve, &network.allow_addresses}) {
+        if (list->size() > max_network_entries) {
+            return make_error(errc::invalid_argument, "network: more than " +
+                                                          std::to_string(max_network_entries) +
+                                                          " entries in one list");
+        }
+    }
+    network_request request;
+    switch (network.mode) {
+        case moat::network_mode::none:
+            request.mode = network_mode::none;
+            break;
+        case moat::network_mode::allow_list:
+            request.mode = network_mode::allow_list;
+            break;
+        case moat::network_mode::all:
+            request.mode = network_mode::all;
+            break;
+        default:
+            return make_error(errc::invalid_argument, "network: unknown mode");
+    }
+    request.allow_hosts = network.allow_hosts;
+    request.resolve = network.resolve;
+    request.allow_addresses = network.allow_addresses;
+    return make_network_policy(request);
+}
+
+std::vector<std::pair<std::string, std::string>> proxy_environment(moat::network_mode mode,
+                                                                   std::uint16_t port) {
+    if (mode == moat::network_mode::none) return {};
+    const std::string url = "http://127.0.0.1:" + std::to_string(port);
+    const std::string local = "localhost,127.0.0.1,::1";
+    return {{"HTTP_PROXY", url},  {"HTTPS_PROXY", url}, {"http_proxy", url},
+            {"https_proxy", url}, {"NO_PROXY", local},  {"no_proxy", local}};
+}
+
+std::string describe_for_model(const sandbox_network& network) {
+    const std::string through = " (HTTP and HTTPS through the proxy at http://127.0.0.1:" +
+                                std::to_string(sandbox_network::proxy_port) +
+                                ", already set in HTTP_PROXY and HTTPS_PROXY)";
+    if (network.mode == moat::network_mode::all) return "network access to public hosts" + through;
+    if (network.mode == moat::network_mode::none) return "no network access";
+    std::string hosts;
+    for (const auto& host : network.allow_hosts) {
+        if (!hosts.empty()) hosts += ", ";
+        hosts += host;
+    }
+    return "network access only to " + hosts + through;
+}
+
 }  // namespace moat::egress
+
+namespace moat {
+
+const char* to_string(network_mode mode) noexcept {
+    switch (mode) {
+        case network_mode::none:
+            return "none";
+        case network_mode::allow_list:
+            return "allow-list";
+        case network_mode::all:
+            return "all";
+    }
+    return "unknown";
+}
+
+}  // namespace moat

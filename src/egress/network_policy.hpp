@@ -17,6 +17,7 @@
 #include "egress/address_policy.hpp"
 
 #include <moat/result.hpp>
+#include <moat/sandbox_spec.hpp>
 
 #include <asio/ip/address.hpp>
 
@@ -25,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace moat::egress {
@@ -77,5 +79,21 @@ class network_policy {
 // Validates `request`. Errors are invalid_argument naming the flag and the bad entry, e.g.
 // "--allow-host pattern \"py*pi.org\" has a bad character '*'".
 result<network_policy> make_network_policy(const network_request& request);
+
+// At most this many entries in each of a sandbox_network's lists.
+inline constexpr std::size_t max_network_entries = 256;
+
+// The same for a sandbox_spec's network field (also capped at max_network_entries per list).
+result<network_policy> make_network_policy(const sandbox_network& network);
+
+// The variables forced into every command's environment of a sandbox whose network is not none:
+// HTTP_PROXY, HTTPS_PROXY, http_proxy, https_proxy = http://127.0.0.1:<port>, NO_PROXY and
+// no_proxy = localhost,127.0.0.1,::1. Empty for none.
+std::vector<std::pair<std::string, std::string>> proxy_environment(moat::network_mode mode,
+                                                                   std::uint16_t port);
+
+// What the network allows, for a model to read: "no network access" or "network access only to
+// pypi.org, *.pythonhosted.org (HTTP and HTTPS through the proxy at http://127.0.0.1:3128)".
+std::string describe_for_model(const sandbox_network& network);
 
 }  // namespace moat::egress

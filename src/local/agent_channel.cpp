@@ -94,6 +94,10 @@ void agent_channel::release(std::uint64_t exec_id) {
     }
 }
 
+unique_fd agent_channel::take_egress_listener() {
+    return std::move(egress_listener_);
+}
+
 void agent_channel::close() {
     channel_.close();
     // Our own decision (destroy, detach, shutdown): the normal end, not worth a warning.
@@ -114,23 +118,29 @@ asio::awaitable<void> agent_channel::read_loop() {
     }
 }
 
-void agent_channel::dispatch(const received_record& record) {
-    if (!record.fds.empty() || record.descriptors_lost) {
-        return break_channel("protocol error: the agent sent descriptors");
-    }
+void agent_channel::dispatch(received_record& record) {
     wire::header h{};
     if (!wire::read_header(record.data, h))
         return break_channel("protocol error: malformed record");
-    switch (static_cast<wire::message_type>(h.type)) {
-        case wire::message_type::ready: {
-            wire::ready_message m{};
-            if (!wire::read_fixed(record.data, wire::message_type::ready, m) ||
-                m.version != wire::protocol_version || ready_.is_set()) {
-                return break_channel("protocol error: bad ready record");
-            }
-            ready_.set();
-            return;
+    // Only `ready` may carry a descriptor: the egress listener, exactly when it names a port.
+    if (h.type == static_cast<std::uint32_t>(wire::message_type::ready)) {
+        wire::ready_message m{};
+        if (!wire::read_fixed(record.data, wire::message_type::ready, m) ||
+            m.version != wire::protocol_version || ready_.is_set() || record.descriptors_lost ||
+            m.egress_port > 65535 || record.fds.size() != (m.egress_port != 0 ? 1u : 0u)) {
+            return break_channel("protocol error: bad ready record");
         }
+        if (m.egress_port != 0) {
+            egress_port_ = static_cast<std::uint16_t>(m.egress_port);
+            egress_listener_ = std::move(record.fds.front());
+        }
+        ready_.set();
+        return;
+    }
+    if (!record.fds.empty() || record.descriptors_lost) {
+        return break_channel("protocol error: the agent sent descriptors");
+    }
+    switch (static_cast<wire::message_type>(h.type)) {
         case wire::message_type::started: {
             wire::started_message m{};
             auto it = commands_.end();

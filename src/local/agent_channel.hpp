@@ -42,6 +42,11 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // Waits for the agent's `ready`.
     asio::awaitable<result<void>> async_wait_ready(deadline limit);
 
+    // After `ready`: the sandbox's egress listener (a listening TCP socket in its network
+    // namespace) and its port, if its agent has one; taken once.
+    unique_fd take_egress_listener();
+    std::uint16_t egress_port() const noexcept { return egress_port_; }
+
     // Sends an exec record with [stdin, stdout, stderr] attached and registers the command.
     // Fails with backend_failure if the agent does not take the record by `limit`.
     asio::awaitable<result<std::shared_ptr<command_state>>> async_exec(
@@ -68,7 +73,7 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
   private:
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
-    void dispatch(const received_record& record);
+    void dispatch(received_record& record);
     // Marks the channel broken; logged at `level` (a warning unless we closed it ourselves).
     void break_channel(std::string reason, log_level level = log_level::warning);
 
@@ -76,6 +81,8 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     seqpacket_channel channel_;
     std::string sandbox_id_;
     async_event ready_;
+    unique_fd egress_listener_;
+    std::uint16_t egress_port_ = 0;
     std::optional<std::string> broken_;
     std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;

@@ -8,6 +8,8 @@
 #include "core/cancellation.hpp"
 #include "core/descriptor_wait.hpp"
 #include "core/exception_boundary.hpp"
+#include "egress/egress_proxy.hpp"
+#include "egress/network_policy.hpp"
 #include "local/agent_channel.hpp"
 #include "local/cgroup_stats.hpp"
 #include "local/helper_client.hpp"
@@ -20,12 +22,15 @@
 #include "local/spec_validation.hpp"
 #include "wire/state_layout.hpp"
 
+#include <asio/basic_socket_acceptor.hpp>
+#include <asio/generic/stream_protocol.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -55,6 +60,14 @@ constexpr auto attach_timeout = std::chrono::seconds(5);
 // The name of the sandbox user (uid 1000) in the template root's /etc/passwd.
 constexpr const char* default_user = "user";
 
+// The library's copy of a sandbox's egress listener (a TCP socket listening at 127.0.0.1 in the
+// sandbox's network namespace, handed over by its agent): accepted on here, from the host's side.
+using egress_acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
+
+// How long the accept loop waits after an accept error other than its own close (EMFILE, ...)
+// before it tries again.
+constexpr auto egress_accept_retry = std::chrono::milliseconds(100);
+
 // One destroy of one sandbox, shared by every caller that asks while it runs.
 struct destroy_flight {
     explicit destroy_flight(const asio::any_io_executor& ex) : done(ex) {}
@@ -75,7 +88,44 @@ struct local_sandbox {
     std::optional<std::string> gone_reason;
     std::shared_ptr<oom_watch> oom = std::make_shared<oom_watch>();
     std::shared_ptr<destroy_flight> destroying;  // set while a destroy runs
+    std::shared_ptr<egress_acceptor> egress;     // its egress listener, if its network is not none
 };
+
+// Accepts on a sandbox's egress listener until it is closed, handing every connection to the
+// proxy. Holds the proxy and the acceptor, so it never outlives either.
+asio::awaitable<void> serve_egress(std::shared_ptr<egress_acceptor> acceptor,
+                                   std::shared_ptr<egress::egress_proxy> proxy, std::string id) {
+    constexpr auto use_tuple = as_tuple(asio::use_awaitable);
+    asio::steady_timer retry(acceptor->get_executor());
+    for (;;) {
+        auto [ec, socket] = co_await acceptor->async_accept(use_tuple);
+        if (!acceptor->is_open() || ec == asio::error::operation_aborted) co_return;
+        if (ec) {
+            detail::log(log_level::warning, "egress",
+                        "accepting a proxy connection: " + ec.message(), id);
+            retry.expires_after(egress_accept_retry);
+            auto [waited] = co_await retry.async_wait(use_tuple);
+            if (waited) co_return;
+            continue;
+        }
+        proxy->serve(id, std::move(socket));
+    }
+}
+
+// egress_event -> moat's log (component "egress", info): the destination and the decision, never
+// request content.
+void log_egress_event(const egress::egress_event& e) {
+    std::string text = std::string(egress::to_string(e.outcome)) + " " +
+                       (e.host.empty() ? std::string("(no host)") : e.host) + ":" +
+                       std::to_string(e.port);
+    if (e.outcome == egress::egress_outcome::refused) {
+        text += " (" + std::to_string(e.status) + " " + e.reason + ")";
+    } else if (e.outcome == egress::egress_outcome::closed) {
+        text += " (" + e.reason + ", " + std::to_string(e.bytes_out) + " bytes out, " +
+                std::to_string(e.bytes_in) + " in)";
+    }
+    detail::log(log_level::info, "egress", text, e.sandbox_id);
+}
 
 std::vector<std::string> layer_names(std::uint32_t bits) {
     static constexpr std::pair<std::uint32_t, const char*> names[] = {
@@ -141,6 +191,7 @@ sandbox_info describe(const sandbox_record& r) {
     info.layers = r.layers;
     info.limits = r.limits;
     info.layout = r.layout;
+    info.network = r.network;
     info.owner_instance = r.owner_instance;
     info.survive_owner = r.survive_owner;
     info.owned = false;
@@ -247,8 +298,12 @@ class local_backend final : public backend {
         helper_->on_reaped = nullptr;
         helper_->on_helper_lost = nullptr;
         for (auto& [id, sandbox] : sandboxes_) {
+            stop_egress(*sandbox);
             if (sandbox->agent) sandbox->agent->close();
         }
+        // The backend has no asynchronous shutdown: every proxied connection was closed above
+        // (close_sandbox), and the proxy's tasks end on their own once the executor runs them.
+        egress_.reset();
         helper_->shutdown();
         // The helper killed and reaped what does not survive us; survivors keep their records.
         for (const auto& [id, sandbox] : sandboxes_) {
@@ -509,6 +564,8 @@ class local_backend final : public backend {
 
     asio::awaitable<result<sandbox_info>> create(sandbox_spec spec) {
         if (auto invalid = validate_spec(spec); !invalid) co_return std::move(invalid).error();
+        auto policy = egress::make_network_policy(spec.network);
+        if (!policy) co_return std::move(policy).error();
         sweep_dead_once();
         auto started =
             co_await helper_->async_ensure_started(deadline::after(helper_start_timeout));
@@ -532,6 +589,8 @@ class local_backend final : public backend {
         request.pids_max = *limits.pids;
         request.cpu_millicores = *limits.cpu_millicores;
         request.open_files = *limits.open_files;
+        if (spec.network.mode != network_mode::none)
+            request.egress_port = sandbox_network::proxy_port;
         request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
                         (spec.survive_owner ? wire::create_survive_owner : 0u);
         wire::copy_field(request.user_name, spec.layout.user);
@@ -554,6 +613,7 @@ class local_backend final : public backend {
         record.layout = spec.layout;
         if (record.layout.user.empty()) record.layout.user = default_user;
         record.limits = limits;
+        record.network = spec.network;
         if (auto written = records_.write(record); !written) co_return std::move(written).error();
 
         const auto create_limit = deadline::after(create_timeout);
@@ -597,6 +657,7 @@ class local_backend final : public backend {
         if (!cancelled_while_made) {
             ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
         }
+        if (ready) ready = start_egress(*sandbox, *policy);
         if (ready) ready = records_.write(sandbox->record);
         if (ready) ready = open_root(*sandbox);
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
@@ -773,6 +834,8 @@ class local_backend final : public backend {
 
     asio::awaitable<result<void>> destroy_known(std::shared_ptr<local_sandbox> sandbox,
                                                 const std::string& id, deadline limit) {
+        // Its proxied connections close at once, whatever the rest of the destroy takes.
+        stop_egress(*sandbox);
         if (!sandbox->reaped.is_set()) {
             if (sandbox->agent) sandbox->agent->close();
             if (!sandbox->info.owned) {  // attached: our helper does not know it
@@ -968,6 +1031,17 @@ class local_backend final : public backend {
         sandboxes_[id] = sandbox;
 
         auto ready = co_await sandbox->agent->async_wait_ready(deadline::after(attach_timeout));
+        if (ready) {
+            // The attacher serves the proxy too, under the policy the record keeps.
+            auto policy = egress::make_network_policy(sandbox->record.network);
+            if (!policy) {
+                ready = make_error(
+                    errc::backend_failure,
+                    "sandbox " + id + ": its recorded network: " + policy.error().detail);
+            } else {
+                ready = start_egress(*sandbox, *policy);
+            }
+        }
         if (ready) ready = open_root(*sandbox);
         if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
             co_await asio::this_coro::reset_cancellation_state();
@@ -975,6 +1049,7 @@ class local_backend final : public backend {
         }
         if (!ready) {
             // Detach (the sandbox is not ours to end).
+            stop_egress(*sandbox);
             sandbox->agent->close();
             sandboxes_.erase(id);
             if (has_exited(sandbox->pidfd.get())) {
@@ -1100,6 +1175,10 @@ class local_backend final : public backend {
         std::map<std::string, std::string> env = base_environment(sandbox->record.layout);
         for (const auto& [k, v] : sandbox->record.env) env[k] = v;
         for (const auto& [k, v] : request.env) env[k] = v;
+        // Forced: the sandbox's code cannot point them elsewhere (there is nowhere else anyway).
+        for (auto& [k, v] :
+             egress::proxy_environment(sandbox->record.network.mode, sandbox_network::proxy_port))
+            env[k] = std::move(v);
         std::vector<std::string> env_list;
         for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
         const std::string cwd = request.cwd.empty() ? sandbox->record.layout.workdir : request.cwd;
@@ -1292,6 +1371,43 @@ class local_backend final : public backend {
         co_return true;
     }
 
+    // Starts serving the sandbox's egress proxy: registers its policy with the backend's proxy
+    // and accepts on the listener its agent handed over with `ready`. Nothing for network none.
+    result<void> start_egress(local_sandbox& sandbox, const egress::network_policy& policy) {
+        unique_fd listener = sandbox.agent->take_egress_listener();
+        if (policy.mode() == egress::network_mode::none) return {};
+        const std::string& id = sandbox.info.id;
+        if (!listener.is_open() || sandbox.agent->egress_port() != sandbox_network::proxy_port) {
+            return make_error(errc::backend_failure,
+                              "sandbox " + id + ": its agent handed over no egress listener");
+        }
+        if (!egress_) egress_ = std::make_shared<egress::egress_proxy>(executor_, log_egress_event);
+        if (auto added = egress_->add_sandbox(id, policy, egress::egress_limits{}); !added)
+            return added;
+        auto acceptor = std::make_shared<egress_acceptor>(executor_);
+        asio::error_code ec;
+        acceptor->assign(asio::generic::stream_protocol(AF_INET, IPPROTO_TCP), listener.get(), ec);
+        if (ec) {
+            egress_->close_sandbox(id);
+            return make_error(errc::backend_failure,
+                              "sandbox " + id + ": the egress listener: " + ec.message());
+        }
+        (void)listener.release();
+        sandbox.egress = acceptor;
+        tasks_.spawn(serve_egress(acceptor, egress_, id));
+        return {};
+    }
+
+    // Stops serving the sandbox's proxy: our copy of its listener closes (the agent and other
+    // attached processes keep theirs) and every connection we proxy for it closes at once.
+    void stop_egress(local_sandbox& sandbox) {
+        if (!sandbox.egress) return;
+        asio::error_code ignored;
+        sandbox.egress->close(ignored);
+        sandbox.egress.reset();
+        if (egress_) egress_->close_sandbox(sandbox.info.id);
+    }
+
     void on_reaped(const wire::reaped_message& m) {
         auto it = sandboxes_.find(std::string(wire::read_field(m.sandbox_id)));
         if (it == sandboxes_.end()) return;
@@ -1313,6 +1429,7 @@ class local_backend final : public backend {
         sandbox.info.state = sandbox_state::exited;
         if (!sandbox.gone_reason) sandbox.gone_reason = "the sandbox's pid 1 exited";
         // Keep only the record (inspect says `exited`) until destroy releases it.
+        stop_egress(sandbox);
         if (sandbox.agent) sandbox.agent->close();
         sandbox.agent.reset();
         sandbox.pidfd.reset();
@@ -1328,6 +1445,7 @@ class local_backend final : public backend {
             if (!sandbox->info.owned || sandbox->info.survive_owner) continue;
             if (!sandbox->gone_reason) sandbox->gone_reason = reason;
             sandbox->info.state = sandbox_state::exited;
+            stop_egress(*sandbox);
             if (sandbox->agent) sandbox->agent->close();
             sandbox->root.reset();
             // Its sandboxes die with it (PDEATHSIG); destroy confirms that through the pidfd.
@@ -1342,6 +1460,8 @@ class local_backend final : public backend {
     std::shared_ptr<helper_client> helper_;
     sandbox_records records_{""};
     std::map<std::string, std::shared_ptr<local_sandbox>> sandboxes_;
+    // The egress proxy of this backend's sandboxes whose network is not none, made by the first.
+    std::shared_ptr<egress::egress_proxy> egress_;
     std::uint64_t next_exec_id_ = 1;
     bool swept_ = false;  // sweep_dead_once ran
     // Streamed file I/O, started by the first stream (joined first by the destructor).

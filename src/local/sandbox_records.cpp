@@ -153,6 +153,16 @@ std::string to_json(const sandbox_record& r) {
     w.key("home").value(r.layout.home);
     w.key("workdir").value(r.layout.workdir);
     w.key("artifacts_dir").value(r.layout.artifacts_dir);
+    w.key("network");
+    w.begin_object();
+    w.key("mode").value(std::string(to_string(r.network.mode)));
+    w.key("allow_hosts");
+    write_string_list(w, r.network.allow_hosts);
+    w.key("resolve");
+    write_string_list(w, r.network.resolve);
+    w.key("allow_addresses");
+    write_string_list(w, r.network.allow_addresses);
+    w.end_object();
     w.key("limits");
     write_limits_json(w, r.limits);
     w.key("layers");
@@ -208,6 +218,26 @@ result<sandbox_record> record_from_json(std::string_view json) {
                                std::pair{"artifacts_dir", &r.layout.artifacts_dir}}) {
         if (o[name].error() == simdjson::NO_SUCH_FIELD) continue;
         if (!read_string(o, name, *field)) return bad_field(name);
+    }
+    // Records written before the network field: none.
+    if (o["network"].error() != simdjson::NO_SUCH_FIELD) {
+        simdjson::dom::object network;
+        std::string mode;
+        if (o["network"].get_object().get(network) != simdjson::SUCCESS ||
+            !read_string(network, "mode", mode) ||
+            !read_string_list(network, "allow_hosts", r.network.allow_hosts) ||
+            !read_string_list(network, "resolve", r.network.resolve) ||
+            !read_string_list(network, "allow_addresses", r.network.allow_addresses))
+            return bad_field("network");
+        if (mode == "none") {
+            r.network.mode = network_mode::none;
+        } else if (mode == "allow-list") {
+            r.network.mode = network_mode::allow_list;
+        } else if (mode == "all") {
+            r.network.mode = network_mode::all;
+        } else {
+            return bad_field("network");
+        }
     }
     simdjson::dom::object limits;
     if (o["limits"].get_object().get(limits) != simdjson::SUCCESS) return bad_field("limits");

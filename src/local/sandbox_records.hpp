@@ -45,6 +45,7 @@ struct sandbox_record {
     std::map<std::string, std::string> env;
     sandbox_layout layout;  // the effective one (user resolved)
     resource_limits limits;
+    sandbox_network network;  // as asked for (validated at create)
     std::vector<std::string> layers;
     // A destroy was asked for and not confirmed: the janitor finishes it.
     bool condemned = false;

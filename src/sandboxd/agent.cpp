@@ -6,6 +6,7 @@
 #include <linux/filter.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -325,8 +326,9 @@ bool write_at(int dir, const char* file, const char* text) {
 class agent {
   public:
     agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-          bool survive_owner)
+          bool survive_owner, std::uint16_t egress_port)
         : survive_owner_(survive_owner),
+          egress_port_(egress_port),
           max_processes_(max_processes),
           open_files_(open_files),
           ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
@@ -366,6 +368,11 @@ class agent {
 
     bool setup();
     bool limit_open_files();
+    // The egress endpoint: a TCP socket listening on 127.0.0.1:egress_port_ in this sandbox's
+    // network namespace. pid 1 never accepts on it; every connected library gets a dup with its
+    // `ready` and accepts there (see agent.hpp).
+    bool listen_egress();
+    void send_ready(int fd);
     int poll_timeout_ms() const;
     void enforce_deadlines();
     void accept_connection();
@@ -409,6 +416,8 @@ class agent {
     }
 
     bool survive_owner_;
+    std::uint16_t egress_port_;  // 0: no egress endpoint
+    int egress_fd_ = -1;
     std::uint32_t max_processes_;
     std::uint32_t open_files_;
     std::uint64_t ttl_deadline_us_;
@@ -493,11 +502,39 @@ bool agent::setup() {
         if (::listen(listen_fd, 16) != 0) return false;
         listen_fd_ = listen_fd;
     }
+    if (egress_port_ != 0 && !listen_egress()) return false;
     connections_.push_back({control_fd, true});
+    send_ready(control_fd);
+    return true;
+}
+
+bool agent::listen_egress() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return false;
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(egress_port_);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(fd, 128) != 0) {
+        ::close(fd);
+        return false;
+    }
+    egress_fd_ = fd;
+    return true;
+}
+
+void agent::send_ready(int fd) {
     auto ready = wire::make_message<wire::ready_message>(wire::message_type::ready);
     ready.version = wire::protocol_version;
-    send(control_fd, ready);
-    return true;
+    ready.egress_port = egress_port_;
+    const int listener[1] = {egress_fd_};
+    std::span<const int> fds;
+    if (egress_fd_ >= 0) fds = listener;
+    const auto bytes = std::as_bytes(std::span(&ready, 1));
+    if (wire::send_record(fd, bytes, fds, MSG_DONTWAIT) < 0) mark_closing(fd);
 }
 
 int agent::run() {
@@ -549,9 +586,7 @@ void agent::accept_connection() {
         return;
     }
     connections_.push_back({fd, false});
-    auto ready = wire::make_message<wire::ready_message>(wire::message_type::ready);
-    ready.version = wire::protocol_version;
-    send(fd, ready);
+    send_ready(fd);
 }
 
 bool agent::close_connections() {
@@ -953,8 +988,8 @@ void agent::send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t
 }  // namespace
 
 int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-              bool survive_owner) {
-    agent a(ttl_ms, max_processes, open_files, survive_owner);
+              bool survive_owner, std::uint16_t egress_port) {
+    agent a(ttl_ms, max_processes, open_files, survive_owner, egress_port);
     return a.run();
 }
 

@@ -1,7 +1,7 @@
-// `moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]`: pid 1 of every
-// sandbox, exec'd by the helper's clone child. fd 3 is its control socket to the library, fd 4
-// the uid slot lock. --max-processes sets RLIMIT_NPROC for commands (uid 1000 of this sandbox's
-// user namespace), a second line behind the pids cgroup.
+// `moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner] [--egress-port N]`: pid 1
+// of every sandbox, exec'd by the helper's clone child. fd 3 is its control socket to the library,
+// fd 4 the uid slot lock. --max-processes sets RLIMIT_NPROC for commands (uid 1000 of this
+// sandbox's user namespace), a second line behind the pids cgroup.
 //
 // It sends `ready`, then runs `exec` requests (SCM_RIGHTS: stdin, stdout, stderr) as uid/gid
 // 1000 with no capabilities, each in its own session and process group, replying `started` and,
@@ -35,6 +35,13 @@
 // command belongs to the connection that started it: only that connection can signal it and hears
 // its exit, and it is killed when that connection closes. Replies never block pid 1: a peer whose
 // socket buffer is full is disconnected.
+//
+// With --egress-port N (a sandbox whose network policy is not none), pid 1 binds a TCP socket to
+// 127.0.0.1:N inside the sandbox's network namespace and listens on it before `ready`. It never
+// accepts there: every `ready` it sends (the owner's and each attached connection's) carries a
+// dup of the listening socket (SCM_RIGHTS) and ready_message::egress_port, and the library
+// accepts on it from the host's side and hands each connection to its egress proxy. When no
+// library holds the sandbox, connections wait in the backlog (128) until one attaches.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +50,6 @@ namespace moat::sandboxd {
 
 // Runs the agent. Returns the process exit code.
 int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-              bool survive_owner);
+              bool survive_owner, std::uint16_t egress_port = 0);
 
 }  // namespace moat::sandboxd

@@ -502,6 +502,11 @@ void helper::handle_create(const wire::create_message& m) {
                                       " is above the application's hard RLIMIT_NOFILE " +
                                       std::to_string(own_files.rlim_max));
     }
+    if (m.egress_port > 65535) {
+        return send_create_failed(
+            m.request_id, moat::errc::invalid_argument, 0,
+            "egress port " + std::to_string(m.egress_port) + " is not a port");
+    }
     uid_slot slot;
     if (const int err = slots_.claim(slot)) {
         const auto code = err == EAGAIN ? moat::errc::limit_exceeded : moat::errc::backend_failure;
@@ -539,6 +544,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.max_processes = m.pids_max;
     request.open_files = m.open_files;
     request.survive_owner = survive_owner;
+    request.egress_port = static_cast<std::uint16_t>(m.egress_port);
     request.best_effort = best_effort;
     request.user_name = wire::read_field(m.user_name);
     request.home = wire::read_field(m.home);

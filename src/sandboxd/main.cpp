@@ -1,7 +1,7 @@
 // moat-sandboxd: the sandbox helper and the pid-1 agent in one small static binary.
 //
 //   moat-sandboxd helper --state-dir DIR
-//   moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]
+//   moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner] [--egress-port N]
 //
 // Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
 #include <fcntl.h>
@@ -25,7 +25,8 @@ namespace {
 int usage() {
     std::fputs(
         "usage: moat-sandboxd helper --state-dir DIR\n"
-        "       moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner]\n",
+        "       moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner] "
+        "[--egress-port N]\n",
         stderr);
     return 2;
 }
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
         std::uint32_t max_processes = 0;
         std::uint32_t open_files = 0;
         bool survive_owner = false;
+        std::uint16_t egress_port = 0;
         for (int i = 2; i < argc; ++i) {
             const std::string_view arg = argv[i];
             if (arg == "--ttl-ms" && i + 1 < argc) {
@@ -103,6 +105,11 @@ int main(int argc, char** argv) {
                 const char* end = text + std::strlen(text);
                 const auto [ptr, ec] = std::from_chars(text, end, open_files);
                 if (ec != std::errc() || ptr != end) return usage();
+            } else if (arg == "--egress-port" && i + 1 < argc) {
+                const char* text = argv[++i];
+                const char* end = text + std::strlen(text);
+                const auto [ptr, ec] = std::from_chars(text, end, egress_port);
+                if (ec != std::errc() || ptr != end || egress_port == 0) return usage();
             } else if (arg == "--survive-owner") {
                 survive_owner = true;
             } else {
@@ -110,7 +117,8 @@ int main(int argc, char** argv) {
             }
         }
         ::prctl(PR_SET_NAME, "moat-agent", 0, 0, 0);
-        return moat::sandboxd::run_agent(ttl_ms, max_processes, open_files, survive_owner);
+        return moat::sandboxd::run_agent(ttl_ms, max_processes, open_files, survive_owner,
+                                         egress_port);
     }
     return usage();
 }

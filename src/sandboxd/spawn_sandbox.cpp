@@ -155,7 +155,8 @@ struct child_args {
     char ttl_text[24];
     char max_processes_text[24];
     char open_files_text[24];
-    const char* argv[10];
+    char egress_port_text[8];
+    const char* argv[12];
     const char* envp[2];
     int failed_step;
     int failed_errno;
@@ -677,8 +678,15 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     std::snprintf(args.open_files_text, sizeof args.open_files_text, "%u", request.open_files);
     args.argv[6] = "--open-files";
     args.argv[7] = args.open_files_text;
-    args.argv[8] = request.survive_owner ? "--survive-owner" : nullptr;
-    args.argv[9] = nullptr;
+    std::size_t next_arg = 8;
+    if (request.survive_owner) args.argv[next_arg++] = "--survive-owner";
+    if (request.egress_port != 0) {
+        std::snprintf(args.egress_port_text, sizeof args.egress_port_text, "%u",
+                      static_cast<unsigned>(request.egress_port));
+        args.argv[next_arg++] = "--egress-port";
+        args.argv[next_arg++] = args.egress_port_text;
+    }
+    args.argv[next_arg] = nullptr;
     args.envp[0] = "PATH=/usr/bin:/bin";
     args.envp[1] = nullptr;
 

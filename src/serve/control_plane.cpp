@@ -216,6 +216,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     spec.layout.workdir = "/home/user";
     spec.ttl = std::chrono::seconds(timeout_s);
     spec.survive_owner = true;
+    spec.network = context.options.network;  // the operator's; nothing in a request widens it
     const auto started = system_clock::now();
     creating_guard guard(call.s.creating);
     auto created = co_await context.sandboxes.async_create(std::move(spec));

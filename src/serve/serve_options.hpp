@@ -2,6 +2,8 @@
 // this; docs/serve.md describes each option).
 #pragma once
 
+#include <moat/sandbox_spec.hpp>
+
 #include <asio/ip/tcp.hpp>
 
 #include <cstddef>
@@ -29,6 +31,9 @@ struct serve_options {
     std::string state_dir;
     // A file uploaded through envd is refused past this (413).
     std::uint64_t max_file_bytes = 100ull * 1024 * 1024;
+    // The network of every sandbox this server creates (--allow-host, --resolve,
+    // --allow-address, --network): an operator setting that no request can change.
+    sandbox_network network;
 };
 
 }  // namespace moat::serve

@@ -25,7 +25,8 @@ namespace moat::wire {
 // 4: exec_own_cgroup / exited_strays_killed; layer_command_cgroups; created.tracking_cgroup.
 // 5: create carries the sandbox layout (user name, home, workdir, artifacts_dir).
 // 6: exec_resident.
-inline constexpr std::uint32_t protocol_version = 6;
+// 7: create.egress_port; ready.egress_port, with the sandbox's egress listener attached.
+inline constexpr std::uint32_t protocol_version = 7;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -51,7 +52,7 @@ enum class message_type : std::uint32_t {
     kill = 31,
     set_ttl = 32,
     // agent -> library
-    ready = 40,
+    ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
     started = 41,
     exited = 42,
     ttl_set = 43,  // reply to set_ttl
@@ -118,6 +119,9 @@ struct create_message {
     std::uint32_t cpu_millicores;   // cgroup cpu quota, 1000 = one core; 0 = none
     std::uint32_t flags;            // create_flags
     std::uint32_t open_files;       // RLIMIT_NOFILE (soft and hard) in the sandbox; 0 = inherited
+    // 0, or the port pid 1 listens on at 127.0.0.1 inside the sandbox for the egress proxy.
+    std::uint32_t egress_port;
+    std::uint32_t reserved;
     // The sandbox layout (sandbox_layout, validated by the library); "" keeps a field's default:
     // the template's user name, /workspace, /workspace, /workspace/out.
     char user_name[user_name_bytes];
@@ -210,7 +214,9 @@ struct ttl_set_message {
 struct ready_message {
     header h;
     std::uint32_t version;
-    std::uint32_t reserved;
+    // 0, or the port of the sandbox's egress listener (127.0.0.1 in its network namespace); the
+    // record then carries a dup of that listening TCP socket, for the library to accept on.
+    std::uint32_t egress_port;
 };
 
 struct started_message {

@@ -1,0 +1,506 @@
+// Egress on the local backend, end to end: a sandbox whose network is an allow-list reaches a
+// package mirror on the host's loopback through the proxy (pip download, urllib, curl, HTTPS with
+// a test CA), and nothing else; a sandbox without one has no endpoint and no proxy variables;
+// destroying a sandbox closes its tunnels; an attaching backend serves the proxy too.
+//
+// Every server here is a python3 process the test runs on 127.0.0.1 (the proxy connects from the
+// host's network namespace, so the sandbox's policy names the mirror with --resolve
+// pypi.test=127.0.0.1 and permits it with --allow-address 127.0.0.1/32). No traffic leaves the
+// machine.
+#include "support/local_fixture.hpp"
+#include "support/moat_cli.hpp"
+#include "support/serve_process.hpp"
+
+#include <moat/e2b_backend.hpp>
+#include <moat/local_backend.hpp>
+#include <moat/log.hpp>
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+using moat::test::local_fixture;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One script, three servers: `http ROOT` and `https ROOT CERT KEY` serve ROOT's files;
+// `silent` accepts one connection, says "accepted", reads until EOF, says "eof". Each prints its
+// port first.
+constexpr const char* server_script = R"PY(
+import functools, http.server, socket, ssl, sys, time
+mode = sys.argv[1]
+if mode in ('http', 'https'):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    if mode == 'https':
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[3], sys.argv[4])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+else:
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(4)
+    print(listener.getsockname()[1], flush=True)
+    connection, _ = listener.accept()
+    print('accepted', flush=True)
+    while connection.recv(65536):
+        pass
+    print('eof', flush=True)
+    time.sleep(600)
+)PY";
+
+// A python3 server on the host's loopback, killed when the test ends.
+class host_server {
+  public:
+    explicit host_server(std::vector<std::string> args) {
+        int out[2];
+        REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+        args.insert(args.begin(), {"/usr/bin/python3", "-c", server_script});
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_ = ::fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            ::dup2(out[1], 1);
+            const int null = ::open("/dev/null", O_WRONLY);
+            ::dup2(null, 2);
+            ::execv(argv[0], argv.data());
+            ::_exit(127);
+        }
+        ::close(out[1]);
+        out_ = out[0];
+        const auto port = read_line(10s);
+        REQUIRE_MESSAGE(port, "the test server did not start");
+        port_ = std::stoi(*port);
+    }
+    ~host_server() {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        ::close(out_);
+    }
+    host_server(const host_server&) = delete;
+    host_server& operator=(const host_server&) = delete;
+
+    int port() const { return port_; }
+
+    // The same, running `io` while it waits (the proxy lives there).
+    std::optional<std::string> read_line(asio::io_context& io, std::chrono::milliseconds limit) {
+        const auto end = std::chrono::steady_clock::now() + limit;
+        while (std::chrono::steady_clock::now() < end) {
+            if (auto line = read_line(0ms)) return line;
+            io.restart();
+            io.run_for(20ms);
+        }
+        return read_line(0ms);
+    }
+
+    // The next line the server prints, or nullopt by `limit` (or at its EOF).
+    std::optional<std::string> read_line(std::chrono::milliseconds limit) {
+        const auto end = std::chrono::steady_clock::now() + limit;
+        for (;;) {
+            if (auto newline = buffer_.find('\n'); newline != std::string::npos) {
+                std::string line = buffer_.substr(0, newline);
+                buffer_.erase(0, newline + 1);
+                return line;
+            }
+            const auto left = std::max(0ms, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                end - std::chrono::steady_clock::now()));
+            pollfd p{out_, POLLIN, 0};
+            if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+                if (left == 0ms) return std::nullopt;
+                continue;
+            }
+            char chunk[256];
+            const ssize_t n = ::read(out_, chunk, sizeof chunk);
+            if (n <= 0) return std::nullopt;
+            buffer_.append(chunk, static_cast<std::size_t>(n));
+        }
+    }
+
+  private:
+    pid_t pid_ = -1;
+    int out_ = -1;
+    int port_ = 0;
+    std::string buffer_;
+};
+
+int run_host(const std::string& command) {
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A PEP 503 simple index with one wheel the test builds, a text file, and a self-signed
+// certificate for pypi.test (its own CA).
+struct mirror_files {
+    mirror_files() {
+        char name[] = "/tmp/moat-egress-XXXXXX";
+        REQUIRE(::mkdtemp(name) != nullptr);
+        dir = name;
+        std::filesystem::create_directories(dir + "/www/simple/demo-pkg");
+        std::filesystem::create_directories(dir + "/www/packages");
+        std::ofstream(dir + "/www/hello.txt") << "hello from the mirror\n";
+        std::ofstream(dir + "/www/simple/demo-pkg/index.html")
+            << "<!DOCTYPE html><html><body><a href=\"../../packages/"
+               "demo_pkg-1.0-py3-none-any.whl\">demo_pkg-1.0-py3-none-any.whl</a></body></html>\n";
+        const std::string wheel = dir + "/www/packages/demo_pkg-1.0-py3-none-any.whl";
+        const std::string build_wheel =
+            "/usr/bin/python3 -c \"import sys, zipfile\n"
+            "z = zipfile.ZipFile(sys.argv[1], 'w')\n"
+            "z.writestr('demo_pkg/__init__.py', 'VALUE = 42\\n')\n"
+            "z.writestr('demo_pkg-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: "
+            "demo-pkg\\nVersion: 1.0\\n')\n"
+            "z.writestr('demo_pkg-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: "
+            "test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n"
+            "z.writestr('demo_pkg-1.0.dist-info/RECORD', '')\n"
+            "z.close()\" " +
+            wheel;
+        REQUIRE(run_host(build_wheel) == 0);
+        cert = dir + "/cert.pem";
+        key = dir + "/key.pem";
+        REQUIRE(run_host("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+                         "-nodes -days 2 -subj /CN=pypi.test -addext subjectAltName=DNS:pypi.test "
+                         "-keyout " +
+                         key + " -out " + cert + " >/dev/null 2>&1") == 0);
+        std::ifstream in(cert);
+        cert_pem.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    ~mirror_files() { std::filesystem::remove_all(dir); }
+    std::string dir, cert, key, cert_pem;
+};
+
+moat::sandbox_network mirror_network(const std::vector<int>& ports) {
+    moat::sandbox_network n;
+    n.mode = moat::network_mode::allow_list;
+    for (int port : ports) n.allow_hosts.push_back("pypi.test:" + std::to_string(port));
+    n.resolve = {"pypi.test=127.0.0.1"};
+    n.allow_addresses = {"127.0.0.1/32"};
+    return n;
+}
+
+// A non-loopback IPv4 address of the host, if it has one.
+std::optional<std::string> host_address() {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return std::nullopt;
+    std::optional<std::string> found;
+    for (auto* a = list; a != nullptr && !found; a = a->ifa_next) {
+        if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+        const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+        if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+        char text[INET_ADDRSTRLEN];
+        if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+    }
+    ::freeifaddrs(list);
+    return found;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "an allow-listed sandbox reaches its mirror through the proxy only") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    host_server tls({"https", files.dir + "/www", files.cert, files.key});
+    const std::string port = std::to_string(mirror.port());
+    const std::string tls_port = std::to_string(tls.port());
+
+    moat::sandbox_spec spec;
+    spec.network = mirror_network({mirror.port(), tls.port()});
+    spec.env["HTTP_PROXY"] = "http://10.0.0.1:1";  // replaced: the proxy variables are forced
+    const auto box = create(spec);
+    CHECK(box.network == spec.network);
+
+    SUBCASE("the proxy variables are set, and the caller's cannot replace them") {
+        const auto r = sh(box.id, "echo $HTTP_PROXY $https_proxy $NO_PROXY");
+        CHECK(r.out.text() ==
+              "http://127.0.0.1:3128 http://127.0.0.1:3128 localhost,127.0.0.1,::1\n");
+    }
+    SUBCASE("urllib and curl fetch from the allowed name") {
+        const auto py = sh(box.id,
+                           "python3 -c \"import urllib.request; print(urllib.request."
+                           "urlopen('http://pypi.test:" +
+                               port + "/hello.txt', timeout=20).read().decode(), end='')\"");
+        CHECK(py.exit_code == 0);
+        CHECK(py.out.text() == "hello from the mirror\n");
+        const auto curl =
+            sh(box.id, "curl -sS --max-time 20 http://pypi.test:" + port + "/hello.txt");
+        CHECK(curl.exit_code == 0);
+        CHECK(curl.out.text() == "hello from the mirror\n");
+    }
+    SUBCASE("pip download from the mirror's simple index") {
+        const auto has_pip = sh(box.id, "python3 -m pip --version");
+        if (has_pip.exit_code != 0) {
+            MESSAGE(
+                "SKIPPED pip download: python3 -m pip is not installed here (urllib and curl "
+                "cover the proxy)");
+            return;
+        }
+        const auto r = sh(
+            box.id,
+            "python3 -m pip download --no-deps --no-cache-dir "
+            "--disable-pip-version-check --trusted-host pypi.test --index-url http://pypi.test:" +
+                port + "/simple -d /workspace/dl demo-pkg && ls /workspace/dl",
+            120s);
+        INFO(r.out.text() << r.err.text());
+        CHECK(r.exit_code == 0);
+        CHECK(r.out.text().find("demo_pkg-1.0-py3-none-any.whl\n") != std::string::npos);
+    }
+    SUBCASE("another name gets the proxy's one-line reason") {
+        const auto r = sh(box.id, "curl -sS --max-time 20 http://files.other.test:" + port + "/");
+        INFO(r.out.text() << r.err.text());
+        CHECK(r.out.text() ==
+              "host files.other.test:" + port + " is not on this sandbox's allow-list\n");
+        // The allowed name on a port its pattern does not name.
+        const auto wrong_port = sh(box.id,
+                                   "curl -sS --max-time 20 -o /dev/null -w '%{http_code}' "
+                                   "http://pypi.test:1/");
+        CHECK(wrong_port.out.text() == "403");
+    }
+    SUBCASE("the mirror's IP literal is refused, through the proxy or around it") {
+        const auto proxied = sh(box.id,
+                                "curl -sS --max-time 20 --noproxy '' -o /dev/null -w "
+                                "'%{http_code}' http://127.0.0.1:" +
+                                    port + "/hello.txt");
+        CHECK(proxied.out.text() == "403");
+        // Direct (NO_PROXY names 127.0.0.1): the sandbox's own loopback has no mirror.
+        const auto direct = sh(box.id, "curl -sS --max-time 20 http://127.0.0.1:" + port + "/");
+        CHECK(direct.exit_code == 7);  // couldn't connect
+    }
+    SUBCASE("without the proxy variables, or with a raw socket, nothing is reachable") {
+        const auto unset = sh(box.id,
+                              "env -u HTTP_PROXY -u http_proxy -u HTTPS_PROXY -u "
+                              "https_proxy curl -sS --max-time 20 http://pypi.test:" +
+                                  port + "/hello.txt");
+        CHECK(unset.exit_code == 6);  // couldn't resolve: there is no resolver path out
+        CHECK(unset.out.text().empty());
+        if (auto address = host_address()) {
+            const auto raw = sh(box.id,
+                                "python3 -c \"import socket; s = socket.socket(); "
+                                "s.settimeout(10)\ntry:\n s.connect(('" +
+                                    *address + "', " + port +
+                                    "))\n print('connected')\nexcept OSError as e:\n "
+                                    "print(e.errno)\"");
+            CHECK(raw.out.text() == "101\n");  // ENETUNREACH: no route out exists
+        }
+    }
+    SUBCASE("HTTPS through CONNECT to an allowed name, checked against the test CA") {
+        moat::file_write ca{"/workspace/ca.pem", files.cert_pem};
+        const auto written = run(local->async_write_files(box.id, {ca}));
+        REQUIRE(written);
+        const auto r =
+            sh(box.id, "curl -sS --max-time 20 --cacert /workspace/ca.pem https://pypi.test:" +
+                           tls_port + "/hello.txt");
+        INFO(r.err.text());
+        CHECK(r.exit_code == 0);
+        CHECK(r.out.text() == "hello from the mirror\n");
+        const auto py = sh(box.id,
+                           "python3 -c \"import ssl, urllib.request; c = "
+                           "ssl.create_default_context(cafile='/workspace/ca.pem'); "
+                           "print(urllib.request.urlopen('https://pypi.test:" +
+                               tls_port +
+                               "/hello.txt', context=c, timeout=20).read().decode(), "
+                               "end='')\"");
+        CHECK(py.out.text() == "hello from the mirror\n");
+        // A refused CONNECT: curl reports the proxy's status.
+        const auto refused = sh(box.id, "curl -sS --max-time 20 https://example.test/ 2>&1");
+        CHECK(refused.out.text().find("403") != std::string::npos);
+    }
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a sandbox with network none has no proxy endpoint and no proxy variables") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    CHECK(box.network.mode == moat::network_mode::none);
+    const auto r = sh(box.id,
+                      "env | grep -i _proxy; python3 -c \"import socket\ntry:\n "
+                      "socket.create_connection(('127.0.0.1', 3128), timeout=10)\n "
+                      "print('connected')\nexcept OSError as e:\n print(e.errno)\"");
+    CHECK(r.out.text() == "111\n");  // ECONNREFUSED, and no variable printed
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a bad network entry fails the create naming it") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::sandbox_spec spec;
+    spec.network.mode = moat::network_mode::allow_list;
+    spec.network.allow_hosts = {"py*pi.org"};
+    auto made = run(local->async_create(spec));
+    REQUIRE_FALSE(made);
+    CHECK(made.error().code == moat::errc::invalid_argument);
+    CHECK(made.error().detail.find("py*pi.org") != std::string::npos);
+    spec.network.allow_hosts.clear();
+    spec.network.mode = moat::network_mode::none;
+    spec.network.resolve = {"pypi.test=127.0.0.1"};
+    made = run(local->async_create(spec));
+    REQUIRE_FALSE(made);
+    CHECK(made.error().code == moat::errc::invalid_argument);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server silent({"silent"});
+    moat::sandbox_spec spec;
+    spec.network.mode = moat::network_mode::allow_list;
+    spec.network.allow_hosts = {"hang.test:" + std::to_string(silent.port())};
+    spec.network.resolve = {"hang.test=127.0.0.1"};
+    spec.network.allow_addresses = {"127.0.0.1/32"};
+    const auto box = create(spec);
+    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
+    moat::exec_request tunnel;
+    tunnel.shell =
+        "python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', "
+        "3128)); s.sendall(b'CONNECT hang.test:" +
+        std::to_string(silent.port()) +
+        " HTTP/1.1\\r\\nHost: hang.test\\r\\n\\r\\n'); print(s.recv(100).split(b' ')[1]"
+        ".decode(), flush=True); time.sleep(600)\"";
+    auto started = run(local->async_spawn(box.id, tunnel));
+    REQUIRE(started);
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
+    // closed"), not the sandbox's processes dying afterwards ("done").
+    std::vector<std::string> events;
+    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
+        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
+    });
+    destroy(box.id);
+    moat::set_log_sink({});
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+    const std::string closed =
+        "closed hang.test:" + std::to_string(silent.port()) + " (sandbox closed";
+    CHECK(std::any_of(events.begin(), events.end(),
+                      [&](const std::string& e) { return e.starts_with(closed); }));
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a backend that attaches to a survivor serves its proxy") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    moat::sandbox_spec spec;
+    spec.network = mirror_network({mirror.port()});
+    spec.survive_owner = true;
+    const auto box = create(spec);
+    // The creator goes away; its sandbox stays, and so does the agent's listener.
+    local.reset();
+    io.run_for(200ms);
+    local = moat::make_local_backend(io.get_executor());
+    const auto attached = run(local->async_attach(box.id));
+    REQUIRE(attached);
+    CHECK(attached->network == spec.network);
+    const auto r =
+        sh(box.id, "curl -sS --max-time 20 http://pypi.test:" + std::to_string(mirror.port()) +
+                       "/hello.txt");
+    CHECK(r.out.text() == "hello from the mirror\n");
+    destroy(box.id);
+}
+
+TEST_CASE("moat run, create and exec take the network flags") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    const std::string flags = "--allow-host pypi.test:" + port +
+                              " --resolve pypi.test=127.0.0.1 --allow-address 127.0.0.1/32";
+    const std::string fetch = "curl -sS --max-time 20 http://pypi.test:" + port + "/hello.txt";
+
+    const auto ran = moat::test::moat_cli("run " + flags + " -- " + fetch);
+    CHECK(ran.exit_code == 0);
+    CHECK(ran.output == "hello from the mirror\n");
+    // Without the flags: loopback only, no resolver.
+    const auto closed = moat::test::moat_cli("run -- " + fetch);
+    CHECK(closed.exit_code == 6);
+
+    // A sandbox made by one process and used by another after its creator exited.
+    const auto created = moat::test::moat_cli("create --ttl 120 " + flags);
+    REQUIRE(created.exit_code == 0);
+    const std::string id = created.output.substr(created.output.rfind("sb-"), 23);
+    const auto listed = moat::test::moat_cli("ls --json");
+    CHECK(listed.output.find(
+              R"("network":{"mode":"allow-list","allow_hosts":["pypi.test:)" + port +
+              R"("],"resolve":["pypi.test=127.0.0.1"],"allow_addresses":["127.0.0.1/32"]})") !=
+          std::string::npos);
+    const auto exec = moat::test::moat_cli("exec " + id + " -- " + fetch);
+    CHECK(exec.exit_code == 0);
+    CHECK(exec.output == "hello from the mirror\n");
+    CHECK(moat::test::moat_cli("destroy " + id).exit_code == 0);
+
+    const auto bad = moat::test::moat_cli("run --allow-host 'py*pi.org' -- true");
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find("py*pi.org") != std::string::npos);
+    CHECK(std::count(bad.output.begin(), bad.output.end(), '\n') == 1);
+    const auto conflict = moat::test::moat_cli("create --network all --allow-host pypi.org");
+    CHECK(conflict.exit_code == 2);
+    CHECK(moat::test::moat_cli("run --network some -- true").exit_code == 2);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags to every sandbox") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    moat::test::serve_process_options options;
+    options.extra_args = {"--allow-host",        "pypi.test:" + port, "--resolve",
+                          "pypi.test=127.0.0.1", "--allow-address",   "127.0.0.1/32"};
+    moat::test::serve_process server(options);
+    // A request asking for more is not heard: the operator's policy is the sandbox's.
+    const std::string body = files.dir + "/body.json";
+    std::ofstream(body) << R"({"templateID":"base","timeout":60,"allow_internet_access":true})";
+    const std::string reply = files.dir + "/reply.json";
+    REQUIRE(run_host("curl -sS --max-time 30 -o " + reply + " -H 'X-API-Key: " + server.api_key() +
+                     "' -H 'Content-Type: application/json' --data @" + body + " " +
+                     server.api_url() + "/sandboxes") == 0);
+    std::ifstream in(reply);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("\"sandboxID\":\"");
+    REQUIRE_MESSAGE(at != std::string::npos, text);
+    const std::string id = text.substr(at + 13, 23);
+    const auto attached = run(local->async_attach(id));
+    REQUIRE(attached);
+    CHECK(attached->network.mode == moat::network_mode::allow_list);
+    CHECK(attached->network.allow_hosts == std::vector<std::string>{"pypi.test:" + port});
+    const auto r = sh(id, "curl -sS --max-time 20 http://pypi.test:" + port +
+                              "/hello.txt; curl -sS --max-time 20 -o /dev/null -w '%{http_code}' "
+                              "http://other.test:" +
+                              port + "/");
+    CHECK(r.out.text() == "hello from the mirror\n403");
+    destroy(id);
+}
+
+TEST_CASE("the e2b backend refuses a network policy it cannot enforce") {
+    moat::test::serve_process serve;
+    asio::io_context io;
+    moat::e2b_config config;
+    config.api_url = serve.api_url();
+    config.sandbox_url = serve.envd_url();
+    config.api_key = serve.api_key();
+    config.request_timeout = 20s;
+    auto b = moat::make_e2b_backend(io.get_executor(), config);
+    moat::sandbox_spec spec;
+    spec.network.mode = moat::network_mode::allow_list;
+    spec.network.allow_hosts = {"pypi.org"};
+    const auto made = moat::test::run_async(io, b->async_create(spec));
+    REQUIRE_FALSE(made);
+    CHECK(made.error().code == moat::errc::not_supported);
+    CHECK(made.error().detail.find("network allow-list") != std::string::npos);
+}
