@@ -635,6 +635,46 @@ TEST_CASE_FIXTURE(local_fixture,
     (void)run(manager.async_shutdown());
 }
 
+TEST_CASE("the tool descriptions say what the network allows: off by default, else the hosts") {
+    auto described = [](const moat::sandbox_network& network, const std::string& tool) {
+        for (const auto& d : moat::tool_definitions({}, {}, network))
+            if (d.name == tool) return d.description;
+        FAIL("no tool " << tool);
+        return std::string();
+    };
+    const moat::sandbox_network off;
+    for (const char* tool : {"run_python", "run_shell"}) {
+        CAPTURE(tool);
+        CHECK(described(off, tool).find("The network is off") != std::string::npos);
+        CHECK(described(off, tool).find("pypi.org") == std::string::npos);
+    }
+    moat::sandbox_network listed;
+    listed.mode = moat::network_mode::allow_list;
+    listed.allow_hosts = {"pypi.org", "*.pythonhosted.org"};
+    for (const char* tool : {"run_python", "run_shell"}) {
+        CAPTURE(tool);
+        const auto text = described(listed, tool);
+        CHECK(text.find("network is off") == std::string::npos);
+        CHECK(text.find("only to pypi.org, *.pythonhosted.org") != std::string::npos);
+        CHECK(text.find("HTTP_PROXY") != std::string::npos);
+        CHECK(text.find("other hosts are refused") != std::string::npos);
+    }
+    moat::sandbox_network open;
+    open.mode = moat::network_mode::all;
+    CHECK(described(open, "run_shell").find("public hosts") != std::string::npos);
+    // A session's own definitions follow its manager's spec.
+    moat::test::local_fixture f;
+    moat::runtime rt(*f.local);
+    moat::manager_options options;
+    options.spec.network = listed;
+    moat::session_manager manager(rt, options);
+    moat::tool_session tools(manager, "described");
+    CHECK(tools.network() == listed);
+    for (const auto& d : tools.definitions()) {
+        if (d.name == "run_python") CHECK(d.description.find("pypi.org") != std::string::npos);
+    }
+}
+
 TEST_CASE_FIXTURE(tool_fixture,
                   "the retry ceiling counts only run_python and run_shell failures and can be "
                   "turned off") {

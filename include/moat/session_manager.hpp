@@ -160,6 +160,8 @@ class session_manager {
     // The layout of the sandboxes it creates (backend::layout_for options.spec.layout), for the
     // layers above.
     const sandbox_layout& layout() const noexcept;
+    // What the sandboxes it creates may reach (options.spec.network), for the tool descriptions.
+    const sandbox_network& network() const noexcept;
 
     // Per session: attach-or-create for `key`. Through the store: attach to the sandbox its entry
     // names (checked live and labelled for this key), else claim the key and create (or rebuild);

@@ -154,9 +154,13 @@ struct tool_definition {
 // default cwd and list_files' default), its home when that differs, and its artifacts directory
 // are named in the descriptions. With a `prefix` the tools are named `prefix` + name
 // ("moat_run_python") and their descriptions refer to each other by those names: for a framework
-// whose own tools already use these names. tool_session::definitions() gives a session's own.
+// whose own tools already use these names. `network` is what the sandbox may reach: the
+// descriptions say the network is off (the default), or which hosts are reachable and how, so a
+// model neither retries installs against a wall nor skips one that would work.
+// tool_session::definitions() gives a session's own.
 std::vector<tool_definition> tool_definitions(const sandbox_layout& layout = {},
-                                              std::string_view prefix = {});
+                                              std::string_view prefix = {},
+                                              const sandbox_network& network = {});
 
 // The longest run_shell command or run_python cell: a longer one is an argument error that
 // suggests writing a script file. Long commands are passed to the shell on its stdin, so this is
@@ -197,11 +201,13 @@ class tool_session {
     // call. A rebuilt sandbox replaces it on the next call.
     std::optional<moat::sandbox_info> current_sandbox() const;
 
-    // The tools as this session's model sees them: tool_definitions for the layout of its
-    // manager's sandboxes (session_manager::layout) and options.tool_prefix.
+    // The tools as this session's model sees them: tool_definitions for the layout and network
+    // of its manager's sandboxes (session_manager::layout, network) and options.tool_prefix.
     std::vector<tool_definition> definitions() const;
     // The layout of the manager's sandboxes (session_manager::layout), which the tools use.
     const sandbox_layout& layout() const noexcept;
+    // What the manager's sandboxes may reach (session_manager::network).
+    const sandbox_network& network() const noexcept;
 
     // Marks the start of a model turn (one user message). After `failures_before_stop` failed
     // run_python / run_shell calls in one turn, results tell the model to stop retrying and

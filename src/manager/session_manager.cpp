@@ -1033,4 +1033,8 @@ const sandbox_layout& session_manager::layout() const noexcept {
     return state_->layout;
 }
 
+const sandbox_network& session_manager::network() const noexcept {
+    return state_->options.spec.network;
+}
+
 }  // namespace moat

@@ -4,6 +4,7 @@
 
 #include "core/asio_compat.hpp"
 #include "core/json_writer.hpp"
+#include "egress/network_policy.hpp"
 #include "mcp/jsonrpc.hpp"
 #include "tools/tool_arguments.hpp"
 
@@ -71,7 +72,8 @@ std::string tools_list_json(const std::vector<tool_definition>& tools) {
     return out;
 }
 
-std::string initialize_json(std::string_view requested, const sandbox_layout& layout) {
+std::string initialize_json(std::string_view requested, const sandbox_layout& layout,
+                            const sandbox_network& network) {
     std::string_view version = protocol_versions.front();
     for (const auto v : protocol_versions)
         if (v == requested) version = v;
@@ -87,9 +89,9 @@ std::string initialize_json(std::string_view requested, const sandbox_layout& la
     w.key("serverInfo").begin_object().key("name").value("moat").key("version").value("0.1.0");
     w.end_object();
     const std::string instructions =
-        "Tools that run code in a private, network-less sandbox kept for this connection: "
-        "Python state and files in " +
-        layout.workdir + " persist between calls. Files saved under " + layout.artifacts_dir +
+        "Tools that run code in a private sandbox kept for this connection (" +
+        egress::describe_for_model(network) + "): Python state and files in " + layout.workdir +
+        " persist between calls. Files saved under " + layout.artifacts_dir +
         " are listed as artifacts and readable as resources (moat://artifacts/<path>); any file "
         "under " +
         layout.workdir +
@@ -330,7 +332,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
         const std::string& method = m.method;
         if (method == "initialize") {
             const auto version = string_field(m.params, "protocolVersion").value_or("");
-            send(jsonrpc_result(m.id, initialize_json(version, tools.layout())));
+            send(jsonrpc_result(m.id, initialize_json(version, tools.layout(), tools.network())));
         } else if (method == "ping") {
             send(jsonrpc_result(m.id, "{}"));
         } else if (method == "tools/list") {

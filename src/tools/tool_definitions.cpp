@@ -1,6 +1,7 @@
 #include <moat/tools.hpp>
 
 #include "core/json_writer.hpp"
+#include "egress/network_policy.hpp"
 
 namespace moat {
 
@@ -21,14 +22,22 @@ std::string json_inner(std::string_view text) {
     return quoted.substr(1, quoted.size() - 2);
 }
 
+// What the network allows, as a sentence for the model.
+std::string network_sentence(const sandbox_network& network, std::string_view when_off) {
+    if (network.mode == network_mode::none) return std::string(when_off);
+    std::string text = egress::describe_for_model(network);
+    text[0] = static_cast<char>(text[0] - 'a' + 'A');
+    return text + "; other hosts are refused (do not retry them).";
+}
+
 }  // namespace
 
 // The descriptions are prompts: a model decides from them when to call a tool and what to expect.
 // `p` prefixes every tool name, including the ones a description mentions; `w` is the working
 // directory and `a` the artifacts directory in descriptions, `jw` the working directory in a
 // schema's JSON text.
-std::vector<tool_definition> tool_definitions(const sandbox_layout& layout,
-                                              std::string_view prefix) {
+std::vector<tool_definition> tool_definitions(const sandbox_layout& layout, std::string_view prefix,
+                                              const sandbox_network& network) {
     const std::string p(prefix);
     const std::string& w = layout.workdir;
     const std::string& a = layout.artifacts_dir;
@@ -48,10 +57,11 @@ std::vector<tool_definition> tool_definitions(const sandbox_layout& layout,
             "prints is visible to you (print() it); the value of a final expression is shown too. "
             "Long output is cut to its head and tail, so print summaries (len(), df.head(), a "
             "slice) rather than whole datasets. Save files meant for the user under " +
-            a +
-            " "
-            "(they are listed in the result as artifacts). The network is off: no pip install, no "
-            "downloads; use the standard library and what is already installed. A call that runs "
+            a + " (they are listed in the result as artifacts). " +
+            network_sentence(network,
+                             "The network is off: no pip install, no downloads; use the standard "
+                             "library and what is already installed.") +
+            " A call that runs "
             "past timeout_seconds (default 30, at most 600) is stopped and the interpreter "
             "restarts, losing variables. An exception is reported in the result (status, "
             "error_type, traceback): fix the code and call again.",
@@ -67,9 +77,8 @@ std::vector<tool_definition> tool_definitions(const sandbox_layout& layout,
             "Use it for file inspection (ls, head, wc, grep), running scripts and standard Unix "
             "tools. Only stdout and stderr are visible to you; long output is cut to its head and "
             "tail. Save files meant for the user under " +
-            a +
-            ". The network is off and you "
-            "are an unprivileged user: no package installs, no sudo. A command runs for at most "
+            a + ". " + network_sentence(network, "The network is off: no package installs.") +
+            " You are an unprivileged user: no sudo. A command runs for at most "
             "timeout_seconds (default 30, at most 600); a long program belongs in a script file "
             "(" +
             p +

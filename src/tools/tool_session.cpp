@@ -79,13 +79,18 @@ const char* signal_name(int signal) {
 
 // `list_files` is how the model sees that tool (with the session's prefix).
 std::string hint_for_python_error(const std::string& type, const std::string& list_files,
-                                  const std::string& workdir) {
+                                  const std::string& workdir, bool network_off) {
     if (type == "NameError")
         return "a name is not defined: define it first (if an earlier call defined it, the "
                "interpreter has restarted since, so run that code again)";
-    if (type == "ModuleNotFoundError" || type == "ImportError")
-        return "the module is not installed and the network is off: use the standard library "
-               "or what is installed";
+    if (type == "ModuleNotFoundError" || type == "ImportError") {
+        if (network_off) {
+            return "the module is not installed and the network is off: use the standard library "
+                   "or what is installed";
+        }
+        return "the module is not installed: install it with pip (only the hosts the tool "
+               "description names are reachable) or use the standard library";
+    }
     if (type == "KeyError")
         return "the key does not exist: print the available keys first (list(d), df.columns)";
     if (type == "FileNotFoundError")
@@ -243,6 +248,7 @@ struct tool_session::state {
     state(session_manager& s, std::string k, tool_options o, asio::any_io_executor executor)
         : sessions(s),
           layout(s.layout()),
+          network(s.network()),
           key(std::move(k)),
           options(std::move(o)),
           kernel(options.python, capture_limits),
@@ -250,7 +256,8 @@ struct tool_session::state {
           calls(std::move(executor)) {}
 
     session_manager& sessions;
-    const sandbox_layout& layout;  // the manager's: where the working and artifacts dirs are
+    const sandbox_layout& layout;    // the manager's: where the working and artifacts dirs are
+    const sandbox_network& network;  // the manager's: what the tools may reach
     std::string key;
     tool_options options;
     python_kernel kernel;
@@ -329,6 +336,8 @@ struct tool_session::state {
         if (is_callers_stop(failure)) return failure;
         return unavailable(tool, failure);
     }
+
+    bool network_off() const noexcept { return network.mode == network_mode::none; }
 
     // Takes this call's turn in the session's queue.
     asio::awaitable<std::optional<error>> take_turn(deadline limit) {
@@ -507,7 +516,8 @@ struct tool_session::state {
                         set_stderr(r, shape(outcome.err));
                     }
                 }
-                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir,
+                                               network_off());
                 break;
             case cell_outcome::ending::timed_out:
                 r.status = tool_status::timeout;
@@ -607,11 +617,12 @@ struct tool_session::state {
             r.exit_code = ran->exit_code;
             r.error_type = python_error_type(ran->err.text());
             if (ran->exit_code == 127) {
-                r.hint =
-                    "command not found: it is not installed in the sandbox, and the "
-                    "network is off";
+                r.hint = network_off() ? "command not found: it is not installed in the sandbox, "
+                                         "and the network is off"
+                                       : "command not found: it is not installed in the sandbox";
             } else if (!r.error_type.empty()) {
-                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir);
+                r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir,
+                                               network_off());
             } else {
                 r.hint = "the command exited with code " + std::to_string(ran->exit_code) +
                          ": read stderr";
@@ -956,8 +967,12 @@ const sandbox_layout& tool_session::layout() const noexcept {
     return state_->layout;
 }
 
+const sandbox_network& tool_session::network() const noexcept {
+    return state_->network;
+}
+
 std::vector<tool_definition> tool_session::definitions() const {
-    return tool_definitions(state_->layout, state_->options.tool_prefix);
+    return tool_definitions(state_->layout, state_->options.tool_prefix, state_->network);
 }
 
 void tool_session::begin_turn() {
