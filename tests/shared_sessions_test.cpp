@@ -665,15 +665,7 @@ TEST_CASE(
             children.push_back(start_worker(
                 {store, "proc-8", "acquire", "--label", "test=shared-proc-eight-" + kind}));
         }
-        std::set<std::string> ids;
-        int rebuilt = 0;
-        for (auto& c : children) {
-            const auto line = read_line(c, "id=");
-            CAPTURE(line);
-            CHECK(finish(c) == 0);
-            ids.insert(field(line, "id"));
-            rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-        }
+        const auto [ids, rebuilt] = moat::test::collect_acquires(children);
         CHECK(ids.size() == 1);
         CHECK_FALSE(ids.begin()->empty());
         CHECK(rebuilt == 0);
@@ -743,15 +735,7 @@ TEST_CASE(
             children.push_back(start_worker(
                 {store, "proc-r", "acquire", "--label", "test=shared-proc-rebuild-" + kind}));
         }
-        std::set<std::string> ids;
-        int rebuilt = 0;
-        for (auto& c : children) {
-            const auto line = read_line(c, "id=");
-            CAPTURE(line);
-            CHECK(finish(c) == 0);
-            ids.insert(field(line, "id"));
-            rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
-        }
+        const auto [ids, rebuilt] = moat::test::collect_acquires(children);
         CHECK(ids.size() == 1);
         CHECK(*ids.begin() != old_id);
         CHECK(rebuilt == 1);

@@ -83,6 +83,18 @@ std::string field(const std::string& line, const std::string& name) {
     return line.substr(start, line.find(' ', start) - start);
 }
 
+acquires collect_acquires(std::vector<worker_process>& workers) {
+    acquires got;
+    for (auto& w : workers) {
+        const auto line = read_line(w, "id=");
+        CAPTURE(line);
+        CHECK(finish(w) == 0);
+        got.ids.insert(field(line, "id"));
+        got.rebuilt += field(line, "rebuilt") == "1" ? 1 : 0;
+    }
+    return got;
+}
+
 std::size_t running_with(local_fixture& f, const std::map<std::string, std::string>& labels) {
     auto listed = f.run(f.local->async_list(labels));
     REQUIRE(listed);

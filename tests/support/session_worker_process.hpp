@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,14 @@ int finish(worker_process& w);
 
 // The value of `name=` in a worker's line ("" when absent).
 std::string field(const std::string& line, const std::string& name);
+
+// What a group of `acquire` workers printed: the sandbox ids they got and how many were told of
+// a rebuild. Reads each one's "id=" line, CHECKs that it exited 0, and finishes it.
+struct acquires {
+    std::set<std::string> ids;
+    int rebuilt = 0;
+};
+acquires collect_acquires(std::vector<worker_process>& workers);
 
 // How many sandboxes with these labels the local backend has running.
 std::size_t running_with(local_fixture& f, const std::map<std::string, std::string>& labels);
