@@ -2,6 +2,8 @@
 // package mirror on the host's loopback through the proxy (pip download, urllib, curl, HTTPS with
 // a test CA), and nothing else; a sandbox without one has no endpoint and no proxy variables;
 // destroying a sandbox closes its tunnels; an attaching backend serves the proxy too.
+// The e2b backend over moat serve: the network it asks for reaches the sandbox below serve,
+// narrowed by the operator's and never widened; what E2B cannot express is refused.
 //
 // Every server here is a python3 process the test runs on 127.0.0.1 (the proxy connects from the
 // host's network namespace, so the sandbox's policy names the mirror with --resolve
