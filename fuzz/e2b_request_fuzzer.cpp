@@ -30,6 +30,14 @@ void check_create(std::string_view body) {
     require(r->env_vars.size() <= serve::max_e2b_map_entries);
     if (r->timeout_s)
         require(*r->timeout_s >= 0 && *r->timeout_s <= serve::max_e2b_timeout_seconds);
+    if (r->network) {
+        for (const auto* list : {&r->network->allow_out, &r->network->deny_out}) {
+            require(list->size() <= serve::max_e2b_network_entries);
+            for (const auto& entry : *list) {
+                require(entry.size() <= serve::max_e2b_network_entry_bytes);
+            }
+        }
+    }
 }
 
 void check_query(std::string_view query) {

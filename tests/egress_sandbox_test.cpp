@@ -2,6 +2,8 @@
 // package mirror on the host's loopback through the proxy (pip download, urllib, curl, HTTPS with
 // a test CA), and nothing else; a sandbox without one has no endpoint and no proxy variables;
 // destroying a sandbox closes its tunnels; an attaching backend serves the proxy too.
+// The e2b backend over moat serve: the network it asks for reaches the sandbox below serve,
+// narrowed by the operator's and never widened; what E2B cannot express is refused.
 //
 // Every server here is a python3 process the test runs on 127.0.0.1 (the proxy connects from the
 // host's network namespace, so the sandbox's policy names the mirror with --resolve
@@ -487,20 +489,143 @@ TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags 
     destroy(id);
 }
 
-TEST_CASE("the e2b backend refuses a network policy it cannot enforce") {
+namespace {
+
+// The e2b backend over a real `moat serve` started with `serve_args`: creates a sandbox with
+// `network` through E2B's API and returns the policy the local sandbox below serve got.
+struct e2b_over_serve {
+    e2b_over_serve(local_fixture& f, std::vector<std::string> serve_args)
+        : fixture(f), serve(options_with(std::move(serve_args))) {
+        moat::e2b_config config;
+        config.api_url = serve.api_url();
+        config.sandbox_url = serve.envd_url();
+        config.api_key = serve.api_key();
+        config.request_timeout = 20s;
+        e2b = moat::make_e2b_backend(fixture.io.get_executor(), config);
+    }
+
+    static moat::test::serve_process_options options_with(std::vector<std::string> args) {
+        moat::test::serve_process_options options;
+        options.extra_args = std::move(args);
+        return options;
+    }
+
+    moat::result<moat::sandbox_info> create(moat::sandbox_network network) {
+        moat::sandbox_spec spec;
+        spec.ttl = 60s;
+        spec.network = std::move(network);
+        return fixture.run(e2b->async_create(std::move(spec)));
+    }
+
+    // The network of the sandbox serve made, as the local backend below it recorded it.
+    moat::sandbox_network policy_of(moat::sandbox_network requested) {
+        const auto made = create(std::move(requested));
+        REQUIRE_MESSAGE(made, made.error().to_string());
+        const auto seen = fixture.run(fixture.local->async_attach(made->id));
+        REQUIRE(seen);
+        detail = get_detail(made->id);
+        CHECK(fixture.run(e2b->async_destroy(made->id)));
+        return seen->network;
+    }
+
+    // GET /sandboxes/{id} as the SDK reads it (curl; bounded by --max-time).
+    std::string get_detail(const std::string& id) {
+        const std::string command = "curl -sS --max-time 20 -H 'X-API-Key: " + serve.api_key() +
+                                    "' " + serve.api_url() + "/sandboxes/" + id;
+        std::string out;
+        FILE* pipe = ::popen(command.c_str(), "r");
+        REQUIRE(pipe != nullptr);
+        char chunk[4096];
+        while (out.size() < 1024 * 1024) {
+            const std::size_t n = std::fread(chunk, 1, sizeof chunk, pipe);
+            if (n == 0) break;
+            out.append(chunk, n);
+        }
+        CHECK(::pclose(pipe) == 0);
+        return out;
+    }
+
+    local_fixture& fixture;
     moat::test::serve_process serve;
-    asio::io_context io;
-    moat::e2b_config config;
-    config.api_url = serve.api_url();
-    config.sandbox_url = serve.envd_url();
-    config.api_key = serve.api_key();
-    config.request_timeout = 20s;
-    auto b = moat::make_e2b_backend(io.get_executor(), config);
-    moat::sandbox_spec spec;
-    spec.network.mode = moat::network_mode::allow_list;
-    spec.network.allow_hosts = {"pypi.org"};
-    const auto made = moat::test::run_async(io, b->async_create(spec));
-    REQUIRE_FALSE(made);
-    CHECK(made.error().code == moat::errc::not_supported);
-    CHECK(made.error().detail.find("network allow-list") != std::string::npos);
+    std::unique_ptr<moat::backend> e2b;
+    std::string detail;  // the last policy_of's GET /sandboxes/{id} body
+};
+
+moat::sandbox_network allow(std::vector<std::string> hosts) {
+    moat::sandbox_network n;
+    n.mode = moat::network_mode::allow_list;
+    n.allow_hosts = std::move(hosts);
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(
+    local_fixture,
+    "the e2b backend's network none is none below serve, whatever the operator allows") {
+    MOAT_REQUIRE_NAMESPACES();
+    e2b_over_serve over(*this, {"--network", "all"});
+    const auto none = over.policy_of({});
+    CHECK(none.mode == moat::network_mode::none);
+    CHECK_MESSAGE(over.detail.find(R"("allowInternetAccess":false)") != std::string::npos,
+                  over.detail);
+    moat::sandbox_network all;
+    all.mode = moat::network_mode::all;
+    CHECK(over.policy_of(all).mode == moat::network_mode::all);
+    CHECK_MESSAGE(over.detail.find(R"("allowInternetAccess":true)") != std::string::npos,
+                  over.detail);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the e2b backend's allow-list narrows serve's operator policy, never widens it") {
+    MOAT_REQUIRE_NAMESPACES();
+    SUBCASE("operator all, request pypi.test: the sandbox allows pypi.test") {
+        e2b_over_serve over(*this, {"--network", "all", "--resolve", "pypi.test=127.0.0.1",
+                                    "--allow-address", "127.0.0.1/32"});
+        const auto got = over.policy_of(allow({"pypi.test"}));
+        CHECK(got.mode == moat::network_mode::allow_list);
+        CHECK(got.allow_hosts == std::vector<std::string>{"pypi.test"});
+        CHECK(got.resolve == std::vector<std::string>{"pypi.test=127.0.0.1"});
+    }
+    SUBCASE("operator pypi.test and files.test, request pypi.test and evil.test: pypi.test") {
+        e2b_over_serve over(*this, {"--allow-host", "pypi.test", "--allow-host", "files.test"});
+        const auto got = over.policy_of(allow({"pypi.test", "evil.test"}));
+        CHECK(got.mode == moat::network_mode::allow_list);
+        CHECK(got.allow_hosts == std::vector<std::string>{"pypi.test"});
+        CHECK(over.policy_of(allow({"evil.test"})).mode == moat::network_mode::none);
+    }
+    SUBCASE("operator none, request all or a list: none") {
+        e2b_over_serve over(*this, {});
+        moat::sandbox_network all;
+        all.mode = moat::network_mode::all;
+        CHECK(over.policy_of(all).mode == moat::network_mode::none);
+        CHECK(over.policy_of(allow({"pypi.test"})).mode == moat::network_mode::none);
+    }
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the e2b backend refuses what E2B's network options cannot express") {
+    MOAT_REQUIRE_NAMESPACES();
+    e2b_over_serve over(*this, {"--network", "all"});
+    auto port = allow({"pypi.test:8080"});
+    auto resolve = allow({"pypi.test"});
+    resolve.resolve = {"pypi.test=127.0.0.1"};
+    auto address = allow({"pypi.test"});
+    address.allow_addresses = {"127.0.0.1/32"};
+    const std::vector<std::pair<moat::sandbox_network, std::string>> cases = {
+        {port, "pypi.test:8080"}, {resolve, "pypi.test=127.0.0.1"}, {address, "127.0.0.1/32"}};
+    for (const auto& [network, named] : cases) {
+        const auto made = over.create(network);
+        REQUIRE_FALSE(made);
+        CHECK(made.error().code == moat::errc::not_supported);
+        CHECK_MESSAGE(made.error().detail.find(named) != std::string::npos, made.error().detail);
+    }
+    // Refused before any request: serve never made a sandbox.
+    const auto listed = run(over.e2b->async_list({}));
+    REQUIRE(listed);
+    CHECK(listed->empty());
+    const auto bad = over.create(allow({"py*pi.org"}));
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == moat::errc::invalid_argument);
+    CHECK(bad.error().detail.find("py*pi.org") != std::string::npos);
 }

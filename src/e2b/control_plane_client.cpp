@@ -152,23 +152,6 @@ std::string timeout_body(std::int64_t seconds) {
     return w.take();
 }
 
-std::string create_json(const create_body& b, bool v1) {
-    json_writer w;
-    w.begin_object();
-    w.key("templateID").value(b.template_id);
-    w.key("timeout").value(b.timeout_s);
-    w.key("metadata").begin_object();
-    for (const auto& [k, v] : b.metadata) w.key(k).value(v);
-    w.end_object();
-    w.key("envVars").begin_object();
-    for (const auto& [k, v] : b.env_vars) w.key(k).value(v);
-    w.end_object();
-    // v2 is always secured; v1 mints an access token only when asked.
-    if (v1) w.key("secure").value(true);
-    w.end_object();
-    return w.take();
-}
-
 asio::awaitable<result<sandbox_reply>> post_sandbox(std::shared_ptr<state> s, call_spec c) {
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
@@ -310,6 +293,34 @@ asio::awaitable<result<void>> check(std::shared_ptr<state> s) {
 }
 
 }  // namespace
+
+std::string create_json(const create_body& b, bool v1) {
+    json_writer w;
+    w.begin_object();
+    w.key("templateID").value(b.template_id);
+    w.key("timeout").value(b.timeout_s);
+    w.key("metadata").begin_object();
+    for (const auto& [k, v] : b.metadata) w.key(k).value(v);
+    w.end_object();
+    w.key("envVars").begin_object();
+    for (const auto& [k, v] : b.env_vars) w.key(k).value(v);
+    w.end_object();
+    if (b.allow_internet_access) w.key("allow_internet_access").value(*b.allow_internet_access);
+    if (!b.allow_out.empty() || !b.deny_out.empty()) {
+        w.key("network").begin_object();
+        w.key("allowOut").begin_array();
+        for (const auto& host : b.allow_out) w.value(host);
+        w.end_array();
+        w.key("denyOut").begin_array();
+        for (const auto& cidr : b.deny_out) w.value(cidr);
+        w.end_array();
+        w.end_object();
+    }
+    // v2 is always secured; v1 mints an access token only when asked.
+    if (v1) w.key("secure").value(true);
+    w.end_object();
+    return w.take();
+}
 
 control_plane_client::control_plane_client(std::shared_ptr<http::client> http,
                                            control_plane_options options)

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,14 @@ struct create_body {
     std::int64_t timeout_s = 300;
     std::map<std::string, std::string> metadata;
     std::map<std::string, std::string> env_vars;
+    // E2B's egress switch (absent: E2B's default, which is on) and its `network` object
+    // (written only when either list is non-empty): domain names in allowOut, CIDRs in denyOut.
+    std::optional<bool> allow_internet_access;
+    std::vector<std::string> allow_out;
+    std::vector<std::string> deny_out;
 };
+// The JSON body of POST /v2/sandboxes (v1 = false) or POST /sandboxes (v1 = true).
+std::string create_json(const create_body& b, bool v1);
 
 struct list_query {
     std::map<std::string, std::string> metadata;  // exact matches, AND

@@ -6,6 +6,7 @@
 #include "core/exception_boundary.hpp"
 #include "e2b/control_plane_client.hpp"
 #include "e2b/envd_client.hpp"
+#include "egress/network_policy.hpp"
 #include "http/client.hpp"
 #include "local/spec_validation.hpp"
 
@@ -351,20 +352,60 @@ class e2b_backend final : public backend {
                 return make_error(errc::invalid_argument, "env: a name is empty or has '=' or NUL");
             }
         }
+        if (auto ok = validate_network(spec.network); !ok) return ok;
         return {};
+    }
+
+    // E2B filters egress by domain name (exact names and "*." wildcards, HTTP and HTTPS only)
+    // and by CIDR: a port, a fixed name-to-address entry or an unlocked range has no E2B form.
+    static result<void> validate_network(const sandbox_network& n) {
+        if (n.mode == network_mode::all && !n.allow_hosts.empty()) {
+            return make_error(errc::invalid_argument, "network all with an allow-list: choose one");
+        }
+        if (n.mode == network_mode::allow_list && n.allow_hosts.empty()) {
+            return make_error(errc::invalid_argument, "network allow-list: the list is empty");
+        }
+        for (const auto& host : n.allow_hosts) {
+            std::string why;
+            const auto pattern = egress::parse_host_pattern(host, why);
+            if (!pattern) {
+                return make_error(errc::invalid_argument,
+                                  "network allow-list '" + host + "' " + why);
+            }
+            if (pattern->port) {
+                return make_error(errc::not_supported,
+                                  "network allow-list '" + host +
+                                      "': the e2b backend cannot allow a port (E2B filters "
+                                      "by domain name, HTTP and HTTPS only): drop ':PORT'");
+            }
+        }
+        if (!n.resolve.empty()) {
+            return make_error(errc::not_supported,
+                              "network resolve '" + n.resolve.front() +
+                                  "': the e2b backend cannot pin a name to an address");
+        }
+        if (!n.allow_addresses.empty()) {
+            return make_error(errc::not_supported,
+                              "network allow_address '" + n.allow_addresses.front() +
+                                  "': the e2b backend cannot unlock an address range");
+        }
+        return {};
+    }
+
+    // none: E2B's internet switch off; all: on; an allow-list: on, everything denied but the
+    // listed names (E2B allows the names in allowOut, HTTP and HTTPS, past the denyOut range).
+    static void map_network(const sandbox_network& n, e2b::create_body& body) {
+        body.allow_internet_access = n.mode != network_mode::none;
+        if (n.mode == network_mode::allow_list) {
+            body.allow_out = n.allow_hosts;
+            body.deny_out = {"0.0.0.0/0"};
+        }
     }
 
     static asio::awaitable<result<sandbox_info>> create(std::shared_ptr<backend_state> s,
                                                         sandbox_spec spec, e2b_backend* self) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
         if (auto ok = validate(spec); !ok) co_return std::move(ok).error();
-        // E2B's own network options (allowOut / denyOut) are not mapped yet: refuse rather than
-        // run the sandbox with E2B's open default.
-        if (spec.network.mode != network_mode::none) {
-            co_return make_error(errc::not_supported,
-                                 std::string("network ") + to_string(spec.network.mode) +
-                                     ": the e2b backend cannot enforce a network policy yet");
-        }
         e2b::create_body body;
         body.template_id =
             spec.template_name.empty() ? s->config.default_template : spec.template_name;
@@ -376,6 +417,7 @@ class e2b_backend final : public backend {
         body.metadata[std::string(owner_label)] = s->config.owner_instance;
         body.metadata[std::string(survive_label)] = spec.survive_owner ? "true" : "false";
         body.env_vars = spec.env;
+        map_network(spec.network, body);
         const auto started = system_clock::now();
         auto created = co_await s->control->async_create(std::move(body));
         if (!created) co_return std::move(created).error();
@@ -394,6 +436,7 @@ class e2b_backend final : public backend {
         info.owner_instance = s->config.owner_instance;
         info.survive_owner = spec.survive_owner;
         info.owned = true;
+        info.network = spec.network;
         s->held[info.id] = h;
         if (heartbeat && !s->stopping) self->ensure_heartbeat();
         detail::log(log_level::debug, "e2b", "created", info.id);

@@ -3,8 +3,11 @@
 #include <moat/log.hpp>
 
 #include "core/json_writer.hpp"
+#include "egress/network_policy.hpp"
 #include "serve/e2b_requests.hpp"
 #include "serve/server_secret.hpp"
+
+#include <asio/ip/address.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -84,6 +87,57 @@ void write_sandbox(json_writer& w, const registry_entry& e) {
     w.end_object();
 }
 
+}  // namespace
+
+result<sandbox_network> narrow_network(const sandbox_network& operator_network,
+                                       const create_request& request) {
+    std::vector<std::string> names;
+    bool listed = false;
+    if (request.network) {
+        const auto& deny = request.network->deny_out;
+        listed = std::find(deny.begin(), deny.end(), "0.0.0.0/0") != deny.end();
+        for (const auto& entry : request.network->allow_out) {
+            // CIDRs and IP literals in allowOut are E2B address rules: not a name to allow.
+            std::error_code ec;
+            if (entry.find('/') != std::string::npos) continue;
+            (void)asio::ip::make_address(entry, ec);
+            if (!ec) continue;
+            std::string why;
+            const auto pattern = egress::parse_host_pattern(entry, why);
+            if (!pattern) {
+                return make_error(errc::invalid_argument,
+                                  "network.allowOut '" + entry + "' " + why);
+            }
+            if (pattern->port) {
+                return make_error(errc::invalid_argument,
+                                  "network.allowOut '" + entry + "' has a port: E2B names none");
+            }
+            if (std::find(names.begin(), names.end(), entry) == names.end()) {
+                names.push_back(entry);
+            }
+        }
+    }
+    if (operator_network.mode == network_mode::none) return operator_network;
+    if (request.allow_internet_access == false) return sandbox_network{};
+    if (!listed) return operator_network;
+    sandbox_network out = operator_network;
+    if (operator_network.mode == network_mode::all) {
+        out.mode = network_mode::allow_list;
+        out.allow_hosts = std::move(names);
+    } else {
+        out.allow_hosts.clear();
+        for (const auto& host : operator_network.allow_hosts) {
+            if (std::find(names.begin(), names.end(), host) != names.end()) {
+                out.allow_hosts.push_back(host);
+            }
+        }
+    }
+    if (out.allow_hosts.empty()) return sandbox_network{};
+    return out;
+}
+
+namespace {
+
 // ListedSandbox, or SandboxDetail with `detail` (the token, the lifecycle, the network).
 void write_listed(json_writer& w, const registry_entry& e, bool detail) {
     const auto limits = e.handle->info().limits.with_defaults();
@@ -109,7 +163,7 @@ void write_listed(json_writer& w, const registry_entry& e, bool detail) {
     w.end_object();
     if (detail) {
         w.key("envdAccessToken").value(e.access_token);
-        w.key("allowInternetAccess").value(false);
+        w.key("allowInternetAccess").value(e.handle->info().network.mode != network_mode::none);
         w.key("domain").null();
         w.key("lifecycle").begin_object();
         w.key("onTimeout").value("kill");
@@ -216,7 +270,14 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     spec.layout.workdir = "/home/user";
     spec.ttl = std::chrono::seconds(timeout_s);
     spec.survive_owner = true;
-    spec.network = context.options.network;  // the operator's; nothing in a request widens it
+    // The operator's policy, narrowed by the request (never widened).
+    auto network = narrow_network(context.options.network, *parsed);
+    if (!network) {
+        std::string message = network.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return;
+    }
+    spec.network = std::move(*network);
     const auto started = system_clock::now();
     creating_guard guard(call.s.creating);
     auto created = co_await context.sandboxes.async_create(std::move(spec));

@@ -16,10 +16,11 @@
 //   pause, resume, snapshots, fork, templates, volumes, network, metrics, logs: 501 naming it
 //
 // A create past --max-sandboxes answers 429 with no Retry-After (the SDK retries only when one is
-// given). Request fields never widen the operator's policy (allow_internet_access is ignored).
+// given). Request fields never widen the operator's policy (see narrow_network).
 #pragma once
 
 #include "http/server.hpp"
+#include "serve/e2b_requests.hpp"
 #include "serve/serve_context.hpp"
 
 #include <moat/result.hpp>
@@ -36,6 +37,15 @@ namespace moat::serve {
 // The envd version reported to clients: the SDK gates features on it (0.6.4 and later: file
 // metadata, watch options, octet-stream uploads, closeStdin).
 inline constexpr std::string_view reported_envd_version = "0.6.4";
+// A create request's network narrowed onto the operator's (--allow-host, --network, ...): a
+// request may only narrow. allow_internet_access false gives none; a network whose denyOut has
+// "0.0.0.0/0" with names in allowOut gives the operator's `all` that list, an operator allow-list
+// the hosts in both lists (exact match), none when nothing is left. Operator none stays none.
+// Everything else in `network` (allowPublicTraffic, egressProxy, rules, CIDRs in allowOut) is
+// ignored. A name that is not a valid pattern (or has a port) is invalid_argument naming it.
+result<sandbox_network> narrow_network(const sandbox_network& operator_network,
+                                       const create_request& request);
+
 // E2B's constant client id.
 inline constexpr std::string_view e2b_client_id = "6532622b";
 

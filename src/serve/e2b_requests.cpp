@@ -94,6 +94,50 @@ result<void> string_map_field(const parsed_body& b, const char* name,
     return {};
 }
 
+// network.allowOut / network.denyOut: an array of strings, capped.
+result<void> string_list_field(simdjson::dom::object network, const char* name,
+                               std::vector<std::string>& out) {
+    simdjson::dom::element e;
+    if (network[name].get(e) != simdjson::SUCCESS || e.is_null()) return {};
+    simdjson::dom::array a;
+    if (e.get_array().get(a) != simdjson::SUCCESS) {
+        return invalid(std::string("'network.") + name + "' must be an array of strings");
+    }
+    for (auto item : a) {
+        std::string_view v;
+        if (item.get_string().get(v) != simdjson::SUCCESS) {
+            return invalid(std::string("'network.") + name + "' must be an array of strings");
+        }
+        if (v.size() > max_e2b_network_entry_bytes) {
+            return invalid(std::string("an entry of 'network.") + name + "' is over " +
+                           std::to_string(max_e2b_network_entry_bytes) + " bytes");
+        }
+        if (out.size() >= max_e2b_network_entries) {
+            return invalid(std::string("'network.") + name + "' has more than " +
+                           std::to_string(max_e2b_network_entries) + " entries");
+        }
+        out.emplace_back(v);
+    }
+    return {};
+}
+
+result<std::optional<network_request>> network_field(const parsed_body& b) {
+    simdjson::dom::element e;
+    if (b.empty || b.object["network"].get(e) != simdjson::SUCCESS || e.is_null()) {
+        return std::optional<network_request>{};
+    }
+    simdjson::dom::object o;
+    if (e.get_object().get(o) != simdjson::SUCCESS) return invalid("'network' must be an object");
+    network_request out;
+    if (auto ok = string_list_field(o, "allowOut", out.allow_out); !ok) {
+        return std::move(ok).error();
+    }
+    if (auto ok = string_list_field(o, "denyOut", out.deny_out); !ok) {
+        return std::move(ok).error();
+    }
+    return std::optional<network_request>(std::move(out));
+}
+
 result<void> check_timeout(std::optional<std::int64_t> t, const char* name) {
     if (t && (*t < 0 || *t > max_e2b_timeout_seconds)) {
         return invalid(std::string("'") + name + "' must be from 0 to " +
@@ -141,6 +185,9 @@ result<create_request> parse_create_request(std::string_view body) {
     auto internet = bool_field(b, "allow_internet_access");
     if (!internet) return std::move(internet).error();
     out.allow_internet_access = *internet;
+    auto network = network_field(b);
+    if (!network) return std::move(network).error();
+    out.network = std::move(*network);
     return out;
 }
 

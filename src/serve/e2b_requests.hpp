@@ -5,7 +5,8 @@
 // Field names and defaults are E2B's API (NewSandbox, NewSandboxV2, ConnectSandbox, the timeout
 // and refresh bodies, GET /v2/sandboxes' query). Unknown fields are ignored, as E2B's server
 // ignores them; fields moat cannot honour are parsed and reported, never obeyed silently
-// (allow_internet_access never widens the operator's policy: serve_host drops it).
+// (allow_internet_access and network may only narrow the operator's policy: see
+// narrow_network in control_plane.hpp).
 #pragma once
 
 #include <moat/result.hpp>
@@ -30,6 +31,16 @@ inline constexpr std::size_t max_e2b_string_bytes = 8 * 1024;
 // E2B's timeouts are whole seconds; moat's TTL ceiling bounds them.
 inline constexpr std::int64_t max_e2b_timeout_seconds = 30LL * 24 * 3600;
 
+// network.allowOut / network.denyOut: entries at most per list, bytes at most per entry.
+inline constexpr std::size_t max_e2b_network_entries = 256;
+inline constexpr std::size_t max_e2b_network_entry_bytes = 253;
+
+// The lists of a create request's `network` object (its other fields are ignored).
+struct network_request {
+    std::vector<std::string> allow_out;
+    std::vector<std::string> deny_out;
+};
+
 // POST /sandboxes (v1) and POST /v2/sandboxes.
 struct create_request {
     std::string template_id;                // "" when absent (the caller defaults it to "base")
@@ -39,6 +50,7 @@ struct create_request {
     bool auto_pause = false;
     std::optional<bool> secure;
     std::optional<bool> allow_internet_access;
+    std::optional<network_request> network;
 };
 result<create_request> parse_create_request(std::string_view body);
 
