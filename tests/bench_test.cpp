@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -191,4 +193,32 @@ TEST_CASE(
     CHECK_MESSAGE(code == 0, listed);
     CHECK_MESSAGE(listed.find("moat-bench-e2b") == std::string::npos, listed);
     std::remove(json.c_str());
+}
+
+TEST_CASE(
+    "moat bench egress downloads from the host and through a sandbox's egress proxy and reports "
+    "the ratio") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string json = "/tmp/moat-bench-egress-test-" + std::to_string(::getpid()) + ".json";
+    int code = -1;
+    const auto out = run_shell(
+        std::string(MOAT_CLI_PATH) + " bench egress --n 2 --mb 2 --json " + json + " 2>&1", code);
+    CAPTURE(out);
+    CHECK(code == 0);
+    CHECK(out.find("throughput p50: host") != std::string::npos);
+    CHECK(out.find("connection setup overhead") != std::string::npos);
+    std::ifstream file(json);
+    const std::string text((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    for (const char* key :
+         {"\"host_download\"", "\"sandbox_download\"", "\"host_small\"", "\"sandbox_small\"",
+          "\"throughput_ratio_p50\"", "\"setup_overhead_p50_ms\""}) {
+        CHECK_MESSAGE(text.find(key) != std::string::npos, key);
+    }
+    CHECK(text.find("\"failures\":0") != std::string::npos);
+    std::remove(json.c_str());
+    moat::test::local_fixture f;
+    auto listed = f.run(f.local->async_list({{"moat.cli", "bench-egress"}}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) CHECK(info.state != moat::sandbox_state::running);
 }

@@ -23,6 +23,7 @@
 #include "cli/bench/advisor.hpp"
 #include "cli/bench/baselines.hpp"
 #include "cli/bench/e2b_bench.hpp"
+#include "cli/bench/egress_bench.hpp"
 #include "cli/bench/fleet_benches.hpp"
 #include "cli/bench/http_bench.hpp"
 #include "cli/bench/iteration.hpp"
@@ -341,7 +342,8 @@ int bench_advise(int argc, char** argv) {
 int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
-            "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b or store "
+            "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store or "
+            "egress "
             "(see "
             "moat --help)");
     }
@@ -356,8 +358,10 @@ int bench_command(int argc, char** argv) {
     if (what == "serve") return bench_serve(argc - 1, argv + 1);
     if (what == "e2b") return bench_e2b(argc - 1, argv + 1);
     if (what == "store") return bench_store(argc - 1, argv + 1);
+    if (what == "egress") return bench_egress(argc - 1, argv + 1);
     throw usage_error(
-        "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b or store, got '" +
+        "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store or "
+        "egress, got '" +
         std::string(what) + "'");
 }
 

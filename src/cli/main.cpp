@@ -74,6 +74,8 @@ constexpr const char* usage_text =
     "      create + first exec through e2b vs local, against one moat serve\n"
     "  bench store [--store URL] [--password-file F] [--n N] [--claims N] [--json FILE]\n"
     "      the session store's part of an acquire, memory vs Redis; first-use claims/s, 8 workers\n"
+    "  bench egress [--n N] [--mb M] [--json FILE]\n"
+    "      downloads through a sandbox's egress proxy vs the host directly: ratio, setup p50\n"
     "  demo\n"
     "      a scripted model conversation through the tool layer: what a model would see\n"
     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
