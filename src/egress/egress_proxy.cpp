@@ -11,7 +11,13 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include "core/unique_fd.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
 #include <map>
 #include <set>
 #include <vector>
@@ -22,7 +28,7 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
-constexpr std::size_t relay_chunk_bytes = 256 * 1024;
+constexpr std::size_t relay_chunk_bytes = 1024 * 1024;
 constexpr std::size_t head_read_bytes = 4096;
 constexpr std::size_t lingering_close_bytes = 256 * 1024;
 
@@ -216,42 +222,96 @@ asio::awaitable<resolution> resolve(std::shared_ptr<connection> c, const std::st
     co_return out;
 }
 
+// Counts `n` bytes against the connection's sandbox; false (the connection closed) when they
+// would pass its byte budget.
+bool charge(connection& c, std::size_t n, std::uint64_t& counter) {
+    auto& sandbox = *c.sandbox;
+    if (sandbox.bytes_used + n > sandbox.limits.max_bytes) {
+        sandbox.bytes_used = sandbox.limits.max_bytes;
+        c.close("byte budget");
+        return false;
+    }
+    sandbox.bytes_used += n;
+    counter += n;
+    c.last_activity = clock::now();
+    return true;
+}
+
+// One direction of a relay through a pipe with splice(2): the kernel moves the pages from one
+// socket to the other, nothing is copied through this process. Each step is non-blocking and
+// waits for readiness on the executor. The sandbox's byte budget is charged before bytes leave
+// the pipe: a direction forwards at most what is left of it, and one byte past it closes the
+// connection. A descriptor splice refuses closes the connection ("reset").
 template <class From, class To>
 asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
                            std::uint64_t& counter) {
-    std::vector<char> buffer(relay_chunk_bytes);
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
+        c->close("reset");
+        co_return;
+    }
+    unique_fd pipe_out(ends[0]);
+    unique_fd pipe_in(ends[1]);
+    (void)::fcntl(pipe_in.get(), F_SETPIPE_SZ, static_cast<int>(relay_chunk_bytes));
+    std::error_code ec;
+    from.native_non_blocking(true, ec);
+    if (!ec) to.native_non_blocking(true, ec);
+    if (ec) {
+        c->close("reset");
+        co_return;
+    }
     while (!c->is_closed) {
-        auto read_buffer = asio::buffer(buffer);
-        auto [read_error, n] = co_await from.async_read_some(read_buffer, use_tuple);
-        if (n > 0) {
-            auto& sandbox = *c->sandbox;
-            if (sandbox.bytes_used + n > sandbox.limits.max_bytes) {
-                sandbox.bytes_used = sandbox.limits.max_bytes;
-                c->close("byte budget");
+        auto& sandbox = *c->sandbox;
+        const std::uint64_t left = sandbox.limits.max_bytes - sandbox.bytes_used;
+        // At the budget, one more byte in shows the connection would pass it.
+        const std::size_t want =
+            left == 0 ? 1
+                      : static_cast<std::size_t>(std::min<std::uint64_t>(relay_chunk_bytes, left));
+        const ssize_t in = ::splice(from.native_handle(), nullptr, pipe_in.get(), nullptr, want,
+                                    SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (in < 0 && errno == EINTR) continue;
+        if (in < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            auto [wait_error] = co_await from.async_wait(asio::socket_base::wait_read, use_tuple);
+            if (wait_error) {
+                c->close(wait_error == asio::error::operation_aborted ? c->close_reason : "reset");
                 co_return;
             }
-            sandbox.bytes_used += n;
-            counter += n;
-            c->last_activity = clock::now();
-            auto write_buffer = asio::buffer(buffer.data(), n);
-            auto [write_error, written] = co_await asio::async_write(to, write_buffer, use_tuple);
-            (void)written;
-            if (write_error) {
+            continue;
+        }
+        if (in < 0) {
+            c->close("reset");
+            co_return;
+        }
+        if (in == 0) {  // the sender is done: pass the end on
+            std::error_code ignored;
+            to.shutdown(asio::socket_base::shutdown_send, ignored);
+            co_return;
+        }
+        if (!charge(*c, static_cast<std::size_t>(in), counter)) co_return;
+        std::size_t pending = static_cast<std::size_t>(in);
+        while (pending > 0 && !c->is_closed) {
+            const ssize_t out = ::splice(pipe_out.get(), nullptr, to.native_handle(), nullptr,
+                                         pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (out < 0 && errno == EINTR) continue;
+            if (out < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                auto [wait_error] =
+                    co_await to.async_wait(asio::socket_base::wait_write, use_tuple);
+                if (wait_error) {
+                    c->close(wait_error == asio::error::operation_aborted ? c->close_reason
+                                                                          : "write failed");
+                    co_return;
+                }
+                continue;
+            }
+            if (out <= 0) {
                 c->close("write failed");
                 co_return;
             }
+            pending -= static_cast<std::size_t>(out);
             c->last_activity = clock::now();
         }
-        if (read_error) {
-            if (read_error == asio::error::eof && !c->is_closed) {
-                std::error_code ignored;
-                to.shutdown(asio::socket_base::shutdown_send, ignored);
-            } else {
-                c->close(read_error == asio::error::operation_aborted ? c->close_reason : "reset");
-            }
-            co_return;
-        }
     }
+    co_return;
 }
 
 asio::awaitable<void> relay(std::shared_ptr<connection> c) {
