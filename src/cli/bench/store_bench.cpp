@@ -4,6 +4,7 @@
 #include <moat/session_store.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/bench/helper_process.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 #include "core/json_writer.hpp"
@@ -107,20 +108,7 @@ class own_redis {
         return true;
     }
     void stop() {
-        if (pid_ > 0) {
-            ::kill(pid_, SIGTERM);
-            int status = 0;
-            const auto limit = clock_type::now() + 5s;
-            while (::waitpid(pid_, &status, WNOHANG) == 0) {
-                if (clock_type::now() > limit) {
-                    ::kill(pid_, SIGKILL);
-                    ::waitpid(pid_, &status, 0);
-                    break;
-                }
-                std::this_thread::sleep_for(10ms);
-            }
-            pid_ = -1;
-        }
+        stop_helper_process(pid_);
         if (!dir_.empty()) {
             std::error_code ignored;
             std::filesystem::remove_all(dir_, ignored);
