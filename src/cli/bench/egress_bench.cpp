@@ -76,19 +76,11 @@ class file_server {
                      "127.0.0.1", "--directory", dir_.c_str(), static_cast<char*>(nullptr));
             ::_exit(127);
         }
-        const auto limit = std::chrono::steady_clock::now() + 10s;
-        while (!accepts(port)) {
-            int status = 0;
-            if (::waitpid(pid_, &status, WNOHANG) != 0) {
-                pid_ = -1;
-                why = "python3 -m http.server exited at start (is python3 installed?)";
-                return false;
-            }
-            if (std::chrono::steady_clock::now() > limit) {
-                why = "python3 -m http.server did not listen within 10 s";
-                return false;
-            }
-            std::this_thread::sleep_for(20ms);
+        const std::uint16_t listening = port;
+        if (!wait_until_serving(
+                pid_, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
+            why += " (is python3 installed?)";
+            return false;
         }
         return true;
     }

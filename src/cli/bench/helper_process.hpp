@@ -5,8 +5,16 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
+#include <string>
 
 namespace moat::cli {
+
+// Polls `serving` until it holds (true), the process exits (`pid` becomes -1) or `limit` passes;
+// on false, `why` says which, naming the process as `name`.
+bool wait_until_serving(pid_t& pid, const std::function<bool()>& serving, const std::string& name,
+                        std::string& why,
+                        std::chrono::milliseconds limit = std::chrono::seconds(10));
 
 // SIGTERM, then SIGKILL once `grace` has passed, and reaped; `pid` becomes -1. Nothing for a pid
 // of 0 or less.

@@ -91,19 +91,11 @@ class own_redis {
             ::execvp("redis-server", argv.data());
             ::_exit(127);
         }
-        const auto limit = clock_type::now() + 10s;
-        while (!socket_answers(socket_path)) {
-            int status = 0;
-            if (::waitpid(pid_, &status, WNOHANG) != 0) {
-                pid_ = -1;
-                why = "redis-server exited at start (see " + dir_ + "/redis.log)";
-                return false;
-            }
-            if (clock_type::now() > limit) {
-                why = "redis-server did not listen within 10 s";
-                return false;
-            }
-            std::this_thread::sleep_for(10ms);
+        const std::string path = socket_path;
+        if (!wait_until_serving(
+                pid_, [path] { return socket_answers(path); }, "redis-server", why)) {
+            why += " (see " + dir_ + "/redis.log)";
+            return false;
         }
         return true;
     }
