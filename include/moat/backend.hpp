@@ -163,7 +163,8 @@ class backend {
     // Per-Operation Cancellation: terminal. It is seen at the source's pending call and between
     // chunks; the temporary file is removed, then the call completes with errc::cancelled.
     // The default falls back to async_write_files for what fits one batch file
-    // (file_limits::max_file_bytes): past that, too_large naming this backend's limit.
+    // (file_limits::max_file_bytes): past that, too_large naming this backend's limit; a target
+    // with metadata fails with not_supported.
     virtual asio::awaitable<result<file_write_result>> async_write_file_stream(
         std::string id, file_write_target target, byte_source source);
     // Opens one regular file for reading. Errors are the per-path ones of the batch read
@@ -174,6 +175,15 @@ class backend {
     // file_limits::max_file_bytes, held in memory (too_large past it).
     virtual asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
                                                                              std::string path);
+
+    // The metadata (files.hpp, file_metadata) of each path, one result per path in order; a final
+    // symlink is followed inside the sandbox (the metadata is its target's). At most
+    // file_limits::max_files paths (else too_large for the whole call). A file without metadata,
+    // or on a filesystem that keeps no extended attributes, has an empty set; an attribute under
+    // the prefix whose name or value breaks the metadata rules (set from inside the sandbox) is
+    // left out. Per-path errors as files.hpp. The default fails with not_supported.
+    virtual asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::string id, std::vector<std::string> paths);
 
     // Type, size and permission bits of one path; a final symlink is reported as the link itself.
     // Errors are the per-path ones of files.hpp.

@@ -36,8 +36,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace moat {
 
@@ -100,6 +103,34 @@ inline constexpr std::size_t file_stream_chunk_bytes = 128 * 1024;
 // The default cap of a streamed write.
 inline constexpr std::uint64_t default_stream_write_bytes = 100 * 1024 * 1024;
 
+// User-defined file metadata: short key/value pairs kept with a file as extended attributes named
+// file_metadata_prefix + key (E2B's envd names them so, and both backends do the same, so code
+// inside a sandbox finds them under the same names wherever it runs). They follow the file's
+// inode: a rename keeps them, a replacing write brings its own.
+//
+// Keys are HTTP token characters (letters, digits and !#$%&'*+-.^_`|~; E2B carries them as
+// X-Metadata-<key> headers), case-insensitive and kept lowercased, at most
+// max_file_metadata_key_bytes each; values are printable US-ASCII (0x20-0x7e). All keys and values
+// of one file, each key counted with the prefix, fit in max_file_metadata_bytes (one ext4 block,
+// the budget every filesystem here keeps).
+using file_metadata = std::map<std::string, std::string>;
+
+inline constexpr std::string_view file_metadata_prefix = "user.e2b.";
+inline constexpr std::size_t max_file_metadata_key_bytes = 255 - file_metadata_prefix.size();
+inline constexpr std::size_t max_file_metadata_bytes = 4096;
+
+// Checks `metadata` against the rules above and returns it with its keys lowercased.
+// invalid_argument naming the first key (or value's key) that breaks a rule, or two keys that are
+// the same once lowercased; too_large past max_file_metadata_bytes.
+result<file_metadata> normalize_file_metadata(const file_metadata& metadata);
+
+// Per-path outcome of backend::async_read_metadata: the file's metadata (empty when it has none,
+// or its filesystem keeps no extended attributes), or one of the per-path errors.
+struct file_metadata_result {
+    std::string path;
+    result<file_metadata> metadata;
+};
+
 struct file_write_target {
     std::string path;  // absolute, inside the sandbox
     // Permission bits of the written file; only 0777 is kept.
@@ -110,6 +141,11 @@ struct file_write_target {
     bool create_parents = false;
     // The most bytes the file may have; the byte past it ends the write with too_large.
     std::uint64_t max_bytes = default_stream_write_bytes;
+    // The written file's metadata (rules above), set before the file appears at its path: the
+    // file has exactly these (a replaced file's metadata is not kept). A key or value that breaks
+    // the rules fails the write with invalid_argument, and a filesystem that keeps no extended
+    // attributes (tmpfs before Linux 6.6) with not_supported, both leaving the target as it was.
+    file_metadata metadata;
 };
 
 // Where a streamed write's bytes come from: each call returns the next chunk, an empty chunk ends

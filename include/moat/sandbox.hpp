@@ -110,6 +110,8 @@ class sandbox {
     // deadline_exceeded and the stream is finished.
     asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string path,
                                                                      deadline limit = {});
+    asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::vector<std::string> paths, deadline limit = {});
     asio::awaitable<result<file_stat>> async_stat(std::string path, deadline limit = {});
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string path,
                                                                    deadline limit = {});

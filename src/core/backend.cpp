@@ -181,6 +181,14 @@ asio::awaitable<result<std::vector<file_read_result>>> backend::async_read_files
 
 asio::awaitable<result<file_write_result>> backend::async_write_file_stream(
     std::string id, file_write_target target, byte_source source) {
+    if (!target.metadata.empty()) {
+        file_write_result refused;
+        refused.path = target.path;
+        refused.outcome =
+            make_error(errc::not_supported,
+                       target.path + ": " + name() + " backend does not keep file metadata");
+        co_return refused;
+    }
     const file_limits limits;
     const std::uint64_t cap = std::min(target.max_bytes, limits.max_file_bytes);
     file_write_result out;
@@ -236,6 +244,11 @@ asio::awaitable<result<file_read_stream>> backend::async_read_file_stream(std::s
     info.size = content->size();
     auto impl = std::make_unique<buffered_read_stream>(std::move(*content));
     co_return file_read_stream(std::move(info), std::move(impl));
+}
+
+asio::awaitable<result<std::vector<file_metadata_result>>> backend::async_read_metadata(
+    std::string, std::vector<std::string>) {
+    co_return not_supported(name(), "read_metadata");
 }
 
 asio::awaitable<result<file_stat>> backend::async_stat(std::string, std::string) {

@@ -299,6 +299,10 @@ class e2b_backend final : public backend {
                                                                      std::string path) override {
         return guarded(read_file_stream_in(state_, std::move(id), std::move(path)));
     }
+    asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::string id, std::vector<std::string> paths) override {
+        return guarded(read_metadata_in(state_, std::move(id), std::move(paths)));
+    }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
         return guarded(stat_in(state_, std::move(id), std::move(path)));
     }
@@ -708,6 +712,13 @@ class e2b_backend final : public backend {
         if (!envd) co_return std::move(envd).error();
         auto client = *envd;
         co_return co_await client->async_read_file_stream(std::move(path));
+    }
+    static asio::awaitable<result<std::vector<file_metadata_result>>> read_metadata_in(
+        std::shared_ptr<backend_state> s, std::string id, std::vector<std::string> paths) {
+        auto envd = envd_of(*s, id);
+        if (!envd) co_return std::move(envd).error();
+        auto client = *envd;
+        co_return co_await client->async_read_metadata(std::move(paths));
     }
     static asio::awaitable<result<file_stat>> stat_in(std::shared_ptr<backend_state> s,
                                                       std::string id, std::string path) {

@@ -269,6 +269,11 @@ asio::awaitable<result<file_read_stream>> envd_client::async_read_file_stream(st
     return guarded(async_envd_read_stream(state_, std::move(path)));
 }
 
+asio::awaitable<result<std::vector<file_metadata_result>>> envd_client::async_read_metadata(
+    std::vector<std::string> paths) {
+    return guarded(async_envd_read_metadata(state_, std::move(paths)));
+}
+
 asio::awaitable<result<file_stat>> envd_client::async_stat(std::string path) {
     return guarded(async_envd_stat(state_, std::move(path)));
 }

@@ -68,6 +68,8 @@ class envd_client {
     asio::awaitable<result<file_write_result>> async_write_file_stream(file_write_target target,
                                                                        byte_source source);
     asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string path);
+    asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::vector<std::string> paths);
     asio::awaitable<result<file_stat>> async_stat(std::string path);
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string path);
 

@@ -136,6 +136,7 @@ struct upload_state {
     std::uint64_t max_bytes = 0;
     std::uint64_t written = 0;
     std::optional<error> source_error;
+    file_metadata metadata;  // normalized; sent as X-Metadata-<key> headers
 };
 
 asio::awaitable<result<std::string>> pull(std::shared_ptr<upload_state> u) {
@@ -167,6 +168,7 @@ asio::awaitable<result<void>> upload(state_ptr s, std::string tmp,
                                      std::shared_ptr<upload_state> u) {
     auto request = envd_request(*s, "POST", files_target(*s, tmp));
     request.headers.add("Content-Type", "application/octet-stream");
+    for (const auto& [key, value] : u->metadata) request.headers.add("X-Metadata-" + key, value);
     request.body_stream = [u]() { return pull(u); };
     const auto per_mib = std::chrono::seconds(u->max_bytes / (1024 * 1024) + 1);
     request.limit = deadline::after(s->options.request_timeout + per_mib);
@@ -193,6 +195,12 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
     const std::string& path = target.path;
     if (path == "/" || path.back() == '/')
         co_return make_error(errc::is_directory, path + ": is a directory");
+    auto metadata = normalize_file_metadata(target.metadata);
+    if (!metadata) {
+        auto e = std::move(metadata).error();
+        e.detail = path + ": " + e.detail;
+        co_return e;
+    }
     auto existing = co_await stat_entry(s, path);
     if (existing && existing->type == file_type::directory && !existing->symlink_target)
         co_return make_error(errc::is_directory, path + ": is a directory");
@@ -215,6 +223,7 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
     u->source = std::move(source);
     u->path = path;
     u->max_bytes = target.max_bytes;
+    u->metadata = std::move(*metadata);
     // Whatever ends the upload (an exception too: a cancellation seen at a co_await inside the
     // HTTP client or the source), the temporary file is removed below.
     result<void> uploaded;
@@ -237,6 +246,20 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
         co_await remove_quietly(s, tmp);
         if (e.code == errc::cancelled) e.detail = path + ": the write was cancelled";
         co_return e;
+    }
+    if (!u->metadata.empty()) {
+        // An envd before 0.6.2 ignores the headers: make sure the metadata is there.
+        auto kept = co_await stat_entry(s, tmp);
+        if (!kept || kept->metadata != u->metadata) {
+            auto e = kept ? make_error(errc::not_supported,
+                                       path +
+                                           ": envd did not keep the file's metadata (it needs "
+                                           "envd 0.6.2 or later and a filesystem with "
+                                           "extended attributes)")
+                          : path_error(std::move(kept).error(), path);
+            co_await remove_quietly(s, tmp);
+            co_return e;
+        }
     }
     if ((target.mode & 0777u) != 0644u) {
         auto moded = co_await change_mode(s, tmp, target.mode);
@@ -476,6 +499,33 @@ asio::awaitable<result<file_stat>> async_envd_stat(state_ptr s, std::string path
     st.size = entry->size;
     st.mode = entry->mode;
     co_return st;
+}
+
+asio::awaitable<result<std::vector<file_metadata_result>>> async_envd_read_metadata(
+    state_ptr s, std::vector<std::string> paths) {
+    const auto max_files = s->options.files.max_files;
+    if (paths.size() > max_files)
+        co_return make_error(errc::too_large, std::to_string(paths.size()) +
+                                                  " paths exceed the batch limit of " +
+                                                  std::to_string(max_files));
+    std::vector<file_metadata_result> out;
+    out.reserve(paths.size());
+    for (auto& path : paths) {
+        file_metadata_result one;
+        one.path = path;
+        // envd's Stat reads the metadata through a final symlink (its target's), as moat's own
+        // rule says.
+        if (auto valid = check_path(path); !valid) {
+            one.metadata = std::move(valid).error();
+        } else if (auto entry = co_await stat_entry(s, path); !entry) {
+            if (is_whole_call(entry.error())) co_return std::move(entry).error();
+            one.metadata = std::move(entry).error();
+        } else {
+            one.metadata = std::move(entry->metadata);
+        }
+        out.push_back(std::move(one));
+    }
+    co_return out;
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> async_envd_list_dir(state_ptr s, std::string path) {

@@ -13,6 +13,10 @@
 // - A streamed read Stats the file first (regular files only; a final symlink is followed inside
 //   the sandbox) and delivers exactly that many bytes in chunks of at most
 //   file_stream_chunk_bytes; fewer is backend_failure.
+// - Metadata (file_write_target::metadata) travels as X-Metadata-<key> headers of the upload
+//   (envd 0.6.2 and later keep them as user.e2b.<key> attributes); the temporary file is Stat'ed
+//   before the Move to check that envd kept them (not_supported if not: an older envd ignores the
+//   headers). Reading metadata is one Stat per path (EntryInfo.metadata).
 // - Each envd step is bounded by request_timeout; a streamed upload by request_timeout plus one
 //   second per MiB of its cap.
 #pragma once
@@ -37,6 +41,8 @@ asio::awaitable<result<file_write_result>> async_envd_write_stream(state_ptr s,
                                                                    file_write_target target,
                                                                    byte_source source);
 asio::awaitable<result<file_read_stream>> async_envd_read_stream(state_ptr s, std::string path);
+asio::awaitable<result<std::vector<file_metadata_result>>> async_envd_read_metadata(
+    state_ptr s, std::vector<std::string> paths);
 asio::awaitable<result<file_stat>> async_envd_stat(state_ptr s, std::string path);
 asio::awaitable<result<std::vector<dir_entry>>> async_envd_list_dir(state_ptr s, std::string path);
 

@@ -1,5 +1,6 @@
 #include "e2b/envd_responses.hpp"
 
+#include "core/file_metadata.hpp"
 #include "core/go_signals.hpp"
 #include "core/json_writer.hpp"
 
@@ -144,6 +145,19 @@ result<entry_info> entry_of(const element& e) {
         if (target->get_string().get(s) != simdjson::SUCCESS)
             return bad("an entry whose symlinkTarget is not a string");
         info.symlink_target = std::string(s);
+    }
+    if (auto metadata = field(o, "metadata")) {
+        object m;
+        if (metadata->get_object().get(m) != simdjson::SUCCESS)
+            return bad("an entry whose metadata is not an object");
+        detail::file_metadata_collector kept;
+        for (auto [key, value] : m) {
+            std::string_view text;
+            if (value.get_string().get(text) != simdjson::SUCCESS)
+                return bad("an entry whose metadata has a value that is not a string");
+            kept.add(key, text);
+        }
+        info.metadata = kept.take();
     }
     return info;
 }

@@ -87,6 +87,9 @@ struct entry_info {
     std::uint64_t size = 0;
     std::uint32_t mode = 0;  // permission bits (07777), from Go's FileMode or plain octal bits
     std::optional<std::string> symlink_target;
+    // "metadata": the file's user-defined metadata (envd 0.6.2 and later), as sent; entries
+    // that break moat's metadata rules (files.hpp) are left out.
+    file_metadata metadata;
 };
 
 // {"entry": EntryInfo}: Stat, Move, MakeDir.

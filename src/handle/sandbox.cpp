@@ -465,6 +465,17 @@ asio::awaitable<result<file_write_result>> sandbox::async_write_file_stream(
         impl::run<file_write_result>(state, "write_file_stream", limit, std::move(start)));
 }
 
+asio::awaitable<result<std::vector<file_metadata_result>>> sandbox::async_read_metadata(
+    std::vector<std::string> paths, deadline limit) {
+    auto state = impl_;
+    std::function<asio::awaitable<result<std::vector<file_metadata_result>>>()> start =
+        [state, paths]() mutable {
+            return state->sandboxes.async_read_metadata(state->info.id, std::move(paths));
+        };
+    return guarded(impl::run<std::vector<file_metadata_result>>(state, "read_metadata", limit,
+                                                                std::move(start)));
+}
+
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
     auto state = impl_;
     std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {

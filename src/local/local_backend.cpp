@@ -418,6 +418,18 @@ class local_backend final : public backend {
         }
     }
 
+    asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::string id, std::vector<std::string> paths) override {
+        try {
+            auto root = file_root(id);
+            if (!root) co_return std::move(root).error();
+            const file_limits limits;
+            co_return read_metadata(*root, paths, limits);
+        } catch (...) {
+            co_return error_from_exception(std::current_exception());
+        }
+    }
+
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
                                                                    std::string path) override {
         try {

@@ -1,16 +1,20 @@
 #include "local/sandbox_files.hpp"
 
+#include "core/file_metadata.hpp"
+
 #include <moat/log.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/limits.h>
 #include <linux/openat2.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
@@ -395,6 +399,66 @@ int open_parent(int root_fd, std::string_view parent, bool create, int& err) {
     return current.release();
 }
 
+bool xattrs_unsupported(int err) noexcept {
+    return err == ENOTSUP || err == EOPNOTSUPP;
+}
+
+// Sets each metadata entry as an extended attribute of the open file `fd`.
+result<void> set_metadata(int fd, const file_metadata& metadata, std::string_view path) {
+    for (const auto& [key, value] : metadata) {
+        const std::string name = std::string(file_metadata_prefix) + key;
+        if (::fsetxattr(fd, name.c_str(), value.data(), value.size(), 0) == 0) continue;
+        const int err = errno;
+        if (xattrs_unsupported(err))
+            return path_error(errc::not_supported, path,
+                              "the filesystem here keeps no extended attributes, so no file "
+                              "metadata (tmpfs has them from Linux 6.6)");
+        if (err == E2BIG || err == ERANGE)
+            return path_error(errc::too_large, path,
+                              "the filesystem cannot keep this much file metadata");
+        return errno_error(err, path);
+    }
+    return {};
+}
+
+// The metadata attributes of the inode behind the O_PATH descriptor `fd` (through /proc/self/fd:
+// the path-based calls follow that link to the same inode; the fd-based ones refuse O_PATH).
+result<file_metadata> read_metadata_of(int fd, const std::string& path) {
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    std::string names(1024, '\0');
+    ssize_t listed = -1;
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        listed = ::listxattr(link.c_str(), names.data(), names.size());
+        if (listed >= 0 || errno != ERANGE) break;
+        const ssize_t needed = ::listxattr(link.c_str(), nullptr, 0);
+        if (needed < 0) break;
+        names.resize(std::min<std::size_t>(static_cast<std::size_t>(needed) + 256, XATTR_LIST_MAX));
+    }
+    if (listed < 0) {
+        if (xattrs_unsupported(errno)) return file_metadata();
+        return errno_error(errno, path);
+    }
+    names.resize(static_cast<std::size_t>(listed));
+    detail::file_metadata_collector kept;
+    std::string value(max_file_metadata_bytes, '\0');
+    for (std::size_t at = 0; at < names.size();) {
+        const std::size_t end = std::min(names.find('\0', at), names.size());
+        const std::string name = names.substr(at, end - at);
+        at = end + 1;
+        if (name.size() <= file_metadata_prefix.size() ||
+            name.compare(0, file_metadata_prefix.size(), file_metadata_prefix) != 0)
+            continue;
+        const ssize_t n = ::getxattr(link.c_str(), name.c_str(), value.data(), value.size());
+        if (n < 0) {
+            if (errno == ENODATA || errno == ERANGE) continue;  // removed meanwhile, or too big
+            return errno_error(errno, path);
+        }
+        kept.add(std::string_view(name).substr(file_metadata_prefix.size()),
+                 std::string_view(value).substr(0, static_cast<std::size_t>(n)));
+    }
+    return kept.take();
+}
+
 error batch_too_large(std::size_t files, std::size_t max_files) {
     return make_error(errc::too_large, std::to_string(files) + " files exceed the batch limit of " +
                                            std::to_string(max_files) + " files");
@@ -517,6 +581,15 @@ result<std::unique_ptr<stream_writer>> stream_writer::open(const sandbox_root& r
     writer->name_ = std::string(name);
     writer->mode_ = target.mode & 0777;
     writer->max_bytes_ = target.max_bytes;
+    if (!target.metadata.empty()) {
+        auto metadata = normalize_file_metadata(target.metadata);
+        if (!metadata) {
+            auto e = std::move(metadata).error();
+            e.detail = printable(path) + ": " + e.detail;
+            return e;
+        }
+        writer->metadata_ = std::move(*metadata);
+    }
     int err = 0;
     writer->dir_.reset(open_parent(root.root_fd, parent, target.create_parents, err));
     if (!writer->dir_.is_open()) return errno_error(err, path);
@@ -554,6 +627,9 @@ result<void> stream_writer::commit() {
     {
         const sandbox_identity identity(uid_, gid_);
         done = identity.status();
+        // The metadata first: setting a user attribute needs write permission, which the final
+        // mode may not give.
+        if (done) done = set_metadata(out_.get(), metadata_, path_);
         if (done && ::fchmod(out_.get(), mode_) != 0) done = errno_error(errno, path_);
         if (done && ::close(out_.release()) != 0) done = errno_error(errno, path_);
         if (done && ::renameat(dir_.get(), temp_.c_str(), dir_.get(), name_.c_str()) != 0) {
@@ -618,6 +694,29 @@ result<std::string> stream_reader::read(std::size_t most) {
         remaining_ -= static_cast<std::uint64_t>(n);
         return chunk;
     }
+}
+
+result<std::vector<file_metadata_result>> read_metadata(const sandbox_root& root,
+                                                        const std::vector<std::string>& paths,
+                                                        const file_limits& limits) {
+    if (paths.size() > limits.max_files) return batch_too_large(paths.size(), limits.max_files);
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    std::vector<file_metadata_result> out;
+    out.reserve(paths.size());
+    for (const auto& path : paths) {
+        file_metadata_result one;
+        one.path = path;
+        if (auto invalid = validate_path(path); !invalid) {
+            one.metadata = std::move(invalid).error();
+        } else if (const unique_fd fd(resolve(root.root_fd, path, O_PATH)); !fd.is_open()) {
+            one.metadata = errno_error(errno, path);
+        } else {
+            one.metadata = read_metadata_of(fd.get(), path);
+        }
+        out.push_back(std::move(one));
+    }
+    return out;
 }
 
 result<file_stat> stat_path(const sandbox_root& root, const std::string& path) {

@@ -81,7 +81,7 @@ class stream_writer {
                                                        const file_write_target& target);
     // too_large (nothing more is written) once the content would exceed target.max_bytes.
     result<void> append(std::string_view chunk);
-    // Sets the mode and renames the temporary file over the target.
+    // Sets the mode and the metadata, then renames the temporary file over the target.
     result<void> commit();
     void abandon() noexcept;
     ~stream_writer() { abandon(); }
@@ -102,6 +102,7 @@ class stream_writer {
     std::uint32_t mode_ = 0644;
     std::uint64_t max_bytes_ = 0;
     std::uint64_t written_ = 0;
+    file_metadata metadata_;  // normalized; set on the temporary file by commit()
 };
 
 // One regular file open for a streamed read: open() runs under the sandbox user's identity with
@@ -123,6 +124,12 @@ class stream_reader {
     file_stat stat_;
     std::uint64_t remaining_ = 0;
 };
+
+// The metadata (files.hpp) of each path, a final symlink followed inside the sandbox. Fails the
+// whole call with too_large when there are more than limits.max_files paths.
+result<std::vector<file_metadata_result>> read_metadata(const sandbox_root& root,
+                                                        const std::vector<std::string>& paths,
+                                                        const file_limits& limits);
 
 // lstat-like: a final symlink is reported as a symlink.
 result<file_stat> stat_path(const sandbox_root& root, const std::string& path);

@@ -83,6 +83,10 @@ class fault_injecting_backend final : public backend {
             return backend::async_read_file_stream(std::move(id), std::move(path));
         return real_.async_read_file_stream(std::move(id), std::move(path));
     }
+    asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
+        std::string id, std::vector<std::string> paths) override {
+        return real_.async_read_metadata(std::move(id), std::move(paths));
+    }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
         return real_.async_stat(std::move(id), std::move(path));
     }
