@@ -921,6 +921,67 @@ TEST_CASE_TEMPLATE("streamed files write atomically, create parents on request a
     t.destroy(box.id);
 }
 
+TEST_CASE_TEMPLATE(
+    "file metadata is written with a file, read back through a symlink and replaced "
+    "by the next write",
+    Kind, MOAT_CONFORMANCE_KINDS) {
+    MOAT_REQUIRE_NAMESPACES();
+    conformance<Kind> t;
+    const auto box = t.create();
+    const std::string home = Kind::home;
+    const auto write = [&](const std::string& path, moat::file_metadata metadata,
+                           std::uint32_t mode) {
+        moat::file_write_target target;
+        target.path = path;
+        target.mode = mode;
+        target.metadata = std::move(metadata);
+        auto one = std::make_shared<source_state>();
+        one->chunks = 1;
+        one->chunk_bytes = 10;
+        auto r = t.run(t.b->async_write_file_stream(box.id, target, make_source(one)));
+        REQUIRE_MESSAGE(r.has_value(), r.error().detail);
+        return r->outcome;
+    };
+    const auto read = [&](std::vector<std::string> paths) {
+        auto r = t.run(t.b->async_read_metadata(box.id, std::move(paths)));
+        REQUIRE_MESSAGE(r.has_value(), r.error().detail);
+        return std::move(*r);
+    };
+    const auto written = write(home + "/m.txt", {{"Owner", "ada"}, {"x", "a b&c=d"}}, 0600);
+    REQUIRE_MESSAGE(written.has_value(), written.error().detail);
+    const moat::file_metadata expected{{"owner", "ada"}, {"x", "a b&c=d"}};
+    // Inside, the attributes are where E2B's envd puts them.
+    const auto inside = t.sh(box.id,
+                             "python3 -I -S -c 'import os; p=os.path.expanduser(\"~/m.txt\"); "
+                             "print(sorted(os.listxattr(p)), os.getxattr(p, \"user.e2b.x\"))'; "
+                             "stat -c %a \"$HOME/m.txt\"; ln -s m.txt \"$HOME/m.link\"");
+    CHECK(inside.out.text() == "['user.e2b.owner', 'user.e2b.x'] b'a b&c=d'\n600\n");
+    auto got = read({home + "/m.txt", home + "/m.link", home + "/absent"});
+    REQUIRE(got.size() == 3);
+    REQUIRE_MESSAGE(got[0].metadata.has_value(), got[0].metadata.error().detail);
+    CHECK(*got[0].metadata == expected);
+    REQUIRE_MESSAGE(got[1].metadata.has_value(), got[1].metadata.error().detail);
+    CHECK(*got[1].metadata == expected);
+    REQUIRE(!got[2].metadata.has_value());
+    CHECK(is(got[2].metadata.error(), errc::file_not_found));
+
+    const auto replaced = write(home + "/m.txt", {{"new", "1"}}, 0644);
+    REQUIRE_MESSAGE(replaced.has_value(), replaced.error().detail);
+    got = read({home + "/m.txt"});
+    REQUIRE(got[0].metadata.has_value());
+    CHECK(*got[0].metadata == moat::file_metadata{{"new", "1"}});
+
+    // A key that breaks the rules fails the write and keeps the file as it was.
+    const auto refused = write(home + "/m.txt", {{"bad key", "1"}}, 0644);
+    REQUIRE(!refused.has_value());
+    CHECK_MESSAGE(is(refused.error(), errc::invalid_argument), refused.error().detail);
+    got = read({home + "/m.txt"});
+    REQUIRE(got[0].metadata.has_value());
+    CHECK(*got[0].metadata == moat::file_metadata{{"new", "1"}});
+    CHECK(t.sh(box.id, "ls -a \"$HOME\" | grep -c moat-upload").out.text() == "0\n");
+    t.destroy(box.id);
+}
+
 // ---- cancellation ---------------------------------------------------------------------------
 
 namespace {

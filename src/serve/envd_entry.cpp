@@ -180,6 +180,13 @@ result<std::vector<entry_info>> parse_find_output(std::string_view output) {
     return out;
 }
 
+void write_metadata(json_writer& out, const file_metadata& metadata) {
+    if (metadata.empty()) return;
+    out.key("metadata").begin_object();
+    for (const auto& [key, value] : metadata) out.key(key).value(value);
+    out.end_object();
+}
+
 void write_entry_info(json_writer& out, const entry_info& e) {
     static constexpr const char* types[] = {"FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE",
                                             "FILE_TYPE_DIRECTORY", "FILE_TYPE_SYMLINK"};
@@ -201,6 +208,7 @@ void write_entry_info(json_writer& out, const entry_info& e) {
             .value(detail::format_rfc3339(modified, e.modified_nanos != 0 ? 9 : 0));
     }
     if (e.symlink_target) out.key("symlinkTarget").value(*e.symlink_target);
+    write_metadata(out, e.metadata);
     out.end_object();
 }
 

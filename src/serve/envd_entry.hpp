@@ -12,6 +12,7 @@
 // No I/O here: unit-tested in tests/serve_files_test.cpp.
 #pragma once
 
+#include <moat/files.hpp>
 #include <moat/result.hpp>
 
 #include <cstdint>
@@ -55,6 +56,9 @@ struct entry_info {
     std::int64_t modified_seconds = 0;
     std::int32_t modified_nanos = 0;
     std::optional<std::string> symlink_target;
+    // The file's metadata (user.e2b.* attributes, a symlink's target's), read through the
+    // backend (the listing commands do not print it); "metadata" only when not empty.
+    file_metadata metadata;
 };
 
 // Go's os.FileMode.String() for a find %y type letter and %m permission bits.
@@ -68,8 +72,10 @@ std::string_view find_format();
 result<std::vector<entry_info>> parse_find_output(std::string_view output);
 
 // Writes the EntryInfo JSON object (proto3 JSON: int64 size as a string, modifiedTime RFC 3339,
-// symlinkTarget only for symlinks).
+// symlinkTarget only for symlinks, metadata only when there is some).
 void write_entry_info(json_writer& out, const entry_info& entry);
+// The "metadata" member of an EntryInfo (or of an upload reply's entry); nothing when empty.
+void write_metadata(json_writer& out, const file_metadata& metadata);
 
 // What each in-sandbox command exits with, beside 0 (done) and anything else (failed: stderr
 // names why).

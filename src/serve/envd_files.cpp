@@ -9,6 +9,7 @@
 #include "serve/multipart.hpp"
 
 #include "core/json_writer.hpp"
+#include "http/gzip_decoder.hpp"
 
 #include <openssl/evp.h>
 
@@ -53,7 +54,45 @@ std::optional<std::string> check_rpc_user(const envd_call& call) {
            sandbox_user(*call.sandbox) + "')";
 }
 
+asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
+                                                  std::vector<entry_info>& entries) {
+    const std::size_t batch = file_limits{}.max_files;
+    for (std::size_t at = 0; at < entries.size(); at += batch) {
+        const std::size_t end = std::min(entries.size(), at + batch);
+        std::vector<std::string> paths;
+        paths.reserve(end - at);
+        for (std::size_t i = at; i < end; ++i) paths.push_back(entries[i].path);
+        auto read = co_await sandbox.handle->async_read_metadata(std::move(paths));
+        if (!read) co_return std::move(read).error();
+        if (read->size() != end - at)
+            co_return make_error(errc::protocol_error,
+                                 "read_metadata answered " + std::to_string(read->size()) +
+                                     " results for " + std::to_string(end - at) + " paths");
+        for (std::size_t i = at; i < end; ++i) {
+            auto& got = (*read)[i - at].metadata;
+            if (got) entries[i].metadata = std::move(*got);
+        }
+    }
+    co_return result<void>();
+}
+
 namespace {
+
+// The X-Metadata-<key> headers as file metadata: keys lowercased, the first value of a key kept
+// (envd's rules), then checked (normalize_file_metadata).
+result<file_metadata> metadata_headers(const http::header_list& headers) {
+    constexpr std::string_view prefix = "x-metadata-";
+    file_metadata out;
+    for (const auto& h : headers) {
+        if (h.name.size() <= prefix.size() ||
+            !http::iequals(h.name.substr(0, prefix.size()), prefix))
+            continue;
+        std::string key = h.name.substr(prefix.size());
+        for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        out.emplace(std::move(key), h.value);  // a repeated key keeps its first value
+    }
+    return normalize_file_metadata(out);
+}
 
 // The per-request parameters of /files.
 struct file_request {
@@ -123,6 +162,8 @@ int status_of(const error& e) {
         e.code == errc::invalid_argument)
         return 400;
     if (e.code == errc::permission_denied) return 403;
+    if (e.code == errc::protocol_error) return 400;  // a malformed body (multipart, gzip)
+    if (e.code == errc::not_supported) return 501;
     if (e.code == errc::sandbox_unavailable || e.code == errc::sandbox_not_found) return 502;
     if (e.code == errc::deadline_exceeded) return 504;
     return 500;
@@ -199,52 +240,104 @@ asio::awaitable<void> get_file(envd_call& call) {
     (void)co_await call.response.async_end();
 }
 
-// One uploaded file's outcome, as envd's response lists it.
-std::string upload_response(const std::vector<std::string>& paths) {
+// The most an upload body may have, as sent and (gzip) inflated: one file at the cap plus its
+// multipart framing. Each file is capped by the streamed write itself (413, nothing left).
+std::uint64_t max_upload_body_bytes(const serve_context& context) {
+    return context.options.max_file_bytes + 1024 * 1024;
+}
+
+// The uploaded files, as envd's response lists them: each with the metadata read back from the
+// file (so the reply never claims what was not kept).
+std::string upload_response(const std::vector<entry_info>& files) {
     json_writer w;
     w.begin_array();
-    for (const auto& p : paths) {
+    for (const auto& f : files) {
         w.begin_object();
-        w.key("name").value(base_name(p));
+        w.key("name").value(f.name);
         w.key("type").value("file");
-        w.key("path").value(p);
+        w.key("path").value(f.path);
+        write_metadata(w, f.metadata);
         w.end_object();
     }
     w.end_array();
     return w.take();
 }
 
-file_write_target make_target(const std::string& path, const serve_context& context) {
+file_write_target make_target(const std::string& path, const file_metadata& metadata,
+                              const serve_context& context) {
     file_write_target target;
     target.path = path;
     target.mode = 0644;
     target.create_parents = true;
     target.max_bytes = context.options.max_file_bytes;
+    target.metadata = metadata;
     return target;
 }
 
+// The request body as the handlers read it: as sent, or inflated as it arrives when it came
+// with Content-Encoding: gzip (at most max_inflated bytes, and at most one decoded piece held).
+class body_reader {
+  public:
+    body_reader(http::server_request& request, bool gzip, std::uint64_t max_inflated)
+        : request_(&request) {
+        if (gzip) decoder_ = std::make_unique<http::gzip_decoder>(max_inflated);
+    }
+
+    // The next piece; "" at the end of the body.
+    asio::awaitable<result<std::string>> async_read_some() {
+        if (!decoder_) {
+            auto piece = co_await request_->async_read_some();
+            if (!piece) co_return piece.error();
+            co_return std::string(*piece);
+        }
+        while (true) {
+            // Inflate what is held (the decoder may hold output even once the input is used).
+            std::string_view input(pending_);
+            input.remove_prefix(used_);
+            auto out = decoder_->decode(input, file_stream_chunk_bytes);
+            if (!out) co_return out.error();
+            used_ = pending_.size() - input.size();
+            if (!out->empty()) co_return out;
+            if (ended_) {
+                if (!decoder_->finished())
+                    co_return make_error(errc::protocol_error,
+                                         "the gzip body ends before its stream does");
+                co_return std::string();
+            }
+            auto piece = co_await request_->async_read_some();
+            if (!piece) co_return piece.error();
+            pending_.assign(*piece);
+            used_ = 0;
+            ended_ = piece->empty();
+        }
+    }
+
+  private:
+    http::server_request* request_;
+    std::unique_ptr<http::gzip_decoder> decoder_;
+    std::string pending_;  // the compressed piece being inflated
+    std::size_t used_ = 0;
+    bool ended_ = false;
+};
+
 // A raw (application/octet-stream) body as a byte source.
 struct raw_body_source {
-    http::server_request* request;
-    asio::awaitable<result<std::string>> operator()() {
-        auto piece = co_await request->async_read_some();
-        if (!piece) co_return piece.error();
-        co_return std::string(*piece);
-    }
+    body_reader* body;
+    asio::awaitable<result<std::string>> operator()() { return body->async_read_some(); }
 };
 
 // A multipart body, read event by event (a piece of the body is read only when the events of
 // the previous one were consumed).
 class multipart_reader {
   public:
-    multipart_reader(http::server_request& request, std::string boundary)
-        : request_(&request), parser_(std::move(boundary)) {}
+    multipart_reader(body_reader& body, std::string boundary)
+        : body_(&body), parser_(std::move(boundary)) {}
 
     // The next event; nullopt at the end of the body (after the closing boundary).
     asio::awaitable<result<std::optional<multipart_event>>> async_next() {
         while (pending_.empty()) {
             if (ended_) co_return std::optional<multipart_event>();
-            auto piece = co_await request_->async_read_some();
+            auto piece = co_await body_->async_read_some();
             if (!piece) co_return piece.error();
             if (piece->empty()) {
                 ended_ = true;
@@ -265,7 +358,7 @@ class multipart_reader {
     }
 
   private:
-    http::server_request* request_;
+    body_reader* body_;
     multipart_parser parser_;
     std::deque<multipart_event> pending_;
     bool ended_ = false;
@@ -286,8 +379,8 @@ struct part_source {
 };
 
 asio::awaitable<result<void>> async_write_one(envd_call& call, const std::string& path,
-                                              byte_source source) {
-    auto target = make_target(path, call.context);
+                                              const file_metadata& metadata, byte_source source) {
+    auto target = make_target(path, metadata, call.context);
     auto written = co_await call.sandbox->handle->async_write_file_stream(std::move(target),
                                                                           std::move(source));
     if (!written) co_return written.error();
@@ -303,9 +396,22 @@ asio::awaitable<void> post_file(envd_call& call) {
         co_await send_json_error(call, status, message);
         co_return;
     }
-    if (auto encoding = call.request.headers().find("content-encoding");
-        encoding && !http::iequals(*encoding, "identity")) {
-        co_await send_json_error(call, 400, "Content-Encoding is not supported by moat serve");
+    // envd's encodings: none, identity or gzip, for the whole body.
+    bool gzip = false;
+    if (auto encoding = call.request.headers().find("content-encoding"); encoding) {
+        gzip = http::iequals(*encoding, "gzip");
+        if (!gzip && !encoding->empty() && !http::iequals(*encoding, "identity")) {
+            auto message = "unsupported Content-Encoding '" + std::string(encoding->substr(0, 64)) +
+                           "' (gzip or identity)";
+            co_await send_json_error(call, 400, message);
+            co_return;
+        }
+    }
+    body_reader body(call.request, gzip, max_upload_body_bytes(call.context));
+    auto metadata = metadata_headers(call.request.headers());
+    if (!metadata) {
+        auto message = "invalid metadata: " + metadata.error().detail;
+        co_await send_json_error(call, 400, message);
         co_return;
     }
     const auto content_type = call.request.headers().find("content-type").value_or("");
@@ -316,9 +422,9 @@ asio::awaitable<void> post_file(envd_call& call) {
             co_await send_json_error(call, 400, "the path query parameter is required");
             co_return;
         }
-        byte_source source = raw_body_source{&call.request};
+        byte_source source = raw_body_source{&body};
         auto path = checked.path;
-        auto done = co_await async_write_one(call, path, std::move(source));
+        auto done = co_await async_write_one(call, path, *metadata, std::move(source));
         if (!done) {
             const int status = status_of(done.error());
             auto message = done.error().detail;
@@ -333,7 +439,7 @@ asio::awaitable<void> post_file(envd_call& call) {
             co_await send_json_error(call, 400, message);
             co_return;
         }
-        multipart_reader reader(call.request, std::move(*boundary));
+        multipart_reader reader(body, std::move(*boundary));
         while (true) {
             auto next = co_await reader.async_next();
             if (!next) {
@@ -376,7 +482,7 @@ asio::awaitable<void> post_file(envd_call& call) {
                 co_return;
             }
             byte_source source = part_source{&reader};
-            auto done = co_await async_write_one(call, path, std::move(source));
+            auto done = co_await async_write_one(call, path, *metadata, std::move(source));
             if (!done) {
                 const int status = status_of(done.error());
                 auto message = done.error().detail;
@@ -390,19 +496,28 @@ asio::awaitable<void> post_file(envd_call& call) {
             co_return;
         }
     }
+    std::vector<entry_info> files(written.size());
+    for (std::size_t i = 0; i < written.size(); ++i) {
+        files[i].path = written[i];
+        files[i].name = base_name(written[i]);
+    }
+    if (auto filled = co_await async_fill_metadata(*call.sandbox, files); !filled) {
+        const int status = status_of(filled.error());
+        auto message = filled.error().detail;
+        co_await send_json_error(call, status, message);
+        co_return;
+    }
     http::header_list headers;
     headers.add("Content-Type", "application/json");
-    auto body = upload_response(written);
-    (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
+    auto reply = upload_response(files);
+    (void)co_await call.response.async_send(200, std::move(headers), std::move(reply));
 }
 
 }  // namespace
 
 void add_file_routes(envd_routes& routes, serve_context& context) {
     http::route_options options;
-    // The whole body: one file at the cap plus its multipart framing. Each file is capped by
-    // the streamed write itself (413, nothing left).
-    options.max_body_bytes = context.options.max_file_bytes + 1024 * 1024;
+    options.max_body_bytes = max_upload_body_bytes(context);
     routes.add("GET", "/files", get_file, {}, envd_auth::token_or_signature);
     routes.add("POST", "/files", post_file, options, envd_auth::token_or_signature);
     auto* registry = &context.registry;

@@ -6,7 +6,11 @@
 // its filename is the destination when the query has no `path`) or application/octet-stream
 // (`path` required), streams each file into the sandbox in bounded memory (one body piece and
 // one backend chunk at a time), creates missing parent directories, and answers envd's
-// [{"name","type":"file","path"}]. A file past serve_options::max_file_bytes is 413 and nothing
+// [{"name","type":"file","path","metadata"?}]. The X-Metadata-<key> headers (key lowercased,
+// the first value of each) become every uploaded file's metadata (files.hpp: user.e2b.<key>
+// attributes, replacing what a replaced file had); a key or value that breaks the rules is 400
+// before anything is written. A body with Content-Encoding: gzip is inflated as it is read (the
+// caps count the inflated bytes). A file past serve_options::max_file_bytes is 413 and nothing
 // of it is left. The whole body is capped too (max_file_bytes plus 1 MiB for multipart framing).
 //
 // Signed URLs: the routes accept a `signature` (and `signature_expiration`) query instead of the
@@ -15,10 +19,12 @@
 // address), against each live sandbox's token; an expired or wrong signature is 401.
 #pragma once
 
+#include "serve/envd_entry.hpp"
 #include "serve/envd_service.hpp"
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace moat::serve {
 
@@ -26,6 +32,12 @@ namespace moat::serve {
 std::string sandbox_home(const registry_entry& sandbox);
 // The user commands and files run as ("user" under moat serve).
 std::string sandbox_user(const registry_entry& sandbox);
+
+// Fills each entry's metadata from the sandbox (entry_info::metadata), in batches of
+// file_limits::max_files paths. Best effort per path, as envd's (an entry that vanished or
+// cannot be read keeps none); fails only when the sandbox cannot be reached.
+asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
+                                                  std::vector<entry_info>& entries);
 
 // An RPC's user (Authorization: Basic base64("<user>:")): nullopt when absent or the sandbox's
 // user, else the one-line reason to refuse it (unauthenticated).

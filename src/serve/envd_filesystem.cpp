@@ -61,7 +61,8 @@ result<std::string> path_field(const request_json& r, const char* name,
     return resolve_envd_path(string_field(r, name), sandbox_home(sandbox));
 }
 
-// One of envd_entry's commands, run: its exit code and the entries it printed.
+// One of envd_entry's commands, run: its exit code and the entries it printed, each with its
+// metadata (read through the backend: find cannot print extended attributes).
 struct command_outcome {
     int exit_code = 0;
     std::vector<entry_info> entries;
@@ -86,6 +87,8 @@ asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<
         auto parsed = parse_find_output(ran->out.head);
         if (!parsed) co_return parsed.error();
         out.entries = std::move(*parsed);
+        if (auto filled = co_await async_fill_metadata(*call.sandbox, out.entries); !filled)
+            co_return std::move(filled).error();
     } else if (ran->exit_code != exit_not_found && ran->exit_code != exit_not_directory &&
                ran->exit_code != exit_already_exists) {
         // The first line of what the command said (coreutils name the path and the reason).

@@ -2,7 +2,8 @@
 // and 2.50.0: text and binary round trips, list / exists / makeDir / rename / remove, missing-file
 // errors, signed download and upload URLs (and an expired one refused), symlinks planted inside
 // that point at host paths, a 100 MiB upload and download with the server's peak RSS read from
-// /proc, and the per-file cap (413, nothing left).
+// /proc, the per-file cap (413, nothing left, also for a gzip body as it inflates), file metadata
+// (X-Metadata-* headers, user.e2b.* attributes) and gzip uploads.
 // Run: node tests/e2b/files.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
@@ -102,6 +103,46 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 ]);
                 assert.deepEqual(many.map((w) => w.path), [`${home}/multi/one`, `${home}/multi/two`]);
                 assert.equal(await sbx.files.read('multi/two'), '2');
+            } finally {
+                await killAndCheck(sbx);
+            }
+        });
+
+        test('file metadata is kept as user.e2b.* attributes, returned by write, getInfo and list, replaced by the next write; gzip uploads inflate', async () => {
+            const sbx = await Sandbox.create({ timeoutMs: 120_000 });
+            try {
+                const meta = { Author: 'ada', note: 'a b&c=d' };
+                const kept = { author: 'ada', note: 'a b&c=d' };  // envd lowercases the keys
+                const info = await sbx.files.write('meta/a.txt', 'with metadata', { metadata: meta });
+                assert.deepEqual(info.metadata, kept);
+                assert.deepEqual((await sbx.files.getInfo('meta/a.txt')).metadata, kept);
+                const listed = await sbx.files.list('meta');
+                assert.deepEqual(listed.map((e) => [e.name, e.metadata]), [['a.txt', kept]]);
+                // What the file carries, as code inside the sandbox sees it.
+                const xattrs = await inSandbox(sbx, `python3 -I -S -c 'import os; p=os.path.expanduser("~/meta/a.txt"); print(sorted((n, os.getxattr(p, n).decode()) for n in os.listxattr(p)))'`);
+                assert.equal(xattrs, "[('user.e2b.author', 'ada'), ('user.e2b.note', 'a b&c=d')]\n");
+                // A symlink's entry carries its target's metadata, as envd's.
+                await inSandbox(sbx, 'ln -s a.txt ~/meta/link');
+                assert.deepEqual((await sbx.files.getInfo('meta/link')).metadata, kept);
+                // Every file of a multi-file write gets the same metadata.
+                const many = await sbx.files.write([{ path: 'meta/b', data: '1' }, { path: 'meta/c', data: '2' }], { metadata: { k: 'v' } });
+                assert.deepEqual(many.map((f) => [f.name, f.metadata]), [['b', { k: 'v' }], ['c', { k: 'v' }]]);
+                // Overwriting without metadata clears it.
+                const plain = await sbx.files.write('meta/a.txt', 'no metadata now');
+                assert.equal(plain.metadata, undefined);
+                assert.equal((await sbx.files.getInfo('meta/a.txt')).metadata, undefined);
+                assert.equal(await inSandbox(sbx, `python3 -I -S -c 'import os; print(os.listxattr(os.path.expanduser("~/meta/a.txt")))'`), '[]\n');
+                // A key past envd's 246 bytes (the SDK does not check the length) is 400, and
+                // nothing is written.
+                await assert.rejects(sbx.files.write('meta/long', 'x', { metadata: { ['k'.repeat(247)]: 'v' } }),
+                    (e) => e.name === 'InvalidArgumentError' && /longer than 246 bytes/.test(e.message));
+                assert.equal(await sbx.files.exists('meta/long'), false);
+                // gzip: the SDK compresses the body and sends Content-Encoding: gzip.
+                const bytes = new Uint8Array(200_000).map((_, i) => (i * 31) % 256);
+                const zipped = await sbx.files.write('gz/data.bin', bytes, { gzip: true, metadata: { z: '1' } });
+                assert.deepEqual(zipped.metadata, { z: '1' });
+                const back = await sbx.files.read('gz/data.bin', { format: 'bytes' });
+                assert.deepEqual(Buffer.from(back), Buffer.from(bytes));
             } finally {
                 await killAndCheck(sbx);
             }
@@ -263,6 +304,16 @@ describe('the per-file cap', () => {
                 form.append('file', new Blob([over]), 'cap/multi');
                 r = await fetch(url('cap/multi'), { method: 'POST', headers, body: form });
                 assert.equal(r.status, 413);
+                // A gzip body is capped as it inflates: 64 MiB of zeros, sent as about 64 KiB.
+                const { gzipSync } = await import('node:zlib');
+                const bomb = gzipSync(Buffer.alloc(64 << 20));
+                r = await fetch(url('cap/bomb'), { method: 'POST', headers: { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' }, body: bomb });
+                assert.equal(r.status, 413);
+                r = await fetch(url('cap/notgzip'), { method: 'POST', headers: { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' }, body: 'plain text' });
+                assert.equal(r.status, 400);
+                assert.match((await r.json()).message, /gzip/);
+                r = await fetch(url('cap/br'), { method: 'POST', headers: { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Encoding': 'br' }, body: 'x' });
+                assert.equal(r.status, 400);
                 const names = (await sbx.files.list('cap')).map((e) => e.name);
                 assert.deepEqual(names, ['exact']);
                 assert.equal((await sbx.files.getInfo('cap/exact')).size, 1048576);
