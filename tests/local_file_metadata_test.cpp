@@ -5,6 +5,7 @@
 #include <moat/runtime.hpp>
 
 #include "support/local_fixture.hpp"
+#include "support/text_source.hpp"
 
 #include <memory>
 #include <string>
@@ -12,26 +13,9 @@
 using moat::errc;
 using moat::file_metadata;
 using moat::test::local_fixture;
+using moat::test::text_source;
 
 namespace {
-
-struct one_chunk {
-    std::string text;
-    bool sent = false;
-};
-
-asio::awaitable<moat::result<std::string>> pull_once(std::shared_ptr<one_chunk> state) {
-    std::string chunk;
-    if (!state->sent) chunk = state->text;
-    state->sent = true;
-    co_return chunk;
-}
-
-moat::byte_source text_source(std::string text) {
-    auto state = std::make_shared<one_chunk>();
-    state->text = std::move(text);
-    return [state]() { return pull_once(state); };
-}
 
 moat::result<void> write_with(local_fixture& f, const std::string& id, const std::string& path,
                               std::string content, file_metadata metadata,

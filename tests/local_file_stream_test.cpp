@@ -10,6 +10,7 @@
 #include "support/fault_injecting_backend.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
+#include "support/text_source.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -28,6 +29,7 @@
 
 using moat::errc;
 using moat::test::local_fixture;
+using moat::test::text_source;
 using moat::test::until;
 using namespace std::chrono_literals;
 
@@ -172,25 +174,6 @@ moat::result<void> write_stream(local_fixture& f, const std::string& id,
     if (!r) FAIL("write_file_stream failed whole: " << r.error().to_string());
     CHECK(r->path == target.path);
     return r->outcome;
-}
-
-struct text_state {
-    std::string text;
-    bool sent = false;
-};
-
-asio::awaitable<moat::result<std::string>> pull_text(std::shared_ptr<text_state> state) {
-    std::string chunk;
-    if (!state->sent) chunk = state->text;
-    state->sent = true;
-    co_return chunk;
-}
-
-// One chunk, then the end.
-moat::byte_source text_source(std::string text) {
-    auto state = std::make_shared<text_state>();
-    state->text = std::move(text);
-    return [state]() { return pull_text(state); };
 }
 
 using exec_slot = std::optional<moat::result<moat::exec_result>>;
