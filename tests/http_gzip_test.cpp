@@ -113,9 +113,9 @@ TEST_CASE("a gzip body that is not gzip, corrupt or cut short is an error, never
 }
 
 TEST_CASE("a gzip bomb stops at its cap, one piece at a time") {
-    const std::string zeros(64 << 20, '\0');
-    const auto bomb = gzip(zeros);  // about 64 KiB
-    CHECK(bomb.size() < 128 * 1024);
+    const std::string zeros(16 << 20, '\0');
+    const auto bomb = gzip(zeros);  // about 16 KiB
+    CHECK(bomb.size() < 64 * 1024);
     auto r = decode_all(bomb, 4096, 1 << 20, 32 * 1024);
     REQUIRE(r.failure);
     CHECK(r.failure->code == errc::too_large);
