@@ -2,19 +2,14 @@
 // metadata before any of it reaches a filesystem.
 #include "core/file_metadata.hpp"
 
+#include "core/ascii.hpp"
+
 #include <moat/files.hpp>
 
-#include <cctype>
 #include <string_view>
 
 namespace moat {
 namespace {
-
-// RFC 9110 tchar: what an X-Metadata-<key> header name may hold.
-bool is_token_char(unsigned char c) noexcept {
-    if (std::isalnum(c) != 0) return true;
-    return std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
-}
 
 // A key as it may appear in a detail: at most 64 bytes, bytes outside printable ASCII as '?'.
 std::string shown(std::string_view key) {
@@ -39,13 +34,12 @@ result<file_metadata> normalize_file_metadata(const file_metadata& metadata) {
         std::string lowered;
         lowered.reserve(key.size());
         for (const char c : key) {
-            const auto byte = static_cast<unsigned char>(c);
-            if (!is_token_char(byte))
+            if (!detail::is_token_char(c))
                 return make_error(errc::invalid_argument,
                                   "metadata key '" + shown(key) +
                                       "' has a character other than letters, digits and "
                                       "!#$%&'*+-.^_`|~");
-            lowered.push_back(static_cast<char>(std::tolower(byte)));
+            lowered.push_back(detail::ascii_lower(c));
         }
         for (const char c : value) {
             const auto byte = static_cast<unsigned char>(c);

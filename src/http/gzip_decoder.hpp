@@ -37,8 +37,6 @@ class gzip_decoder {
     // is false was cut short.
     bool finished() const noexcept { return at_member_end_; }
 
-    std::uint64_t total_out() const noexcept { return total_out_; }
-
   private:
     struct state;
     std::unique_ptr<state> z_;

@@ -8,6 +8,7 @@
 #include "serve/file_signature.hpp"
 #include "serve/multipart.hpp"
 
+#include "core/ascii.hpp"
 #include "core/json_writer.hpp"
 #include "http/gzip_decoder.hpp"
 
@@ -87,9 +88,8 @@ result<file_metadata> metadata_headers(const http::header_list& headers) {
         if (h.name.size() <= prefix.size() ||
             !http::iequals(h.name.substr(0, prefix.size()), prefix))
             continue;
-        std::string key = h.name.substr(prefix.size());
-        for (char& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        out.emplace(std::move(key), h.value);  // a repeated key keeps its first value
+        out.emplace(detail::ascii_lowered(std::string_view(h.name).substr(prefix.size())),
+                    h.value);  // a repeated key keeps its first value
     }
     return normalize_file_metadata(out);
 }

@@ -1,5 +1,7 @@
 #include "serve/multipart.hpp"
 
+#include "core/ascii.hpp"
+
 #include <algorithm>
 #include <optional>
 
@@ -7,30 +9,20 @@ namespace moat::serve {
 
 namespace {
 
+using detail::ascii_lower;
+using detail::ascii_lowered;
+using detail::is_token_char;
+
 constexpr std::string_view crlf = "\r\n";
 
-char lower(char c) noexcept {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
 bool iequals(std::string_view a, std::string_view b) noexcept {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
-                                              [](char x, char y) { return lower(x) == lower(y); });
-}
-
-std::string to_lower(std::string_view s) {
-    std::string out(s);
-    for (auto& c : out) c = lower(c);
-    return out;
-}
-
-bool is_tchar(char c) noexcept {
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return true;
-    return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+               return ascii_lower(x) == ascii_lower(y);
+           });
 }
 
 bool is_token(std::string_view s) noexcept {
-    return !s.empty() && std::all_of(s.begin(), s.end(), is_tchar);
+    return !s.empty() && std::all_of(s.begin(), s.end(), is_token_char);
 }
 
 std::string_view trim(std::string_view s) noexcept {
@@ -62,7 +54,7 @@ std::optional<media_type> parse_media_type(std::string_view s) {
     } else if (!is_token(type.substr(0, slash)) || !is_token(type.substr(slash + 1))) {
         return std::nullopt;
     }
-    out.type = to_lower(type);
+    out.type = ascii_lowered(type);
     if (semicolon == std::string_view::npos) return out;
     s.remove_prefix(semicolon + 1);
     while (true) {
@@ -92,12 +84,12 @@ std::optional<media_type> parse_media_type(std::string_view s) {
             s.remove_prefix(i + 1);
         } else {
             std::size_t i = 0;
-            while (i < s.size() && is_tchar(s[i])) ++i;
+            while (i < s.size() && is_token_char(s[i])) ++i;
             if (i == 0) return std::nullopt;
             value.assign(s.substr(0, i));
             s.remove_prefix(i);
         }
-        auto lowered = to_lower(name);
+        auto lowered = ascii_lowered(name);
         if (out.find(lowered) != nullptr) return std::nullopt;
         out.params.emplace_back(std::move(lowered), std::move(value));
         s = trim(s);
