@@ -34,6 +34,7 @@
 #include "sandboxd/cgroups.hpp"
 #include "sandboxd/seccomp_filter.hpp"
 #include "sandboxd/spawn_sandbox.hpp"
+#include "sandboxd/state_dir.hpp"
 #include "sandboxd/template_root.hpp"
 #include "sandboxd/uid_slots.hpp"
 #include "wire/fd_passing.hpp"
@@ -77,6 +78,8 @@ struct raw_runner {
         if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
             return "make / private failed";
         std::string detail;
+        // As the helper does: on a host where no sandbox was made yet, the directory is new.
+        if (sandboxd::prepare_state_dir(state_dir, detail) != 0) return detail;
         template_path = state_dir + "/raw-bench-template";
         if (sandboxd::build_template_root(template_path, detail) != 0) return detail;
         std::vector<sock_filter> filter;

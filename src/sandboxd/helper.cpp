@@ -25,6 +25,7 @@
 #include "sandboxd/cgroups.hpp"
 #include "sandboxd/seccomp_filter.hpp"
 #include "sandboxd/spawn_sandbox.hpp"
+#include "sandboxd/state_dir.hpp"
 #include "sandboxd/template_root.hpp"
 #include "sandboxd/uid_slots.hpp"
 #include "wire/fd_passing.hpp"
@@ -54,26 +55,6 @@ int send(const Message& m, std::span<const int> fds = {}) {
         if (wire::send_record(control_fd, bytes, fds, 0) >= 0) return 0;
         if (errno != EINTR) return errno;
     }
-}
-
-int make_directories(const std::string& path) {
-    for (std::size_t slash = 1; slash <= path.size(); ++slash) {
-        if (slash != path.size() && path[slash] != '/') continue;
-        const std::string prefix = path.substr(0, slash);
-        if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return errno;
-    }
-    return 0;
-}
-
-// The first proper ancestor of `path` that others cannot search, or "".
-std::string first_unsearchable_ancestor(const std::string& path) {
-    for (std::size_t slash = path.find('/', 1); slash != std::string::npos;
-         slash = path.find('/', slash + 1)) {
-        const std::string prefix = path.substr(0, slash);
-        struct stat st {};
-        if (::stat(prefix.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return prefix;
-    }
-    return "";
 }
 
 bool valid_sandbox_id(std::string_view id) {
@@ -324,20 +305,10 @@ void helper::setup() {
                        std::to_string(::geteuid()) + ")");
         return;
     }
-    if (const int err = make_directories(state_dir_)) {
-        return fail_setup(moat::errc::layer_unavailable, err, "helper: mkdir " + state_dir_);
-    }
-    // Searchable, not listable: each sandbox's setup runs as its own unprivileged host uid and
-    // must reach the (public, read-only) template inside. The uid-slot locks stay 0700.
-    if (::chmod(state_dir_.c_str(), 0711) != 0) {
-        return fail_setup(moat::errc::layer_unavailable, errno, "helper: chmod " + state_dir_);
-    }
-    if (const std::string closed = first_unsearchable_ancestor(state_dir_); !closed.empty()) {
-        return fail_setup(moat::errc::layer_unavailable, 0,
-                          "helper: state directory " + state_dir_ +
-                              " is unreachable for sandbox "
-                              "uids: " +
-                              closed + " is not searchable by others (chmod o+x)");
+    // Searchable, not listable (see state_dir.hpp). The uid-slot locks stay 0700.
+    if (std::string detail; const int err = prepare_state_dir(state_dir_, detail)) {
+        return fail_setup(moat::errc::layer_unavailable, err == EACCES ? 0 : err,
+                          "helper: " + detail);
     }
     // Records and attach sockets: root only, whatever the state directory's mode.
     const std::string sandboxes = wire::sandboxes_dir(state_dir_);
