@@ -30,6 +30,8 @@ void check_error(const moat::error& e) {
 void check_detail(const e2b::sandbox_detail& d) {
     require(e2b::is_valid_sandbox_id(d.sandbox_id));
     require(d.metadata.size() <= e2b::max_metadata_entries);
+    require(d.allow_out.size() <= e2b::max_network_entries);
+    require(d.deny_out.size() <= e2b::max_network_entries);
 }
 
 // Splits the input at NUL bytes into key, value, key, value...

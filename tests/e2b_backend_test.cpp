@@ -887,6 +887,41 @@ TEST_CASE(
     CHECK(d->cpu_count == 2);
     CHECK(d->metadata.at("k") == "v");
     CHECK(d->end_at - d->started_at == std::chrono::milliseconds(-3600000 + 300500));
+    // Egress: the switch and the network lists of a SandboxDetail; a list entry reports none.
+    const std::string head =
+        R"({"sandboxID":"iabc","startedAt":"2026-12-01T10:00:00Z","endAt":"2026-12-01T10:05:00Z")";
+    auto egress = parse_sandbox_detail(
+        head + R"(,"allowInternetAccess":true,"network":{"allowOut":["pypi.org","10.0.0.0/8"],)" +
+        R"("denyOut":["0.0.0.0/0"]}})");
+    REQUIRE_MESSAGE(egress, egress.error().to_string());
+    CHECK(egress->network_reported);
+    CHECK(egress->allow_internet_access == true);
+    CHECK(egress->allow_out == std::vector<std::string>{"pypi.org", "10.0.0.0/8"});
+    CHECK(egress->deny_out == std::vector<std::string>{"0.0.0.0/0"});
+    auto plain = parse_sandbox_detail(head + R"(,"allowInternetAccess":null,"network":null})");
+    REQUIRE(plain);
+    CHECK_FALSE(plain->allow_internet_access.has_value());
+    CHECK(plain->allow_out.empty());
+    auto listed = parse_sandbox_list("[" + head + R"(,"allowInternetAccess":false}])");
+    REQUIRE_MESSAGE(listed, listed.error().to_string());
+    REQUIRE(listed->size() == 1);
+    CHECK_FALSE(listed->front().network_reported);
+    for (const std::string bad :
+         {R"(,"allowInternetAccess":"yes"})", R"(,"network":[]})",
+          R"(,"network":{"allowOut":"pypi.org"}})", R"(,"network":{"denyOut":[7]}})"}) {
+        const auto refused = parse_sandbox_detail(head + bad);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == errc::protocol_error);
+        CHECK_MESSAGE((refused.error().detail.find("allowInternetAccess") != std::string::npos ||
+                       refused.error().detail.find("'network") != std::string::npos),
+                      refused.error().detail);
+    }
+    std::string many = head + R"(,"network":{"denyOut":[)";
+    for (std::size_t i = 0; i <= max_network_entries; ++i)
+        many += (i ? ",\"1.2.3.4\"" : "\"1.2.3.4\"");
+    const auto too_many = parse_sandbox_detail(many + "]}}");
+    REQUIRE_FALSE(too_many);
+    CHECK(too_many.error().detail.find("more than 256 entries") != std::string::npos);
     CHECK_FALSE(parse_sandbox_list(std::string(max_list_body_bytes + 1, ' ')));
     CHECK(parse_sandbox_list("[]"));
     CHECK(parse_error_message(R"({"code":404,"message":"gone\nnow"})") == "gonenow");

@@ -502,6 +502,7 @@ struct e2b_over_serve {
         config.api_key = serve.api_key();
         config.request_timeout = 20s;
         e2b = moat::make_e2b_backend(fixture.io.get_executor(), config);
+        observer = moat::make_e2b_backend(fixture.io.get_executor(), config);
     }
 
     static moat::test::serve_process_options options_with(std::vector<std::string> args) {
@@ -517,12 +518,20 @@ struct e2b_over_serve {
         return fixture.run(e2b->async_create(std::move(spec)));
     }
 
-    // The network of the sandbox serve made, as the local backend below it recorded it.
+    // The network of the sandbox serve made, as the local backend below it recorded it. The
+    // e2b backends report the same through serve's SandboxDetail: the creator's inspect and
+    // another backend's (which does not hold it), however serve narrowed the request.
     moat::sandbox_network policy_of(moat::sandbox_network requested) {
         const auto made = create(std::move(requested));
         REQUIRE_MESSAGE(made, made.error().to_string());
         const auto seen = fixture.run(fixture.local->async_attach(made->id));
         REQUIRE(seen);
+        for (auto* reporter : {e2b.get(), observer.get()}) {
+            const auto reported = fixture.run(reporter->async_inspect(made->id));
+            REQUIRE_MESSAGE(reported, reported.error().to_string());
+            CHECK(reported->network.mode == seen->network.mode);
+            CHECK(reported->network.allow_hosts == seen->network.allow_hosts);
+        }
         detail = get_detail(made->id);
         CHECK(fixture.run(e2b->async_destroy(made->id)));
         return seen->network;
@@ -548,7 +557,8 @@ struct e2b_over_serve {
     local_fixture& fixture;
     moat::test::serve_process serve;
     std::unique_ptr<moat::backend> e2b;
-    std::string detail;  // the last policy_of's GET /sandboxes/{id} body
+    std::unique_ptr<moat::backend> observer;  // holds none of the sandboxes
+    std::string detail;                       // the last policy_of's GET /sandboxes/{id} body
 };
 
 moat::sandbox_network allow(std::vector<std::string> hosts) {

@@ -178,7 +178,10 @@ struct sandbox_info {
     // The effective layout (see sandbox_layout): kept in the local backend's record, so attach,
     // inspect and list from another process report it too.
     sandbox_layout layout;
-    // What it was created with (see sandbox_network).
+    // What it was created with (see sandbox_network). e2b backend: create reports what was
+    // asked; inspect and attach report what the provider's SandboxDetail says (an E2B host may
+    // have narrowed it); a list entry reports what this backend holds, and none for a sandbox it
+    // does not hold, as E2B's list carries no egress (inspect that one to know).
     sandbox_network network;
     // The backend instance that created it (local: local_options::owner_instance) and whether it
     // outlives that instance's process.

@@ -6,6 +6,7 @@
 #include "core/exception_boundary.hpp"
 #include "e2b/control_plane_client.hpp"
 #include "e2b/envd_client.hpp"
+#include "egress/address_policy.hpp"
 #include "egress/network_policy.hpp"
 #include "http/client.hpp"
 #include "local/spec_validation.hpp"
@@ -110,6 +111,27 @@ struct backend_state {
     bool stopping = false;
 };
 
+// The egress a SandboxDetail reports, in moat's terms. The switch off, or every address denied
+// (denyOut 0.0.0.0/0), leaves what allowOut lets past: its names (allow_hosts) and its address
+// entries (allow_addresses), an allow-list, or none when it lists nothing. The switch on (or
+// absent: E2B's default) without that deny is all; moat has no "all but some ranges", and the
+// wider answer is the one a caller may rely on.
+sandbox_network network_from(const e2b::sandbox_detail& d) {
+    sandbox_network n;
+    const bool denies_all =
+        d.allow_internet_access == false ||
+        std::find(d.deny_out.begin(), d.deny_out.end(), "0.0.0.0/0") != d.deny_out.end();
+    if (!denies_all) {
+        n.mode = network_mode::all;
+        return n;
+    }
+    for (const auto& entry : d.allow_out) {
+        (egress::is_address_entry(entry) ? n.allow_addresses : n.allow_hosts).push_back(entry);
+    }
+    if (!n.allow_hosts.empty() || !n.allow_addresses.empty()) n.mode = network_mode::allow_list;
+    return n;
+}
+
 sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
     sandbox_info info;
     info.id = d.sandbox_id;
@@ -133,9 +155,17 @@ sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
     }
     info.layout = e2b_layout();
     info.owned = false;
-    if (auto it = s.held.find(d.sandbox_id); it != s.held.end()) {
-        info.owned = it->second->info.owned;
-        if (it->second->heartbeat) info.expires_at = it->second->ttl_end;
+    const auto held = s.held.find(d.sandbox_id);
+    // A SandboxDetail tells the provider's view of the egress; a list entry tells none, and
+    // then a sandbox this backend holds keeps what it was created or attached with.
+    if (d.network_reported) {
+        info.network = network_from(d);
+    } else if (held != s.held.end()) {
+        info.network = held->second->info.network;
+    }
+    if (held != s.held.end()) {
+        info.owned = held->second->info.owned;
+        if (held->second->heartbeat) info.expires_at = held->second->ttl_end;
     }
     return info;
 }

@@ -95,6 +95,53 @@ result<void> metadata_field(simdjson::dom::object o, std::map<std::string, std::
     return {};
 }
 
+// One of network.allowOut / network.denyOut: absent or null gives none.
+result<void> network_list_field(simdjson::dom::object network, const char* name,
+                                std::vector<std::string>& out, const char* what) {
+    simdjson::dom::element e;
+    if (network[name].get(e) != simdjson::SUCCESS || e.is_null()) return {};
+    simdjson::dom::array items;
+    if (e.get_array().get(items) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " whose 'network." + name + "' is not an array");
+    }
+    for (auto item : items) {
+        std::string_view v;
+        if (item.get_string().get(v) != simdjson::SUCCESS) {
+            return bad(std::string(what) + " whose 'network." + name +
+                       "' has an entry that is not a string");
+        }
+        if (v.size() > max_string_bytes) {
+            return bad(std::string(what) + " whose 'network." + name + "' has an entry over " +
+                       std::to_string(max_string_bytes) + " bytes");
+        }
+        if (out.size() >= max_network_entries) {
+            return bad(std::string(what) + " whose 'network." + name + "' has more than " +
+                       std::to_string(max_network_entries) + " entries");
+        }
+        out.emplace_back(v);
+    }
+    return {};
+}
+
+// allowInternetAccess and the network object of a SandboxDetail.
+result<void> network_fields(simdjson::dom::object o, sandbox_detail& d, const char* what) {
+    simdjson::dom::element e;
+    if (o["allowInternetAccess"].get(e) == simdjson::SUCCESS && !e.is_null()) {
+        bool on = false;
+        if (e.get_bool().get(on) != simdjson::SUCCESS) {
+            return bad(std::string(what) + " whose 'allowInternetAccess' is not a boolean");
+        }
+        d.allow_internet_access = on;
+    }
+    if (o["network"].get(e) != simdjson::SUCCESS || e.is_null()) return {};
+    simdjson::dom::object network;
+    if (e.get_object().get(network) != simdjson::SUCCESS) {
+        return bad(std::string(what) + " whose 'network' is not an object");
+    }
+    if (auto ok = network_list_field(network, "allowOut", d.allow_out, what); !ok) return ok;
+    return network_list_field(network, "denyOut", d.deny_out, what);
+}
+
 result<sandbox_detail> detail_from(simdjson::dom::element element, const char* what) {
     simdjson::dom::object o;
     if (element.get_object().get(o) != simdjson::SUCCESS) {
@@ -128,6 +175,7 @@ result<sandbox_detail> detail_from(simdjson::dom::element element, const char* w
     }
     auto metadata = metadata_field(o, d.metadata, what);
     if (!metadata) return std::move(metadata).error();
+    if (auto network = network_fields(o, d, what); !network) return std::move(network).error();
     return d;
 }
 
@@ -185,7 +233,9 @@ result<sandbox_detail> parse_sandbox_detail(std::string_view body) {
     simdjson::dom::parser parser;
     auto root = parse_root(parser, body, max_sandbox_body_bytes, "a SandboxDetail");
     if (!root) return std::move(root).error();
-    return detail_from(*root, "a SandboxDetail");
+    auto d = detail_from(*root, "a SandboxDetail");
+    if (d) d->network_reported = true;
+    return d;
 }
 
 result<std::vector<sandbox_detail>> parse_sandbox_list(std::string_view body) {

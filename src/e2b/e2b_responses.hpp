@@ -30,6 +30,8 @@ inline constexpr std::size_t max_error_body_bytes = 16 * 1024;
 inline constexpr std::size_t max_listed_sandboxes = 1000;
 inline constexpr std::size_t max_metadata_entries = 256;
 inline constexpr std::size_t max_string_bytes = 8 * 1024;
+// Entries of one of a SandboxDetail's network lists (allowOut, denyOut) at most.
+inline constexpr std::size_t max_network_entries = 256;
 
 // Sandbox: the reply to a create or a connect.
 struct sandbox_reply {
@@ -55,6 +57,14 @@ struct sandbox_detail {
     std::map<std::string, std::string> metadata;
     std::string envd_access_token;
     std::string domain;
+    // SandboxDetail only: its egress switch (nullopt when absent or null: E2B's default, which
+    // is on) and the `network` object's allowOut (names, CIDRs) and denyOut (CIDRs).
+    std::optional<bool> allow_internet_access;
+    std::vector<std::string> allow_out;
+    std::vector<std::string> deny_out;
+    // True when parsed from a SandboxDetail, whose egress fields describe the sandbox (absent
+    // ones meaning E2B's defaults); false for a ListedSandbox, which has none.
+    bool network_reported = false;
 };
 result<sandbox_detail> parse_sandbox_detail(std::string_view body);
 result<std::vector<sandbox_detail>> parse_sandbox_list(std::string_view body);

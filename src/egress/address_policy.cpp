@@ -238,6 +238,13 @@ std::optional<address_class> refusal_for(const asio::ip::address& address,
     return c;
 }
 
+bool is_address_entry(std::string_view entry) {
+    if (entry.find('/') != std::string_view::npos) return true;
+    std::error_code ec;
+    (void)asio::ip::make_address(entry, ec);
+    return !ec;
+}
+
 bool looks_numeric(std::string_view host) {
     if (!host.empty() && host.back() == '.') host.remove_suffix(1);
     const auto dot = host.rfind('.');

@@ -57,6 +57,10 @@ struct address_range {
 // text is not a range: a bad address, a prefix past 32/128, host bits set beyond the prefix.
 std::optional<address_range> parse_address_range(std::string_view text, std::string& why);
 
+// True when an E2B allowOut / denyOut entry names addresses (a CIDR such as "10.0.0.0/8", or
+// an IP literal) rather than a host name.
+bool is_address_entry(std::string_view entry);
+
 // The verdict on one address: nullopt when the proxy may connect to it, else its class.
 // `allowed` are the operator's --allow-address ranges; they never unlock metadata.
 std::optional<address_class> refusal_for(const asio::ip::address& address,

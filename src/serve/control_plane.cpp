@@ -3,11 +3,10 @@
 #include <moat/log.hpp>
 
 #include "core/json_writer.hpp"
+#include "egress/address_policy.hpp"
 #include "egress/network_policy.hpp"
 #include "serve/e2b_requests.hpp"
 #include "serve/server_secret.hpp"
-
-#include <asio/ip/address.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -98,10 +97,7 @@ result<sandbox_network> narrow_network(const sandbox_network& operator_network,
         listed = std::find(deny.begin(), deny.end(), "0.0.0.0/0") != deny.end();
         for (const auto& entry : request.network->allow_out) {
             // CIDRs and IP literals in allowOut are E2B address rules: not a name to allow.
-            std::error_code ec;
-            if (entry.find('/') != std::string::npos) continue;
-            (void)asio::ip::make_address(entry, ec);
-            if (!ec) continue;
+            if (egress::is_address_entry(entry)) continue;
             std::string why;
             const auto pattern = egress::parse_host_pattern(entry, why);
             if (!pattern) {
@@ -163,7 +159,20 @@ void write_listed(json_writer& w, const registry_entry& e, bool detail) {
     w.end_object();
     if (detail) {
         w.key("envdAccessToken").value(e.access_token);
-        w.key("allowInternetAccess").value(e.handle->info().network.mode != network_mode::none);
+        // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on,
+        // every address denied, the names allowed past that deny.
+        const auto& network = e.handle->info().network;
+        w.key("allowInternetAccess").value(network.mode != network_mode::none);
+        if (network.mode == network_mode::allow_list) {
+            w.key("network").begin_object();
+            w.key("allowOut").begin_array();
+            for (const auto& host : network.allow_hosts) w.value(host);
+            w.end_array();
+            w.key("denyOut").begin_array();
+            w.value("0.0.0.0/0");
+            w.end_array();
+            w.end_object();
+        }
         w.key("domain").null();
         w.key("lifecycle").begin_object();
         w.key("onTimeout").value("kill");
