@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include "cli/bench/advisor.hpp"
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <cstdio>
@@ -60,12 +62,13 @@ std::string run_shell(const std::string& command, int& code) {
 
 }  // namespace
 
-TEST_CASE("moat bench create measures moat beside its baselines and writes JSON and a plot") {
+TEST_CASE("moat bench create measures moat beside its baselines and writes JSON and a plot" *
+          moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const std::string json = "/tmp/moat-bench-test.json";
     const std::string svg = "/tmp/moat-bench-test.svg";
     int code = -1;
-    const auto out = run_shell(std::string(MOAT_CLI_PATH) +
+    const auto out = run_shell(std::string(moat::test::moat_cli_path()) +
                                    " bench create --n 20 --mode burst "
                                    "--concurrency 4 --json " +
                                    json + " --plot " + svg + " 2>&1",
@@ -80,9 +83,10 @@ TEST_CASE("moat bench create measures moat beside its baselines and writes JSON 
     CHECK(report.find("\"mode\":\"burst\"") != std::string::npos);
     CHECK(moat::test::read_file(svg).find("<polyline") != std::string::npos);
     // The advisor reads the measured file.
-    const auto advice = run_shell(std::string(MOAT_CLI_PATH) + " bench advise --from " + json +
-                                      " --first-token-ms 400 --arrivals-per-s 10 2>&1",
-                                  code);
+    const auto advice =
+        run_shell(std::string(moat::test::moat_cli_path()) + " bench advise --from " + json +
+                      " --first-token-ms 400 --arrivals-per-s 10 2>&1",
+                  code);
     CHECK(code == 0);
     // The advice follows the measured p99 (not the load this test ran under): on demand when it
     // fits in 10% of the 400 ms budget, a pool otherwise; and it quotes the measured figure.
@@ -99,18 +103,21 @@ TEST_CASE("moat bench create measures moat beside its baselines and writes JSON 
     std::remove(svg.c_str());
 }
 
-TEST_CASE("moat bench memory, pool and sweep run and report what they measured") {
+TEST_CASE("moat bench memory, pool and sweep run and report what they measured" *
+          moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     int code = -1;
-    auto out = run_shell(std::string(MOAT_CLI_PATH) + " bench memory --count 30 2>&1", code);
+    auto out =
+        run_shell(std::string(moat::test::moat_cli_path()) + " bench memory --count 30 2>&1", code);
     CHECK_MESSAGE(code == 0, out);
     CHECK(out.find(
               "held 30 idle sandboxes at once; live pid-1 agents under the helper in /proc: 30") !=
           std::string::npos);
-    out = run_shell(std::string(MOAT_CLI_PATH) + " bench pool --n 20 2>&1", code);
+    out = run_shell(std::string(moat::test::moat_cli_path()) + " bench pool --n 20 2>&1", code);
     CHECK_MESSAGE(code == 0, out);
     CHECK(out.find("pool hand-out (async_take_warm, every take a hit), n 20") != std::string::npos);
-    out = run_shell(std::string(MOAT_CLI_PATH) + " bench sweep --n 8 2>/dev/null", code);
+    out = run_shell(std::string(moat::test::moat_cli_path()) + " bench sweep --n 8 2>/dev/null",
+                    code);
     CHECK_MESSAGE(code == 0, out);
     CHECK(out.find("       64    128") != std::string::npos);
     CHECK(out.find("(failures)") == std::string::npos);
@@ -118,13 +125,15 @@ TEST_CASE("moat bench memory, pool and sweep run and report what they measured")
 
 TEST_CASE(
     "moat bench serve times create, a first command and kill through the API beside the "
-    "library and leaves no sandbox behind") {
+    "library and leaves no sandbox behind" *
+    moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const std::string json = "/tmp/moat-bench-serve-test.json";
     std::remove(json.c_str());
     int code = -1;
-    const auto out =
-        run_shell(std::string(MOAT_CLI_PATH) + " bench serve --n 5 --json " + json + " 2>&1", code);
+    const auto out = run_shell(
+        std::string(moat::test::moat_cli_path()) + " bench serve --n 5 --json " + json + " 2>&1",
+        code);
     CHECK_MESSAGE(code == 0, out);
     CHECK_MESSAGE(out.find("serve create / library create: p50 ") != std::string::npos, out);
     CHECK(out.find("(target: p50 <= 1.5x)") != std::string::npos);
@@ -148,7 +157,7 @@ TEST_CASE(
         ids.push_back(report.substr(at + 1, report.find('"', at + 1) - at - 1));
     }
     CHECK(ids.size() == 8);
-    const auto listed = run_shell(std::string(MOAT_CLI_PATH) + " ls 2>&1", code);
+    const auto listed = run_shell(std::string(moat::test::moat_cli_path()) + " ls 2>&1", code);
     CHECK_MESSAGE(code == 0, listed);
     for (const auto& id : ids) {
         CHECK_MESSAGE(!id.empty(), report);
@@ -159,9 +168,10 @@ TEST_CASE(
 
 TEST_CASE(
     "moat bench e2b compares the C++ e2b backend with the e2b JS SDK on one moat serve and "
-    "leaves no sandbox behind") {
+    "leaves no sandbox behind" *
+    moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
-    const std::string sdk = std::string(MOAT_SOURCE_DIR) + "/tests/e2b/node_modules/e2b";
+    const std::string sdk = moat::test::source_dir() + "/tests/e2b/node_modules/e2b";
     if (moat::test::read_file(sdk + "/package.json").empty()) {
         const char* required = std::getenv("MOAT_REQUIRE_NAMESPACES");
         REQUIRE_MESSAGE((required == nullptr || std::string(required) != "1"),
@@ -173,7 +183,7 @@ TEST_CASE(
     std::remove(json.c_str());
     int code = -1;
     const auto out =
-        run_shell(std::string(MOAT_CLI_PATH) +
+        run_shell(std::string(moat::test::moat_cli_path()) +
                       " bench e2b --n 10 --concurrency 2 --lifecycle-n 2 --json " + json + " 2>&1",
                   code);
     CHECK_MESSAGE(code == 0, out);
@@ -189,7 +199,7 @@ TEST_CASE(
     }
     CHECK(report.find("\"sdk_over_cpp_cpu_per_command\":0,") == std::string::npos);
     CHECK(report.find("\"serve_exit_code\":0") != std::string::npos);
-    const auto listed = run_shell(std::string(MOAT_CLI_PATH) + " ls 2>&1", code);
+    const auto listed = run_shell(std::string(moat::test::moat_cli_path()) + " ls 2>&1", code);
     CHECK_MESSAGE(code == 0, listed);
     CHECK_MESSAGE(listed.find("moat-bench-e2b") == std::string::npos, listed);
     std::remove(json.c_str());
@@ -197,12 +207,14 @@ TEST_CASE(
 
 TEST_CASE(
     "moat bench egress downloads from the host and through a sandbox's egress proxy and reports "
-    "the ratio") {
+    "the ratio" *
+    moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const std::string json = "/tmp/moat-bench-egress-test-" + std::to_string(::getpid()) + ".json";
     int code = -1;
-    const auto out = run_shell(
-        std::string(MOAT_CLI_PATH) + " bench egress --n 2 --mb 2 --json " + json + " 2>&1", code);
+    const auto out = run_shell(std::string(moat::test::moat_cli_path()) +
+                                   " bench egress --n 2 --mb 2 --json " + json + " 2>&1",
+                               code);
     CAPTURE(out);
     CHECK(code == 0);
     CHECK(out.find("throughput p50: host") != std::string::npos);

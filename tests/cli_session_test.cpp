@@ -2,6 +2,7 @@
 // name one key share one sandbox through the host-local store.
 #include <doctest/doctest.h>
 
+#include "support/build_paths.hpp"
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
 #include "support/redis_server.hpp"
@@ -54,7 +55,8 @@ namespace {
 // through the store that `store` (a --store flag) names.
 void one_sandbox_per_key(const std::string& store, const std::string& key_suffix) {
     const std::string key = "cli-session-" + std::to_string(::getpid()) + "-" + key_suffix;
-    const std::string exec = std::string(MOAT_CLI_PATH) + " session exec " + store + " " + key +
+    const std::string exec = std::string(moat::test::moat_cli_path()) + " session exec " + store +
+                             " " + key +
                              " -- sh -c 'echo $$ >> /workspace/log; cat /workspace/log | wc -l'";
     std::string line;
     for (int i = 0; i < 6; ++i) line += exec + " >/dev/null 2>&1 & ";

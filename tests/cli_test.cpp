@@ -1,7 +1,9 @@
 // The moat CLI as a user runs it: exit codes, streaming, bad input.
 #include <doctest/doctest.h>
 
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
 #include "wire/state_layout.hpp"
@@ -173,7 +175,8 @@ TEST_CASE("moat create, exec, cp and destroy work on one sandbox from separate p
     }
 }
 
-TEST_CASE("a sandbox from moat create ends at its TTL with no moat process alive") {
+TEST_CASE("a sandbox from moat create ends at its TTL with no moat process alive" *
+          moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
     const auto created = moat_stdout("create --ttl 1 --label test=cli-ttl");
     REQUIRE(created.exit_code == 0);
@@ -240,7 +243,8 @@ TEST_CASE("SIGINT or SIGTERM to moat run kills the command, destroys the sandbox
         char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
         char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
         pid_t cli = -1;
-        REQUIRE(::posix_spawn(&cli, MOAT_CLI_PATH, nullptr, nullptr, argv, environ) == 0);
+        REQUIRE(::posix_spawn(&cli, moat::test::moat_cli_path(), nullptr, nullptr, argv, environ) ==
+                0);
         pid_t sleeper = -1;
         REQUIRE(moat::test::eventually(
             [&] {
@@ -260,7 +264,8 @@ TEST_CASE("SIGINT or SIGTERM to moat run kills the command, destroys the sandbox
     }
 }
 
-TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpired sandbox") {
+TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpired sandbox" *
+          moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
     // Survivors: one live for ten minutes, one whose TTL passes. Created first: the first create
     // or list of a moat process sweeps what is proven dead (the next two cases), so between
@@ -276,7 +281,8 @@ TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpi
     char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
     char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
     pid_t crashed = -1;
-    REQUIRE(::posix_spawn(&crashed, MOAT_CLI_PATH, nullptr, nullptr, argv, environ) == 0);
+    REQUIRE(::posix_spawn(&crashed, moat::test::moat_cli_path(), nullptr, nullptr, argv, environ) ==
+            0);
     REQUIRE(moat::test::eventually(
         [&] { return moat::test::find_descendant(crashed, "sleep 1000") > 0; },
         std::chrono::seconds(20)));
@@ -298,7 +304,8 @@ TEST_CASE("moat janitor cleans up after kill -9 and never touches a live, unexpi
     char e0[] = "moat", e1[] = "exec", e3[] = "--", e4[] = "sleep", e5[] = "999";
     char* exec_argv[] = {e0, e1, exec_id.data(), e3, e4, e5, nullptr};
     pid_t holder = -1;
-    REQUIRE(::posix_spawn(&holder, MOAT_CLI_PATH, nullptr, nullptr, exec_argv, environ) == 0);
+    REQUIRE(::posix_spawn(&holder, moat::test::moat_cli_path(), nullptr, nullptr, exec_argv,
+                          environ) == 0);
     pid_t held = -1;
     REQUIRE(moat::test::eventually([&] {
         held = moat::test::find_descendant(live_pid, "sleep 999");
@@ -366,7 +373,8 @@ TEST_CASE("moat inventory shows usage and moat smoke passes") {
 // A load test (2 million requests, two minutes under ASan): the dev build only, like the soak.
 // The sanitizers see the same read and write paths in every other moat mcp test.
 #if !defined(__SANITIZE_ADDRESS__)
-TEST_CASE("moat mcp stops reading a client that does not read its responses, then serves all") {
+TEST_CASE("moat mcp stops reading a client that does not read its responses, then serves all" *
+          moat::test::shares_host) {
     // 2 million pings: 84 MB of requests and 120 MB of responses if nothing pushed back.
     constexpr std::size_t requests = 2'000'000;
     int to_server[2];
@@ -377,7 +385,7 @@ TEST_CASE("moat mcp stops reading a client that does not read its responses, the
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, to_server[0], 0);
     posix_spawn_file_actions_adddup2(&actions, from_server[1], 1);
-    std::string program = MOAT_CLI_PATH;
+    std::string program = moat::test::moat_cli_path();
     std::string command = "mcp";
     char* argv[] = {program.data(), command.data(), nullptr};
     pid_t server = -1;
@@ -451,7 +459,7 @@ namespace {
 // Runs `moat args` with stdout and stderr on a pseudo-terminal (script(1) allocates it and copies
 // to its own stdout what the terminal received), or on a pipe when `on_terminal` is false.
 std::string terminal_output(const std::string& args, bool on_terminal = true) {
-    const std::string command = std::string(MOAT_CLI_PATH) + " " + args;
+    const std::string command = std::string(moat::test::moat_cli_path()) + " " + args;
     std::string quoted = "'";
     for (const char c : command) {
         if (c == '\'') {

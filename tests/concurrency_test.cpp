@@ -11,6 +11,7 @@
 #include <moat/runtime.hpp>
 #include <moat/task_group.hpp>
 
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -237,7 +238,8 @@ TEST_CASE("the log sink is replaced from another thread while two backends log")
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
-                  "200 coroutines on one executor each create, exec and destroy a sandbox") {
+                  "200 coroutines on one executor each create, exec and destroy a sandbox" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     raise_descriptor_limit();
     std::vector<sandbox_outcome> outcomes(200);
@@ -328,7 +330,8 @@ asio::awaitable<void> run_handles(moat::runtime& rt, std::vector<sandbox_outcome
 }  // namespace
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
-                  "1000 sandboxes with concurrent operations through handles on one thread") {
+                  "1000 sandboxes with concurrent operations through handles on one thread" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     raise_descriptor_limit();
     moat::runtime rt(*local);

@@ -11,6 +11,7 @@
 #include "e2b/e2b_responses.hpp"
 #include "http/client.hpp"
 #include "support/async_test.hpp"
+#include "support/host_sharing.hpp"
 #include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
 
@@ -632,7 +633,8 @@ asio::awaitable<result<sandbox_info>> inspect_until_gone(backend* b, std::string
 
 TEST_CASE(
     "e2b backend: the heartbeat keeps a held sandbox's E2B timeout short, and a sandbox "
-    "whose owner went away ends within it") {
+    "whose owner went away ends within it" *
+    moat::test::shares_host) {
     moat::test::serve_process serve;
     asio::io_context io;
     auto config = config_for(serve);
@@ -812,8 +814,8 @@ TEST_CASE(
         ::setenv("E2B_API_URL", serve.api_url().c_str(), 1);
         ::setenv("E2B_SANDBOX_URL", serve.envd_url().c_str(), 1);
         ::setenv("E2B_API_KEY", serve.api_key().c_str(), 1);
-        ::execl(MOAT_CLI_PATH, "moat", "run", "--backend", "e2b", "--", "sleep", "1000",
-                static_cast<char*>(nullptr));
+        ::execl(moat::test::moat_cli_path(), "moat", "run", "--backend", "e2b", "--", "sleep",
+                "1000", static_cast<char*>(nullptr));
         ::_exit(127);
     }
     const auto limit = std::chrono::steady_clock::now() + 30s;

@@ -6,6 +6,7 @@
 #include "egress/proxy_request.hpp"
 
 #include "support/async_test.hpp"
+#include "support/host_sharing.hpp"
 
 #include <moat/task_group.hpp>
 
@@ -1028,7 +1029,8 @@ asio::awaitable<void> throughput_case(proxy_fixture* f) {
 }  // namespace
 
 TEST_CASE(
-    "a 100 MB download and 200 connection setups through the proxy, against direct, are printed") {
+    "a 100 MB download and 200 connection setups through the proxy, against direct, are printed" *
+    moat::test::shares_host) {
     proxy_fixture f;
     moat::test::run_async(f.io, throughput_case(&f));
 }

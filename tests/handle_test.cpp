@@ -8,6 +8,7 @@
 #include "support/async_wait.hpp"
 #include "support/fault_injecting_backend.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -252,7 +253,8 @@ asio::awaitable<void> create_into(
 
 }  // namespace
 
-TEST_CASE_FIXTURE(local_fixture, "admission caps creates in flight and live sandboxes") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "admission caps creates in flight and live sandboxes" * moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime_options options;
     options.admission.max_concurrent_creates = 4;

@@ -12,6 +12,7 @@
 #include <moat/log.hpp>
 
 #include "support/async_test.hpp"
+#include "support/build_paths.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -44,7 +45,7 @@ namespace http = moat::http;
 
 namespace {
 
-const std::string source_dir = MOAT_SOURCE_DIR;
+const std::string source_dir = moat::test::source_dir();
 
 std::size_t open_descriptors() {
     std::size_t n = 0;

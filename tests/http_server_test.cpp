@@ -17,6 +17,7 @@
 #include <asio/use_future.hpp>
 
 #include <doctest/doctest.h>
+#include "support/build_paths.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -319,7 +320,7 @@ std::string run(const std::string& command) {
 }
 
 std::string node(const char* mode, std::uint16_t port) {
-    return run(std::string("node ") + MOAT_HTTP_TEST_DIR + "/node_client.mjs " + mode + " " +
+    return run("node " + moat::test::source_dir() + "/tests/http/node_client.mjs " + mode + " " +
                std::to_string(port));
 }
 
@@ -708,8 +709,8 @@ TEST_CASE("over TLS the server serves curl, and a plaintext client is dropped wi
     char pattern[] = "/tmp/moat-http-server-ca-XXXXXX";
     REQUIRE(::mkdtemp(pattern) != nullptr);
     const std::string certs = pattern;
-    REQUIRE(std::system((std::string(MOAT_HTTP_TEST_DIR) + "/make_test_ca.sh " + certs).c_str()) ==
-            0);
+    REQUIRE(std::system(
+                (moat::test::source_dir() + "/tests/http/make_test_ca.sh " + certs).c_str()) == 0);
     const auto fds = open_descriptors();
     {
         auto factory = http::make_tls_stream_factory(certs + "/good.pem", certs + "/good.key");

@@ -2,6 +2,7 @@
 // for real, on the host without and with the very filter the helper compiles, and inside a
 // sandbox), the workloads it must keep working, and the host state a sandbox must not inherit
 // (/proc entries, keyrings, the terminal and the session).
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 
@@ -96,8 +97,12 @@ std::map<std::string, std::string> parse_probe(const std::string& text) {
     return results;
 }
 
+std::string probe_source_path() {
+    return moat::test::source_dir() + "/tests/boundary/syscall_probe.c";
+}
+
 std::string probe_source() {
-    return moat::test::read_file(MOAT_BOUNDARY_PROBE_SOURCE);
+    return moat::test::read_file(probe_source_path());
 }
 
 // Compiles the probe on the host into a fresh directory; returns the binary's path.
@@ -105,8 +110,7 @@ std::string compile_probe_on_host() {
     char dir[] = "/tmp/moat-probe-XXXXXX";
     REQUIRE(::mkdtemp(dir) != nullptr);
     const std::string binary = std::string(dir) + "/probe";
-    const std::string command =
-        "gcc -O0 -o " + binary + " " + std::string(MOAT_BOUNDARY_PROBE_SOURCE) + " 2>&1";
+    const std::string command = "gcc -O0 -o " + binary + " " + probe_source_path() + " 2>&1";
     REQUIRE(std::system(command.c_str()) == 0);
     return binary;
 }

@@ -3,6 +3,7 @@
 // the User-Mode Linux guest (tests/guest), which sets MOAT_EXPECT_CGROUP=v2 so that a sandbox that
 // silently fell back to v1 or to no cgroup fails these tests instead of passing them.
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <doctest/doctest.h>
@@ -154,7 +155,8 @@ TEST_CASE_FIXTURE(moat::test::local_fixture, "a busy loop under a cpu quota is t
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
-                  "a wall limit kills the command's whole tree and leaves pid 1 alone") {
+                  "a wall limit kills the command's whole tree and leaves pid 1 alone" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     require_expected_version();
     const auto box = create();

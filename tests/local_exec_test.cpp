@@ -1,6 +1,7 @@
 // Running commands: exit codes, wall limits, output caps and volume, stdin, resource limits,
 // background children. Process presence is always checked on the host by host pid.
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <moat/with_timeout.hpp>
@@ -310,7 +311,8 @@ TEST_CASE_FIXTURE(local_fixture, "cancelling the caller kills the command and re
     destroy(box.id);
 }
 
-TEST_CASE_FIXTURE(local_fixture, "background children die with their command") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "background children die with their command" * moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create();
     const pid_t init = *box.host_pid;
@@ -393,7 +395,8 @@ TEST_CASE_FIXTURE(local_fixture, "a fork bomb hits the pids limit and the sandbo
 }
 
 TEST_CASE_FIXTURE(local_fixture,
-                  "a 2 GiB allocation is OOM-killed under 128 MB and succeeds under 4096 MB") {
+                  "a 2 GiB allocation is OOM-killed under 128 MB and succeeds under 4096 MB" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const std::string allocate =
         "python3 -c \"b = bytearray(2 * 1024**3)\nfor i in range(0, len(b), 4096): b[i] = 1\n"

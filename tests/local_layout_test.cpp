@@ -9,6 +9,7 @@
 #include <moat/tools.hpp>
 
 #include "local/sandbox_records.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <algorithm>
@@ -50,7 +51,8 @@ moat::sandbox_spec spec_with(const moat::sandbox_layout& layout) {
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture,
-                  "a custom layout runs commands as its user in its home, which persists") {
+                  "a custom layout runs commands as its user in its home, which persists" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create(spec_with(serve_layout()));
     CHECK(box.layout == serve_layout());
@@ -89,7 +91,8 @@ TEST_CASE_FIXTURE(local_fixture,
 
 TEST_CASE_FIXTURE(local_fixture,
                   "a layout's user name and home are the sandbox's own in /etc/passwd and "
-                  "/etc/group, and its directories are made under /tmp and /home") {
+                  "/etc/group, and its directories are made under /tmp and /home" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const auto box = create(spec_with(named_layout()));
     CHECK(box.layout == named_layout());
@@ -128,7 +131,8 @@ TEST_CASE_FIXTURE(local_fixture, "the default layout is unchanged") {
 
 TEST_CASE_FIXTURE(local_fixture,
                   "bad layout fields fail the create with invalid_argument naming "
-                  "the field") {
+                  "the field" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     struct bad_case {
         const char* field;
@@ -171,7 +175,8 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(listed->empty());
 }
 
-TEST_CASE("the layout is kept in the record: another backend lists, attaches and inspects it") {
+TEST_CASE("the layout is kept in the record: another backend lists, attaches and inspects it" *
+          moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     auto spec = spec_with(serve_layout());
@@ -227,7 +232,8 @@ TEST_CASE("tool definitions describe the layout they are made for") {
 
 TEST_CASE_FIXTURE(local_fixture,
                   "a tool session on a custom layout works in its working directory and lists "
-                  "artifacts from its artifacts directory") {
+                  "artifacts from its artifacts directory" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     moat::manager_options options;

@@ -1,7 +1,9 @@
 // Sandbox lifetime: destroy leaves nothing behind, a sandbox dies with its creator, create
 // failures are typed.
 #include "local/janitor_rules.hpp"
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -84,9 +86,9 @@ TEST_CASE_FIXTURE(local_fixture, "destroy leaves no process, mount, cgroup or di
     CHECK(again.error().code == moat::errc::sandbox_not_found);
 }
 
-TEST_CASE("kill -9 of the creating process leaves no sandbox process") {
+TEST_CASE("kill -9 of the creating process leaves no sandbox process" * moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
-    std::string cli = MOAT_CLI_PATH;
+    std::string cli = moat::test::moat_cli_path();
     char arg0[] = "moat", arg1[] = "run", arg2[] = "--", arg3[] = "sleep", arg4[] = "1000";
     char* argv[] = {arg0, arg1, arg2, arg3, arg4, nullptr};
     pid_t creator = -1;
@@ -209,7 +211,8 @@ TEST_CASE_FIXTURE(local_fixture, "destroying the backend ends every sandbox it c
     }
 }
 
-TEST_CASE_FIXTURE(local_fixture, "extend_ttl moves the end a sandbox enforces itself") {
+TEST_CASE_FIXTURE(local_fixture,
+                  "extend_ttl moves the end a sandbox enforces itself" * moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::sandbox_spec spec;
     spec.ttl = 1500ms;

@@ -5,6 +5,7 @@
 // from inside, never by timing.
 #include "sandboxd/uid_slots.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
 
@@ -209,7 +210,8 @@ TEST_CASE("moat doctor compares fs.file-max with the worst case of the default l
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
-                  "loopback TCP buffers of a 64 MiB sandbox stay within its memory limit") {
+                  "loopback TCP buffers of a 64 MiB sandbox stay within its memory limit" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     constexpr std::uint64_t memory = 64ull << 20;
     moat::sandbox_spec spec;

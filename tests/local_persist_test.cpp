@@ -6,6 +6,7 @@
 #include "local/sandbox_id.hpp"
 #include "local/sandbox_records.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
@@ -241,7 +242,8 @@ TEST_CASE("extend_ttl through an attached backend reaches the sandbox and its re
     check_gone(traces);
 }
 
-TEST_CASE("a survivor past its TTL ends with no host process of moat alive") {
+TEST_CASE("a survivor past its TTL ends with no host process of moat alive" *
+          moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     auto spec = survivor_spec();
@@ -265,8 +267,8 @@ TEST_CASE("a survivor past its TTL ends with no host process of moat alive") {
     check_gone(traces);
 }
 
-TEST_CASE(
-    "the next backend on the host sweeps a survivor that ended at its TTL, and nothing live") {
+TEST_CASE("the next backend on the host sweeps a survivor that ended at its TTL, and nothing live" *
+          moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture creator;
     auto spec = survivor_spec();
@@ -300,7 +302,8 @@ TEST_CASE(
     check_gone(alive_traces);
 }
 
-TEST_CASE("a record whose pid now belongs to another process is stale, never that process") {
+TEST_CASE("a record whose pid now belongs to another process is stale, never that process" *
+          moat::test::runs_alone) {
     MOAT_REQUIRE_NAMESPACES();
     local_fixture fixture;
     REQUIRE(fixture.run(fixture.local->async_list({})));  // the state directory exists

@@ -7,6 +7,7 @@
 
 #include "support/async_wait.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -84,7 +85,8 @@ bool all_done(const Slots& slots) {
 
 TEST_CASE_FIXTURE(
     local_fixture,
-    "one key under 100 concurrent acquirers creates one sandbox, and 100 keys run in parallel") {
+    "one key under 100 concurrent acquirers creates one sandbox, and 100 keys run in parallel" *
+        moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     event_log log;
@@ -172,7 +174,8 @@ TEST_CASE_FIXTURE(
 
 TEST_CASE_FIXTURE(
     local_fixture,
-    "a per-call sandbox is destroyed after success, error, cancellation and deadline") {
+    "a per-call sandbox is destroyed after success, error, cancellation and deadline" *
+        moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     event_log log;
@@ -290,7 +293,8 @@ TEST_CASE_FIXTURE(local_fixture, "the pool hands each warm sandbox out once and 
 }
 
 TEST_CASE_FIXTURE(local_fixture,
-                  "shutdown with work in flight destroys everything and says what is left") {
+                  "shutdown with work in flight destroys everything and says what is left" *
+                      moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
     event_log log;

@@ -11,6 +11,8 @@
 #include "store/redis_client.hpp"
 #include "store/redis_reply.hpp"
 #include "support/async_test.hpp"
+#include "support/build_paths.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 #include "support/redis_server.hpp"
 #include "support/session_worker_process.hpp"
@@ -56,7 +58,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string source_dir = MOAT_SOURCE_DIR;
+const std::string source_dir = moat::test::source_dir();
 
 bool contains(const std::string& haystack, const std::string& needle) {
     return haystack.find(needle) != std::string::npos;
@@ -392,7 +394,8 @@ TEST_CASE("a wrong Redis password is refused, and neither the errors nor the log
 }
 
 TEST_CASE(
-    "Redis stopped makes the client fail within its deadline, and it works again after a restart") {
+    "Redis stopped makes the client fail within its deadline, and it works again after a restart" *
+    moat::test::shares_host) {
     redis_server server;
     auto config = server.tcp_config();
     config.connect_timeout = 500ms;
@@ -753,7 +756,8 @@ TEST_CASE("a Redis claim whose lease ran out is fenced: its holder can neither r
 
 TEST_CASE(
     "Redis stopped mid-run fails store operations with store_unavailable within the deadline, then "
-    "they succeed after the restart without a duplicate") {
+    "they succeed after the restart without a duplicate" *
+    moat::test::shares_host) {
     // Persistence on, as a production Redis has it: the entry survives the restart.
     redis_server server({"--appendonly", "yes", "--appendfsync", "always"});
     asio::io_context io;

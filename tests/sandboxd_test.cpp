@@ -1,6 +1,7 @@
 // moat-sandboxd tested over its wire protocol: a real helper process, real namespaces, real
 // commands. Every wait is bounded by a poll timeout, so a broken helper fails a test, never hangs.
 #include <doctest/doctest.h>
+#include "support/host_sharing.hpp"
 
 #include <moat/errc.hpp>
 
@@ -428,7 +429,8 @@ TEST_CASE("a non-zero exit code is propagated") {
     CHECK(r.err == "oops\n");
 }
 
-TEST_CASE("a command past its wall limit is killed and reported as timed out") {
+TEST_CASE("a command past its wall limit is killed and reported as timed out" *
+          moat::test::shares_host) {
     helper_process helper;
     sandbox box(helper, "wall");
     const command_result r = run(box, {"sleep", "30"}, 200);

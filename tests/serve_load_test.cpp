@@ -8,6 +8,7 @@
 #include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
 #include "support/async_wait.hpp"
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 #include "tools/tool_arguments.hpp"
@@ -171,9 +172,10 @@ serve_process start_serve(const std::string& work_dir, const std::string& key_fi
         const int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         const int err = ::open(s.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(127);
-        ::execl(MOAT_CLI_PATH, MOAT_CLI_PATH, "serve", "--listen", "127.0.0.1:0", "--envd-listen",
-                "127.0.0.1:0", "--api-key-file", key_file.c_str(), "--state-dir", state_dir.c_str(),
-                "--max-sandboxes", max_sandboxes.c_str(), nullptr);
+        ::execl(moat::test::moat_cli_path(), moat::test::moat_cli_path(), "serve", "--listen",
+                "127.0.0.1:0", "--envd-listen", "127.0.0.1:0", "--api-key-file", key_file.c_str(),
+                "--state-dir", state_dir.c_str(), "--max-sandboxes", max_sandboxes.c_str(),
+                nullptr);
         ::_exit(127);
     }
     const auto limit = clock_type::now() + 30s;
@@ -618,7 +620,7 @@ struct cleanup_guard {
             std::string ids;
             for (const auto& box : state->sandboxes) ids += " " + box.id;
             const std::string command =
-                std::string(MOAT_CLI_PATH) + " destroy" + ids + " > /dev/null 2>&1";
+                std::string(moat::test::moat_cli_path()) + " destroy" + ids + " > /dev/null 2>&1";
             [[maybe_unused]] const int ignored = std::system(command.c_str());
         }
         std::error_code removed;

@@ -22,6 +22,7 @@
 #include "support/async_test.hpp"
 #include "support/async_wait.hpp"
 #include "support/host_inspect.hpp"
+#include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
@@ -400,7 +401,8 @@ asio::awaitable<void> wind_down(soak& s) {
 
 }  // namespace
 
-TEST_CASE("a soak of mixed operations, cancellations and deadlines leaves nothing behind") {
+TEST_CASE("a soak of mixed operations, cancellations and deadlines leaves nothing behind" *
+          moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     const auto seconds = environment_number("MOAT_SOAK_SECONDS", 45);
     const auto seed = static_cast<std::uint32_t>(

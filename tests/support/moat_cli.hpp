@@ -1,8 +1,9 @@
 // Running the `moat` command from a test, as a user would: through the shell, stdout and stderr
-// together. MOAT_CLI_PATH is the built binary (tests/CMakeLists.txt).
+// together. moat::test::moat_cli_path() is the built binary (tests/CMakeLists.txt).
 #pragma once
 
 #include <doctest/doctest.h>
+#include "support/build_paths.hpp"
 
 #include <sys/wait.h>
 #include <array>
@@ -18,7 +19,7 @@ struct cli_outcome {
 
 // Runs `prefix moat args` (prefix: e.g. "setpriv --reuid=65534 ..." or "").
 inline cli_outcome moat_cli(const std::string& prefix, const std::string& args) {
-    std::string command = std::string(MOAT_CLI_PATH) + " " + args + " 2>&1";
+    std::string command = std::string(moat::test::moat_cli_path()) + " " + args + " 2>&1";
     if (!prefix.empty()) command = prefix + " " + command;
     FILE* pipe = ::popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);

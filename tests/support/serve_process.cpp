@@ -1,4 +1,5 @@
 #include "support/serve_process.hpp"
+#include "support/build_paths.hpp"
 
 #include "support/host_inspect.hpp"
 
@@ -82,9 +83,16 @@ serve_process::serve_process(serve_process_options options) {
     }
     ::chmod(key_file_.c_str(), 0600);
 
-    std::vector<std::string> args = {
-        MOAT_CLI_PATH, "serve",          "--listen", "127.0.0.1:0", "--envd-listen",
-        "127.0.0.1:0", "--api-key-file", key_file_,  "--state-dir", state_dir_};
+    std::vector<std::string> args = {moat::test::moat_cli_path(),
+                                     "serve",
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--envd-listen",
+                                     "127.0.0.1:0",
+                                     "--api-key-file",
+                                     key_file_,
+                                     "--state-dir",
+                                     state_dir_};
     if (!options.tls_cert_file.empty()) {
         args.insert(args.end(),
                     {"--tls-cert", options.tls_cert_file, "--tls-key", options.tls_key_file});

@@ -1,6 +1,6 @@
-// A real `moat serve` started by a test: the built binary (MOAT_CLI_PATH, as the CLI tests find
-// it) on loopback ports 0, with a fresh API key file and state directory in a temporary work
-// directory, optionally over TLS and with --max-sandboxes. The constructor returns once the
+// A real `moat serve` started by a test: the built binary (moat::test::moat_cli_path(), as the CLI
+// tests find it) on loopback ports 0, with a fresh API key file and state directory in a temporary
+// work directory, optionally over TLS and with --max-sandboxes. The constructor returns once the
 // server printed its `api ...` and `envd ...` lines (or fails the test at a deadline); stop()
 // sends SIGTERM, waits a bounded time, then SIGKILLs, and reports the exit status.
 //

@@ -1,4 +1,5 @@
 #include "support/session_worker_process.hpp"
+#include "support/build_paths.hpp"
 
 #include <doctest/doctest.h>
 
@@ -24,7 +25,7 @@ worker_process start_worker(const std::vector<std::string>& args) {
     if (pid == 0) {
         ::dup2(pipe_fds[1], STDOUT_FILENO);
         std::vector<char*> argv;
-        static std::string path = MOAT_SESSION_WORKER_PATH;
+        static std::string path = moat::test::session_worker_path();
         argv.push_back(path.data());
         std::vector<std::string> copy = args;
         for (auto& a : copy) argv.push_back(a.data());
