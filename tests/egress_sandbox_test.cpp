@@ -9,6 +9,7 @@
 // host's network namespace, so the sandbox's policy names the mirror with --resolve
 // pypi.test=127.0.0.1 and permits it with --allow-address 127.0.0.1/32). No traffic leaves the
 // machine.
+#include "support/async_wait.hpp"
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
@@ -387,12 +388,18 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connec
         if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
     });
     destroy(box.id);
-    moat::set_log_sink({});
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+    // The connection logs its end when its task finishes, which may be after the destroy returns:
+    // wait for the event (bounded) before the sink goes.
     const std::string closed =
         "closed hang.test:" + std::to_string(silent.port()) + " (sandbox closed";
-    CHECK(std::any_of(events.begin(), events.end(),
-                      [&](const std::string& e) { return e.starts_with(closed); }));
+    const auto logged = [&] {
+        return std::any_of(events.begin(), events.end(),
+                           [&](const std::string& e) { return e.starts_with(closed); });
+    };
+    (void)run(moat::test::until(logged, 10s));
+    moat::set_log_sink({});
+    CHECK(logged());
 }
 
 TEST_CASE_FIXTURE(local_fixture, "a backend that attaches to a survivor serves its proxy") {

@@ -6,6 +6,7 @@
 #include "http/tls_server_stream.hpp"
 
 #include "core/asio_compat.hpp"
+#include "support/build_paths.hpp"
 
 #include <moat/log.hpp>
 
@@ -17,7 +18,6 @@
 #include <asio/use_future.hpp>
 
 #include <doctest/doctest.h>
-#include "support/build_paths.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>

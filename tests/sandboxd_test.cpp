@@ -1,9 +1,10 @@
 // moat-sandboxd tested over its wire protocol: a real helper process, real namespaces, real
 // commands. Every wait is bounded by a poll timeout, so a broken helper fails a test, never hangs.
-#include <doctest/doctest.h>
 #include "support/host_sharing.hpp"
 
 #include <moat/errc.hpp>
+
+#include <doctest/doctest.h>
 
 #include <fcntl.h>
 #include <poll.h>

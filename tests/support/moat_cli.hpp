@@ -2,8 +2,9 @@
 // together. moat::test::moat_cli_path() is the built binary (tests/CMakeLists.txt).
 #pragma once
 
-#include <doctest/doctest.h>
 #include "support/build_paths.hpp"
+
+#include <doctest/doctest.h>
 
 #include <sys/wait.h>
 #include <array>

@@ -1,6 +1,6 @@
 #include "support/serve_process.hpp"
-#include "support/build_paths.hpp"
 
+#include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
 
 #include <doctest/doctest.h>

@@ -1,4 +1,5 @@
 #include "support/session_worker_process.hpp"
+
 #include "support/build_paths.hpp"
 
 #include <doctest/doctest.h>
