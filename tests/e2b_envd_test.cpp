@@ -26,6 +26,9 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <csignal>
 #include <cstdlib>
@@ -882,6 +885,73 @@ TEST_CASE(
         CHECK_FALSE(host_runs(f.serve, "sleep 987032"));
     }());
     proxy.resume();
+}
+
+// A blocking loopback connection to `port` with a small receive buffer (so a peer that writes
+// fills it quickly), bounded by a 120 s receive timeout.
+static int connect_small_window(unsigned short port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    const int window = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &window, sizeof window);
+    timeval timeout{120, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+    return fd;
+}
+
+TEST_CASE(
+    "moat serve: a download whose client stopped reading does not hold up a Stat on its "
+    "sandbox") {
+    envd_fixture f;
+    constexpr std::size_t size = 64 * 1024 * 1024;
+    std::string path;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto made = co_await run(*f.client, command("head -c " + std::to_string(size) +
+                                                    " /dev/zero > \"$HOME/big\" && "
+                                                    "printf %s \"$HOME/big\""));
+        REQUIRE(made);
+        REQUIRE(made->exit_code == 0);
+        path = made->out.head;
+    }());
+    REQUIRE(path.rfind('/', 0) == 0);
+    // A download nobody reads: the server's writes fill both sockets' buffers and block.
+    const int fd = connect_small_window(f.serve.envd_port());
+    const std::string head = "GET /files?path=" + path +
+                             " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(f.serve.envd_port()) +
+                             "\r\nE2b-Sandbox-Id: " + f.sandbox.id +
+                             "\r\nX-Access-Token: " + f.sandbox.token + "\r\n\r\n";
+    REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(head.size()));
+    // The response has begun: the file is open and being sent.
+    char first[64];
+    REQUIRE(::recv(fd, first, sizeof first, MSG_PEEK) > 0);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto st = co_await f.client->async_stat(path);
+        if (!st) FAIL("Stat failed: " << st.error().to_string());
+        CHECK(st->size == size);
+    }());
+    // The download was still held open while the Stat ran: read now, it arrives whole (the server
+    // drops a client that reads nothing for its write timeout, and the body would end short).
+    std::string tail;
+    std::size_t received = 0;
+    char buffer[1 << 16];
+    while (true) {
+        const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+        if (n <= 0) break;
+        received += static_cast<std::size_t>(n);
+        tail.append(buffer, static_cast<std::size_t>(n));
+        if (tail.size() > 64) tail.erase(0, tail.size() - 64);
+        if (tail.size() >= 5 && tail.compare(tail.size() - 5, 5, "0\r\n\r\n") == 0) break;
+    }
+    ::close(fd);
+    CHECK(received > size);
+    REQUIRE(tail.size() >= 7);
+    CHECK(tail.substr(tail.size() - 7) == "\r\n0\r\n\r\n");
 }
 
 TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout instead of hanging") {

@@ -7,6 +7,20 @@
 // operation whose deadline passes or whose caller cancels it while queued leaves the queue without
 // running (errc::deadline_exceeded / errc::cancelled).
 //
+// The side lane: a caller to whom an operation's order does not matter (a stat, a listing, a
+// read, a process or transfer independent of the others, as every call of E2B's envd is) passes
+// lane::side. Side operations run beside the ordered queue, at most
+// handle_options::side_lane_width at once (more wait their turn, FIFO, under their deadline); they
+// neither wait for the ordered lane nor hold it up, and the handle's state (ready/busy) speaks of
+// the ordered lane alone. Everything else applies to both lanes alike: deadlines, cancellation,
+// quarantine (queued operations of both lanes are refused) and destroy (running ones are stopped).
+//
+// Transfers that stall: a streamed file transfer whose other side makes no progress for
+// handle_options::transfer_stall_limit (a read stream nobody pulls, a write whose byte_source
+// yields nothing) gives up its place in its lane and fails with errc::deadline_exceeded (a write
+// is abandoned and its temporary file removed; a read stream is closed, and its next pull says
+// why), so an idle peer cannot hold a sandbox.
+//
 // Stopping a running operation (Asio per-operation cancellation, or its deadline): the handle
 // tells the backend to stop it (an exec's process group is killed), waits up to the backend's own
 // stop grace (backend::stop_grace()) plus handle_options::kill_grace for the stop to be
@@ -57,11 +71,23 @@ enum class handle_state { ready, busy, quarantined, destroying, destroyed, destr
 // "ready", "busy", "quarantined", "destroying", "destroyed", "destroy_failed".
 const char* to_string(handle_state state) noexcept;
 
+// Which lane an operation takes (see "The side lane" above).
+enum class lane {
+    ordered,  // the default: after every operation called before it, one at a time
+    side,     // beside the ordered queue, a bounded number at once
+};
+
 struct handle_options {
     // How long beyond the backend's own stop grace (backend::stop_grace(), 2 s for the local
     // backend) a cancelled or timed-out operation may take to confirm that it stopped before the
     // handle quarantines the sandbox.
     std::chrono::milliseconds kill_grace = std::chrono::seconds(1);
+    // Side-lane operations that may run at once on one sandbox (at least 1).
+    std::size_t side_lane_width = 8;
+    // How long a streamed transfer may go without progress: between two pulls of a read stream
+    // (the time a pull takes does not count), and for one call of a write's byte_source. Zero:
+    // no limit.
+    std::chrono::milliseconds transfer_stall_limit = std::chrono::seconds(30);
 };
 
 class sandbox {
@@ -81,40 +107,51 @@ class sandbox {
     handle_state state() const noexcept;
     // Why the handle was quarantined; nullopt if it was not.
     const std::optional<error>& quarantine_cause() const noexcept;
-    // Operations waiting for their turn (not counting the one running).
+    // Operations waiting for their turn, in either lane (not counting those running).
     std::size_t queued() const noexcept;
+    // Side-lane operations running now (streams that hold a place included).
+    std::size_t running_beside() const noexcept;
 
-    // The backend's operations (backend.hpp), ordered and bounded as above. A default deadline
-    // never passes: the operation is then bounded by its own limits (an exec by its wall limit).
-    asio::awaitable<result<exec_result>> async_exec(exec_request request, deadline limit = {});
-    // The stream holds the sandbox's turn until it ends or is dropped (dropping kills the
+    // The backend's operations (backend.hpp), ordered (or in the side lane) and bounded as above.
+    // A default deadline never passes: the operation is then bounded by its own limits (an exec
+    // by its wall limit).
+    asio::awaitable<result<exec_result>> async_exec(exec_request request, deadline limit = {},
+                                                    lane in = lane::ordered);
+    // The stream holds its place in its lane until it ends or is dropped (dropping kills the
     // program); `limit` bounds the whole stream: past it the next pull stops the program and
     // fails with deadline_exceeded.
     asio::awaitable<result<exec_stream>> async_exec_stream(exec_request request,
-                                                           deadline limit = {});
+                                                           deadline limit = {},
+                                                           lane in = lane::ordered);
     // Starts a background process and returns once it runs; it does not hold the turn (exec.hpp,
     // moat::process). `limit` bounds the start only.
-    asio::awaitable<result<process>> async_spawn(exec_request request, deadline limit = {});
+    asio::awaitable<result<process>> async_spawn(exec_request request, deadline limit = {},
+                                                 lane in = lane::ordered);
     asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
-        std::vector<file_write> files, deadline limit = {});
+        std::vector<file_write> files, deadline limit = {}, lane in = lane::ordered);
     asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
-        std::vector<std::string> paths, deadline limit = {});
-    // Streaming file transfer (backend.hpp, files.hpp). The write holds the sandbox's turn until
-    // it completes; `limit` bounds the whole write (the source's calls included): past it the
-    // write is abandoned (temporary file removed) and fails with deadline_exceeded.
+        std::vector<std::string> paths, deadline limit = {}, lane in = lane::ordered);
+    // Streaming file transfer (backend.hpp, files.hpp). The write holds its place in its lane
+    // until it completes (or stalls: transfer_stall_limit); `limit` bounds the whole write (the
+    // source's calls included): past it the write is abandoned (temporary file removed) and fails
+    // with deadline_exceeded.
     asio::awaitable<result<file_write_result>> async_write_file_stream(file_write_target target,
                                                                        byte_source source,
-                                                                       deadline limit = {});
-    // The stream holds the sandbox's turn until its last chunk was pulled, a pull failed, or it
-    // is dropped; `limit` bounds the whole stream: past it the next pull fails with
-    // deadline_exceeded and the stream is finished.
+                                                                       deadline limit = {},
+                                                                       lane in = lane::ordered);
+    // The stream holds its place in its lane until its last chunk was pulled, a pull failed, it
+    // is dropped, or nobody pulled it for transfer_stall_limit; `limit` bounds the whole stream:
+    // past it the next pull fails with deadline_exceeded and the stream is finished.
     asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string path,
-                                                                     deadline limit = {});
+                                                                     deadline limit = {},
+                                                                     lane in = lane::ordered);
     asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
-        std::vector<std::string> paths, deadline limit = {});
-    asio::awaitable<result<file_stat>> async_stat(std::string path, deadline limit = {});
+        std::vector<std::string> paths, deadline limit = {}, lane in = lane::ordered);
+    asio::awaitable<result<file_stat>> async_stat(std::string path, deadline limit = {},
+                                                  lane in = lane::ordered);
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string path,
-                                                                   deadline limit = {});
+                                                                   deadline limit = {},
+                                                                   lane in = lane::ordered);
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::chrono::milliseconds ttl,
                                                            deadline limit = {});
 

@@ -5,8 +5,8 @@
 namespace moat {
 
 asio::awaitable<operation_queue::turn> operation_queue::async_acquire(deadline limit) {
-    if (!busy_ && waiters_.empty()) {
-        busy_ = true;
+    if (running_ < width_ && waiters_.empty()) {
+        ++running_;
         co_return turn::granted;
     }
     auto me = std::make_shared<waiter>(executor_);
@@ -51,9 +51,9 @@ void operation_queue::release() {
         waiters_.pop_front();
         next->granted = true;
         next->event.set();
-        return;  // still busy: the queue now belongs to `next`
+        return;  // the place is now `next`'s
     }
-    busy_ = false;
+    if (running_ > 0) --running_;
 }
 
 void operation_queue::refuse_all() {

@@ -1,6 +1,6 @@
-// One sandbox's queue of operations: one at a time, in arrival order. A caller waits for its turn
-// until its deadline (time queued counts against it) or its cancellation, and then leaves the
-// queue without running. Confined to one executor.
+// A queue of operations: at most `width` at a time (one, for a sandbox's ordered lane), granted in
+// arrival order. A caller waits for its turn until its deadline (time queued counts against it)
+// or its cancellation, and then leaves the queue without running. Confined to one executor.
 #pragma once
 
 #include <moat/deadline.hpp>
@@ -19,7 +19,8 @@ class operation_queue {
   public:
     enum class turn { granted, deadline_passed, cancelled, refused };
 
-    explicit operation_queue(asio::any_io_executor executor) : executor_(std::move(executor)) {}
+    explicit operation_queue(asio::any_io_executor executor, std::size_t width = 1)
+        : executor_(std::move(executor)), width_(width == 0 ? 1 : width) {}
 
     // Waits for the caller's turn. `granted`: the caller holds the queue and must release() it
     // (the sandbox handle does so by RAII). `refused`: refuse_all() emptied the queue.
@@ -29,15 +30,17 @@ class operation_queue {
     // frame destroyed while parked) still leaves it, and a turn already handed to it goes on.
     asio::awaitable<turn> async_acquire(deadline limit);
 
-    // Hands the queue to the next waiter, or frees it.
+    // Hands the caller's place to the next waiter, or frees it.
     void release();
 
     // Wakes every waiter with `refused` (the sandbox can no longer run anything).
     void refuse_all();
 
-    // Waiters, not counting the operation that holds the queue.
+    // Waiters, not counting the operations that hold a place.
     std::size_t waiting() const noexcept { return waiters_.size(); }
-    bool busy() const noexcept { return busy_; }
+    // Operations holding a place (at most width()).
+    std::size_t running() const noexcept { return running_; }
+    std::size_t width() const noexcept { return width_; }
 
   private:
     struct waiter {
@@ -51,7 +54,8 @@ class operation_queue {
 
     asio::any_io_executor executor_;
     std::deque<std::shared_ptr<waiter>> waiters_;
-    bool busy_ = false;
+    std::size_t width_;
+    std::size_t running_ = 0;
 };
 
 }  // namespace moat

@@ -9,6 +9,7 @@
 #include "handle/operation_queue.hpp"
 #include "handle/sandbox_impl.hpp"
 
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
 #include <type_traits>
@@ -103,30 +104,84 @@ class handle_stream final : public exec_stream::impl {
     bool finished_ = false;
 };
 
-// A file_read_stream that holds its sandbox's turn until its last chunk, a failed pull, or its
-// drop, under the caller's deadline. File errors on the way are the caller's (per-path), so only
-// a sandbox that went away quarantines.
+// "N ms" / "N s" for a message.
+std::string duration_text(std::chrono::milliseconds d) {
+    if (d.count() % 1000 == 0) return std::to_string(d.count() / 1000) + " s";
+    return std::to_string(d.count()) + " ms";
+}
+
+// A file_read_stream that holds its place in its lane until its last chunk, a failed pull, its
+// drop, or a stall (no pull for transfer_stall_limit: a timer closes it and gives the place up),
+// under the caller's deadline. File errors on the way are the caller's (per-path), so only a
+// sandbox that went away quarantines.
 class handle_file_stream final : public file_read_stream::impl {
   public:
     handle_file_stream(std::shared_ptr<sandbox::impl> owner, sandbox::impl::held_turn turn,
                        file_read_stream inner, deadline limit)
-        : owner_(std::move(owner)),
-          turn_(std::move(turn)),
-          inner_(std::move(inner)),
-          limit_(limit) {}
-    ~handle_file_stream() override {
-        inner_ = file_read_stream();
-        turn_.release();
+        : core_(
+              std::make_shared<core>(std::move(owner), std::move(turn), std::move(inner), limit)) {
+        arm(core_);
     }
+    ~handle_file_stream() override { core_->finish(); }
 
-    asio::awaitable<result<std::string>> async_next() override { return guarded(next(this)); }
+    asio::awaitable<result<std::string>> async_next() override { return guarded(next(core_)); }
 
   private:
-    static asio::awaitable<result<std::string>> next(handle_file_stream* self) {
-        if (self->finished_) co_return make_error(errc::invalid_argument, "the stream has ended");
+    // What the stall timer may touch: the timer's handler holds it weakly, so a stream dropped
+    // while the handler is queued is never reached.
+    struct core {
+        core(std::shared_ptr<sandbox::impl> o, sandbox::impl::held_turn t, file_read_stream i,
+             deadline l)
+            : owner(std::move(o)),
+              turn(std::move(t)),
+              inner(std::move(i)),
+              limit(l),
+              stall_timer(owner->executor) {}
+        void finish() {
+            finished = true;
+            stall_timer.cancel();
+            inner = file_read_stream();
+            turn.release();
+        }
+        std::shared_ptr<sandbox::impl> owner;
+        sandbox::impl::held_turn turn;
+        file_read_stream inner;
+        deadline limit;
+        asio::steady_timer stall_timer;
+        std::uint64_t pulls = 0;  // the timer's handler knows its arming by this
+        bool finished = false;
+        bool stalled = false;
+    };
+
+    // Closes the stream if nobody pulls it within the stall limit from now.
+    static void arm(const std::shared_ptr<core>& c) {
+        const auto stall = c->owner->options.transfer_stall_limit;
+        if (c->finished || stall <= std::chrono::milliseconds::zero()) return;
+        c->stall_timer.expires_after(stall);
+        std::weak_ptr<core> weak = c;
+        const std::uint64_t armed_at = c->pulls;
+        c->stall_timer.async_wait([weak, armed_at](const std::error_code& ec) {
+            auto still = weak.lock();
+            if (ec || !still || still->finished || still->pulls != armed_at) return;
+            still->stalled = true;
+            still->finish();
+        });
+    }
+
+    static asio::awaitable<result<std::string>> next(std::shared_ptr<core> self) {
+        if (self->stalled) {
+            co_return make_error(
+                errc::deadline_exceeded,
+                "read_file_stream: nothing was pulled for " +
+                    duration_text(self->owner->options.transfer_stall_limit) +
+                    " (handle_options::transfer_stall_limit): the stream was closed");
+        }
+        if (self->finished) co_return make_error(errc::invalid_argument, "the stream has ended");
+        ++self->pulls;  // a queued stall handler of the last arming does nothing now
+        self->stall_timer.cancel();
         // A pull is one bounded chunk that completes even when its deadline fires meanwhile, so
         // a deadline that has already passed is checked here.
-        if (self->limit_.has_expired()) {
+        if (self->limit.has_expired()) {
             self->finish();
             co_return make_error(errc::deadline_exceeded,
                                  "read_file_stream: the deadline passed while the file was read");
@@ -134,8 +189,8 @@ class handle_file_stream final : public file_read_stream::impl {
         std::exception_ptr failure;
         result<std::string> pulled = make_error(errc::cancelled, "not pulled");
         try {
-            auto pull = self->inner_.async_next();
-            pulled = co_await with_timeout(std::move(pull), self->limit_);
+            auto pull = self->inner.async_next();
+            pulled = co_await with_timeout(std::move(pull), self->limit);
         } catch (...) {
             failure = std::current_exception();
         }
@@ -144,25 +199,43 @@ class handle_file_stream final : public file_read_stream::impl {
             self->finish();
             const errc code = static_cast<errc>(pulled.error().code.value());
             if (code == errc::sandbox_unavailable || code == errc::sandbox_not_found) {
-                self->owner_->quarantine(pulled.error());
+                self->owner->quarantine(pulled.error());
             }
             co_return pulled;
         }
-        if (pulled->empty()) self->finish();
+        if (pulled->empty()) {
+            self->finish();
+        } else {
+            arm(self);
+        }
         co_return pulled;
     }
 
-    void finish() {
-        finished_ = true;
-        inner_ = file_read_stream();
-        turn_.release();
-    }
+    std::shared_ptr<core> core_;
+};
 
-    std::shared_ptr<sandbox::impl> owner_;
-    sandbox::impl::held_turn turn_;
-    file_read_stream inner_;
-    deadline limit_;
-    bool finished_ = false;
+// A write's byte_source under the stall limit: each call must yield within it, or the write
+// fails with deadline_exceeded (and the backend abandons it, removing its temporary file).
+struct stall_bounded_source {
+    byte_source inner;
+    std::chrono::milliseconds stall;
+
+    asio::awaitable<result<std::string>> operator()() const { return pull(inner, stall); }
+
+    static asio::awaitable<result<std::string>> pull(byte_source inner,
+                                                     std::chrono::milliseconds stall) {
+        if (stall <= std::chrono::milliseconds::zero()) co_return co_await inner();
+        const auto limit = deadline::after(stall);
+        auto call = inner();
+        auto got = co_await with_timeout(std::move(call), limit);
+        if (!got && got.error().code == errc::deadline_exceeded && limit.has_expired()) {
+            co_return make_error(errc::deadline_exceeded,
+                                 "write_file_stream: the source gave nothing for " +
+                                     duration_text(stall) +
+                                     " (handle_options::transfer_stall_limit)");
+        }
+        co_return got;
+    }
 };
 
 asio::awaitable<void> destroy_in_background(std::shared_ptr<sandbox::impl> self) {
@@ -200,6 +273,7 @@ sandbox::impl::impl(backend& b, sandbox_info i, handle_options o, std::function<
       info(std::move(i)),
       options(o),
       queue(executor),
+      side_queue(executor, options.side_lane_width),
       tasks(executor, "sandbox " + info.id),
       ended(executor),
       on_end(std::move(ended_hook)),
@@ -244,13 +318,14 @@ void sandbox::impl::quarantine(const error& why) {
     cause = why;
     if (telemetry) ++telemetry->metrics.quarantines;
     queue.refuse_all();
+    side_queue.refuse_all();
     tasks.spawn(destroy_in_background(shared_from_this()));
 }
 
 asio::awaitable<result<sandbox::impl::held_turn>> sandbox::impl::acquire_turn(
-    std::shared_ptr<impl> self, const char* what, deadline limit) {
+    std::shared_ptr<impl> self, const char* what, deadline limit, moat::lane in) {
     if (auto refused = self->refusal()) co_return std::move(*refused);
-    const auto turn = co_await self->queue.async_acquire(limit);
+    const auto turn = co_await self->queue_of(in).async_acquire(limit);
     if (turn == operation_queue::turn::cancelled) {
         co_return make_error(errc::cancelled, std::string(what) + " was cancelled while queued");
     }
@@ -263,15 +338,15 @@ asio::awaitable<result<sandbox::impl::held_turn>> sandbox::impl::acquire_turn(
         co_return make_error(errc::sandbox_unavailable,
                              "sandbox " + self->info.id + " was destroyed");
     }
-    held_turn held(self);
+    held_turn held(self, in);
     if (auto refused = self->refusal()) co_return std::move(*refused);  // `held` hands it on
-    self->state = handle_state::busy;
+    if (in == moat::lane::ordered) self->state = handle_state::busy;
     co_return std::move(held);
 }
 
-void sandbox::impl::end_turn() {
-    queue.release();
-    if (state == handle_state::busy) state = handle_state::ready;
+void sandbox::impl::end_turn(moat::lane in) {
+    queue_of(in).release();
+    if (in == moat::lane::ordered && state == handle_state::busy) state = handle_state::ready;
 }
 
 template <class T>
@@ -282,7 +357,7 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
     auto operation = start();
     const std::uint64_t task =
         self->tasks.spawn(run_backend_operation<T>(op, std::move(operation)));
-    self->running_task = task;
+    self->running_tasks.insert(task);
     // A cancellation already pending would make the wait's co_await throw with the operation
     // still running: take it here instead (nothing suspends between the check and the wait).
     auto waited = async_event::wait_outcome::cancelled;
@@ -303,7 +378,7 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
             co_await op->done.async_wait(grace);
         }
     }
-    self->running_task.reset();
+    self->running_tasks.erase(task);
     const char* stop_name = stopped_by == errc::cancelled ? "cancellation" : "deadline";
     if (!op->done.is_set()) {
         self->quarantine(
@@ -342,10 +417,10 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
 
 template <class T>
 asio::awaitable<result<T>> sandbox::impl::run(std::shared_ptr<impl> self, const char* what,
-                                              deadline limit,
+                                              deadline limit, moat::lane in,
                                               std::function<asio::awaitable<result<T>>()> start) {
     const auto called = std::chrono::steady_clock::now();
-    auto turn = co_await acquire_turn(self, what, limit);
+    auto turn = co_await acquire_turn(self, what, limit, in);
     const auto granted = std::chrono::steady_clock::now();
     if (!turn) {
         self->report(what, failure_of(turn.error()), called, granted);
@@ -363,7 +438,8 @@ asio::awaitable<result<void>> sandbox::impl::destroy_now(std::shared_ptr<impl> s
     if (self->state != handle_state::destroying && !self->ended.is_set()) {
         self->state = handle_state::destroying;
         self->queue.refuse_all();
-        if (self->running_task) self->tasks.cancel(*self->running_task);
+        self->side_queue.refuse_all();
+        for (const auto task : self->running_tasks) self->tasks.cancel(task);
         self->tasks.spawn(destroy_once(self));
     }
     // Cancellation is consumed by each wait and ignored: the destroy is bounded by the backend.
@@ -417,81 +493,88 @@ const std::optional<error>& sandbox::quarantine_cause() const noexcept {
     return impl_->cause;
 }
 std::size_t sandbox::queued() const noexcept {
-    return impl_->queue.waiting();
+    return impl_->queue.waiting() + impl_->side_queue.waiting();
+}
+std::size_t sandbox::running_beside() const noexcept {
+    return impl_->side_queue.running();
 }
 
 // Each public operation is a plain function: it binds the shared state now (the handle may be
 // dropped before the awaitable is awaited) and puts the one exception boundary (guarded) on top.
 
-asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit) {
+asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit,
+                                                         lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<exec_result>>()> start = [state, request]() mutable {
         return state->sandboxes.async_exec(state->info.id, std::move(request));
     };
-    return guarded(impl::run<exec_result>(state, "exec", limit, std::move(start)));
+    return guarded(impl::run<exec_result>(state, "exec", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
-    std::vector<file_write> files, deadline limit) {
+    std::vector<file_write> files, deadline limit, lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<std::vector<file_write_result>>>()> start =
         [state, files]() mutable {
             return state->sandboxes.async_write_files(state->info.id, std::move(files));
         };
-    return guarded(
-        impl::run<std::vector<file_write_result>>(state, "write_files", limit, std::move(start)));
+    return guarded(impl::run<std::vector<file_write_result>>(state, "write_files", limit, in,
+                                                             std::move(start)));
 }
 
 asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
-    std::vector<std::string> paths, deadline limit) {
+    std::vector<std::string> paths, deadline limit, lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<std::vector<file_read_result>>>()> start =
         [state, paths]() mutable {
             return state->sandboxes.async_read_files(state->info.id, std::move(paths));
         };
     return guarded(
-        impl::run<std::vector<file_read_result>>(state, "read_files", limit, std::move(start)));
+        impl::run<std::vector<file_read_result>>(state, "read_files", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<file_write_result>> sandbox::async_write_file_stream(
-    file_write_target target, byte_source source, deadline limit) {
+    file_write_target target, byte_source given, deadline limit, lane in) {
     auto state = impl_;
+    byte_source source =
+        stall_bounded_source{std::move(given), state->options.transfer_stall_limit};
     std::function<asio::awaitable<result<file_write_result>>()> start = [state, target,
                                                                          source]() mutable {
         return state->sandboxes.async_write_file_stream(state->info.id, std::move(target),
                                                         std::move(source));
     };
     return guarded(
-        impl::run<file_write_result>(state, "write_file_stream", limit, std::move(start)));
+        impl::run<file_write_result>(state, "write_file_stream", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<file_metadata_result>>> sandbox::async_read_metadata(
-    std::vector<std::string> paths, deadline limit) {
+    std::vector<std::string> paths, deadline limit, lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<std::vector<file_metadata_result>>>()> start =
         [state, paths]() mutable {
             return state->sandboxes.async_read_metadata(state->info.id, std::move(paths));
         };
-    return guarded(impl::run<std::vector<file_metadata_result>>(state, "read_metadata", limit,
+    return guarded(impl::run<std::vector<file_metadata_result>>(state, "read_metadata", limit, in,
                                                                 std::move(start)));
 }
 
-asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit) {
+asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit, lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
         return state->sandboxes.async_stat(state->info.id, std::move(path));
     };
-    return guarded(impl::run<file_stat>(state, "stat", limit, std::move(start)));
+    return guarded(impl::run<file_stat>(state, "stat", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
-                                                                        deadline limit) {
+                                                                        deadline limit, lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<std::vector<dir_entry>>>()> start = [state,
                                                                               path]() mutable {
         return state->sandboxes.async_list_dir(state->info.id, std::move(path));
     };
-    return guarded(impl::run<std::vector<dir_entry>>(state, "list_dir", limit, std::move(start)));
+    return guarded(
+        impl::run<std::vector<dir_entry>>(state, "list_dir", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
@@ -500,15 +583,16 @@ asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::mil
     std::function<asio::awaitable<result<sandbox_info>>()> start = [state, ttl]() mutable {
         return state->sandboxes.async_extend_ttl(state->info.id, ttl);
     };
-    return guarded(impl::run<sandbox_info>(state, "extend_ttl", limit, std::move(start)));
+    return guarded(
+        impl::run<sandbox_info>(state, "extend_ttl", limit, lane::ordered, std::move(start)));
 }
 
 namespace {
 
 asio::awaitable<result<exec_stream>> start_stream(std::shared_ptr<sandbox::impl> state,
-                                                  exec_request request, deadline limit) {
+                                                  exec_request request, deadline limit, lane in) {
     const auto called = std::chrono::steady_clock::now();
-    auto turn = co_await sandbox::impl::acquire_turn(state, "exec_stream", limit);
+    auto turn = co_await sandbox::impl::acquire_turn(state, "exec_stream", limit, in);
     const auto granted = std::chrono::steady_clock::now();
     if (!turn) {
         state->report("exec_stream", failure_of(turn.error()), called, granted);
@@ -530,10 +614,11 @@ asio::awaitable<result<exec_stream>> start_stream(std::shared_ptr<sandbox::impl>
 }
 
 asio::awaitable<result<file_read_stream>> start_file_stream(std::shared_ptr<sandbox::impl> state,
-                                                            std::string path, deadline limit) {
+                                                            std::string path, deadline limit,
+                                                            lane in) {
     const char* what = "read_file_stream";
     const auto called = std::chrono::steady_clock::now();
-    auto turn = co_await sandbox::impl::acquire_turn(state, what, limit);
+    auto turn = co_await sandbox::impl::acquire_turn(state, what, limit, in);
     const auto granted = std::chrono::steady_clock::now();
     if (!turn) {
         state->report(what, failure_of(turn.error()), called, granted);
@@ -561,21 +646,22 @@ asio::awaitable<result<void>> destroy_and_wait(std::shared_ptr<sandbox::impl> st
 }  // namespace
 
 asio::awaitable<result<exec_stream>> sandbox::async_exec_stream(exec_request request,
-                                                                deadline limit) {
-    return guarded(start_stream(impl_, std::move(request), limit));
+                                                                deadline limit, lane in) {
+    return guarded(start_stream(impl_, std::move(request), limit, in));
 }
 
 asio::awaitable<result<file_read_stream>> sandbox::async_read_file_stream(std::string path,
-                                                                          deadline limit) {
-    return guarded(start_file_stream(impl_, std::move(path), limit));
+                                                                          deadline limit, lane in) {
+    return guarded(start_file_stream(impl_, std::move(path), limit, in));
 }
 
-asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit) {
+asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit,
+                                                      lane in) {
     auto state = impl_;
     std::function<asio::awaitable<result<process>>()> start = [state, request]() mutable {
         return state->sandboxes.async_spawn(state->info.id, std::move(request));
     };
-    return guarded(impl::run<process>(state, "spawn", limit, std::move(start)));
+    return guarded(impl::run<process>(state, "spawn", limit, in, std::move(start)));
 }
 
 asio::awaitable<result<void>> sandbox::async_destroy() {

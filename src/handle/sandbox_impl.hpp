@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 
 namespace moat {
 
@@ -19,16 +20,20 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     impl(backend& b, sandbox_info i, handle_options o, std::function<void()> ended_hook,
          std::shared_ptr<moat::telemetry> t);
 
-    // The sandbox's turn while one operation holds it. Handed on when it goes, however that
-    // happens (a normal end, an exception, a frame destroyed while suspended).
+    // An operation's place in its lane (the ordered lane's one turn, or one of the side lane's)
+    // while it holds it. Handed on when it goes, however that happens (a normal end, an
+    // exception, a frame destroyed while suspended).
     class held_turn {
       public:
-        explicit held_turn(std::shared_ptr<impl> owner) : owner_(std::move(owner)) {}
-        held_turn(held_turn&& other) noexcept : owner_(std::move(other.owner_)) {}
+        held_turn(std::shared_ptr<impl> owner, moat::lane in)
+            : owner_(std::move(owner)), lane_(in) {}
+        held_turn(held_turn&& other) noexcept
+            : owner_(std::move(other.owner_)), lane_(other.lane_) {}
         held_turn& operator=(held_turn&& other) noexcept {
             if (this != &other) {
                 release();
                 owner_ = std::move(other.owner_);
+                lane_ = other.lane_;
             }
             return *this;
         }
@@ -37,21 +42,23 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
         ~held_turn() { release(); }
         // Gives the turn to the next operation now.
         void release() {
-            if (auto owner = std::exchange(owner_, nullptr)) owner->end_turn();
+            if (auto owner = std::exchange(owner_, nullptr)) owner->end_turn(lane_);
         }
 
       private:
         std::shared_ptr<impl> owner_;
+        moat::lane lane_;
     };
 
     // sandbox_unavailable with the cause if no operation may start; nullopt if one may.
     std::optional<error> refusal() const;
     // ready/busy -> quarantined, then a background destroy.
     void quarantine(const error& why);
-    // Waits for this caller's turn (FIFO): the turn, or the error (cancelled, deadline_exceeded,
-    // sandbox_unavailable).
+    // Waits for this caller's place in its lane (FIFO): the place, or the error (cancelled,
+    // deadline_exceeded, sandbox_unavailable).
     static asio::awaitable<result<held_turn>> acquire_turn(std::shared_ptr<impl> self,
-                                                           const char* what, deadline limit);
+                                                           const char* what, deadline limit,
+                                                           moat::lane in);
     // Runs one backend operation while holding the turn, under the caller's deadline and
     // cancellation (stopped and confirmed within the backend's stop grace plus the handle's
     // kill grace, or quarantine). `start` makes the backend's awaitable (a plain lambda, not a
@@ -60,10 +67,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     static asio::awaitable<result<T>> run_in_turn(
         std::shared_ptr<impl> self, const char* what, deadline limit,
         std::function<asio::awaitable<result<T>>()> start);
-    // acquire_turn + run_in_turn, then the turn goes on.
+    // acquire_turn + run_in_turn, then the place goes on.
     template <class T>
     static asio::awaitable<result<T>> run(std::shared_ptr<impl> self, const char* what,
-                                          deadline limit,
+                                          deadline limit, moat::lane in,
                                           std::function<asio::awaitable<result<T>>()> start);
     // Destroys the sandbox (or waits for the destroy under way) and returns its outcome. Not
     // cancellable: the destroy runs in the handle's own task group, to its confirmation or the
@@ -80,11 +87,13 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     handle_options options;
     handle_state state = handle_state::ready;
     std::optional<error> cause;
-    operation_queue queue;
+    operation_queue queue;       // the ordered lane: one at a time
+    operation_queue side_queue;  // the side lane: options.side_lane_width at a time
     task_group tasks;
     async_event ended;  // destroyed or destroy_failed
     std::optional<result<void>> destroy_outcome;
-    std::optional<std::uint64_t> running_task;
+    // The backend operations running now (both lanes), which a destroy stops.
+    std::set<std::uint64_t> running_tasks;
     std::function<void()> on_end;  // the runtime's live count
     // Dropping the last reference detaches instead of destroying: the sandbox was attached, or
     // created to survive its owner.
@@ -99,9 +108,11 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
                 std::chrono::steady_clock::time_point called,
                 std::chrono::steady_clock::time_point granted);
 
+    operation_queue& queue_of(moat::lane in) { return in == moat::lane::side ? side_queue : queue; }
+
   private:
-    // Gives the turn to the next operation (through held_turn only).
-    void end_turn();
+    // Gives the place to the next operation of its lane (through held_turn only).
+    void end_turn(moat::lane in);
 };
 
 }  // namespace moat

@@ -63,7 +63,8 @@ asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
         std::vector<std::string> paths;
         paths.reserve(end - at);
         for (std::size_t i = at; i < end; ++i) paths.push_back(entries[i].path);
-        auto read = co_await sandbox.handle->async_read_metadata(std::move(paths));
+        auto read = co_await sandbox.handle->async_read_metadata(std::move(paths),
+                                                                 deadline::never(), lane::side);
         if (!read) co_return std::move(read).error();
         if (read->size() != end - at)
             co_return make_error(errc::protocol_error,
@@ -204,7 +205,8 @@ asio::awaitable<void> get_file(envd_call& call) {
     }
     if (!checked.query.path) checked.path = sandbox_home(*call.sandbox);
     auto path = checked.path;
-    auto opened = co_await call.sandbox->handle->async_read_file_stream(path);
+    auto opened =
+        co_await call.sandbox->handle->async_read_file_stream(path, deadline::never(), lane::side);
     if (!opened) {
         auto message = opened.error().detail;
         if (opened.error().code == errc::file_not_found)
@@ -381,8 +383,8 @@ struct part_source {
 asio::awaitable<result<void>> async_write_one(envd_call& call, const std::string& path,
                                               const file_metadata& metadata, byte_source source) {
     auto target = make_target(path, metadata, call.context);
-    auto written = co_await call.sandbox->handle->async_write_file_stream(std::move(target),
-                                                                          std::move(source));
+    auto written = co_await call.sandbox->handle->async_write_file_stream(
+        std::move(target), std::move(source), deadline::never(), lane::side);
     if (!written) co_return written.error();
     if (!written->outcome) co_return written->outcome.error();
     co_return result<void>();

@@ -74,7 +74,8 @@ asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<
     request.wall_limit = command_wall_limit;
     request.output.head_bytes = max_listing_bytes;
     request.output.tail_bytes = 0;
-    auto ran = co_await call.sandbox->handle->async_exec(std::move(request));
+    auto ran = co_await call.sandbox->handle->async_exec(std::move(request), deadline::never(),
+                                                         lane::side);
     if (!ran) co_return ran.error();
     command_outcome out;
     out.exit_code = ran->exit_code;

@@ -257,7 +257,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     const std::string cwd = resolve_cwd(parsed->process.cwd, user);
     const auto start_limit = deadline::after(spawn_limit);
     if (!cwd.empty()) {
-        auto stat = co_await call.sandbox->handle->async_stat(cwd, start_limit);
+        auto stat = co_await call.sandbox->handle->async_stat(cwd, start_limit, lane::side);
         if (!stat && stat.error().code == errc::file_not_found) {
             const std::string message = "cwd '" + cwd + "' does not exist";
             (void)co_await stream.async_end(code::invalid_argument, message);
@@ -279,7 +279,8 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     if (timeout && timeout->count() > 0) {
         request.wall_limit = std::min(*timeout, exec_request::max_spawn_wall_limit);
     }
-    auto spawned = co_await call.sandbox->handle->async_spawn(std::move(request), start_limit);
+    auto spawned =
+        co_await call.sandbox->handle->async_spawn(std::move(request), start_limit, lane::side);
     if (!spawned) {
         const auto c = code_of(spawned.error());
         (void)co_await stream.async_end(c, spawned.error().detail);
