@@ -36,13 +36,22 @@ bool is_system_cancellation(const std::system_error& e) {
     return e.code() == asio::error::operation_aborted;
 }
 
-// Counts a connection from its accept to its end (the cap covers the TLS handshake too).
+// Counts a connection from its accept to its end (the caps cover the TLS handshake too).
 struct open_connection {
     std::shared_ptr<server::state> state;
-    explicit open_connection(std::shared_ptr<server::state> s) : state(std::move(s)) {
+    server::state::admitted record;
+    open_connection(std::shared_ptr<server::state> s, asio::ip::address peer)
+        : state(std::move(s)) {
+        record.peer = peer;
         ++state->open_connections;
+        ++state->unauthenticated;
+        ++state->unauthenticated_by_peer[peer];
+        record.position = state->admissions.insert(state->admissions.end(), &record);
     }
     ~open_connection() {
+        state->forget_unauthenticated(record);
+        if (record.evicted) --state->evicting;
+        state->admissions.erase(record.position);
         --state->open_connections;
         if (state->stopping && state->open_connections == 0) state->drained.cancel();
     }
@@ -50,9 +59,43 @@ struct open_connection {
     open_connection& operator=(const open_connection&) = delete;
 };
 
+// Whether `a` may be closed to make room: unauthenticated, past its setup, between requests,
+// and nothing of its next request waits unread.
+bool is_evictable(const server::state::admitted& a) {
+    return !a.authenticated && !a.evicted && a.connection && a.connection->is_idle();
+}
+
+// Closes the oldest evictable connection (from `peer`, when given); false if there is none.
+bool evict_one(server::state& s, const asio::ip::address* peer) {
+    for (auto* a : s.admissions) {
+        if (!is_evictable(*a) || (peer && a->peer != *peer)) continue;
+        s.forget_unauthenticated(*a);
+        a->evicted = true;
+        ++s.evicting;
+        ++s.counters.evicted;
+        a->connection->close_now();
+        return true;
+    }
+    return false;
+}
+
+// Whether a connection from `peer` may be admitted now, after closing idle unauthenticated
+// connections to make room where a cap is reached.
+bool make_room(server::state& s, const asio::ip::address& peer) {
+    const auto& o = s.options;
+    if (s.open_connections - s.evicting >= o.max_connections && !evict_one(s, nullptr))
+        return false;
+    if (s.unauthenticated >= o.max_unauthenticated && !evict_one(s, nullptr)) return false;
+    const auto from_peer = s.unauthenticated_by_peer.find(peer);
+    if (from_peer != s.unauthenticated_by_peer.end() &&
+        from_peer->second >= o.max_unauthenticated_per_peer && !evict_one(s, &peer))
+        return false;
+    return true;
+}
+
 // `counted` is held for the task's life: the connection counts as open until it ends.
 asio::awaitable<void> serve_connection(std::shared_ptr<server::state> state,
-                                       [[maybe_unused]] std::shared_ptr<open_connection> counted,
+                                       std::shared_ptr<open_connection> counted,
                                        asio::ip::tcp::socket socket) {
     const auto deadline = clock::now() + state->options.head_timeout;
     std::unique_ptr<stream> s;
@@ -67,8 +110,8 @@ asio::awaitable<void> serve_connection(std::shared_ptr<server::state> state,
     } else {
         s = make_tcp_stream(std::move(socket));
     }
-    server_connection connection(state, std::move(s), deadline);
-    if (state->stopping) co_return;
+    server_connection connection(state, std::move(s), deadline, counted->record);
+    if (state->stopping || counted->record.evicted) co_return;
     try {
         co_await connection.async_run();
     } catch (const std::system_error& e) {
@@ -94,12 +137,14 @@ asio::awaitable<void> accept_loop(std::shared_ptr<server::state> state) {
             continue;
         }
         ++state->counters.accepted;
-        if (state->open_connections >= state->options.max_connections) {
+        std::error_code peer_error;
+        const auto peer = socket.remote_endpoint(peer_error).address();
+        if (peer_error || !make_room(*state, peer)) {
             ++state->counters.refused_over_cap;
             refuse(socket);
             continue;
         }
-        auto counted = std::make_shared<open_connection>(state);
+        auto counted = std::make_shared<open_connection>(state, peer);
         state->tasks.spawn(serve_connection(state, std::move(counted), std::move(socket)));
     }
 }
@@ -122,6 +167,14 @@ std::vector<std::string> loopback_hosts(unsigned short port) {
 }
 
 }  // namespace
+
+void server::state::forget_unauthenticated(admitted& a) {
+    if (a.authenticated || a.evicted) return;
+    --unauthenticated;
+    auto from_peer = unauthenticated_by_peer.find(a.peer);
+    if (from_peer != unauthenticated_by_peer.end() && --from_peer->second == 0)
+        unauthenticated_by_peer.erase(from_peer);
+}
 
 bool server::state::is_host_allowed(std::string_view host) const noexcept {
     if (hosts.empty()) return true;

@@ -73,6 +73,18 @@ struct server_options {
     // Open connections at most; one more is accepted, answered 503 (best effort) and closed, so a
     // client fails fast instead of waiting in the listen backlog.
     std::size_t max_connections = 1024;
+    // A connection is unauthenticated until a handler vouches for one of its requests
+    // (server_request::mark_authenticated). Unauthenticated connections get a share of the
+    // connections (max_unauthenticated), at most max_unauthenticated_per_peer from one peer
+    // address, and a shorter idle timeout. When a new connection finds a cap reached (this one,
+    // the per-peer one, or max_connections), the oldest unauthenticated connection that is idle
+    // (between requests, or trickling a head: nothing of its next request waits unread) is closed
+    // to make room; if there is none, the new connection is refused as past the cap. So idle
+    // clients that never authenticate cannot keep others out, and one that does is limited only
+    // by max_connections (behind a proxy, every client has the proxy's address).
+    std::size_t max_unauthenticated = 256;
+    std::size_t max_unauthenticated_per_peer = 64;
+    std::chrono::milliseconds unauthenticated_idle_timeout{5'000};
     // A connection must send a complete head within this of its first byte (or of being accepted,
     // for its first request): slowloris.
     std::chrono::milliseconds head_timeout{10'000};
@@ -118,6 +130,10 @@ class server_request {
     // The whole body, up to the route's cap (same errors).
     asio::awaitable<result<std::string>> async_read_body();
 
+    // The handler authenticated this request: its connection leaves the unauthenticated share
+    // (server_options::max_unauthenticated) for good.
+    void mark_authenticated() noexcept;
+
   private:
     friend class server_connection;
     server_request(server_connection& c, request_head& h, const path_params& p)
@@ -155,7 +171,8 @@ using handler = std::function<asio::awaitable<void>(server_request&, server_resp
 
 struct server_stats {
     std::uint64_t accepted = 0;
-    std::uint64_t refused_over_cap = 0;  // accepted past max_connections and closed
+    std::uint64_t refused_over_cap = 0;  // accepted past a cap and closed (503)
+    std::uint64_t evicted = 0;           // idle unauthenticated connections closed for a newer one
     std::uint64_t requests = 0;          // heads routed to a handler or answered by the server
     std::size_t open_connections = 0;
 };

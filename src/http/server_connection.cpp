@@ -10,6 +10,7 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <exception>
@@ -65,8 +66,10 @@ struct watchdog_expiry {
 }  // namespace
 
 server_connection::server_connection(std::shared_ptr<server::state> state,
-                                     std::unique_ptr<stream> s, clock::time_point first_deadline)
+                                     std::unique_ptr<stream> s, clock::time_point first_deadline,
+                                     server::state::admitted& record)
     : state_(std::move(state)),
+      record_(&record),
       stream_(std::move(s)),
       watchdog_(std::make_shared<watchdog>(state_->executor)),
       parser_(message_parser::mode::request, state_->options.limits),
@@ -75,9 +78,11 @@ server_connection::server_connection(std::shared_ptr<server::state> state,
     watchdog_->target = stream_.get();
     state_->connections.push_front(this);
     registration_ = state_->connections.begin();
+    record_->connection = this;
 }
 
 server_connection::~server_connection() {
+    record_->connection = nullptr;
     watchdog_->target = nullptr;
     watchdog_->timer.cancel();
     stream_->close();
@@ -105,6 +110,16 @@ void server_connection::close_now() noexcept {
     stream_->close();
 }
 
+bool server_connection::is_idle() const noexcept {
+    return phase_ == phase::waiting && pending_.empty() && stream_->is_open() &&
+           stream_->unread_bytes() == 0;
+}
+
+void server_connection::mark_authenticated() noexcept {
+    state_->forget_unauthenticated(*record_);
+    record_->authenticated = true;
+}
+
 asio::awaitable<void> server_connection::async_run() {
     bool idle = false;  // the first head is timed from the accept
     for (;;) {
@@ -129,7 +144,10 @@ asio::awaitable<void> server_connection::async_run() {
 asio::awaitable<server_connection::head_outcome> server_connection::async_read_head(bool idle) {
     const auto& options = state_->options;
     if (idle) {
-        arm(clock::now() + options.idle_timeout);
+        auto idle_timeout = options.idle_timeout;
+        if (!record_->authenticated)
+            idle_timeout = std::min(idle_timeout, options.unauthenticated_idle_timeout);
+        arm(clock::now() + idle_timeout);
     } else {
         arm(first_deadline_);
     }
@@ -487,6 +505,10 @@ bool server_request::has_body() const noexcept {
 std::optional<std::uint64_t> server_request::content_length() const noexcept {
     return connection_->content_length();
 }
+void server_request::mark_authenticated() noexcept {
+    connection_->mark_authenticated();
+}
+
 asio::awaitable<result<std::string_view>> server_request::async_read_some() {
     return connection_->async_read_some();
 }

@@ -35,8 +35,9 @@ class server_connection {
     using clock = std::chrono::steady_clock;
 
     // `first_deadline`: when the first head must be complete (head_timeout after the accept).
+    // `record`: the connection's entry in the server's caps, which must outlive it.
     server_connection(std::shared_ptr<server::state> state, std::unique_ptr<stream> s,
-                      clock::time_point first_deadline);
+                      clock::time_point first_deadline, server::state::admitted& record);
     ~server_connection();
     server_connection(const server_connection&) = delete;
     server_connection& operator=(const server_connection&) = delete;
@@ -48,8 +49,12 @@ class server_connection {
     // The server is stopping: a connection waiting for a request closes now; one in a request
     // closes after its response.
     void on_stop() noexcept;
-    // Closes the stream at once (stop past its grace).
+    // Closes the stream at once (stop past its grace, or an eviction).
     void close_now() noexcept;
+    // Between requests (or inside a head still arriving), with nothing unread waiting.
+    bool is_idle() const noexcept;
+    // A handler vouched for a request on this connection (server_request::mark_authenticated).
+    void mark_authenticated() noexcept;
 
     // For server_request and server_response (see server.hpp).
     asio::awaitable<result<std::string_view>> async_read_some();
@@ -93,6 +98,7 @@ class server_connection {
     void disarm() noexcept;
 
     std::shared_ptr<server::state> state_;
+    server::state::admitted* record_;
     std::unique_ptr<stream> stream_;
     std::shared_ptr<watchdog> watchdog_;
     std::list<server_connection*>::iterator registration_;

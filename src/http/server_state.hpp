@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <list>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,24 @@ struct server::state {
     asio::ip::tcp::acceptor acceptor;
     task_group tasks;  // the accept loop and one task per connection
 
+    // One accepted connection, from its accept to its end: what the caps count (server.cpp).
+    struct admitted {
+        asio::ip::address peer;
+        bool authenticated = false;
+        bool evicted = false;                     // closed to make room; no longer counted
+        server_connection* connection = nullptr;  // once past the stream factory
+        std::list<admitted*>::iterator position;  // in `admissions`, oldest first
+    };
+
     std::size_t open_connections = 0;           // accepted and not yet closed
     std::list<server_connection*> connections;  // those past the stream factory, for stop
+    std::list<admitted*> admissions;            // every open connection, oldest first
+    std::size_t evicting = 0;                   // evicted, not yet ended
+    std::size_t unauthenticated = 0;            // not authenticated, not evicted
+    std::map<asio::ip::address, std::size_t> unauthenticated_by_peer;
+
+    // An admitted connection stops counting as unauthenticated (authenticated, or evicted).
+    void forget_unauthenticated(admitted& a);
     bool stopping = false;
     asio::steady_timer drained;  // async_stop sleeps on it; cancelled when the last one closes
     server_stats counters;

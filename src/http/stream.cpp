@@ -42,6 +42,12 @@ class tcp_stream final : public stream {
 
     bool is_open() const noexcept override { return socket_.is_open(); }
 
+    std::size_t unread_bytes() const noexcept override {
+        std::error_code ec;
+        const auto n = socket_.available(ec);
+        return ec ? 0 : n;
+    }
+
   private:
     asio::ip::tcp::socket socket_;
 };

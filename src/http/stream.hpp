@@ -35,6 +35,10 @@ class stream {
     // Closes at once; pending operations complete with operation_aborted. Idempotent.
     virtual void close() noexcept = 0;
     virtual bool is_open() const noexcept = 0;
+    // Bytes the peer has sent that nobody has read yet (the socket's receive queue); 0 when
+    // closed or unknown. The server reads it to tell a connection that is idle from one whose
+    // next request has arrived but not yet been parsed.
+    virtual std::size_t unread_bytes() const noexcept = 0;
 };
 
 std::unique_ptr<stream> make_tcp_stream(asio::ip::tcp::socket socket);

@@ -50,6 +50,12 @@ class tls_server_stream final : public stream {
 
     bool is_open() const noexcept override { return stream_.lowest_layer().is_open(); }
 
+    std::size_t unread_bytes() const noexcept override {
+        std::error_code ec;
+        const auto n = stream_.lowest_layer().available(ec);
+        return ec ? 0 : n;
+    }
+
   private:
     std::shared_ptr<asio::ssl::context> context_;  // outlives the SSL object made from it
     tls_stream stream_;

@@ -69,6 +69,16 @@ int status_for(const error& e) {
     return 500;
 }
 
+// What a client is told of a failure: `what` and the error, except for a server-side failure
+// (500), whose detail may name this host's paths or state: the client gets its code, the log the
+// whole of it.
+std::string client_message(std::string_view what, const error& e) {
+    if (status_for(e) != 500) return std::string(what) + ": " + e.to_string();
+    detail::log(log_level::warning, "serve", std::string(what) + ": " + e.to_string());
+    return std::string(what) + ": " + to_string(static_cast<errc>(e.code.value())) +
+           " (the server's log has the detail)";
+}
+
 std::int64_t unix_ms(system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
@@ -292,7 +302,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     auto created = co_await context.sandboxes.async_create(std::move(spec));
     if (!created) {
         const int status = status_for(created.error());
-        std::string message = "cannot create the sandbox: " + created.error().to_string();
+        std::string message = client_message("cannot create the sandbox", created.error());
         co_await send_error(call.response, status, std::move(message));
         co_return;
     }
@@ -307,7 +317,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     auto added = context.registry.add(entry);
     if (!added) {
         (void)co_await entry->handle->async_destroy();
-        std::string message = added.error().to_string();
+        std::string message = client_message("cannot record the sandbox", added.error());
         co_await send_error(call.response, 500, std::move(message));
         co_return;
     }
@@ -604,6 +614,7 @@ asio::awaitable<void> handle_control(state* s, control_handler run, bool needs_k
         co_await send_error(response, 401, std::move(message));
         co_return;
     }
+    if (needs_key) request.mark_authenticated();
     control_call call{*s, request, response};
     co_await run(call);
 }

@@ -94,6 +94,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
         co_await send_not_found(response, "");
         co_return;
     }
+    request.mark_authenticated();  // a sandbox's token, or a URL signed with it
     envd_call call{entry, request, response, s->context, verified};
     co_await route.handler(call);
 }

@@ -16,10 +16,15 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 namespace moat::serve {
 namespace {
@@ -56,6 +61,45 @@ asio::awaitable<void> wait_for_stop() {
     auto token = as_tuple(asio::use_awaitable);
     auto [ec] = co_await forever.async_wait(token);
     (void)ec;  // cancelled: the stop
+}
+
+// Raises the soft descriptor limit to the hard one (a server holds a descriptor per connection
+// and several per sandbox); returns the soft limit in force.
+std::uint64_t raise_descriptor_limit() {
+    rlimit files{};
+    if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return 1024;
+    if (files.rlim_cur < files.rlim_max) {
+        const auto before = files.rlim_cur;
+        files.rlim_cur = files.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &files) == 0) {
+            detail::log(log_level::info, "serve",
+                        "descriptor limit raised from " + std::to_string(before) + " to " +
+                            std::to_string(files.rlim_cur));
+        } else {
+            files.rlim_cur = before;
+        }
+    }
+    if (files.rlim_cur == RLIM_INFINITY) return std::numeric_limits<std::uint32_t>::max();
+    return files.rlim_cur;
+}
+
+// The connection caps of both listeners within `descriptors`: half of them are kept for the
+// sandboxes, files and the state directory, the rest go to connections (at most the server's
+// default of 1024 per listener), a quarter to the control plane and three quarters to envd. Each
+// listener gives a quarter of its connections to clients that have not authenticated, and a
+// sixteenth to one such peer address.
+void set_connection_caps(std::uint64_t descriptors, http::server_options& api,
+                         http::server_options& envd) {
+    const std::uint64_t spare = descriptors / 2;
+    const std::size_t envd_max = static_cast<std::size_t>(std::clamp<std::uint64_t>(
+        spare * 3 / 4, 16, http::server_options{}.max_connections));
+    const std::size_t api_max = static_cast<std::size_t>(
+        std::clamp<std::uint64_t>(spare / 4, 8, http::server_options{}.max_connections));
+    for (auto [options, cap] : {std::pair{&api, api_max}, std::pair{&envd, envd_max}}) {
+        options->max_connections = cap;
+        options->max_unauthenticated = std::max<std::size_t>(cap / 4, 2);
+        options->max_unauthenticated_per_peer = std::max<std::size_t>(cap / 16, 1);
+    }
 }
 
 }  // namespace
@@ -97,6 +141,8 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
         api_options.make_stream = *factory;
         envd_options.make_stream = *factory;
     }
+
+    set_connection_caps(raise_descriptor_limit(), api_options, envd_options);
 
     runtime_options runtime_config;
     if (options.max_sandboxes > 0) {

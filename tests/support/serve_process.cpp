@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -122,6 +123,10 @@ serve_process::serve_process(serve_process_options options) {
         ::dup2(null_in, 0);
         ::dup2(out, 1);
         ::dup2(err, 2);
+        if (options.open_files_limit) {
+            const rlimit files{*options.open_files_limit, *options.open_files_limit};
+            if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(127);
+        }
         ::execve(argv[0], argv.data(), environ);
         ::_exit(127);
     }

@@ -29,6 +29,9 @@ struct serve_process_options {
     // host's shared /run/moat is left as it was found.
     bool destroy_on_exit = true;
     std::vector<std::string> extra_args;
+    // The server's RLIMIT_NOFILE, soft and hard (a host with a low descriptor limit); none: the
+    // test process's own.
+    std::optional<unsigned long> open_files_limit;
     // The longest the server may take to print both listener lines.
     std::chrono::milliseconds start_deadline = std::chrono::seconds(30);
 };
