@@ -277,6 +277,8 @@ TEST_CASE(
     moat::test::serve_process serve(options);
     auto flood = open_idle_health_clients(serve.api_port(), 1000);
     auto envd_flood = open_idle_health_clients(serve.envd_port(), 1000);
+    // Idle past the grace a new connection has before it may be closed to make room (1 s).
+    std::this_thread::sleep_for(1500ms);
     // The flood holds no more than its share: half of serve's descriptors stay for sandboxes.
     const auto held = std::distance(
         std::filesystem::directory_iterator("/proc/" + std::to_string(serve.pid()) + "/fd"),

@@ -648,6 +648,7 @@ TEST_CASE("a thousand idle connections past the cap do not stop the server servi
         auto options = fast_options();
         options.max_connections = 100;
         options.head_timeout = 20'000ms;  // none of them times out during the test
+        options.unauthenticated_grace = 0ms;
         running_server s(options);
         std::vector<client_socket> idle;
         idle.reserve(1000);
@@ -683,6 +684,7 @@ TEST_CASE(
     options.max_connections = 8;
     options.max_unauthenticated = 4;
     options.max_unauthenticated_per_peer = 4;
+    options.unauthenticated_grace = 0ms;
     running_server s(options);
     const std::string login = "GET /login HTTP/1.1\r\nHost: localhost\r\n\r\n";
     const std::string hello = "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n";
@@ -714,6 +716,7 @@ TEST_CASE("one peer's idle unauthenticated connections make room among themselve
     options.head_timeout = 20'000ms;
     options.max_unauthenticated = 16;
     options.max_unauthenticated_per_peer = 2;
+    options.unauthenticated_grace = 0ms;
     running_server s(options);
     const std::string hello = "GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n";
     std::vector<client_socket> other;  // a quiet peer

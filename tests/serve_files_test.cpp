@@ -141,6 +141,33 @@ TEST_CASE("file URL signatures match the SDK's and expire") {
           check::mismatch);
 }
 
+TEST_CASE(
+    "signed requests that name no sandbox cost a bounded number of token checks, and only "
+    "well-formed signatures cost any") {
+    const auto sig = serve::file_signature("p", serve::file_operation::read, "", "tok", 100);
+    CHECK(serve::is_well_formed_signature(sig));
+    CHECK_FALSE(serve::is_well_formed_signature(""));
+    CHECK_FALSE(serve::is_well_formed_signature("v1_forged"));
+    CHECK_FALSE(serve::is_well_formed_signature("v2_" + sig.substr(3)));
+    CHECK_FALSE(serve::is_well_formed_signature(sig.substr(0, 45) + "!"));
+    // 1000 checks a second, a second's worth saved: 1000 sandboxes' tokens once, then nothing
+    // until the bucket refills.
+    using clock = serve::signature_scan_budget::clock;
+    const auto t0 = clock::now();
+    serve::signature_scan_budget budget(1000, t0);
+    CHECK(budget.take(1000, t0));
+    CHECK_FALSE(budget.take(1, t0));
+    CHECK_FALSE(budget.take(1000, t0 + std::chrono::milliseconds(500)));
+    CHECK(budget.take(500, t0 + std::chrono::milliseconds(500)));
+    // Idle for an hour saves no more than one second's worth.
+    const auto later = t0 + std::chrono::hours(1);
+    CHECK_FALSE(budget.take(1001, later));
+    CHECK(budget.take(1000, later));
+    CHECK(budget.should_warn(later));
+    CHECK_FALSE(budget.should_warn(later + std::chrono::seconds(10)));
+    CHECK(budget.should_warn(later + std::chrono::minutes(2)));
+}
+
 TEST_CASE_FIXTURE(local_fixture, "the filesystem commands handle hostile names inside a sandbox") {
     MOAT_REQUIRE_NAMESPACES();
     const auto id = create().id;

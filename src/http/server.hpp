@@ -75,16 +75,20 @@ struct server_options {
     std::size_t max_connections = 1024;
     // A connection is unauthenticated until a handler vouches for one of its requests
     // (server_request::mark_authenticated). Unauthenticated connections get a share of the
-    // connections (max_unauthenticated), at most max_unauthenticated_per_peer from one peer
-    // address, and a shorter idle timeout. When a new connection finds a cap reached (this one,
-    // the per-peer one, or max_connections), the oldest unauthenticated connection that is idle
-    // (between requests, or trickling a head: nothing of its next request waits unread) is closed
-    // to make room; if there is none, the new connection is refused as past the cap. So idle
-    // clients that never authenticate cannot keep others out, and one that does is limited only
-    // by max_connections (behind a proxy, every client has the proxy's address).
+    // connections (max_unauthenticated) and a shorter idle timeout. When a new connection finds a
+    // cap reached (this one or max_connections), the oldest unauthenticated connection that is idle
+    // (waiting for a request, or trickling a head, for at least unauthenticated_grace, and
+    // nothing of its next request waits unread) is closed to make room; if there is none, the new
+    // connection is refused as past the cap. So idle clients that never authenticate cannot keep
+    // others out, and one that does is limited only by max_connections (behind a proxy, every
+    // client has the proxy's address). The grace lets a burst of new connections from one proxy
+    // send their first requests before any of them counts as idle. A peer address that holds
+    // max_unauthenticated_per_peer unauthenticated connections loses its own oldest idle one for
+    // each new one it opens, so one peer's idle connections cannot crowd out another's.
     std::size_t max_unauthenticated = 256;
     std::size_t max_unauthenticated_per_peer = 64;
     std::chrono::milliseconds unauthenticated_idle_timeout{5'000};
+    std::chrono::milliseconds unauthenticated_grace{1'000};
     // A connection must send a complete head within this of its first byte (or of being accepted,
     // for its first request): slowloris.
     std::chrono::milliseconds head_timeout{10'000};

@@ -112,6 +112,7 @@ void server_connection::close_now() noexcept {
 
 bool server_connection::is_idle() const noexcept {
     return phase_ == phase::waiting && pending_.empty() && stream_->is_open() &&
+           clock::now() - waiting_since_ >= state_->options.unauthenticated_grace &&
            stream_->unread_bytes() == 0;
 }
 
@@ -124,6 +125,7 @@ asio::awaitable<void> server_connection::async_run() {
     bool idle = false;  // the first head is timed from the accept
     for (;;) {
         phase_ = phase::waiting;
+        waiting_since_ = clock::now();
         if (state_->stopping) break;
         const auto outcome = co_await async_read_head(idle);
         if (outcome == head_outcome::closed) break;

@@ -107,6 +107,7 @@ class server_connection {
     std::string_view pending_;  // read, not yet fed to the parser (a view into buffer_)
     clock::time_point first_deadline_;
     phase phase_ = phase::waiting;
+    clock::time_point waiting_since_ = clock::now();  // when phase_ last became waiting
 
     // The current request.
     bool close_after_ = false;  // this response is the connection's last

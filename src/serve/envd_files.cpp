@@ -12,6 +12,8 @@
 #include "core/json_writer.hpp"
 #include "http/gzip_decoder.hpp"
 
+#include <moat/log.hpp>
+
 #include <openssl/evp.h>
 
 #include <chrono>
@@ -138,14 +140,32 @@ signature_check check_signature(const http::server_request& request,
                                 now_unix());
 }
 
+// Token checks per second that signed requests naming no sandbox may cost, server-wide (one check
+// is one SHA-256 of a short string, about a microsecond: a tenth of a core at most).
+constexpr double unnamed_checks_per_second = 100'000;
+
 std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
+                                                 signature_scan_budget& budget,
                                                  const http::server_request& request,
                                                  const std::shared_ptr<registry_entry>& named) {
     if (named) {
         if (check_signature(request, *named) == signature_check::valid) return named;
         return nullptr;
     }
-    for (auto& entry : registry.live())
+    auto parsed = parse_file_request(request);
+    if (!parsed || !parsed->signature || !is_well_formed_signature(*parsed->signature))
+        return nullptr;
+    auto live = registry.live();
+    if (!budget.take(live.size())) {
+        if (budget.should_warn())
+            detail::log(
+                log_level::warning, "serve",
+                "a signed /files request that names no sandbox was refused: the server-wide "
+                "budget of signature checks is spent (name the sandbox with E2b-Sandbox-Id "
+                "or its host name)");
+        return nullptr;
+    }
+    for (auto& entry : live)
         if (check_signature(request, *entry) == signature_check::valid) return entry;
     return nullptr;
 }
@@ -523,9 +543,10 @@ void add_file_routes(envd_routes& routes, serve_context& context) {
     routes.add("GET", "/files", get_file, {}, envd_auth::token_or_signature);
     routes.add("POST", "/files", post_file, options, envd_auth::token_or_signature);
     auto* registry = &context.registry;
-    routes.set_signature_verifier([registry](const http::server_request& request,
-                                             const std::shared_ptr<registry_entry>& named) {
-        return verify_signature(*registry, request, named);
+    auto budget = std::make_shared<signature_scan_budget>(unnamed_checks_per_second);
+    routes.set_signature_verifier([registry, budget](const http::server_request& request,
+                                                     const std::shared_ptr<registry_entry>& named) {
+        return verify_signature(*registry, *budget, request, named);
     });
 }
 

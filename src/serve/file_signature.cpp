@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <charconv>
 
 namespace moat::serve {
@@ -54,6 +55,35 @@ signature_check check_file_signature(std::string_view signature, std::string_vie
         return signature_check::mismatch;
     if (expiration && *expiration < now_unix) return signature_check::expired;
     return signature_check::valid;
+}
+
+bool is_well_formed_signature(std::string_view signature) noexcept {
+    constexpr std::size_t digest_characters = 43;  // 32 bytes in base64, padding stripped
+    if (signature.size() != 3 + digest_characters || !signature.starts_with("v1_")) return false;
+    for (const char c : signature.substr(3)) {
+        const bool base64 = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                            (c >= '0' && c <= '9') || c == '+' || c == '/';
+        if (!base64) return false;
+    }
+    return true;
+}
+
+bool signature_scan_budget::take(std::size_t checks, clock::time_point now) noexcept {
+    if (now > last_) {
+        const std::chrono::duration<double> elapsed = now - last_;
+        tokens_ = std::min(rate_, tokens_ + elapsed.count() * rate_);
+        last_ = now;
+    }
+    const auto wanted = static_cast<double>(checks);
+    if (tokens_ < wanted) return false;
+    tokens_ -= wanted;
+    return true;
+}
+
+bool signature_scan_budget::should_warn(clock::time_point now) noexcept {
+    if (warned_ && now - *warned_ < std::chrono::minutes(1)) return false;
+    warned_ = now;
+    return true;
 }
 
 }  // namespace moat::serve

@@ -12,6 +12,8 @@
 
 #include <moat/result.hpp>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,5 +41,30 @@ signature_check check_file_signature(std::string_view signature, std::string_vie
                                      std::string_view access_token,
                                      std::optional<std::string_view> expiration_text,
                                      std::int64_t now_unix);
+
+// Whether `signature` has the shape of one (the "v1_" prefix and 43 base64 characters): a
+// request whose signature cannot match any token costs no hashing at all.
+bool is_well_formed_signature(std::string_view signature) noexcept;
+
+// What signed requests that name no sandbox may cost the server: each is checked against every
+// live sandbox's token, so an unauthenticated client could make the server hash as many tokens
+// per request as there are sandboxes. A token bucket of checks (`per_second`, up to one second's
+// worth saved) bounds that; a request that finds it empty is refused without hashing.
+class signature_scan_budget {
+  public:
+    using clock = std::chrono::steady_clock;
+    explicit signature_scan_budget(double per_second, clock::time_point now = clock::now()) noexcept
+        : rate_(per_second), tokens_(per_second), last_(now) {}
+    // Takes `checks` from the bucket at `now`; false (and nothing taken) if it holds fewer.
+    bool take(std::size_t checks, clock::time_point now = clock::now()) noexcept;
+    // True at most once a minute: whether a refusal should be logged now.
+    bool should_warn(clock::time_point now = clock::now()) noexcept;
+
+  private:
+    double rate_;
+    double tokens_;
+    clock::time_point last_;
+    std::optional<clock::time_point> warned_;
+};
 
 }  // namespace moat::serve
