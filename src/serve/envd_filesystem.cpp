@@ -22,6 +22,12 @@ namespace connect = http::connect;
 // How long one filesystem command may run, and how much listing it may print.
 constexpr std::chrono::seconds command_wall_limit{30};
 constexpr std::size_t max_listing_bytes = 16 * 1024 * 1024;
+// A command that prints at most one entry (Stat, MakeDir, Move; Remove prints none).
+constexpr std::size_t max_entry_bytes = 64 * 1024;
+// Listings that may run at once, server-wide: each may hold max_listing_bytes of output (and its
+// parse), so together at most 128 MiB. More wait their turn, at most listing_wait.
+constexpr std::size_t max_concurrent_listings = 8;
+constexpr std::chrono::seconds listing_wait{30};
 
 // What a handler answers: the response message, or an error.
 struct outcome {
@@ -68,11 +74,44 @@ struct command_outcome {
     std::vector<entry_info> entries;
 };
 
-asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<std::string> argv) {
+// The server-wide turns of listings (max_concurrent_listings at once).
+operation_queue& listing_turns(serve_context& context) {
+    if (!context.listings)
+        context.listings =
+            std::make_shared<operation_queue>(context.executor, max_concurrent_listings);
+    return *context.listings;
+}
+
+// Holds one listing turn; hands it on however the listing ends.
+struct listing_turn {
+    operation_queue* turns = nullptr;
+    listing_turn() = default;
+    listing_turn(const listing_turn&) = delete;
+    listing_turn& operator=(const listing_turn&) = delete;
+    ~listing_turn() {
+        if (turns) turns->release();
+    }
+};
+
+// `output_cap`: max_listing_bytes for a listing, which first waits for a server-wide turn.
+asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<std::string> argv,
+                                                   std::size_t output_cap = max_entry_bytes) {
+    listing_turn turn;
+    if (output_cap > max_entry_bytes) {
+        auto& turns = listing_turns(call.context);
+        const auto limit = deadline::after(listing_wait);
+        const auto granted = co_await turns.async_acquire(limit);
+        if (granted != operation_queue::turn::granted)
+            co_return make_error(errc::too_large, "the server is running " +
+                                                      std::to_string(max_concurrent_listings) +
+                                                      " directory listings; none finished within " +
+                                                      std::to_string(listing_wait.count()) + " s");
+        turn.turns = &turns;
+    }
     exec_request request;
     request.argv = std::move(argv);
     request.wall_limit = command_wall_limit;
-    request.output.head_bytes = max_listing_bytes;
+    request.output.head_bytes = output_cap;
     request.output.tail_bytes = 0;
     auto ran = co_await call.sandbox->handle->async_exec(std::move(request), deadline::never(),
                                                          lane::side);
@@ -82,8 +121,8 @@ asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<
     if (ran->timed_out)
         co_return make_error(errc::deadline_exceeded, "filesystem command outlived its limit");
     if (ran->out.is_truncated())
-        co_return make_error(errc::too_large, "directory listing is over " +
-                                                  std::to_string(max_listing_bytes) + " bytes");
+        co_return make_error(errc::too_large,
+                             "directory listing is over " + std::to_string(output_cap) + " bytes");
     if (ran->exit_code == 0) {
         auto parsed = parse_find_output(ran->out.head);
         if (!parsed) co_return parsed.error();
@@ -154,7 +193,7 @@ asio::awaitable<outcome> list_dir(envd_call& call) {
         if (depth == 0) depth = 1;  // envd: 0 means the directory's own entries
     }
     auto argv = list_command(*path, static_cast<std::uint32_t>(depth));
-    auto ran = co_await async_run(call, std::move(argv));
+    auto ran = co_await async_run(call, std::move(argv), max_listing_bytes);
     if (!ran) co_return from_error(ran.error());
     if (ran->exit_code == exit_not_found)
         co_return fail(connect::code::not_found, "directory not found: '" + *path + "'");

@@ -7,10 +7,13 @@
 #include <moat/runtime.hpp>
 #include <moat/task_group.hpp>
 
+#include "handle/operation_queue.hpp"
 #include "serve/sandbox_registry.hpp"
 #include "serve/serve_options.hpp"
 
 #include <asio/any_io_executor.hpp>
+
+#include <memory>
 
 namespace moat::serve {
 
@@ -21,6 +24,8 @@ struct serve_context {
     const serve_options& options;
     // Cancelled (terminal) and awaited when the server stops, after both listeners have closed.
     task_group& background;
+    // The server-wide turns of envd's directory listings (envd_filesystem.cpp), made on first use.
+    std::shared_ptr<operation_queue> listings = nullptr;
 };
 
 }  // namespace moat::serve
