@@ -12,6 +12,7 @@
 #include <moat/with_timeout.hpp>
 
 #include "http/client.hpp"
+#include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
 #include "support/serve_process.hpp"
@@ -898,6 +899,75 @@ TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout ins
         CHECK(st.error().detail.find("/tmp") != std::string::npos);
     }());
     proxy.resume();
+}
+
+// What one streamed Start that runs until its Connect-Timeout-Ms delivered.
+struct keepalive_count {
+    int status = 0;
+    std::size_t frames = 0;
+    std::size_t keepalives = 0;
+    std::string failure;
+};
+
+// Starts `sleep 987040` with `Keepalive-Ping-Interval: <interval>` and a 1500 ms
+// Connect-Timeout-Ms (which ends the stream and kills it), and counts the stream's frames.
+asio::awaitable<keepalive_count> count_keepalives(http::client& client, const serve_process& serve,
+                                                  sandbox_ref sandbox, std::string interval) {
+    keepalive_count out;
+    http::request r;
+    r.method = "POST";
+    r.url = serve.envd_url() + "/process.Process/Start";
+    r.headers.add("Content-Type", "application/connect+json");
+    r.headers.add("E2b-Sandbox-Id", sandbox.id);
+    r.headers.add("X-Access-Token", sandbox.token);
+    r.headers.add("Keepalive-Ping-Interval", interval);
+    r.headers.add("Connect-Timeout-Ms", "1500");
+    r.body = http::connect::encode_envelope(
+        0, R"({"process":{"cmd":"/bin/sleep","args":["987040"]},"stdin":false})");
+    r.limit = deadline::after(60s);
+    auto sent = co_await client.async_send(std::move(r));
+    if (!sent) {
+        out.failure = sent.error().to_string();
+        co_return out;
+    }
+    out.status = sent->status();
+    http::connect::envelope_decoder decoder(1 << 20);
+    std::vector<http::connect::envelope> frames;
+    for (;;) {
+        auto piece = co_await sent->async_read_some();
+        if (!piece) {
+            out.failure = piece.error().to_string();
+            co_return out;
+        }
+        if (piece->empty()) break;
+        frames.clear();
+        if (auto fed = decoder.feed(*piece, frames); !fed) {
+            out.failure = fed.error().to_string();
+            co_return out;
+        }
+        for (const auto& frame : frames) {
+            ++out.frames;
+            if (frame.payload.find("\"keepalive\"") != std::string::npos) ++out.keepalives;
+        }
+    }
+    co_return out;
+}
+
+TEST_CASE(
+    "a huge Keepalive-Ping-Interval is clamped: a quiet stream gets no flood of keep-alives") {
+    envd_fixture f;
+    // Ten digits overflowed the deadline into the past (a keep-alive per loop turn: hundreds of
+    // thousands in a second); twenty digits are past any integer. Clamped to an hour, the 1.5 s
+    // stream has none; the bound leaves room for one.
+    for (const std::string interval : {"9999999999", "99999999999999999999"}) {
+        CAPTURE(interval);
+        const auto counted =
+            run_async(f.io, count_keepalives(*f.http, f.serve, f.sandbox, interval));
+        REQUIRE_MESSAGE(counted.failure.empty(), counted.failure);
+        CHECK(counted.status == 200);
+        CHECK(counted.keepalives <= 1);
+        CHECK(counted.frames <= 4);  // start, at most one keep-alive, the end-stream
+    }
 }
 
 }  // namespace moat::test

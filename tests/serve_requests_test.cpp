@@ -4,6 +4,7 @@
 
 #include "core/rfc3339.hpp"
 #include "http/message.hpp"
+#include "serve/connect_rpc.hpp"
 #include "serve/e2b_requests.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/server_secret.hpp"
@@ -141,6 +142,27 @@ TEST_CASE("envd finds the sandbox in E2b-Sandbox-Id or in a 49983-<id>.<domain> 
     moat::http::request_head other_port;
     other_port.headers.add("Host", "3000-sb-2.e2b.local");
     CHECK(!requested_sandbox_id(other_port));
+}
+
+TEST_CASE("Keepalive-Ping-Interval is whole seconds from 1 to an hour, larger values clamped") {
+    using namespace std::chrono_literals;
+    CHECK(parse_keepalive_interval("50") == 50s);
+    CHECK(parse_keepalive_interval("1") == 1s);
+    CHECK(parse_keepalive_interval("3600") == 3600s);
+    CHECK(max_keepalive_interval == 3600s);
+    // Past the hour, however many digits: the client asked for few keep-alives, and gets one an
+    // hour (a ten-digit value once overflowed the deadline and flooded the stream).
+    for (const std::string huge : {"3601", "9999999999", "99999999999999999999",
+                                   "000000000000000000000000000000000000000007200"}) {
+        CAPTURE(huge);
+        CHECK(parse_keepalive_interval(huge) == max_keepalive_interval);
+    }
+    CHECK(parse_keepalive_interval("0000000000000000000000000000005") == 5s);
+    // Not a positive number: the caller's default (envd's 90 s), as envd does.
+    for (const std::string bad : {"", "0", "-5", "+5", "1.5", "5s", " 5", "abc", "0x10"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(parse_keepalive_interval(bad));
+    }
 }
 
 TEST_CASE("the server secret is made once, private, and gives stable tokens per sandbox") {
