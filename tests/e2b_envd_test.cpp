@@ -970,4 +970,73 @@ TEST_CASE(
     }
 }
 
+// GET /health on `serve`'s envd with `host` as the Host header and the sandbox's token: the status.
+asio::awaitable<int> health_status_as(http::client& client, const serve_process& serve,
+                                      sandbox_ref sandbox, std::string host, bool with_id) {
+    http::request r;
+    r.method = "GET";
+    r.url = serve.envd_url() + "/health";
+    r.headers.add("Host", host);
+    r.headers.add("X-Access-Token", sandbox.token);
+    if (with_id) r.headers.add("E2b-Sandbox-Id", sandbox.id);
+    r.limit = deadline::after(30s);
+    auto reply = co_await client.async_fetch(std::move(r), 1 << 20);
+    if (!reply) co_return -1;
+    co_return reply->status();
+}
+
+TEST_CASE(
+    "envd takes a 49983-<id> Host only under the configured --domain: other names are "
+    "misdirected (DNS rebinding)") {
+    struct ask {
+        std::string host;
+        bool with_id;
+        int status;
+    };
+    {
+        // No --domain: the loopback names only; the SDK names the sandbox in E2b-Sandbox-Id.
+        envd_fixture f;
+        const std::string port = std::to_string(f.serve.envd_port());
+        for (const auto& [host, with_id, status] : std::vector<ask>{
+                 {"127.0.0.1:" + port, true, 204},
+                 {"localhost", true, 204},
+                 {"49983-" + f.sandbox.id + ".evil.example", false, 421},
+                 {"49983-" + f.sandbox.id + ".evil.example:" + port, true, 421},
+                 {"49983-" + f.sandbox.id + ".moat.local", false, 421},
+             }) {
+            CAPTURE(host);
+            CHECK(run_async(f.io, health_status_as(*f.http, f.serve, f.sandbox, host, with_id)) ==
+                  status);
+        }
+    }
+    serve_process_options options;
+    options.extra_args = {"--domain", "Sandbox.Test"};
+    serve_process serve(options);
+    asio::io_context io;
+    http::client client(io.get_executor());
+    const auto sandbox = run_async(io, create_sandbox(client, serve));
+    const std::string port = std::to_string(serve.envd_port());
+    const std::string prefix = "49983-" + sandbox.id;
+    for (const auto& [host, with_id, status] : std::vector<ask>{
+             {prefix + ".sandbox.test", false, 204},
+             {prefix + ".SANDBOX.test.:" + port, false, 204},  // case, a trailing dot, a port
+             {"localhost:" + port, true, 204},
+             {prefix + ".evil.example", false, 421},
+             {prefix + ".evil.example", true, 421},
+             {prefix + ".sandbox.test.evil.example", false, 421},
+             {prefix + ".evil.sandbox.test", false, 421},
+             {"49983-.sandbox.test", true, 421},
+             {"sandbox.test", true, 421},
+             {"3000-" + sandbox.id + ".sandbox.test", true, 421},
+         }) {
+        CAPTURE(host);
+        CHECK(run_async(io, health_status_as(client, serve, sandbox, host, with_id)) == status);
+    }
+    // A sandbox that is not this server's, named by a well-formed host: as E2B's proxy, 502.
+    CHECK(run_async(io, health_status_as(client, serve, sandbox,
+                                         "49983-sb-00000000000000000000.sandbox.test", false)) ==
+          502);
+    run_async(io, destroy_sandbox(client, serve, sandbox.id));
+}
+
 }  // namespace moat::test

@@ -130,18 +130,32 @@ TEST_CASE("RFC 3339 times and base64url tokens round-trip") {
     CHECK(!base64url_decode("a+b/"));
 }
 
-TEST_CASE("envd finds the sandbox in E2b-Sandbox-Id or in a 49983-<id>.<domain> Host") {
+TEST_CASE(
+    "envd finds the sandbox in E2b-Sandbox-Id or in a 49983-<id>.<domain> Host under the "
+    "configured domain only") {
     moat::http::request_head head;
     head.headers.add("Host", "127.0.0.1:49983");
-    CHECK(!requested_sandbox_id(head));
+    CHECK(!requested_sandbox_id(head, "e2b.local"));
     head.headers.add("E2b-Sandbox-Id", "sb-1");
-    CHECK(requested_sandbox_id(head) == "sb-1");
+    CHECK(requested_sandbox_id(head, "e2b.local") == "sb-1");
+    CHECK(requested_sandbox_id(head, "") == "sb-1");
     moat::http::request_head by_host;
     by_host.headers.add("Host", "49983-sb-2.e2b.local:8443");
-    CHECK(requested_sandbox_id(by_host) == "sb-2");
+    CHECK(requested_sandbox_id(by_host, "e2b.local") == "sb-2");
+    CHECK(!requested_sandbox_id(by_host, "other.local"));
+    CHECK(!requested_sandbox_id(by_host, ""));
     moat::http::request_head other_port;
     other_port.headers.add("Host", "3000-sb-2.e2b.local");
-    CHECK(!requested_sandbox_id(other_port));
+    CHECK(!requested_sandbox_id(other_port, "e2b.local"));
+    CHECK(sandbox_id_in_host("49983-sb-2.E2B.Local.", "e2b.local") == "sb-2");
+    CHECK(sandbox_id_in_host("49983-sb-2.e2b.local.:443", "e2b.local") == "sb-2");
+    for (const std::string other :
+         {"49983-sb-2.evil.example", "49983-sb-2.e2b.local.evil.example", "49983-sb-2.x.e2b.local",
+          "49983-.e2b.local", "49983-sb-2", "e2b.local", "[::1]:49983", "49983-sb-2.e2b.local..",
+          "x49983-sb-2.e2b.local"}) {
+        CAPTURE(other);
+        CHECK(sandbox_id_in_host(other, "e2b.local").empty());
+    }
 }
 
 TEST_CASE("Keepalive-Ping-Interval is whole seconds from 1 to an hour, larger values clamped") {
