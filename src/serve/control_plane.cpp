@@ -393,14 +393,20 @@ asio::awaitable<void> get_sandbox(control_call& call) {
     co_await send_json(call.response, 200, std::move(body));
 }
 
+// The sandbox stays this server's until its destroy is confirmed (sandbox_registry::async_destroy):
+// a failed one answers 500 and keeps it listed and counted, so that a retried DELETE tries again.
 asio::awaitable<void> kill_sandbox(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    call.s.context.registry.remove(entry);
-    auto destroyed = co_await entry->handle->async_destroy();
-    if (!destroyed && destroyed.error().code != errc::sandbox_not_found) {
-        std::string message =
-            "the sandbox was not confirmed gone: " + destroyed.error().to_string();
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto destroyed = co_await call.s.context.registry.async_destroy(entry, sandboxes);
+    if (!destroyed) {
+        // The backend's detail is logged (by the registry), not sent: it may name host paths.
+        const auto& code = destroyed.error().code;
+        std::string why = code.message();
+        if (code.category() == error_category()) why = to_string(static_cast<errc>(code.value()));
+        std::string message = "the sandbox " + entry->id + " was not confirmed destroyed (" + why +
+                              "): it is kept, listed and counted, and DELETE tries again";
         co_await send_error(call.response, 500, std::move(message));
         co_return;
     }

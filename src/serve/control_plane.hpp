@@ -8,7 +8,9 @@
 //   POST /v2/sandboxes, POST /sandboxes       201 Sandbox (v2 default timeout 300 s, v1 15 s)
 //   GET /sandboxes/{id}                       200 SandboxDetail, 404
 //   GET /v2/sandboxes, GET /sandboxes         200 ListedSandbox[] (newest first, paged)
-//   DELETE /sandboxes/{id}                    204, 404 once gone
+//   DELETE /sandboxes/{id}                    204 once destroyed (confirmed), 404 once gone;
+//                                             500 when not confirmed: the sandbox is kept
+//                                             (sandbox_registry::async_destroy)
 //   POST /sandboxes/{id}/timeout              204: the end is now + timeout (may shorten)
 //   POST /sandboxes/{id}/refreshes            204: extends only (at least 15 s)
 //   POST /sandboxes/{id}/connect, /v2/...     200 Sandbox: extends only; 404

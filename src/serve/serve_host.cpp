@@ -151,7 +151,7 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     background.cancel_all();
     co_await background.async_wait_all();
     if (options.destroy_on_exit) {
-        const std::size_t unconfirmed = co_await registry.async_destroy_all();
+        const std::size_t unconfirmed = co_await registry.async_destroy_all(sandboxes);
         if (unconfirmed > 0) {
             report(std::to_string(unconfirmed) + " sandboxes were not confirmed destroyed");
             code = exit_failure;
