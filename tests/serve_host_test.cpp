@@ -273,3 +273,57 @@ TEST_CASE_FIXTURE(local_fixture,
     stop(*this, served);
     CHECK(served.exit_code == 0);
 }
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "serve refuses a state directory another user owns or others may write, "
+                  "naming the problem, and makes its own private") {
+    struct refusal {
+        uid_t owner;
+        mode_t mode;
+        std::string named;
+    };
+    const uid_t me = ::geteuid();
+    const uid_t other = me == 65534 ? 65533 : 65534;
+    for (const auto& [owner, mode, named] : std::vector<refusal>{
+             {other, 0700, "owned by uid " + std::to_string(other)},
+             {me, 0777, "writable by others"},
+             {me, 0770, "writable by its group"},
+             {me, 01733, "writable by others"},
+         }) {
+        CAPTURE(owner);
+        CAPTURE(mode);
+        scratch_dir parent;
+        const std::string dir = parent.path + "/state";
+        REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+        REQUIRE(::chmod(dir.c_str(), mode) == 0);
+        REQUIRE(::chown(dir.c_str(), owner, static_cast<gid_t>(-1)) == 0);
+        serve_run served;
+        stop_on_exit stopper{*this, served};
+        start(*this, *local, options_for(dir), served);
+        CHECK(served.api_url.empty());
+        CHECK(served.exit_code == 3);
+        const auto said = served.reports();
+        CHECK_MESSAGE(said.find(named) != std::string::npos, said);
+        CHECK_MESSAGE(said.find(dir) != std::string::npos, said);
+        // Refused as found: not "fixed", nothing written into it.
+        struct stat st {};
+        REQUIRE(::stat(dir.c_str(), &st) == 0);
+        CHECK((st.st_mode & 07777) == mode);
+        CHECK(st.st_uid == owner);
+        CHECK(std::filesystem::is_empty(dir));
+    }
+    // Its own, readable by others but writable by no one else: taken, and made private.
+    scratch_dir parent;
+    const std::string dir = parent.path + "/state";
+    REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+    REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+    serve_run served;
+    stop_on_exit stopper{*this, served};
+    start(*this, *local, options_for(dir), served);
+    CHECK_MESSAGE(!served.api_url.empty(), served.reports());
+    stop(*this, served);
+    CHECK(served.exit_code == 0);
+    struct stat st {};
+    REQUIRE(::stat(dir.c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0700);
+}
