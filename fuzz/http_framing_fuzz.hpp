@@ -66,6 +66,7 @@ inline void drive(http::message_parser::mode mode, const std::uint8_t* data, std
                 check(p.is_in_body() || p.is_between_messages());
                 if (mode == http::message_parser::mode::request) {
                     check(!p.request().method.empty());
+                    check(p.request().headers.find_all("host").size() <= 1);
                     check_request_round_trip(p.request());
                 } else {
                     check(p.response().status >= 100 && p.response().status <= 999);

@@ -180,3 +180,31 @@ TEST_CASE("a deadline never expires unless set") {
     CHECK(moat::earliest(moat::deadline::after(1s), moat::deadline::never()) !=
           moat::deadline::never());
 }
+
+TEST_CASE("a deadline past what the clock can hold never comes, and one in the past has passed") {
+    using clock = moat::deadline::clock;
+    // 9,999,999,999 s (a ten-digit Keepalive-Ping-Interval) is past the nanosecond clock's range.
+    const auto far = moat::deadline::after(std::chrono::seconds(9'999'999'999));
+    CHECK(far.is_never());
+    CHECK_FALSE(far.has_expired());
+    CHECK(far.remaining() == clock::duration::max());
+    for (const auto d : {moat::deadline::after(clock::duration::max()),
+                         moat::deadline::after(std::chrono::hours::max()),
+                         moat::deadline::after(std::chrono::seconds::max())}) {
+        CHECK(d.is_never());
+        CHECK_FALSE(d.has_expired());
+    }
+    for (const auto d : {moat::deadline::after(clock::duration::min()),
+                         moat::deadline::after(std::chrono::seconds::min()),
+                         moat::deadline::after(std::chrono::seconds(-9'999'999'999)),
+                         moat::deadline::after(clock::duration::zero())}) {
+        CHECK_FALSE(d.is_never());
+        CHECK(d.has_expired());
+        CHECK(d.remaining() == clock::duration::zero());
+    }
+    const auto hour = moat::deadline::after(1h);
+    CHECK_FALSE(hour.is_never());
+    CHECK_FALSE(hour.has_expired());
+    CHECK(hour.remaining() <= clock::duration(1h));
+    CHECK(hour.remaining() > clock::duration::zero());
+}

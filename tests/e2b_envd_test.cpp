@@ -12,6 +12,7 @@
 #include <moat/with_timeout.hpp>
 
 #include "http/client.hpp"
+#include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
 #include "support/serve_process.hpp"
@@ -968,6 +969,144 @@ TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout ins
         CHECK(st.error().detail.find("/tmp") != std::string::npos);
     }());
     proxy.resume();
+}
+
+// What one streamed Start that runs until its Connect-Timeout-Ms delivered.
+struct keepalive_count {
+    int status = 0;
+    std::size_t frames = 0;
+    std::size_t keepalives = 0;
+    std::string failure;
+};
+
+// Starts `sleep 987040` with `Keepalive-Ping-Interval: <interval>` and a 1500 ms
+// Connect-Timeout-Ms (which ends the stream and kills it), and counts the stream's frames.
+asio::awaitable<keepalive_count> count_keepalives(http::client& client, const serve_process& serve,
+                                                  sandbox_ref sandbox, std::string interval) {
+    keepalive_count out;
+    http::request r;
+    r.method = "POST";
+    r.url = serve.envd_url() + "/process.Process/Start";
+    r.headers.add("Content-Type", "application/connect+json");
+    r.headers.add("E2b-Sandbox-Id", sandbox.id);
+    r.headers.add("X-Access-Token", sandbox.token);
+    r.headers.add("Keepalive-Ping-Interval", interval);
+    r.headers.add("Connect-Timeout-Ms", "1500");
+    r.body = http::connect::encode_envelope(
+        0, R"({"process":{"cmd":"/bin/sleep","args":["987040"]},"stdin":false})");
+    r.limit = deadline::after(60s);
+    auto sent = co_await client.async_send(std::move(r));
+    if (!sent) {
+        out.failure = sent.error().to_string();
+        co_return out;
+    }
+    out.status = sent->status();
+    http::connect::envelope_decoder decoder(1 << 20);
+    std::vector<http::connect::envelope> frames;
+    for (;;) {
+        auto piece = co_await sent->async_read_some();
+        if (!piece) {
+            out.failure = piece.error().to_string();
+            co_return out;
+        }
+        if (piece->empty()) break;
+        frames.clear();
+        if (auto fed = decoder.feed(*piece, frames); !fed) {
+            out.failure = fed.error().to_string();
+            co_return out;
+        }
+        for (const auto& frame : frames) {
+            ++out.frames;
+            if (frame.payload.find("\"keepalive\"") != std::string::npos) ++out.keepalives;
+        }
+    }
+    co_return out;
+}
+
+TEST_CASE(
+    "a huge Keepalive-Ping-Interval is clamped: a quiet stream gets no flood of keep-alives") {
+    envd_fixture f;
+    // Ten digits overflowed the deadline into the past (a keep-alive per loop turn: hundreds of
+    // thousands in a second); twenty digits are past any integer. Clamped to an hour, the 1.5 s
+    // stream has none; the bound leaves room for one.
+    for (const std::string interval : {"9999999999", "99999999999999999999"}) {
+        CAPTURE(interval);
+        const auto counted =
+            run_async(f.io, count_keepalives(*f.http, f.serve, f.sandbox, interval));
+        REQUIRE_MESSAGE(counted.failure.empty(), counted.failure);
+        CHECK(counted.status == 200);
+        CHECK(counted.keepalives <= 1);
+        CHECK(counted.frames <= 4);  // start, at most one keep-alive, the end-stream
+    }
+}
+
+// GET /health on `serve`'s envd with `host` as the Host header and the sandbox's token: the status.
+asio::awaitable<int> health_status_as(http::client& client, const serve_process& serve,
+                                      sandbox_ref sandbox, std::string host, bool with_id) {
+    http::request r;
+    r.method = "GET";
+    r.url = serve.envd_url() + "/health";
+    r.headers.add("Host", host);
+    r.headers.add("X-Access-Token", sandbox.token);
+    if (with_id) r.headers.add("E2b-Sandbox-Id", sandbox.id);
+    r.limit = deadline::after(30s);
+    auto reply = co_await client.async_fetch(std::move(r), 1 << 20);
+    if (!reply) co_return -1;
+    co_return reply->status();
+}
+
+TEST_CASE(
+    "envd takes a 49983-<id> Host only under the configured --domain: other names are "
+    "misdirected (DNS rebinding)") {
+    struct ask {
+        std::string host;
+        bool with_id;
+        int status;
+    };
+    {
+        // No --domain: the loopback names only; the SDK names the sandbox in E2b-Sandbox-Id.
+        envd_fixture f;
+        const std::string port = std::to_string(f.serve.envd_port());
+        for (const auto& [host, with_id, status] : std::vector<ask>{
+                 {"127.0.0.1:" + port, true, 204},
+                 {"localhost", true, 204},
+                 {"49983-" + f.sandbox.id + ".evil.example", false, 421},
+                 {"49983-" + f.sandbox.id + ".evil.example:" + port, true, 421},
+                 {"49983-" + f.sandbox.id + ".moat.local", false, 421},
+             }) {
+            CAPTURE(host);
+            CHECK(run_async(f.io, health_status_as(*f.http, f.serve, f.sandbox, host, with_id)) ==
+                  status);
+        }
+    }
+    serve_process_options options;
+    options.extra_args = {"--domain", "Sandbox.Test"};
+    serve_process serve(options);
+    asio::io_context io;
+    http::client client(io.get_executor());
+    const auto sandbox = run_async(io, create_sandbox(client, serve));
+    const std::string port = std::to_string(serve.envd_port());
+    const std::string prefix = "49983-" + sandbox.id;
+    for (const auto& [host, with_id, status] : std::vector<ask>{
+             {prefix + ".sandbox.test", false, 204},
+             {prefix + ".SANDBOX.test.:" + port, false, 204},  // case, a trailing dot, a port
+             {"localhost:" + port, true, 204},
+             {prefix + ".evil.example", false, 421},
+             {prefix + ".evil.example", true, 421},
+             {prefix + ".sandbox.test.evil.example", false, 421},
+             {prefix + ".evil.sandbox.test", false, 421},
+             {"49983-.sandbox.test", true, 421},
+             {"sandbox.test", true, 421},
+             {"3000-" + sandbox.id + ".sandbox.test", true, 421},
+         }) {
+        CAPTURE(host);
+        CHECK(run_async(io, health_status_as(client, serve, sandbox, host, with_id)) == status);
+    }
+    // A sandbox that is not this server's, named by a well-formed host: as E2B's proxy, 502.
+    CHECK(run_async(io, health_status_as(client, serve, sandbox,
+                                         "49983-sb-00000000000000000000.sandbox.test", false)) ==
+          502);
+    run_async(io, destroy_sandbox(client, serve, sandbox.id));
 }
 
 }  // namespace moat::test

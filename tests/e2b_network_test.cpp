@@ -118,3 +118,65 @@ TEST_CASE("a create request narrows the operator's network, never widens it") {
         CHECK(refused.error().detail.find(bad) != std::string::npos);
     }
 }
+
+TEST_CASE(
+    "denyOut ranges other than 0.0.0.0/0 are taken when the sandbox's egress already refuses "
+    "them, and refused with 400 naming them when it would reach them") {
+    using moat::serve::narrow_network;
+    const auto deny = [](const std::string& list, const std::string& extra = "") {
+        return request(R"({)" + extra + R"("network":{"denyOut":[)" + list + "]}}");
+    };
+    const auto all = with(network_mode::all);
+    auto unlocked = with(network_mode::all);
+    unlocked.allow_addresses = {"10.20.0.0/16"};
+    const auto operator_list = with(network_mode::allow_list, {"pypi.test"});
+    const auto none = with(network_mode::none);
+
+    // Under `all` a public range would be reached by name: refused, each range named, the ones
+    // already refused not.
+    const auto publics = narrow_network(all, deny(R"("8.8.8.8","10.0.0.0/8","1.2.3.0/24","::/0")"));
+    REQUIRE_FALSE(publics);
+    CHECK(publics.error().code == moat::errc::invalid_argument);
+    for (const std::string named : {"8.8.8.8", "1.2.3.0/24", "::/0"}) {
+        CHECK_MESSAGE(publics.error().detail.find(named) != std::string::npos, named);
+    }
+    CHECK(publics.error().detail.find("10.0.0.0/8") == std::string::npos);
+    CHECK(publics.error().detail.find("denyOut") != std::string::npos);
+    // Ranges the proxy refuses anyway (private, loopback, link-local, CGNAT, multicast, ULA, ...).
+    const auto already = narrow_network(
+        all, deny(R"("10.0.0.0/8","192.168.1.0/24","172.16.0.0/12","127.0.0.1","169.254.0.0/16",)"
+                  R"("100.64.0.0/10","224.0.0.0/4","fd00::/8","fe80::/10","::1")"));
+    REQUIRE_MESSAGE(already, already.error().to_string());
+    CHECK(*already == all);
+    // A range the operator's --allow-address opens (even in part) would be reached: refused.
+    const auto opened = narrow_network(unlocked, deny(R"("10.0.0.0/8")"));
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().detail.find("10.0.0.0/8") != std::string::npos);
+    CHECK(narrow_network(unlocked, deny(R"("10.30.0.0/16")")));
+    // Where only names (an allow-list) or nothing are reachable, every range holds: as in E2B,
+    // allowOut's names take precedence over denyOut.
+    for (const auto& op : {operator_list, none}) {
+        const auto narrowed = narrow_network(op, deny(R"("8.8.8.8","1.2.3.0/24")"));
+        REQUIRE_MESSAGE(narrowed, narrowed.error().to_string());
+        CHECK(*narrowed == op);
+    }
+    const auto switched = narrow_network(
+        all,
+        request(R"({"network":{"allowOut":["pypi.test"],"denyOut":["0.0.0.0/0","8.8.8.8"]}})"));
+    REQUIRE_MESSAGE(switched, switched.error().to_string());
+    CHECK(switched->mode == network_mode::allow_list);
+    const auto offline =
+        narrow_network(all, deny(R"("8.8.8.8")", R"("allow_internet_access":false,)"));
+    REQUIRE_MESSAGE(offline, offline.error().to_string());
+    CHECK(offline->mode == network_mode::none);
+    // Not an address range: refused whatever the policy, named.
+    for (const auto& op : {all, none}) {
+        for (const std::string bad : {"example.com", "1.2.3.4/33", "10.0.0.1/8", "1.2.3"}) {
+            CAPTURE(bad);
+            const auto refused = narrow_network(op, deny("\"" + bad + "\""));
+            REQUIRE_FALSE(refused);
+            CHECK(refused.error().code == moat::errc::invalid_argument);
+            CHECK(refused.error().detail.find(bad) != std::string::npos);
+        }
+    }
+}

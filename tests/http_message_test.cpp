@@ -73,6 +73,23 @@ parsed parse(http::message_parser& p, std::string_view wire, std::size_t step = 
     return out;
 }
 
+// `wire` on one line, CR, LF and tab spelled out, for a failure message.
+std::string printable(std::string_view wire) {
+    std::string out;
+    for (const char c : wire) {
+        if (c == '\r') {
+            out += "\\r";
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
 parsed parse_request(std::string_view wire, std::size_t step = 0, http::parser_limits limits = {}) {
     http::message_parser p(http::message_parser::mode::request, limits);
     return parse(p, wire, step);
@@ -227,6 +244,63 @@ TEST_CASE("malformed requests are errors, never a message") {
     }
     CHECK(parse_request("GET / HTTP/2.0\r\n\r\n").error != http::parse_error::none);
     CHECK(parse_request("CONNECT h:443 HTTP/1.1\r\n\r\n").error == http::parse_error::unsupported);
+}
+
+TEST_CASE(
+    "a folded header, a bare LF or a second Host is refused, whole and split at every byte, in "
+    "requests and responses") {
+    struct refusal {
+        http::message_parser::mode mode;
+        std::string wire;
+        std::string named;  // in the detail
+    };
+    const auto request = http::message_parser::mode::request;
+    const auto response = http::message_parser::mode::response;
+    const std::vector<refusal> refused = {
+        // A fold whose first line is empty: llhttp joined it silently, so a front end that reads
+        // the fold differently frames another message (smuggling) or sees another key.
+        {request, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n 2\r\n\r\nab", "fold"},
+        {request,
+         "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+         "fold"},
+        {request, "GET / HTTP/1.1\r\nHost: a\r\nX-API-Key:\r\n KEY\r\n\r\n", "fold"},
+        {request, "GET / HTTP/1.1\r\nHost: a\r\nX-API-Key: \r\n\tKEY\r\n\r\n", "fold"},
+        {request, "GET / HTTP/1.1\r\n Host: a\r\n\r\n", "fold"},
+        {request, "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "Host"},
+        {request, "GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nhost: a\r\n\r\n", "Host"},
+        {request, "GET / HTTP/1.1\nHost: a\r\n\r\n", "bare LF"},
+        {request, "GET / HTTP/1.1\r\nHost: a\r\n\n", "bare LF"},
+        {request, "\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", "bare LF"},
+        {response, "HTTP/1.1 200 OK\r\nContent-Length:\r\n 2\r\n\r\nab", "fold"},
+        {response, "HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\tchunked\r\n\r\n0\r\n\r\n", "fold"},
+        {response, "HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nab", "bare LF"},
+        {response, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\nab", "bare LF"},
+    };
+    for (const auto& c : refused) {
+        for (std::size_t step : {0, 1, 2, 3}) {
+            const std::string wire = printable(c.wire);
+            CAPTURE(wire);
+            CAPTURE(step);
+            http::message_parser p(c.mode);
+            const auto r = parse(p, c.wire, step);
+            CHECK(r.error == http::parse_error::malformed);
+            CHECK(r.requests.empty());
+            CHECK(r.ends == 0);
+            CHECK_MESSAGE(r.detail.find(c.named) != std::string::npos, r.detail);
+        }
+    }
+    // What stays accepted: the blank line a client may send before a request (RFC 9112, 2.2), a
+    // body with bare LFs and spaces after them, a Host beside a Host-like name, and a pipelined
+    // second request with its own Host.
+    const auto ok = parse_request(
+        "\r\nPOST / HTTP/1.1\r\nHost: a\r\nX-Host: b\r\nContent-Length: 6\r\n\r\na\n b\n\t"
+        "GET / HTTP/1.1\r\nHost: c\r\n\r\n",
+        1);
+    REQUIRE(ok.error == http::parse_error::none);
+    REQUIRE(ok.requests.size() == 2);
+    CHECK(ok.bodies[0] == "a\n b\n\t");
+    CHECK(ok.requests[1].headers.find("host") == "c");
+    CHECK(ok.ends == 2);
 }
 
 TEST_CASE("an upgrade request is parsed as plain HTTP, and what follows as the next request") {

@@ -471,6 +471,17 @@ TEST_CASE(
              "Transfer-Encoding: chunked\r\n\r\n",
              "HTTP/1.1 400 Bad Request"},
             {"GET /hello HTTP/1.1\r\n\r\n", "HTTP/1.1 400 Bad Request"},  // no Host
+            // A fold whose first line is empty, a second Host, a bare LF after the request line.
+            {"POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length:\r\n 2\r\n\r\nab",
+             "HTTP/1.1 400 Bad Request"},
+            {"POST /echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding:\r\n chunked\r\n\r\n"
+             "2\r\nab\r\n0\r\n\r\n",
+             "HTTP/1.1 400 Bad Request"},
+            {"GET /hello HTTP/1.1\r\nHost: localhost\r\nX-API-Key:\r\n KEY\r\n\r\n",
+             "HTTP/1.1 400 Bad Request"},
+            {"GET /hello HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n",
+             "HTTP/1.1 400 Bad Request"},
+            {"GET /hello HTTP/1.1\nHost: localhost\r\n\r\n", "HTTP/1.1 400 Bad Request"},
             {"GET /hello HTTP/1.1\r\nHost: evil.example:80\r\n\r\n",
              "HTTP/1.1 421 Misdirected Request"},
             {"CONNECT localhost:22 HTTP/1.1\r\nHost: localhost\r\n\r\n",

@@ -4,6 +4,7 @@
 
 #include "core/rfc3339.hpp"
 #include "http/message.hpp"
+#include "serve/connect_rpc.hpp"
 #include "serve/e2b_requests.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/server_secret.hpp"
@@ -129,18 +130,53 @@ TEST_CASE("RFC 3339 times and base64url tokens round-trip") {
     CHECK(!base64url_decode("a+b/"));
 }
 
-TEST_CASE("envd finds the sandbox in E2b-Sandbox-Id or in a 49983-<id>.<domain> Host") {
+TEST_CASE(
+    "envd finds the sandbox in E2b-Sandbox-Id or in a 49983-<id>.<domain> Host under the "
+    "configured domain only") {
     moat::http::request_head head;
     head.headers.add("Host", "127.0.0.1:49983");
-    CHECK(!requested_sandbox_id(head));
+    CHECK(!requested_sandbox_id(head, "e2b.local"));
     head.headers.add("E2b-Sandbox-Id", "sb-1");
-    CHECK(requested_sandbox_id(head) == "sb-1");
+    CHECK(requested_sandbox_id(head, "e2b.local") == "sb-1");
+    CHECK(requested_sandbox_id(head, "") == "sb-1");
     moat::http::request_head by_host;
     by_host.headers.add("Host", "49983-sb-2.e2b.local:8443");
-    CHECK(requested_sandbox_id(by_host) == "sb-2");
+    CHECK(requested_sandbox_id(by_host, "e2b.local") == "sb-2");
+    CHECK(!requested_sandbox_id(by_host, "other.local"));
+    CHECK(!requested_sandbox_id(by_host, ""));
     moat::http::request_head other_port;
     other_port.headers.add("Host", "3000-sb-2.e2b.local");
-    CHECK(!requested_sandbox_id(other_port));
+    CHECK(!requested_sandbox_id(other_port, "e2b.local"));
+    CHECK(sandbox_id_in_host("49983-sb-2.E2B.Local.", "e2b.local") == "sb-2");
+    CHECK(sandbox_id_in_host("49983-sb-2.e2b.local.:443", "e2b.local") == "sb-2");
+    for (const std::string other :
+         {"49983-sb-2.evil.example", "49983-sb-2.e2b.local.evil.example", "49983-sb-2.x.e2b.local",
+          "49983-.e2b.local", "49983-sb-2", "e2b.local", "[::1]:49983", "49983-sb-2.e2b.local..",
+          "x49983-sb-2.e2b.local"}) {
+        CAPTURE(other);
+        CHECK(sandbox_id_in_host(other, "e2b.local").empty());
+    }
+}
+
+TEST_CASE("Keepalive-Ping-Interval is whole seconds from 1 to an hour, larger values clamped") {
+    using namespace std::chrono_literals;
+    CHECK(parse_keepalive_interval("50") == 50s);
+    CHECK(parse_keepalive_interval("1") == 1s);
+    CHECK(parse_keepalive_interval("3600") == 3600s);
+    CHECK(max_keepalive_interval == 3600s);
+    // Past the hour, however many digits: the client asked for few keep-alives, and gets one an
+    // hour (a ten-digit value once overflowed the deadline and flooded the stream).
+    for (const std::string huge : {"3601", "9999999999", "99999999999999999999",
+                                   "000000000000000000000000000000000000000007200"}) {
+        CAPTURE(huge);
+        CHECK(parse_keepalive_interval(huge) == max_keepalive_interval);
+    }
+    CHECK(parse_keepalive_interval("0000000000000000000000000000005") == 5s);
+    // Not a positive number: the caller's default (envd's 90 s), as envd does.
+    for (const std::string bad : {"", "0", "-5", "+5", "1.5", "5s", " 5", "abc", "0x10"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(parse_keepalive_interval(bad));
+    }
 }
 
 TEST_CASE("the server secret is made once, private, and gives stable tokens per sandbox") {

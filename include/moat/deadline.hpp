@@ -19,7 +19,21 @@ class deadline {
     // No deadline.
     constexpr deadline() noexcept = default;
     static constexpr deadline never() noexcept { return deadline{}; }
-    static deadline after(clock::duration d) noexcept { return deadline{clock::now() + d}; }
+    // `d` from now, saturating: a duration past what the clock can hold from now (hours::max(),
+    // a ten-digit count of seconds from a request header) is a deadline that never comes; zero or
+    // a negative duration, however large, is a deadline that has already passed (now). Any
+    // duration type: the range check happens before the conversion to clock::duration, which
+    // would itself overflow.
+    template <class Rep, class Period>
+    static deadline after(std::chrono::duration<Rep, Period> d) noexcept {
+        const auto now = clock::now();
+        if (d <= d.zero()) return deadline{now};
+        // Compared in long double (64-bit mantissa on x86-64: every int64 count is exact).
+        using wide = std::chrono::duration<long double, clock::period>;
+        const wide room = clock::time_point::max() - now;
+        if (wide(d) >= room) return never();
+        return deadline{now + std::chrono::duration_cast<clock::duration>(d)};
+    }
     static constexpr deadline at(clock::time_point t) noexcept { return deadline{t}; }
 
     constexpr bool is_never() const noexcept { return at_ == clock::time_point::max(); }

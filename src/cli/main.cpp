@@ -86,7 +86,7 @@ constexpr const char* usage_text =
     "      KEY's shared sandbox (as moat session), which outlives the connection\n"
     "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
     "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir DIR]\n"
-    "        [--max-file-bytes N]\n"
+    "        [--max-file-bytes N] [--domain NAME]\n"
     "      an E2B-compatible sandbox host for the E2B SDKs: control plane (default\n"
     "      127.0.0.1:3000) and envd (127.0.0.1:49983), port 0 picks one; the API key from\n"
     "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line\n"

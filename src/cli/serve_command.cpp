@@ -8,6 +8,7 @@
 
 #include <asio/ip/address.hpp>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -53,6 +54,33 @@ std::string read_key_file(const std::string& path) {
     return key;
 }
 
+// --domain: a DNS name (labels of letters, digits and '-', not at a label's ends), stored lower
+// case without its trailing dot.
+std::string parse_domain(const std::string& text) {
+    std::string name = text;
+    if (name.ends_with('.')) name.pop_back();
+    bool valid = !name.empty() && name.size() <= 253;
+    std::size_t label = 0;
+    for (std::size_t i = 0; valid && i <= name.size(); ++i) {
+        const char c = i < name.size() ? name[i] : '.';
+        if (c == '.') {
+            valid = label > 0 && label <= 63 && name[i - 1] != '-';
+            label = 0;
+        } else if (std::isalnum(static_cast<unsigned char>(c)) != 0 || (c == '-' && label > 0)) {
+            name[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            ++label;
+        } else {
+            valid = false;
+        }
+    }
+    if (!valid) {
+        throw usage_error("--domain: '" + text +
+                          "' is not a DNS name (labels of letters, digits and '-', separated by "
+                          "dots)");
+    }
+    return name;
+}
+
 serve::serve_options parse_serve_options(int argc, char** argv) {
     serve::serve_options o;
     std::string key_file;
@@ -83,6 +111,8 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
                                   "' must be a number of bytes from 1 to 64 GiB");
             }
             o.max_file_bytes = *n;
+        } else if (auto domain = flag_value("--domain", argc, argv, i)) {
+            o.domain = parse_domain(*domain);
         } else if (auto dir = flag_value("--state-dir", argc, argv, i)) {
             o.state_dir = parse_absolute_path("--state-dir", *dir);
         } else if (arg == "--destroy-on-exit") {

@@ -1,5 +1,6 @@
 #include "egress/address_policy.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 
@@ -236,6 +237,35 @@ std::optional<address_class> refusal_for(const asio::ip::address& address,
         if (range.contains(address)) return std::nullopt;
     }
     return c;
+}
+
+bool refuses_whole_range(const address_range& range, const std::vector<address_range>& allowed) {
+    // The blocks classify_address() puts outside public unicast, one class each.
+    static const std::vector<address_range> refused_blocks = [] {
+        std::vector<address_range> blocks;
+        for (const char* text :
+             {"0.0.0.0/8",       "127.0.0.0/8",    "10.0.0.0/8",    "172.16.0.0/12",
+              "192.168.0.0/16",  "169.254.0.0/16", "100.64.0.0/10", "224.0.0.0/4",
+              "240.0.0.0/4",     "192.0.0.0/24",   "198.18.0.0/15", "192.0.2.0/24",
+              "198.51.100.0/24", "203.0.113.0/24", "::/128",        "::1/128",
+              "fc00::/7",        "fec0::/10",      "fe80::/10",     "ff00::/8",
+              "100::/64",        "2001:db8::/32"}) {
+            std::string why;
+            if (auto block = parse_address_range(text, why)) blocks.push_back(*block);
+        }
+        return blocks;
+    }();
+    const auto inside = [](const address_range& inner, const address_range& outer) {
+        return inner.network.is_v4() == outer.network.is_v4() &&
+               inner.prefix_length >= outer.prefix_length && outer.contains(inner.network);
+    };
+    const bool in_a_block = std::any_of(refused_blocks.begin(), refused_blocks.end(),
+                                        [&](const auto& block) { return inside(range, block); });
+    if (!in_a_block) return false;
+    // Two ranges overlap exactly when one holds the other's first address.
+    return std::none_of(allowed.begin(), allowed.end(), [&](const address_range& open) {
+        return range.contains(open.network) || open.contains(range.network);
+    });
 }
 
 bool is_address_entry(std::string_view entry) {

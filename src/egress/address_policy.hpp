@@ -57,6 +57,12 @@ struct address_range {
 // text is not a range: a bad address, a prefix past 32/128, host bits set beyond the prefix.
 std::optional<address_range> parse_address_range(std::string_view text, std::string& why);
 
+// True when refusal_for() refuses every address of `range` given the operator's `allowed`
+// ranges: the range lies inside one block of a class that is not public unicast (10.0.0.0/8,
+// 127.0.0.0/8, fc00::/7, ...) and overlaps none of `allowed`. Conservative: a range spanning two
+// such blocks, or one written as IPv4 embedded in IPv6, is not recognised (false).
+bool refuses_whole_range(const address_range& range, const std::vector<address_range>& allowed);
+
 // True when an E2B allowOut / denyOut entry names addresses (a CIDR such as "10.0.0.0/8", or
 // an IP literal) rather than a host name.
 bool is_address_entry(std::string_view entry);

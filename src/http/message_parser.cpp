@@ -2,6 +2,7 @@
 
 #include <llhttp.h>
 
+#include <string>
 #include <utility>
 
 namespace moat::http {
@@ -14,6 +15,48 @@ std::string_view trim_trailing_space(std::string_view s) noexcept {
     while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
     return s;
 }
+
+// Line ends and folds in a head, which llhttp 8.1 lets through even in strict mode: a bare LF
+// after the start line or as the blank line, and a field line that starts with whitespace when the
+// field's first line was empty ("Content-Length:\r\n 2"), which it joins silently. Fed every byte
+// of a message's head, in order and once, however the head is split across feeds; it stops at the
+// blank line, before the body.
+class head_line_scanner {
+  public:
+    // Looks at `input` up to the end of the head: false, with `why` set, at a bare LF or a folded
+    // line.
+    bool scan(std::string_view input, std::string& why) {
+        for (std::size_t i = 0; i < input.size() && !is_done_; ++i) {
+            const char c = input[i];
+            if (c == '\n') {
+                if (previous_ != '\r') {
+                    why = "bare LF line end (lines end with CRLF)";
+                    return false;
+                }
+                if (line_bytes_ == 0 && has_start_line_) is_done_ = true;  // the blank line
+                if (line_bytes_ > 0) has_start_line_ = true;  // empty lines before it are skipped
+                line_bytes_ = 0;
+            } else if (c != '\r') {
+                if (line_bytes_ == 0 && has_start_line_ && (c == ' ' || c == '\t')) {
+                    why = "obsolete line folding (a header line starts with whitespace)";
+                    return false;
+                }
+                ++line_bytes_;
+            }
+            previous_ = c;
+        }
+        return true;
+    }
+
+    // The next message's head starts.
+    void reset() noexcept { *this = head_line_scanner{}; }
+
+  private:
+    char previous_ = 0;
+    std::size_t line_bytes_ = 0;
+    bool has_start_line_ = false;
+    bool is_done_ = false;
+};
 
 }  // namespace
 
@@ -54,6 +97,7 @@ struct message_parser::state {
     const char* feed_end = nullptr;
     bool value_started = false;
     bool value_split = false;
+    head_line_scanner lines;
 
     phase at = phase::idle;
     std::size_t head_bytes = 0;     // wire bytes of the current head (line ends included)
@@ -195,6 +239,12 @@ struct message_parser::state {
                 s.fail(parse_error::unsupported, "CONNECT is not supported");
                 return -1;
             }
+            // RFC 9112 3.2: a server answers 400 to more than one Host; two proxies could each
+            // route by a different one.
+            if (s.request.headers.find_all("host").size() > 1) {
+                s.fail(parse_error::malformed, "more than one Host header");
+                return -1;
+            }
             s.request.method = llhttp_method_name(static_cast<llhttp_method_t>(p->method));
             s.request.version_minor = p->http_minor;
         } else {
@@ -256,6 +306,7 @@ struct message_parser::state {
     static int on_message_complete(llhttp_t* p) {
         auto& s = of(p);
         s.at = phase::done;
+        s.lines.reset();
         s.keep_alive = llhttp_should_keep_alive(p) != 0;
         if (!s.head_delivered) {
             s.event = parse_event::kind::head;
@@ -326,6 +377,10 @@ parse_event message_parser::feed(std::string_view input) {
     if (input.data() == nullptr) input = std::string_view("", 0);
 
     const bool counting_head = s.at != phase::body;
+    if (std::string why; !s.lines.scan(input, why)) {
+        s.fail(parse_error::malformed, std::move(why));
+        return s.error_event();
+    }
     s.event = parse_event::kind::need_more;
     s.feed_begin = input.data();
     s.feed_end = input.data() + input.size();

@@ -24,8 +24,11 @@
 // dropped, their size capped like a head), a response body read to the end of the connection
 // (finish()), keep-alive per HTTP/1.0 and 1.1 rules, pipelined messages one after another. Strict:
 // Content-Length with Transfer-Encoding, a duplicate differing Content-Length, an unknown transfer
-// coding, bare LF line ends and obsolete line folding are errors (request smuggling). CONNECT and
-// protocol upgrades are not supported (error unsupported), nor is HTTP/0.9.
+// coding, a bare LF line end anywhere in a head (the blank line included), obsolete line folding
+// (any field line that starts with a space or tab, whether or not the line it continues was empty)
+// and, in a request, more than one Host are errors (request smuggling, a proxy and moat reading
+// different values). Empty lines (CRLF) before a request line are skipped, as RFC 9112 asks.
+// CONNECT and protocol upgrades are not supported (error unsupported), nor is HTTP/0.9.
 //
 // After an error the parser stays failed: every later feed returns the same error. Error details
 // come from llhttp's reasons and our caps; they never quote header values.

@@ -1,5 +1,6 @@
 #include "serve/connect_rpc.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <vector>
 
@@ -126,9 +127,23 @@ std::optional<std::chrono::milliseconds> connect_timeout(const http::server_requ
 }
 
 std::optional<std::chrono::seconds> keepalive_interval(const http::server_request& request) {
-    const auto n = header_number<std::int64_t>(request, "Keepalive-Ping-Interval");
-    if (!n) return std::nullopt;
-    return std::chrono::seconds(*n);
+    const auto value = request.headers().find("Keepalive-Ping-Interval");
+    if (!value) return std::nullopt;
+    return parse_keepalive_interval(*value);
+}
+
+std::optional<std::chrono::seconds> parse_keepalive_interval(std::string_view value) {
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string_view::npos) {
+        return std::nullopt;
+    }
+    std::uint64_t n = 0;
+    const auto* end = value.data() + value.size();
+    const auto [ptr, ec] = std::from_chars(value.data(), end, n);
+    // Digits only, so the one failure left is a number past uint64: past the hour too.
+    if (ec == std::errc::result_out_of_range) return max_keepalive_interval;
+    if (ec != std::errc() || ptr != end || n == 0) return std::nullopt;
+    const auto cap = static_cast<std::uint64_t>(max_keepalive_interval.count());
+    return std::chrono::seconds(static_cast<std::int64_t>(std::min(n, cap)));
 }
 
 }  // namespace moat::serve

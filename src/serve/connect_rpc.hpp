@@ -75,7 +75,16 @@ class connect_stream {
 // Connect-Timeout-Ms of the request, when present and a valid number of milliseconds
 // (1 to 10 digits); nullopt when absent or malformed.
 std::optional<std::chrono::milliseconds> connect_timeout(const http::server_request& request);
-// Keepalive-Ping-Interval (seconds) of the request, when present and valid.
+// The longest keep-alive period a client may ask for. envd takes any whole number of seconds
+// its clock can hold (the SDKs send 50); an hour is past any proxy's idle timeout, and a client
+// that asks for more wants few keep-alives, which one an hour still is.
+inline constexpr std::chrono::seconds max_keepalive_interval{3600};
+
+// Keepalive-Ping-Interval of the request (keepalive_interval) or a value of it
+// (parse_keepalive_interval, pure): whole seconds, digits only, at least 1; a larger number than
+// max_keepalive_interval (any count of digits) is max_keepalive_interval. nullopt when absent,
+// zero or not digits (a sign, a fraction, spaces): the caller's default (envd's 90 s), as envd.
 std::optional<std::chrono::seconds> keepalive_interval(const http::server_request& request);
+std::optional<std::chrono::seconds> parse_keepalive_interval(std::string_view value);
 
 }  // namespace moat::serve

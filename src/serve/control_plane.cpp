@@ -98,8 +98,12 @@ void write_sandbox(json_writer& w, const registry_entry& e) {
 
 }  // namespace
 
-result<sandbox_network> narrow_network(const sandbox_network& operator_network,
-                                       const create_request& request) {
+namespace {
+
+// The operator's policy narrowed by allow_internet_access and by allowOut under a denyOut with
+// "0.0.0.0/0" (narrow_network without its check of the other denyOut ranges).
+result<sandbox_network> narrow_by_names(const sandbox_network& operator_network,
+                                        const create_request& request) {
     std::vector<std::string> names;
     bool listed = false;
     if (request.network) {
@@ -140,6 +144,49 @@ result<sandbox_network> narrow_network(const sandbox_network& operator_network,
     }
     if (out.allow_hosts.empty()) return sandbox_network{};
     return out;
+}
+
+// denyOut's ranges other than "0.0.0.0/0" against the sandbox's effective `network`: each must
+// already be refused there. Under an allow-list or none every address is refused but the allowed
+// names' (E2B's allowOut takes precedence over denyOut too); under `all` only what the proxy
+// refuses by default and no --allow-address opens.
+result<void> check_deny_ranges(const sandbox_network& network, const create_request& request) {
+    if (!request.network) return {};
+    std::vector<egress::address_range> opened;
+    for (const auto& text : network.allow_addresses) {
+        std::string why;
+        if (auto range = egress::parse_address_range(text, why)) opened.push_back(*range);
+    }
+    std::string unenforceable;
+    for (const auto& entry : request.network->deny_out) {
+        if (entry == "0.0.0.0/0") continue;
+        std::string why;
+        const auto range = egress::parse_address_range(entry, why);
+        if (!range)
+            return make_error(errc::invalid_argument, "network.denyOut '" + entry + "' " + why);
+        if (network.mode != network_mode::all || egress::refuses_whole_range(*range, opened))
+            continue;
+        if (!unenforceable.empty()) unenforceable += ", ";
+        unenforceable += entry;
+    }
+    if (unenforceable.empty()) return {};
+    return make_error(errc::invalid_argument,
+                      "network.denyOut cannot be enforced for " + unenforceable +
+                          ": this server's sandboxes reach any public host by name, and moat "
+                          "denies by address only what is not public; deny all with 0.0.0.0/0 "
+                          "and list the names to allow in allowOut");
+}
+
+}  // namespace
+
+result<sandbox_network> narrow_network(const sandbox_network& operator_network,
+                                       const create_request& request) {
+    auto narrowed = narrow_by_names(operator_network, request);
+    if (!narrowed) return narrowed;
+    if (auto enforced = check_deny_ranges(*narrowed, request); !enforced) {
+        return std::move(enforced).error();
+    }
+    return narrowed;
 }
 
 namespace {
@@ -356,14 +403,20 @@ asio::awaitable<void> get_sandbox(control_call& call) {
     co_await send_json(call.response, 200, std::move(body));
 }
 
+// The sandbox stays this server's until its destroy is confirmed (sandbox_registry::async_destroy):
+// a failed one answers 500 and keeps it listed and counted, so that a retried DELETE tries again.
 asio::awaitable<void> kill_sandbox(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    call.s.context.registry.remove(entry);
-    auto destroyed = co_await entry->handle->async_destroy();
-    if (!destroyed && destroyed.error().code != errc::sandbox_not_found) {
-        std::string message =
-            "the sandbox was not confirmed gone: " + destroyed.error().to_string();
+    auto& sandboxes = call.s.context.sandboxes.get_backend();
+    auto destroyed = co_await call.s.context.registry.async_destroy(entry, sandboxes);
+    if (!destroyed) {
+        // The backend's detail is logged (by the registry), not sent: it may name host paths.
+        const auto& code = destroyed.error().code;
+        std::string why = code.message();
+        if (code.category() == error_category()) why = to_string(static_cast<errc>(code.value()));
+        std::string message = "the sandbox " + entry->id + " was not confirmed destroyed (" + why +
+                              "): it is kept, listed and counted, and DELETE tries again";
         co_await send_error(call.response, 500, std::move(message));
         co_return;
     }

@@ -8,7 +8,9 @@
 //   POST /v2/sandboxes, POST /sandboxes       201 Sandbox (v2 default timeout 300 s, v1 15 s)
 //   GET /sandboxes/{id}                       200 SandboxDetail, 404
 //   GET /v2/sandboxes, GET /sandboxes         200 ListedSandbox[] (newest first, paged)
-//   DELETE /sandboxes/{id}                    204, 404 once gone
+//   DELETE /sandboxes/{id}                    204 once destroyed (confirmed), 404 once gone;
+//                                             500 when not confirmed: the sandbox is kept
+//                                             (sandbox_registry::async_destroy)
 //   POST /sandboxes/{id}/timeout              204: the end is now + timeout (may shorten)
 //   POST /sandboxes/{id}/refreshes            204: extends only (at least 15 s)
 //   POST /sandboxes/{id}/connect, /v2/...     200 Sandbox: extends only; 404
@@ -41,8 +43,12 @@ inline constexpr std::string_view reported_envd_version = "0.6.4";
 // request may only narrow. allow_internet_access false gives none; a network whose denyOut has
 // "0.0.0.0/0" with names in allowOut gives the operator's `all` that list, an operator allow-list
 // the hosts in both lists (exact match), none when nothing is left. Operator none stays none.
-// Everything else in `network` (allowPublicTraffic, egressProxy, rules, CIDRs in allowOut) is
-// ignored. A name that is not a valid pattern (or has a port) is invalid_argument naming it.
+// Every other denyOut entry must be an IP address or CIDR range that the result already refuses
+// (any, under an allow-list or none; under `all` one inside a non-public block that no
+// --allow-address opens, egress::refuses_whole_range): otherwise invalid_argument naming the
+// entries, since the egress proxy cannot deny a public range by address. Everything else in
+// `network` (allowPublicTraffic, egressProxy, rules, CIDRs in allowOut) is ignored. A name that
+// is not a valid pattern (or has a port) is invalid_argument naming it.
 result<sandbox_network> narrow_network(const sandbox_network& operator_network,
                                        const create_request& request);
 

@@ -22,15 +22,6 @@ namespace {
 
 constexpr std::string_view host_prefix = "49983-";
 
-// The id in a `49983-<id>.<domain>[:port]` Host, or empty.
-std::string_view id_from_host(std::string_view host) {
-    if (!host.starts_with(host_prefix)) return {};
-    host.remove_prefix(host_prefix.size());
-    const auto dot = host.find('.');
-    if (dot == std::string_view::npos || dot == 0) return {};
-    return host.substr(0, dot);
-}
-
 asio::awaitable<void> send_not_found(http::server_response& response, std::string_view id) {
     json_writer w;
     w.begin_object();
@@ -65,7 +56,7 @@ bool token_matches(const http::server_request& request, const registry_entry& en
 asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
                                   http::server_request& request, http::server_response& response) {
     const auto& route = s->routes.routes()[index];
-    const auto id = requested_sandbox_id(request.head());
+    const auto id = requested_sandbox_id(request.head(), s->context.options.domain);
     std::shared_ptr<registry_entry> entry;
     if (id) {
         entry = s->context.registry.find(*id);
@@ -128,12 +119,28 @@ void envd_routes::set_signature_verifier(signature_verifier verifier) {
     verifier_ = std::move(verifier);
 }
 
-std::optional<std::string> requested_sandbox_id(const http::request_head& head) {
+std::string_view sandbox_id_in_host(std::string_view host, std::string_view domain) {
+    if (domain.empty() || host.starts_with('[')) return {};
+    auto name = host;
+    if (const auto colon = name.rfind(':'); colon != std::string_view::npos) {
+        name = name.substr(0, colon);
+    }
+    if (name.ends_with('.')) name.remove_suffix(1);
+    if (!name.starts_with(host_prefix)) return {};
+    name.remove_prefix(host_prefix.size());
+    const auto dot = name.find('.');
+    if (dot == std::string_view::npos || dot == 0) return {};
+    if (!http::iequals(name.substr(dot + 1), domain)) return {};
+    return name.substr(0, dot);
+}
+
+std::optional<std::string> requested_sandbox_id(const http::request_head& head,
+                                                std::string_view domain) {
     if (const auto header = head.headers.find("E2b-Sandbox-Id"); header && !header->empty()) {
         return std::string(*header);
     }
     if (const auto host = head.headers.find("Host")) {
-        const auto id = id_from_host(*host);
+        const auto id = sandbox_id_in_host(*host, domain);
         if (!id.empty()) return std::string(id);
     }
     return std::nullopt;
@@ -142,8 +149,8 @@ std::optional<std::string> requested_sandbox_id(const http::request_head& head) 
 envd_server::envd_server(serve_context& context, http::server_options options) {
     const bool loopback = options.listen.address().is_loopback();
     if (loopback && options.allowed_hosts.empty()) {
-        options.accept_host = [](std::string_view host) {
-            return is_loopback_host(host) || !id_from_host(host).empty();
+        options.accept_host = [domain = context.options.domain](std::string_view host) {
+            return is_loopback_host(host) || !sandbox_id_in_host(host, domain).empty();
         };
         // Set a list so that accept_host is consulted (an empty list serves the loopback names).
         options.allowed_hosts = {"localhost"};

@@ -3,7 +3,8 @@
 //
 // Which sandbox: the E2b-Sandbox-Id header (the SDK sends it on every envd call; with
 // E2B_SANDBOX_URL all envd traffic goes to one address), else a Host of the form
-// `49983-<id>.<domain>` (E2B's per-sandbox host names; any domain). Neither: the route decides
+// `49983-<id>.<domain>` (E2B's per-sandbox host names) under the configured domain
+// (serve_options::domain, --domain; none by default). Neither: the route decides
 // (only signed /files URLs may name none). An id that is not a live sandbox of this server: 502
 // {"code":502,"message":"The sandbox was not found","sandboxId":"<id>"}, as E2B's proxy answers.
 //
@@ -12,8 +13,10 @@
 // envd's own exemption: the SDK sends the token on every envd call, and a health probe that
 // checks it tells a client whether its token is still good (after a restart of the server).
 //
-// Host header: the loopback names, and `49983-<id>.<anything>` (the id is then checked as
-// above); on a non-loopback listener any Host.
+// Host header (DNS-rebinding defence): on a loopback listener the loopback names and, with a
+// domain, `49983-<id>.<domain>` (case-insensitive, with or without a port and a trailing dot; the
+// id is then checked as above); any other Host is 421, whatever E2b-Sandbox-Id says. On a
+// non-loopback listener (TLS) any Host is served, and only the domain's names name a sandbox.
 #pragma once
 
 #include "http/server.hpp"
@@ -33,9 +36,14 @@
 
 namespace moat::serve {
 
-// The sandbox id a request names: E2b-Sandbox-Id, else the `49983-<id>.` Host form; nullopt
+// The id in a Host `49983-<id>.<domain>[:port]` (the name case-insensitive, one trailing dot
+// allowed), or empty: another name, another domain, an empty `domain` or id. Pure.
+std::string_view sandbox_id_in_host(std::string_view host, std::string_view domain);
+
+// The sandbox id a request names: E2b-Sandbox-Id, else the Host form under `domain`; nullopt
 // when it names none. Pure.
-std::optional<std::string> requested_sandbox_id(const http::request_head& head);
+std::optional<std::string> requested_sandbox_id(const http::request_head& head,
+                                                std::string_view domain);
 
 class envd_server {
   public:

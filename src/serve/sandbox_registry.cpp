@@ -87,6 +87,38 @@ asio::awaitable<void> destroy_quietly(std::shared_ptr<sandbox> handle) {
 
 }  // namespace
 
+struct destroy_attempt {
+    explicit destroy_attempt(asio::any_io_executor executor) : done(std::move(executor)) {}
+    async_event done;
+    result<void> outcome;
+};
+
+namespace {
+
+// One destroy of `entry`'s sandbox, for every caller that joins it.
+asio::awaitable<void> run_destroy(sandbox_registry* registry, std::shared_ptr<registry_entry> entry,
+                                  backend* sandboxes, std::shared_ptr<destroy_attempt> attempt) {
+    result<void> destroyed;
+    if (entry->handle && entry->handle->state() != handle_state::destroy_failed) {
+        destroyed = co_await entry->handle->async_destroy();
+    } else {
+        std::string id = entry->id;
+        destroyed = co_await sandboxes->async_destroy(std::move(id));
+    }
+    if (!destroyed && destroyed.error().code == errc::sandbox_not_found) destroyed = {};
+    if (!destroyed) {
+        detail::log(log_level::warning, "serve",
+                    "destroy not confirmed, the sandbox is kept: " + destroyed.error().to_string(),
+                    entry->id);
+    }
+    attempt->outcome = std::move(destroyed);
+    if (entry->destroying == attempt) entry->destroying.reset();
+    if (attempt->outcome) registry->remove(entry);
+    attempt->done.set();
+}
+
+}  // namespace
+
 sandbox_registry::sandbox_registry(asio::any_io_executor executor, std::string state_dir,
                                    server_secret secret)
     : executor_(executor),
@@ -187,6 +219,26 @@ void sandbox_registry::remove(const std::shared_ptr<registry_entry>& entry) {
     if (it != entries_.end() && it->second == entry) entries_.erase(it);
 }
 
+asio::awaitable<result<void>> sandbox_registry::async_destroy(std::shared_ptr<registry_entry> entry,
+                                                              backend& sandboxes) {
+    auto attempt = entry->destroying;
+    if (attempt) {
+        detail::log(log_level::debug, "serve", "a DELETE joins the destroy in flight", entry->id);
+    } else {
+        attempt = std::make_shared<destroy_attempt>(executor_);
+        entry->destroying = attempt;
+        cleanup_.spawn(run_destroy(this, entry, &sandboxes, attempt));
+    }
+    while (!attempt->done.is_set()) {
+        const auto waited = co_await attempt->done.async_wait(deadline::never());
+        if (waited == async_event::wait_outcome::cancelled) {
+            co_return make_error(errc::cancelled,
+                                 "stopped waiting for the destroy of " + entry->id);
+        }
+    }
+    co_return attempt->outcome;
+}
+
 asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
     label_filter filter;
     for (auto& [k, v] : scope_labels()) filter[k] = v;
@@ -239,18 +291,12 @@ void sandbox_registry::remove_orphaned_sidecars() {
     for (const auto& path : orphans) ::unlink(path.c_str());
 }
 
-asio::awaitable<std::size_t> sandbox_registry::async_destroy_all() {
+asio::awaitable<std::size_t> sandbox_registry::async_destroy_all(backend& sandboxes) {
     std::size_t unconfirmed = 0;
     auto all = live();
     for (auto& e : all) {
-        remove(e);
-        if (!e->handle) continue;
-        auto destroyed = co_await e->handle->async_destroy();
-        if (!destroyed && destroyed.error().code != errc::sandbox_not_found) {
-            detail::log(log_level::error, "serve",
-                        "destroy not confirmed: " + destroyed.error().to_string(), e->id);
-            ++unconfirmed;
-        }
+        auto destroyed = co_await async_destroy(e, sandboxes);
+        if (!destroyed) ++unconfirmed;  // logged by the destroy
     }
     co_return unconfirmed;
 }

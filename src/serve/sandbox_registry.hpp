@@ -40,6 +40,8 @@ namespace moat::serve {
 // The label key on every sandbox a server creates; its value is the server's scope.
 inline constexpr std::string_view scope_label = "moat.serve";
 
+struct destroy_attempt;  // a destroy in flight (sandbox_registry::async_destroy)
+
 struct registry_entry {
     registry_entry(asio::any_io_executor executor) : ended(std::move(executor)) {}
 
@@ -54,6 +56,8 @@ struct registry_entry {
     // Set once the sandbox is killed or found past its end. A service with a live stream waits
     // on it too, so that killing a sandbox ends its streams at once.
     async_event ended;
+    // The destroy in flight, which another async_destroy joins; null when none runs.
+    std::shared_ptr<destroy_attempt> destroying;
 
     bool is_live(std::chrono::system_clock::time_point now) const noexcept {
         return !ended.is_set() && now < end_at;
@@ -93,6 +97,17 @@ class sandbox_registry {
     // destroyed its sandbox, or is about to.
     void remove(const std::shared_ptr<registry_entry>& entry);
 
+    // Destroys the entry's sandbox (a DELETE) and forgets it once the destroy is confirmed (its
+    // absence counts). Until then the entry stays: found, listed, counted against
+    // --max-sandboxes. A destroy that fails keeps it, so that the next call tries again (through
+    // `sandboxes` when the handle's own destroy already failed: a handle's failed destroy is
+    // final). A call while a destroy of the entry runs joins it and returns its outcome; the
+    // registry logs that (debug, "joins the destroy in flight").
+    // Cancellation: the caller stops waiting and gets errc::cancelled; the destroy runs on in the
+    // registry's task group to its end (bounded by the backend).
+    asio::awaitable<result<void>> async_destroy(std::shared_ptr<registry_entry> entry,
+                                                backend& sandboxes);
+
     // Adopts the backend's running sandboxes with this server's scope label: attaches each and
     // reads its sidecar (one without a sidecar is adopted with template "base" and no metadata).
     // Returns how many were adopted; a sandbox that cannot be attached is skipped and logged.
@@ -100,9 +115,10 @@ class sandbox_registry {
     // without a live sandbox removed.
     asio::awaitable<std::size_t> async_adopt(runtime& sandboxes);
 
-    // Destroys every live entry's sandbox, confirmed, and forgets it; returns how many could not
-    // be confirmed gone (logged). For --destroy-on-exit.
-    asio::awaitable<std::size_t> async_destroy_all();
+    // Destroys every live entry's sandbox as async_destroy does (a destroy in flight is joined, a
+    // handle whose destroy failed is retried through `sandboxes`); returns how many could not be
+    // confirmed gone (logged). For --destroy-on-exit.
+    asio::awaitable<std::size_t> async_destroy_all(backend& sandboxes);
 
     // Waits for the background destroys of expired entries.
     asio::awaitable<void> async_drain();

@@ -18,12 +18,15 @@
 
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 
 namespace moat::serve {
@@ -47,6 +50,24 @@ result<void> make_private_dir(const std::string& dir) {
     if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
         return make_error(errc::backend_failure,
                           "the state directory " + dir + " is not a directory");
+    }
+    // Refused, not repaired: whoever else could write there may already have replaced the
+    // secret (every sandbox's token derives from it) or planted sidecar records.
+    if (st.st_uid != ::geteuid()) {
+        return make_error(errc::backend_failure,
+                          "the state directory " + dir + " is owned by uid " +
+                              std::to_string(st.st_uid) + ", not by this user (uid " +
+                              std::to_string(::geteuid()) +
+                              "): refusing it; use a directory of this user's, writable by no "
+                              "one else");
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        char mode[8];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+        const char* who = (st.st_mode & S_IWOTH) != 0 ? "others" : "its group";
+        return make_error(errc::backend_failure, "the state directory " + dir + " is writable by " +
+                                                     who + " (mode " + mode +
+                                                     "): refusing it; make it 0700 (chmod 700)");
     }
     if ((st.st_mode & 077) != 0 && ::chmod(dir.c_str(), 0700) != 0) {
         return make_error(errc::backend_failure,
@@ -197,7 +218,7 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     background.cancel_all();
     co_await background.async_wait_all();
     if (options.destroy_on_exit) {
-        const std::size_t unconfirmed = co_await registry.async_destroy_all();
+        const std::size_t unconfirmed = co_await registry.async_destroy_all(sandboxes);
         if (unconfirmed > 0) {
             report(std::to_string(unconfirmed) + " sandboxes were not confirmed destroyed");
             code = exit_failure;

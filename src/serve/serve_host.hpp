@@ -10,7 +10,8 @@
 // sandboxes run on until their E2B timeout (their moat TTL) and the next start adopts them.
 //
 // Returns 0 after a clean stop; 2 when a listener or TLS file is unusable (one line on stderr
-// through `report`), 3 when the backend or the state directory fails, or a destroy on exit
+// through `report`), 3 when the backend or the state directory fails (one that another user
+// owns, or that its group or others may write, is refused as found), or a destroy on exit
 // could not be confirmed.
 #pragma once
 

@@ -29,6 +29,11 @@ struct serve_options {
     // Where the server secret and the sandboxes' sidecar records live (0700). Empty: "serve" in
     // the local backend's state directory.
     std::string state_dir;
+    // E2B's sandbox domain: envd takes a Host `49983-<id>.<domain>` (any port; the CLI stores it
+    // lower case without a trailing dot) as naming sandbox <id>, and on a loopback listener serves
+    // no other name but the loopback ones. Empty: no Host names a sandbox (clients send
+    // E2b-Sandbox-Id, as the SDKs do with E2B_SANDBOX_URL).
+    std::string domain;
     // A file uploaded through envd is refused past this (413).
     std::uint64_t max_file_bytes = 100ull * 1024 * 1024;
     // The network of every sandbox this server creates (--allow-host, --resolve,

@@ -40,7 +40,8 @@ async function envdHealth(serve, id, token) {
 
 let serve;
 before(async () => {
-    serve = await startServe();
+    // The domain makes 49983-<id>.moat.local a name envd serves (the Host form's test below).
+    serve = await startServe({ args: ['--domain', 'moat.local'] });
 });
 after(async () => {
     if (!serve) return;
@@ -242,7 +243,7 @@ describe('scope', () => {
         }
     });
 
-    test("envd also finds the sandbox in a 49983-<id>.<domain> Host, and refuses other Hosts", async () => {
+    test("envd also finds the sandbox in a 49983-<id>.<domain> Host under --domain, and refuses other Hosts", async () => {
         const sbx = await current.Sandbox.create();
         try {
             const token = (await (await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}`,
@@ -257,6 +258,8 @@ describe('scope', () => {
             assert.equal(await get(`49983-${sbx.sandboxId}.moat.local:443`, { 'X-Access-Token': 'wrong' }), 401);
             assert.equal(await get('49983-sb-00000000000000000000.moat.local', { 'X-Access-Token': token }), 502);
             assert.equal(await get('evil.example', { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': token }), 421);
+            // Another domain is a DNS-rebinding name, however well-formed.
+            assert.equal(await get(`49983-${sbx.sandboxId}.evil.example`, { 'X-Access-Token': token }), 421);
         } finally {
             assert.equal(await sbx.kill(), true);
         }

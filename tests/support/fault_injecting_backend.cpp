@@ -72,6 +72,19 @@ asio::awaitable<result<exec_result>> fault_injecting_backend::async_exec(std::st
     co_return std::move(*state->outcome);
 }
 
+asio::awaitable<result<void>> fault_injecting_backend::async_destroy(std::string id) {
+    ++destroys;
+    if (auto gate = destroy_gate) {
+        while (!gate->is_set()) (void)co_await gate->async_wait(deadline::never());
+    }
+    if (failing_destroys > 0) {
+        --failing_destroys;
+        co_return make_error(errc::backend_failure,
+                             "injected: the destroy of " + id + " was not confirmed");
+    }
+    co_return co_await real_.async_destroy(std::move(id));
+}
+
 asio::awaitable<result<exec_stream>> fault_injecting_backend::async_exec_stream(
     std::string id, exec_request request) {
     auto started = co_await real_.async_exec_stream(std::move(id), std::move(request));

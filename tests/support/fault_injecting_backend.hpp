@@ -1,13 +1,20 @@
 // A backend decorator for the faults the real local backend cannot produce on demand: a kill
-// request that is lost (the operation never learns it was cancelled), and a transport or protocol
-// failure in the middle of an operation. Everything else goes to the real backend it wraps.
+// request that is lost (the operation never learns it was cancelled), a transport or protocol
+// failure in the middle of an operation, a destroy that fails and leaves the sandbox running, and
+// a destroy held until the test lets it go. Everything else goes to the real backend it wraps.
 #pragma once
 
 #include <moat/backend.hpp>
 #include <moat/task_group.hpp>
 
+#include <cstddef>
 #include <functional>
+#include <memory>
 #include <optional>
+
+namespace moat {
+class async_event;
+}
 
 namespace moat::test {
 
@@ -30,14 +37,30 @@ class fault_injecting_backend final : public backend {
     std::function<void()> on_stream_started;
     // The streaming file calls use backend's batch fallback, as a backend that cannot stream.
     bool batch_files_only = false;
+    // The next this many destroys fail with backend_failure without reaching the real backend:
+    // the sandbox runs on, as when the backend cannot confirm a destroy.
+    std::size_t failing_destroys = 0;
+    // While set, a destroy waits for this event before it goes on (to fail or to the real backend).
+    std::shared_ptr<async_event> destroy_gate;
+    // Destroys that reached this backend (held, failed or passed on).
+    std::size_t destroys = 0;
 
     asio::any_io_executor get_executor() const override { return real_.get_executor(); }
     std::string name() const override { return "fault-injecting " + real_.name(); }
     std::chrono::milliseconds stop_grace() const override {
         return real_.stop_grace() + stop_delay;
     }
+    sandbox_layout layout_for(const sandbox_layout& requested) const override {
+        return real_.layout_for(requested);
+    }
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
         return real_.async_create(std::move(spec));
+    }
+    asio::awaitable<result<host_report>> async_host_report() override {
+        return real_.async_host_report();
+    }
+    asio::awaitable<result<std::vector<janitor_action>>> async_janitor(bool dry_run) override {
+        return real_.async_janitor(dry_run);
     }
     asio::awaitable<result<sandbox_info>> async_attach(std::string id) override {
         return real_.async_attach(std::move(id));
@@ -52,14 +75,16 @@ class fault_injecting_backend final : public backend {
                                                            std::chrono::milliseconds ttl) override {
         return real_.async_extend_ttl(std::move(id), ttl);
     }
-    asio::awaitable<result<void>> async_destroy(std::string id) override {
-        return real_.async_destroy(std::move(id));
-    }
+    asio::awaitable<result<void>> async_destroy(std::string id) override;
     asio::awaitable<result<exec_result>> async_exec(std::string id, exec_request request) override;
     asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
                                                            exec_request request) override;
     asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
         return real_.async_spawn(std::move(id), std::move(request));
+    }
+    asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
+                                               int signal) override {
+        return real_.async_signal(std::move(id), process_id, signal);
     }
     asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
         std::string id, std::vector<file_write> files) override {
@@ -89,6 +114,10 @@ class fault_injecting_backend final : public backend {
     }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
         return real_.async_stat(std::move(id), std::move(path));
+    }
+    asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
+                                                                   std::string path) override {
+        return real_.async_list_dir(std::move(id), std::move(path));
     }
 
   private:
