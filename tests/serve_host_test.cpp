@@ -327,3 +327,26 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE(::stat(dir.c_str(), &st) == 0);
     CHECK((st.st_mode & 07777) == 0700);
 }
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a create whose denyOut names a range the sandbox would reach is a 400 naming "
+                  "it") {
+    scratch_dir state;
+    auto options = options_for(state.path);
+    options.network.mode = moat::network_mode::all;  // any public host, by name
+    serve_run served;
+    http::client client(io.get_executor());
+    stop_on_exit stopper{*this, served};
+    start(*this, *local, options, served);
+    REQUIRE_MESSAGE(!served.exit_code, served.reports());
+    const auto refused = run(call(&client, "POST", served.api_url + "/v2/sandboxes",
+                                  R"({"templateID":"base","network":{"denyOut":)"
+                                  R"(["10.0.0.0/8","203.0.114.0/24"]}})"));
+    CHECK(refused.status == 400);
+    CHECK_MESSAGE(refused.body.find("203.0.114.0/24") != std::string::npos, refused.body);
+    CHECK_MESSAGE(refused.body.find("10.0.0.0/8") == std::string::npos, refused.body);
+    const auto listed = run(call(&client, "GET", served.api_url + "/v2/sandboxes", ""));
+    CHECK(listed.body == "[]");
+    stop(*this, served);
+    CHECK(served.exit_code == 0);
+}
