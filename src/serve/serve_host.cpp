@@ -112,8 +112,8 @@ std::uint64_t raise_descriptor_limit() {
 void set_connection_caps(std::uint64_t descriptors, http::server_options& api,
                          http::server_options& envd) {
     const std::uint64_t spare = descriptors / 2;
-    const std::size_t envd_max = static_cast<std::size_t>(std::clamp<std::uint64_t>(
-        spare * 3 / 4, 16, http::server_options{}.max_connections));
+    const std::size_t envd_max = static_cast<std::size_t>(
+        std::clamp<std::uint64_t>(spare * 3 / 4, 16, http::server_options{}.max_connections));
     const std::size_t api_max = static_cast<std::size_t>(
         std::clamp<std::uint64_t>(spare / 4, 8, http::server_options{}.max_connections));
     for (auto [options, cap] : {std::pair{&api, api_max}, std::pair{&envd, envd_max}}) {
