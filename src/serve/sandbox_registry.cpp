@@ -176,7 +176,7 @@ result<std::shared_ptr<registry_entry>> sandbox_registry::add(
 void sandbox_registry::prune(system_clock::time_point now) {
     for (auto it = entries_.begin(); it != entries_.end();) {
         auto& e = it->second;
-        if (e->is_live(now)) {
+        if (!e->is_past_end(now)) {
             ++it;
             continue;
         }
@@ -227,6 +227,7 @@ asio::awaitable<result<void>> sandbox_registry::async_destroy(std::shared_ptr<re
     } else {
         attempt = std::make_shared<destroy_attempt>(executor_);
         entry->destroying = attempt;
+        entry->ended.set();  // its streams end now, with "the sandbox <id> ended"
         cleanup_.spawn(run_destroy(this, entry, &sandboxes, attempt));
     }
     while (!attempt->done.is_set()) {
