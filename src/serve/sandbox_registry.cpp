@@ -230,8 +230,9 @@ asio::awaitable<result<void>> sandbox_registry::async_destroy(std::shared_ptr<re
         entry->ended.set();  // its streams end now, with "the sandbox <id> ended"
         cleanup_.spawn(run_destroy(this, entry, &sandboxes, attempt));
     }
+    const auto forever = deadline::never();
     while (!attempt->done.is_set()) {
-        const auto waited = co_await attempt->done.async_wait(deadline::never());
+        const auto waited = co_await attempt->done.async_wait(forever);
         if (waited == async_event::wait_outcome::cancelled) {
             co_return make_error(errc::cancelled,
                                  "stopped waiting for the destroy of " + entry->id);
