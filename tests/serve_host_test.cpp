@@ -166,13 +166,27 @@ asio::awaitable<void> call_into(http::client* client, std::string method, std::s
     *out = co_await call(client, std::move(method), std::move(url), std::move(empty));
 }
 
-// The sandboxID of a 201 Sandbox body.
-std::string sandbox_id_of(const std::string& body) {
-    const std::string key = R"("sandboxID":")";
+// A string field of a 201 Sandbox body ("sandboxID", "envdAccessToken").
+std::string field_of(const std::string& body, const std::string& name) {
+    const std::string key = "\"" + name + "\":\"";
     const auto at = body.find(key);
     if (at == std::string::npos) return {};
     const auto start = at + key.size();
     return body.substr(start, body.find('"', start) - start);
+}
+
+// GET /health on envd for a sandbox, with its token: the status.
+asio::awaitable<int> envd_health(http::client* client, std::string envd_url, std::string id,
+                                 std::string token) {
+    http::request r;
+    r.method = "GET";
+    r.url = envd_url + "/health";
+    r.headers.add("E2b-Sandbox-Id", id);
+    r.headers.add("X-Access-Token", token);
+    r.limit = moat::deadline::after(60s);
+    auto fetched = co_await client->async_fetch(std::move(r), 1 << 20);
+    if (!fetched) co_return -1;
+    co_return fetched->status();
 }
 
 // Every log line whose message contains `needle`, while it lives.
@@ -213,8 +227,10 @@ TEST_CASE_FIXTURE(local_fixture,
 
     const auto created = run(call(&client, "POST", api + "/v2/sandboxes", create_body));
     REQUIRE_MESSAGE(created.status == 201, created.body);
-    const std::string id = sandbox_id_of(created.body);
+    const std::string id = field_of(created.body, "sandboxID");
+    const std::string token = field_of(created.body, "envdAccessToken");
     REQUIRE_FALSE(id.empty());
+    CHECK(run(envd_health(&client, served.envd_url, id, token)) == 204);
     const auto inspected = run(local->async_inspect(id));
     REQUIRE(inspected);
     REQUIRE(inspected->host_pid);
@@ -234,6 +250,8 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK_MESSAGE(listed.body.find(id) != std::string::npos, listed.body);
     const auto over_cap = run(call(&client, "POST", api + "/v2/sandboxes", create_body));
     CHECK_MESSAGE(over_cap.status == 429, over_cap.body);
+    // For envd it is gone once its destroy started (its streams ended then): 502, as E2B's proxy.
+    CHECK(run(envd_health(&client, served.envd_url, id, token)) == 502);
 
     // Two DELETEs while the destroy is held join it: one destroy, one outcome (here a failure).
     auto gate = std::make_shared<moat::async_event>(io.get_executor());

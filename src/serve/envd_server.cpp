@@ -60,7 +60,8 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
     std::shared_ptr<registry_entry> entry;
     if (id) {
         entry = s->context.registry.find(*id);
-        if (!entry) {
+        // One being destroyed (or whose destroy failed) is gone for envd already.
+        if (!entry || entry->ended.is_set()) {
             co_await send_not_found(response, *id);
             co_return;
         }
@@ -81,7 +82,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
             co_return;
         }
     }
-    if (!entry) {
+    if (!entry || entry->ended.is_set()) {
         co_await send_not_found(response, "");
         co_return;
     }

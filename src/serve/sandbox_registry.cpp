@@ -176,7 +176,7 @@ result<std::shared_ptr<registry_entry>> sandbox_registry::add(
 void sandbox_registry::prune(system_clock::time_point now) {
     for (auto it = entries_.begin(); it != entries_.end();) {
         auto& e = it->second;
-        if (e->is_live(now)) {
+        if (!e->is_past_end(now)) {
             ++it;
             continue;
         }
@@ -227,10 +227,12 @@ asio::awaitable<result<void>> sandbox_registry::async_destroy(std::shared_ptr<re
     } else {
         attempt = std::make_shared<destroy_attempt>(executor_);
         entry->destroying = attempt;
+        entry->ended.set();  // its streams end now, with "the sandbox <id> ended"
         cleanup_.spawn(run_destroy(this, entry, &sandboxes, attempt));
     }
+    const auto forever = deadline::never();
     while (!attempt->done.is_set()) {
-        const auto waited = co_await attempt->done.async_wait(deadline::never());
+        const auto waited = co_await attempt->done.async_wait(forever);
         if (waited == async_event::wait_outcome::cancelled) {
             co_return make_error(errc::cancelled,
                                  "stopped waiting for the destroy of " + entry->id);

@@ -53,14 +53,17 @@ struct registry_entry {
     std::chrono::system_clock::time_point started_at;
     std::chrono::system_clock::time_point end_at;  // the moat TTL's expiry
     std::string access_token;                      // never logged
-    // Set once the sandbox is killed or found past its end. A service with a live stream waits
-    // on it too, so that killing a sandbox ends its streams at once.
+    // Set once a destroy of the sandbox starts (it stays set if the destroy fails) or it is found
+    // past its end. A service with a live stream waits on it too, so that killing a sandbox ends
+    // its streams at once; envd answers for such a sandbox as for one that is gone.
     async_event ended;
     // The destroy in flight, which another async_destroy joins; null when none runs.
     std::shared_ptr<destroy_attempt> destroying;
 
-    bool is_live(std::chrono::system_clock::time_point now) const noexcept {
-        return !ended.is_set() && now < end_at;
+    // Past its end (the moat TTL): the registry drops it on its next lookup. Nothing else drops
+    // an entry but a confirmed destroy.
+    bool is_past_end(std::chrono::system_clock::time_point now) const noexcept {
+        return now >= end_at;
     }
 };
 
@@ -84,9 +87,10 @@ class sandbox_registry {
     // destroys the sandbox: a sandbox without its record could not be adopted faithfully).
     result<std::shared_ptr<registry_entry>> add(std::shared_ptr<registry_entry> entry);
 
-    // The live entry of `id` (not killed, not past its end), or null.
+    // The entry of `id` (not past its end, not confirmed destroyed: one being destroyed, or whose
+    // destroy failed, is found), or null.
     std::shared_ptr<registry_entry> find(std::string_view id);
-    // Every live entry, newest first.
+    // Every entry find() would find, newest first.
     std::vector<std::shared_ptr<registry_entry>> live();
     std::size_t live_count();
 

@@ -75,7 +75,8 @@ asio::awaitable<result<exec_result>> fault_injecting_backend::async_exec(std::st
 asio::awaitable<result<void>> fault_injecting_backend::async_destroy(std::string id) {
     ++destroys;
     if (auto gate = destroy_gate) {
-        while (!gate->is_set()) (void)co_await gate->async_wait(deadline::never());
+        const auto forever = deadline::never();
+        while (!gate->is_set()) (void)co_await gate->async_wait(forever);
     }
     if (failing_destroys > 0) {
         --failing_destroys;
