@@ -9,6 +9,7 @@
 
 #include <moat/backend.hpp>
 #include <moat/log.hpp>
+#include <moat/task_group.hpp>
 #include <moat/with_timeout.hpp>
 
 #include "http/client.hpp"
@@ -36,6 +37,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 namespace moat::test {
 namespace {
@@ -953,6 +955,75 @@ TEST_CASE(
     CHECK(received > size);
     REQUIRE(tail.size() >= 7);
     CHECK(tail.substr(tail.size() - 7) == "\r\n0\r\n\r\n");
+}
+
+struct listing_outcome {
+    std::size_t entries = 0;
+    std::string failure;
+};
+
+asio::awaitable<void> list_into(envd_client* client, std::string path, listing_outcome* out) {
+    auto listed = co_await client->async_list_dir(std::move(path));
+    if (listed) {
+        out->entries = listed->size();
+    } else {
+        out->failure = listed.error().to_string();
+    }
+}
+
+TEST_CASE(
+    "moat serve: directory listings across sandboxes run at most 8 at once, server-wide, and "
+    "every one completes") {
+    asio::io_context io;
+    auto http = std::make_shared<http::client>(io.get_executor());
+    auto& serve = shared_serve();
+    std::vector<sandbox_ref> boxes;
+    std::vector<std::unique_ptr<envd_client>> clients;
+    for (int i = 0; i < 3; ++i) {
+        boxes.push_back(run_async(io, create_sandbox(*http, serve)));
+        e2b::envd_endpoint endpoint;
+        endpoint.base_url = serve.envd_url();
+        endpoint.sandbox_id = boxes.back().id;
+        endpoint.access_token = boxes.back().token;
+        clients.push_back(std::make_unique<envd_client>(http, endpoint, e2b::envd_options{}));
+        run_async(io, [&]() -> asio::awaitable<void> {
+            auto made =
+                co_await run(*clients.back(), command("mkdir -p /tmp/many && cd /tmp/many && "
+                                                      "seq 1 9000 | xargs touch"));
+            REQUIRE(made);
+            REQUIRE(made->exit_code == 0);
+        }());
+    }
+    // 8 listings in each sandbox at once (each sandbox's side lane runs 8): 24 without a
+    // server-wide bound.
+    std::vector<listing_outcome> outcomes(24);
+    moat::task_group listings(io.get_executor(), "listings");
+    for (std::size_t i = 0; i < outcomes.size(); ++i)
+        listings.spawn(list_into(clients[i % 3].get(), "/tmp/many", &outcomes[i]));
+    std::size_t most = 0;
+    std::thread runner([&] { io.run_for(120s); });
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    auto finished = [&] {
+        for (const auto& o : outcomes)
+            if (o.entries == 0 && o.failure.empty()) return false;
+        return true;
+    };
+    while (!finished() && std::chrono::steady_clock::now() < until) {
+        most = std::max(most, serve.sandbox_processes_matching("-mindepth 1").size());
+        std::this_thread::sleep_for(2ms);
+    }
+    io.stop();
+    runner.join();
+    io.restart();
+    CAPTURE(most);
+    CHECK(most >= 1);
+    CHECK(most <= 8);
+    for (const auto& o : outcomes) {
+        CHECK_MESSAGE(o.failure.empty(), o.failure);
+        CHECK(o.entries == 9000);
+    }
+    clients.clear();
+    for (const auto& b : boxes) run_async(io, destroy_sandbox(*http, serve, b.id));
 }
 
 TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout instead of hanging") {

@@ -168,6 +168,42 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
 }
 
 TEST_CASE_FIXTURE(moat::test::local_fixture,
+                  "the process tables of a server hold at most their shared output budget "
+                  "together, each process keeping its minimum share") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    auto budget = std::make_shared<moat::serve::output_budget>();
+    budget->capacity_bytes = 256 * 1024;
+    budget->min_share_bytes = 16 * 1024;
+    process_table_options options;
+    options.output_buffer_bytes = 1024 * 1024;  // each alone would keep a whole MiB
+    options.budget = budget;
+    const std::size_t bound = budget->capacity_bytes + 2 * budget->min_share_bytes;
+    {
+        process_table first(io.get_executor(), options);
+        process_table second(io.get_executor(), options);
+        const auto a = add(first, spawn(*this, box.id, "head -c 1048576 /dev/zero | tr '\\0' a"));
+        REQUIRE(settle(*this, [&] { return has_ended(first, a); }));
+        const auto b = add(second, spawn(*this, box.id, "head -c 1048576 /dev/zero | tr '\\0' b"));
+        REQUIRE(settle(*this, [&] { return has_ended(second, b); }));
+        const auto held_a = first.info(by_pid(a))->buffered_bytes;
+        const auto held_b = second.info(by_pid(b))->buffered_bytes;
+        CAPTURE(held_a);
+        CAPTURE(held_b);
+        CHECK(held_a + held_b <= bound);
+        CHECK(budget->used_bytes <= bound);
+        CHECK(held_b >= budget->min_share_bytes / 2);  // the later one is not starved
+        // What was cut is counted as dropped, as from a full buffer.
+        CHECK(first.info(by_pid(a))->dropped_bytes + held_a == 1048576);
+        CHECK(second.info(by_pid(b))->dropped_bytes + held_b == 1048576);
+        run(first.async_shutdown());
+        run(second.async_shutdown());
+    }
+    // Gone with the tables.
+    CHECK(budget->used_bytes == 0);
+}
+
+TEST_CASE_FIXTURE(moat::test::local_fixture,
                   "an attached subscription gets every byte of a process that prints many times "
                   "its buffer, in order") {
     MOAT_REQUIRE_NAMESPACES();

@@ -45,6 +45,8 @@ struct process_service {
     explicit process_service(serve_context& c) : context(c) {}
     serve_context& context;
     std::map<std::string, std::shared_ptr<process_table>, std::less<>> tables;  // by sandbox id
+    // What every process of this server may hold of output, together (process_table.hpp).
+    std::shared_ptr<output_budget> output = std::make_shared<output_budget>();
 };
 
 using service_ptr = std::shared_ptr<process_service>;
@@ -66,7 +68,9 @@ std::shared_ptr<process_table> table_for(const service_ptr& service,
                                          const std::shared_ptr<registry_entry>& sandbox) {
     auto it = service->tables.find(sandbox->id);
     if (it != service->tables.end() && !it->second->is_closed()) return it->second;
-    auto table = std::make_shared<process_table>(service->context.executor);
+    process_table_options options;
+    options.budget = service->output;
+    auto table = std::make_shared<process_table>(service->context.executor, std::move(options));
     service->tables.insert_or_assign(sandbox->id, table);
     service->context.background.spawn(watch_sandbox(service, sandbox, table));
     return table;

@@ -95,6 +95,15 @@ struct process_table::entry {
     std::vector<subscriber*> subscribers;
     bool input_busy = false;
     std::vector<asio::steady_timer*> input_waiters;
+    std::shared_ptr<output_budget> budget;  // the server's, shared by every table
+    std::size_t charged = 0;                // what this entry counts in budget->used_bytes
+
+    entry() = default;
+    entry(const entry&) = delete;
+    entry& operator=(const entry&) = delete;
+    ~entry() {
+        if (budget) budget->used_bytes -= charged;
+    }
 
     std::uint64_t next_seq() const noexcept { return first_seq + log.size(); }
     void pop_front() {
@@ -110,6 +119,20 @@ struct process_table::entry {
         wake_pump();
     }
     std::size_t cost() const noexcept { return bytes + item_overhead * log.size(); }
+    // The buffer's cap now: its own, or less while the server's budget is short (never less than
+    // the budget's minimum share).
+    std::size_t limit(std::size_t cap) const noexcept {
+        if (!budget) return cap;
+        const std::size_t others = budget->used_bytes - charged;
+        const std::size_t left =
+            budget->capacity_bytes > others ? budget->capacity_bytes - others : 0;
+        return std::min(cap, std::max(left, budget->min_share_bytes));
+    }
+    void recharge() noexcept {
+        if (!budget) return;
+        budget->used_bytes = budget->used_bytes - charged + cost();
+        charged = cost();
+    }
     void append(output_chunk chunk, std::size_t cap) {
         // A chunk larger than the whole buffer keeps only its tail, unless a subscription is
         // attached: the pump waited until it had read everything, and it gets the whole chunk
@@ -140,6 +163,7 @@ struct process_table::entry {
         bytes += chunk.data.size();
         log.push_back(output_item{chunk.channel, std::move(chunk.data), false, appended});
         appended += log.back().data.size();
+        recharge();
         wake();
     }
     // Whether appending `incoming` bytes would push out output an attached subscription has not
@@ -295,16 +319,19 @@ asio::awaitable<void> pump(std::weak_ptr<process_table::state> table,
             co_return;
         }
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
-            std::size_t cap = 0;
-            if (auto owner = table.lock()) cap = owner->options.output_buffer_bytes;
+            std::size_t own_cap = 0;
+            if (auto owner = table.lock()) own_cap = owner->options.output_buffer_bytes;
             // A client that is attached gets every byte: the pump holds this chunk until the
             // slowest attached subscription has room (its stream's write timeout bounds a stuck
-            // client). With nobody attached it never waits.
+            // client). With nobody attached it never waits. The room is measured against the
+            // buffer's cap as the server's budget leaves it now.
+            std::size_t cap = e->limit(own_cap);
             while (!e->failure && e->must_wait(chunk->data.size(), cap)) {
                 asio::steady_timer timer(executor, asio::steady_timer::time_point::max());
                 e->pump_waiting = &timer;
                 pointer_reset<asio::steady_timer> unregister{e->pump_waiting};
                 (void)co_await timer.async_wait(token);
+                cap = e->limit(own_cap);
             }
             e->append(std::move(*chunk), cap);
             continue;
@@ -430,6 +457,7 @@ result<std::uint32_t> process_table::add(process p, process_config config,
                                          std::optional<std::string> tag) {
     if (auto room = check_capacity(); !room) return std::move(room).error();
     auto e = std::make_shared<entry>();
+    e->budget = state_->options.budget;
     e->pid = static_cast<std::uint32_t>(p.pid());
     e->config = std::move(config);
     e->tag = std::move(tag);

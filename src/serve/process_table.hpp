@@ -21,7 +21,7 @@
 // retained_end_age after its end (their buffered output with them). Each buffered chunk is charged
 // 64 bytes of bookkeeping against the cap, so many small chunks cannot outgrow it. Memory per
 // sandbox is thus at most (max_processes + max_retained_ends) * output_buffer_bytes, plus one
-// chunk in hand per waiting pump.
+// chunk in hand per waiting pump; across a server's tables, output_budget bounds the total.
 //
 // close() is the sandbox's end: every subscription fails at once with sandbox_unavailable (its
 // detail the reason given), every pump is cancelled, which kills its process, and later calls
@@ -89,8 +89,22 @@ struct process_info {
     std::optional<process_end> end;   // once it has finished
 };
 
+// What the process tables of one server share: a cap on the output all their processes hold
+// together. Past it, a process keeps only what the others leave of the capacity, but always at
+// least min_share_bytes of its newest output; output pushed out that way is counted as dropped,
+// like output pushed out of a full buffer, and an attached subscription still loses nothing (the
+// pump waits for it instead). So every process of the server holds at most capacity_bytes
+// together, plus min_share_bytes per process and one pipe read each in hand.
+struct output_budget {
+    std::size_t capacity_bytes = 256 * 1024 * 1024;
+    std::size_t min_share_bytes = 64 * 1024;
+    std::size_t used_bytes = 0;  // what the processes hold now (with each chunk's bookkeeping)
+};
+
 struct process_table_options {
     std::size_t output_buffer_bytes = 1024 * 1024;
+    // Shared with the server's other tables; none: this table is bounded by its own caps alone.
+    std::shared_ptr<output_budget> budget;
     std::size_t max_processes = 64;
     std::size_t max_retained_ends = 32;
     std::chrono::milliseconds retained_end_age = std::chrono::seconds(30);  // envd's
