@@ -208,6 +208,36 @@ struct log_watch {
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture,
+                  "a create that fails on the server's side tells the client its code, and the "
+                  "log its detail, which may name host paths") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::test::fault_injecting_backend faulty(*local);
+    scratch_dir state;
+    serve_run served;
+    http::client client(io.get_executor());
+    stop_on_exit stopper{*this, served, &faulty};
+    start(*this, faulty, options_for(state.path), served);
+    REQUIRE_MESSAGE(!served.exit_code, served.reports());
+    const std::string host_path = "/run/moat/serve-state/records/sb-1234.json";
+    faulty.fail_next_create = moat::make_error(
+        moat::errc::backend_failure, "cannot open " + host_path + ": Too many open files");
+    log_watch logged(host_path);
+    const auto refused = run(call(&client, "POST", served.api_url + "/v2/sandboxes",
+                                  R"({"templateID":"base","timeout":600})"));
+    CHECK(refused.status == 500);
+    CHECK_MESSAGE(refused.body.find(host_path) == std::string::npos, refused.body);
+    CHECK_MESSAGE(refused.body.find("backend_failure") != std::string::npos, refused.body);
+    CHECK_MESSAGE(refused.body.find("the server's log has the detail") != std::string::npos,
+                  refused.body);
+    CHECK(logged.seen == 1);
+    // The next create, which the backend serves, succeeds.
+    const auto created = run(call(&client, "POST", served.api_url + "/v2/sandboxes",
+                                  R"({"templateID":"base","timeout":600})"));
+    CHECK_MESSAGE(created.status == 201, created.body);
+    stop(*this, served);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
                   "a sandbox whose destroy failed stays listed and counted, a retried DELETE "
                   "destroys it, and concurrent DELETEs join one destroy") {
     MOAT_REQUIRE_NAMESPACES();

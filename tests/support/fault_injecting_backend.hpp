@@ -25,6 +25,8 @@ class fault_injecting_backend final : public backend {
 
     // The next exec fails with this error (after the real command ran to completion), once.
     std::optional<error> fail_next_exec;
+    // The next create fails with this error without reaching the real backend, once.
+    std::optional<error> fail_next_create;
     // Execs ignore their caller's cancellation and deadline: the real command runs on until it
     // ends on its own or its sandbox is destroyed.
     bool lose_kills = false;
@@ -54,6 +56,11 @@ class fault_injecting_backend final : public backend {
         return real_.layout_for(requested);
     }
     asio::awaitable<result<sandbox_info>> async_create(sandbox_spec spec) override {
+        if (fail_next_create) {
+            auto why = std::move(*fail_next_create);
+            fail_next_create.reset();
+            return failed_create(std::move(why));
+        }
         return real_.async_create(std::move(spec));
     }
     asio::awaitable<result<host_report>> async_host_report() override {
@@ -121,6 +128,8 @@ class fault_injecting_backend final : public backend {
     }
 
   private:
+    static asio::awaitable<result<sandbox_info>> failed_create(error why) { co_return why; }
+
     backend& real_;
     task_group shielded_;  // owns the execs whose kill is "lost"
 };
