@@ -218,6 +218,13 @@ TEST_CASE_FIXTURE(local_fixture,
     const pid_t helper = moat::test::find_descendant(::getpid(), "helper --state-dir");
     REQUIRE(helper > 0);
     REQUIRE(::kill(helper, SIGKILL) == 0);
+    // SIGKILL lands asynchronously, and the sandboxes' agents die only as the helper exits (their
+    // parent-death signal): an exec sent before that reaches a live agent and succeeds. Wait for
+    // both, so that what is tested is the handles' answer to the death, not the race.
+    REQUIRE(moat::test::eventually([&] { return !moat::test::is_running(helper); }));
+    for (const auto& box : {first, second})
+        REQUIRE(
+            moat::test::eventually([&] { return !moat::test::is_running(*box->info().host_pid); }));
     for (const auto& box : {first, second}) {
         auto r = run(box->async_exec(shell("true")));
         REQUIRE_FALSE(r);
