@@ -12,6 +12,7 @@
 #include "http/client.hpp"
 #include "support/async_test.hpp"
 #include "support/host_sharing.hpp"
+#include "support/loopback_peer.hpp"
 #include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
 
@@ -23,9 +24,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <atomic>
@@ -237,46 +236,15 @@ TEST_CASE(
     CHECK(o.inspected_after.error().code == errc::sandbox_not_found);
 }
 
-// Opens `count` keep-alive connections to 127.0.0.1:`port` that each ask GET /health once and
-// then sit idle, never authenticating (the red team's flood). Returns their descriptors.
-std::vector<int> open_idle_health_clients(unsigned short port, int count) {
-    std::vector<int> fds;
-    const std::string request =
-        "GET /health HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) + "\r\n\r\n";
-    for (int i = 0; i < count; ++i) {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        REQUIRE(fd >= 0);
-        timeval bound{5, 0};
-        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_port = htons(port);
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        fds.push_back(fd);
-        if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
-            continue;
-        (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-        char reply[512];
-        (void)::recv(fd, reply, sizeof reply, 0);  // the answer, or the close of a refused one
-    }
-    return fds;
-}
-
 TEST_CASE(
     "moat serve under a 1024-descriptor limit: 2000 idle unauthenticated connections do not keep "
     "out an authenticated create, and no error names a host path") {
-    // The test's own 2000 sockets need more than a default soft limit of 1024.
-    rlimit files{};
-    REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
-    if (files.rlim_cur < 8192 && files.rlim_max >= 8192) {
-        files.rlim_cur = 8192;
-        REQUIRE(::setrlimit(RLIMIT_NOFILE, &files) == 0);
-    }
+    moat::test::raise_open_files(8192);  // the test's own 2000 sockets
     moat::test::serve_process_options options;
     options.open_files_limit = 1024;
     moat::test::serve_process serve(options);
-    auto flood = open_idle_health_clients(serve.api_port(), 1000);
-    auto envd_flood = open_idle_health_clients(serve.envd_port(), 1000);
+    auto flood = moat::test::open_idle_health_clients(serve.api_port(), 1000);
+    auto envd_flood = moat::test::open_idle_health_clients(serve.envd_port(), 1000);
     // Idle past the grace a new connection has before it may be closed to make room (1 s).
     std::this_thread::sleep_for(1500ms);
     // The flood holds no more than its share: half of serve's descriptors stay for sandboxes.

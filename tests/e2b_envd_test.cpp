@@ -16,6 +16,8 @@
 #include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
+#include "support/loopback_peer.hpp"
+#include "support/serve_api.hpp"
 #include "support/serve_process.hpp"
 #include "support/tcp_fault_proxy.hpp"
 
@@ -28,9 +30,7 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 #include <csignal>
 #include <cstdlib>
@@ -51,29 +51,12 @@ serve_process& shared_serve() {
     return serve;
 }
 
-struct sandbox_ref {
-    std::string id;
-    std::string token;
-};
+using sandbox_ref = serve_sandbox;
 
 asio::awaitable<sandbox_ref> create_sandbox(http::client& client, const serve_process& serve) {
-    http::request request;
-    request.method = "POST";
-    request.url = serve.api_url() + "/v2/sandboxes";
-    request.headers.add("X-API-Key", serve.api_key());
-    request.headers.add("Content-Type", "application/json");
-    request.body = R"({"templateID":"base","timeout":600})";
-    request.limit = deadline::after(60s);
-    auto reply = co_await client.async_fetch(std::move(request), 1 << 20);
-    REQUIRE(reply);
-    REQUIRE(reply->status() == 201);
-    simdjson::dom::parser parser;
-    const simdjson::padded_string text(reply->body);
-    simdjson::dom::element root = parser.parse(text);
-    sandbox_ref ref;
-    ref.id = std::string(std::string_view(root["sandboxID"]));
-    ref.token = std::string(std::string_view(root["envdAccessToken"]));
-    co_return ref;
+    auto made = co_await async_create_serve_sandbox(client, serve);
+    REQUIRE_MESSAGE(made, made.error().to_string());
+    co_return std::move(*made);
 }
 
 asio::awaitable<void> destroy_sandbox(http::client& client, const serve_process& serve,
@@ -890,23 +873,6 @@ TEST_CASE(
     proxy.resume();
 }
 
-// A blocking loopback connection to `port` with a small receive buffer (so a peer that writes
-// fills it quickly), bounded by a 120 s receive timeout.
-static int connect_small_window(unsigned short port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    const int window = 4096;
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &window, sizeof window);
-    timeval timeout{120, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(port);
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
-    return fd;
-}
-
 TEST_CASE(
     "moat serve: a download whose client stopped reading does not hold up a Stat on its "
     "sandbox") {
@@ -923,7 +889,7 @@ TEST_CASE(
     }());
     REQUIRE(path.rfind('/', 0) == 0);
     // A download nobody reads: the server's writes fill both sockets' buffers and block.
-    const int fd = connect_small_window(f.serve.envd_port());
+    const int fd = connect_loopback(f.serve.envd_port(), std::chrono::seconds(120), 4096);
     const std::string head = "GET /files?path=" + path +
                              " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(f.serve.envd_port()) +
                              "\r\nE2b-Sandbox-Id: " + f.sandbox.id +
