@@ -3,6 +3,8 @@
 // parser accepts.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -10,6 +12,45 @@ namespace moat::detail {
 
 constexpr char ascii_lower(char c) noexcept {
     return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
+// Equal but for ASCII case (header names, tokens, schemes).
+constexpr bool iequals(std::string_view a, std::string_view b) noexcept {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
+    return true;
+}
+
+// The value of a hexadecimal digit, or -1.
+constexpr int hex_digit_value(char c) noexcept {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+// `in` with its %XX escapes decoded (and, for a form-encoded query, '+' as a space); nullopt at
+// a '%' not followed by two hexadecimal digits.
+inline std::optional<std::string> percent_decoded(std::string_view in, bool plus_is_space) {
+    std::string out;
+    out.reserve(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        const char c = in[i];
+        if (c == '+' && plus_is_space) {
+            out.push_back(' ');
+        } else if (c == '%') {
+            if (i + 2 >= in.size()) return std::nullopt;
+            const int hi = hex_digit_value(in[i + 1]);
+            const int lo = hex_digit_value(in[i + 2]);
+            if (hi < 0 || lo < 0) return std::nullopt;
+            out.push_back(static_cast<char>(hi * 16 + lo));
+            i += 2;
+        } else {
+            out.push_back(c);
+        }
+    }
+    return out;
 }
 
 inline std::string ascii_lowered(std::string_view s) {

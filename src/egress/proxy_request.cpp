@@ -1,5 +1,7 @@
 #include "egress/proxy_request.hpp"
 
+#include "core/ascii.hpp"
+
 #include <array>
 
 namespace moat::egress {
@@ -16,16 +18,7 @@ bool is_target_char(char c) {
     return u > 0x20 && u < 0x7F;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        char x = a[i], y = b[i];
-        if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-        if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-        if (x != y) return false;
-    }
-    return true;
-}
+using detail::iequals;
 
 bool is_hop_by_hop(std::string_view name) {
     for (std::string_view h :

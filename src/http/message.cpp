@@ -7,10 +7,6 @@ namespace moat::http {
 
 namespace {
 
-char lower(char c) noexcept {
-    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
 std::string_view trim(std::string_view s) noexcept {
     while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
     while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -37,11 +33,6 @@ bool append_headers(std::string& out, const header_list& headers) {
 }
 
 }  // namespace
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
-                                              [](char x, char y) { return lower(x) == lower(y); });
-}
 
 bool is_secret_header(std::string_view name) noexcept {
     static constexpr std::array<std::string_view, 6> secrets = {

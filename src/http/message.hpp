@@ -8,6 +8,8 @@
 // caller's string can never inject a header or a second message.
 #pragma once
 
+#include "core/ascii.hpp"
+
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -17,7 +19,7 @@
 namespace moat::http {
 
 // ASCII case-insensitive equality (header names, tokens such as "chunked" or "close").
-bool iequals(std::string_view a, std::string_view b) noexcept;
+using detail::iequals;
 
 // Headers whose values are credentials (Authorization, Proxy-Authorization, X-API-Key,
 // X-Access-Token, Cookie, Set-Cookie): never logged, never put in an error detail.

@@ -1,5 +1,6 @@
 #include "serve/e2b_requests.hpp"
 
+#include "core/ascii.hpp"
 #include "core/rfc3339.hpp"
 
 #include <simdjson.h>
@@ -146,13 +147,6 @@ result<void> check_timeout(std::optional<std::int64_t> t, const char* name) {
     return {};
 }
 
-int hex_value(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 constexpr std::string_view base64url_alphabet =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
@@ -222,26 +216,9 @@ result<std::optional<std::int64_t>> parse_refresh_request(std::string_view body)
 }
 
 result<std::string> query_unescape(std::string_view text) {
-    std::string out;
-    out.reserve(text.size());
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (c == '+') {
-            out.push_back(' ');
-        } else if (c == '%') {
-            if (i + 2 >= text.size()) {
-                return invalid("malformed percent-escape in the query");
-            }
-            const int hi = hex_value(text[i + 1]);
-            const int lo = hex_value(text[i + 2]);
-            if (hi < 0 || lo < 0) return invalid("malformed percent-escape in the query");
-            out.push_back(static_cast<char>(hi * 16 + lo));
-            i += 2;
-        } else {
-            out.push_back(c);
-        }
-    }
-    return out;
+    auto decoded = detail::percent_decoded(text, true);
+    if (!decoded) return invalid("malformed percent-escape in the query");
+    return std::move(*decoded);
 }
 
 result<std::map<std::string, std::string>> parse_query(std::string_view query) {

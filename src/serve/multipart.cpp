@@ -15,11 +15,7 @@ using detail::is_token_char;
 
 constexpr std::string_view crlf = "\r\n";
 
-bool iequals(std::string_view a, std::string_view b) noexcept {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-               return ascii_lower(x) == ascii_lower(y);
-           });
-}
+using detail::iequals;
 
 bool is_token(std::string_view s) noexcept {
     return !s.empty() && std::all_of(s.begin(), s.end(), is_token_char);

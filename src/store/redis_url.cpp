@@ -1,5 +1,7 @@
 #include "store/redis_url.hpp"
 
+#include "core/ascii.hpp"
+
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -62,19 +64,9 @@ result<void> apply_query(std::string_view query, redis_config& config) {
 namespace store {
 
 bool percent_decode(std::string_view in, std::string& out) {
-    out.clear();
-    for (std::size_t i = 0; i < in.size(); ++i) {
-        if (in[i] != '%') {
-            out += in[i];
-            continue;
-        }
-        if (i + 2 >= in.size()) return false;
-        unsigned value = 0;
-        auto [ptr, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, value, 16);
-        if (ec != std::errc{} || ptr != in.data() + i + 3) return false;
-        out += static_cast<char>(value);
-        i += 2;
-    }
+    auto decoded = detail::percent_decoded(in, false);
+    if (!decoded) return false;
+    out = std::move(*decoded);
     return true;
 }
 
