@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -621,6 +622,50 @@ asio::awaitable<void> connect_tunnel_case(proxy_fixture* f) {
 }
 
 }  // namespace
+
+namespace {
+
+// A proxy of the test's own beside the fixture's, destroyed while its tunnel relays.
+struct doomed_proxy {
+    std::vector<egress_event> events;
+    std::unique_ptr<egress_proxy> proxy;
+    std::optional<front_door> door;
+};
+
+asio::awaitable<void> destroyed_mid_tunnel_case(proxy_fixture* f, doomed_proxy* d) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto target = "echo.test:" + std::to_string(echo.port());
+    auto policy = make_network_policy(allow({target}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"}));
+    REQUIRE(policy);
+    REQUIRE(d->proxy->add_sandbox("sb-9", std::move(*policy), {}));
+    tcp::acceptor acceptor(f->io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    d->door.emplace(front_door{std::move(acceptor), "sb-9"});
+    f->tasks.spawn(front_loop(&*d->door, d->proxy.get()));
+    auto tunnel = co_await open_tunnel(d->door->port(), target);
+    CHECK(co_await echo_through(tunnel, "ping") == "ping");
+    d->door->acceptor.close();  // its loop ends without touching the proxy again
+    d->proxy.reset();           // closes the tunnel; its task ends later, on the executor
+    CHECK((co_await read_all(tunnel)).empty());
+    asio::steady_timer settle(f->io, std::chrono::milliseconds(200));
+    co_await settle.async_wait(asio::use_awaitable);  // the tunnel's task runs to its end
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a proxy destroyed while a tunnel relays drops the tunnel's last event, and frees "
+    "nothing its task still uses") {
+    proxy_fixture f;
+    doomed_proxy d;
+    d.proxy = std::make_unique<egress_proxy>(
+        f.io.get_executor(), [&d](const egress_event& e) { d.events.push_back(e); });
+    moat::test::run_async(f.io, destroyed_mid_tunnel_case(&f, &d));
+    // The allowed event came while the proxy lived; the closed one, after it was destroyed, is
+    // dropped (it went through freed memory under ASan before).
+    REQUIRE(d.events.size() == 1);
+    CHECK(d.events[0].outcome == egress_outcome::allowed);
+}
 
 TEST_CASE("a CONNECT to an allowed name pinned by --resolve relays bytes both ways") {
     proxy_fixture f;

@@ -153,9 +153,16 @@ struct egress_proxy::impl {
 
 namespace {
 
-asio::awaitable<void> send_refusal(std::shared_ptr<connection> c, egress_proxy::impl* proxy,
-                                   std::string host, std::uint16_t port, int status,
-                                   std::string line) {
+// A connection's task may outlive the proxy (its destructor closes the connections, and the
+// tasks end afterwards, when the executor runs them): it reaches the proxy through a weak
+// reference, so an event of a proxy that is gone is dropped, never sent through freed memory.
+void emit_to(const std::weak_ptr<egress_proxy::impl>& proxy, const egress_event& event) {
+    if (auto live = proxy.lock()) live->emit(event);
+}
+
+asio::awaitable<void> send_refusal(std::shared_ptr<connection> c,
+                                   std::weak_ptr<egress_proxy::impl> proxy, std::string host,
+                                   std::uint16_t port, int status, std::string line) {
     egress_event event;
     event.sandbox_id = c->sandbox->id;
     event.host = std::move(host);
@@ -163,7 +170,7 @@ asio::awaitable<void> send_refusal(std::shared_ptr<connection> c, egress_proxy::
     event.outcome = egress_outcome::refused;
     event.status = status;
     event.reason = line;
-    proxy->emit(event);
+    emit_to(proxy, event);
     if (c->is_closed) co_return;
     c->current = phase::reply;
     c->arm(clock::now() + c->sandbox->limits.head_timeout);
@@ -365,7 +372,8 @@ host_reading read_host(const proxy_request& request) {
     return out;
 }
 
-asio::awaitable<void> run_connection(std::shared_ptr<connection> c, egress_proxy::impl* proxy) {
+asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
+                                     std::weak_ptr<egress_proxy::impl> proxy) {
     auto& limits = c->sandbox->limits;
 
     // 1. The request head, under its deadline and the caps.
@@ -486,7 +494,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c, egress_proxy
     allowed.host = host.name;
     allowed.port = request.port;
     allowed.outcome = egress_outcome::allowed;
-    proxy->emit(allowed);
+    emit_to(proxy, allowed);
 
     c->current = phase::relay;
     c->last_activity = clock::now();
@@ -521,11 +529,11 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c, egress_proxy
     closed.reason = c->close_reason;
     closed.bytes_out = c->bytes_out;
     closed.bytes_in = c->bytes_in;
-    proxy->emit(closed);
+    emit_to(proxy, closed);
 }
 
-asio::awaitable<void> refuse_at_door(std::shared_ptr<connection> c, egress_proxy::impl* proxy,
-                                     std::string line) {
+asio::awaitable<void> refuse_at_door(std::shared_ptr<connection> c,
+                                     std::weak_ptr<egress_proxy::impl> proxy, std::string line) {
     co_await send_refusal(c, proxy, "", 0, 429, std::move(line));
 }
 
@@ -586,12 +594,12 @@ void egress_proxy::serve(std::string_view sandbox_id,
     if (sandbox.connections.size() >= sandbox.limits.max_connections) {
         std::string line = "this sandbox has " + std::to_string(sandbox.connections.size()) +
                            " proxied connections open, its limit";
-        impl_->tasks.spawn(refuse_at_door(std::move(c), impl_.get(), std::move(line)));
+        impl_->tasks.spawn(refuse_at_door(std::move(c), impl_, std::move(line)));
         return;
     }
     // Registered now, not when the task first runs, so the limit counts it at once.
     it->second->connections.insert(c.get());
-    impl_->tasks.spawn(run_connection(std::move(c), impl_.get()));
+    impl_->tasks.spawn(run_connection(std::move(c), impl_));
 }
 
 std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {
