@@ -72,11 +72,16 @@ int status_for(const error& e) {
 // What a client is told of a failure: `what` and the error, except for a server-side failure
 // (500), whose detail may name this host's paths or state: the client gets its code, the log the
 // whole of it.
+// An error's code alone ("backend_failure"), for a reply that must not carry its detail.
+std::string code_name(const error& e) {
+    if (e.code.category() == error_category()) return to_string(static_cast<errc>(e.code.value()));
+    return e.code.message();
+}
+
 std::string client_message(std::string_view what, const error& e) {
     if (status_for(e) != 500) return std::string(what) + ": " + e.to_string();
     detail::log(log_level::warning, "serve", std::string(what) + ": " + e.to_string());
-    return std::string(what) + ": " + to_string(static_cast<errc>(e.code.value())) +
-           " (the server's log has the detail)";
+    return std::string(what) + ": " + code_name(e) + " (the server's log has the detail)";
 }
 
 std::int64_t unix_ms(system_clock::time_point t) {
@@ -412,9 +417,7 @@ asio::awaitable<void> kill_sandbox(control_call& call) {
     auto destroyed = co_await call.s.context.registry.async_destroy(entry, sandboxes);
     if (!destroyed) {
         // The backend's detail is logged (by the registry), not sent: it may name host paths.
-        const auto& code = destroyed.error().code;
-        std::string why = code.message();
-        if (code.category() == error_category()) why = to_string(static_cast<errc>(code.value()));
+        const std::string why = code_name(destroyed.error());
         std::string message = "the sandbox " + entry->id + " was not confirmed destroyed (" + why +
                               "): it is kept, listed and counted, and DELETE tries again";
         co_await send_error(call.response, 500, std::move(message));

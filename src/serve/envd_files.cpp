@@ -125,19 +125,15 @@ std::int64_t now_unix() {
         .count();
 }
 
-// Whether `request` carries a valid signature made with `sandbox`'s token.
-signature_check check_signature(const http::server_request& request,
-                                const registry_entry& sandbox) {
-    auto parsed = parse_file_request(request);
-    if (!parsed || !parsed->signature) return signature_check::mismatch;
-    // GET (and HEAD, which runs the GET route) reads; POST writes.
-    auto operation = file_operation::read;
-    if (request.method() == "POST") operation = file_operation::write;
+// Whether the request whose query is `parsed` (and which has a signature) carries a valid
+// signature made with `sandbox`'s token.
+signature_check check_signature(const file_request& parsed, file_operation operation,
+                                std::int64_t now, const registry_entry& sandbox) {
     std::optional<std::string_view> expiration;
-    if (parsed->signature_expiration) expiration = *parsed->signature_expiration;
-    return check_file_signature(*parsed->signature, parsed->path.value_or(""), operation,
-                                parsed->username.value_or(""), sandbox.access_token, expiration,
-                                now_unix());
+    if (parsed.signature_expiration) expiration = *parsed.signature_expiration;
+    return check_file_signature(*parsed.signature, parsed.path.value_or(""), operation,
+                                parsed.username.value_or(""), sandbox.access_token, expiration,
+                                now);
 }
 
 // Token checks per second that signed requests naming no sandbox may cost, server-wide (one check
@@ -148,13 +144,19 @@ std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
                                                  signature_scan_budget& budget,
                                                  const http::server_request& request,
                                                  const std::shared_ptr<registry_entry>& named) {
+    // The query is parsed once, however many tokens it is checked against.
+    auto parsed = parse_file_request(request);
+    if (!parsed || !parsed->signature) return nullptr;
+    // GET (and HEAD, which runs the GET route) reads; POST writes.
+    auto operation = file_operation::read;
+    if (request.method() == "POST") operation = file_operation::write;
+    const auto now = now_unix();
     if (named) {
-        if (check_signature(request, *named) == signature_check::valid) return named;
+        if (check_signature(*parsed, operation, now, *named) == signature_check::valid)
+            return named;
         return nullptr;
     }
-    auto parsed = parse_file_request(request);
-    if (!parsed || !parsed->signature || !is_well_formed_signature(*parsed->signature))
-        return nullptr;
+    if (!is_well_formed_signature(*parsed->signature)) return nullptr;
     auto live = registry.live();
     if (!budget.take(live.size())) {
         if (budget.should_warn())
@@ -166,7 +168,8 @@ std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
         return nullptr;
     }
     for (auto& entry : live)
-        if (check_signature(request, *entry) == signature_check::valid) return entry;
+        if (check_signature(*parsed, operation, now, *entry) == signature_check::valid)
+            return entry;
     return nullptr;
 }
 
