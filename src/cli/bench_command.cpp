@@ -182,13 +182,9 @@ int bench_create(int argc, char** argv) {
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (auto v = flag_value("--n", argc, argv, i)) {
-            auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 1'000'000) throw usage_error("--n: expected 1 to 1000000");
-            o.n = *n;
+            o.n = parse_count("--n", *v, 1, 1'000'000);
         } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 1000) throw usage_error("--concurrency: expected 1 to 1000");
-            o.concurrency = *n;
+            o.concurrency = parse_count("--concurrency", *c, 1, 1000);
         } else if (auto m = flag_value("--mode", argc, argv, i)) {
             if (*m == "sequential") {
                 o.mode = arrival::sequential;
@@ -201,9 +197,7 @@ int bench_create(int argc, char** argv) {
                                   "'");
             }
         } else if (auto ms = flag_value("--interval-ms", argc, argv, i)) {
-            auto n = parse_unsigned(*ms);
-            if (!n || *n > 60'000) throw usage_error("--interval-ms: expected 0 to 60000");
-            o.interval = std::chrono::milliseconds(*n);
+            o.interval = std::chrono::milliseconds(parse_count("--interval-ms", *ms, 0, 60'000));
         } else if (auto f = flag_value("--json", argc, argv, i)) {
             o.json_path = *f;
         } else if (auto p = flag_value("--plot", argc, argv, i)) {

@@ -5,6 +5,7 @@
 #include <moat/task_group.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/bench/helper_process.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
@@ -480,17 +481,11 @@ int bench_e2b(int argc, char** argv) {
     }
     for (int i = 0; i < argc; ++i) {
         if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 100'000) throw usage_error("--n: expected 1 to 100000");
-            o.n = *n;
+            o.n = parse_count("--n", *v, 1, 100'000);
         } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            const auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 64) throw usage_error("--concurrency: expected 1 to 64");
-            o.concurrency = *n;
+            o.concurrency = parse_count("--concurrency", *c, 1, 64);
         } else if (auto m = flag_value("--lifecycle-n", argc, argv, i)) {
-            const auto n = parse_unsigned(*m);
-            if (!n || *n > 10'000) throw usage_error("--lifecycle-n: expected 0 to 10000");
-            o.lifecycle_n = *n;
+            o.lifecycle_n = parse_count("--lifecycle-n", *m, 0, 10'000);
         } else if (auto command = flag_value("--command", argc, argv, i)) {
             o.command = *command;
         } else if (auto f = flag_value("--json", argc, argv, i)) {
@@ -505,13 +500,12 @@ int bench_e2b(int argc, char** argv) {
             throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
         }
     }
-    char dir_template[] = "/tmp/moat-bench-e2b-XXXXXX";
-    if (::mkdtemp(dir_template) == nullptr) {
+    const std::string dir = make_temporary_directory("moat-bench-e2b");
+    if (dir.empty()) {
         return report_error(
             "bench e2b",
             make_error(errc::backend_failure, "cannot make a temporary directory under /tmp"));
     }
-    const std::string dir = dir_template;
     e2b_bench_results r;
     serve_child serve;
     // serve is started before any thread or io_context of this process exists (fork).

@@ -42,19 +42,13 @@ struct egress_bench_options {
 
 // A python3 http.server on 127.0.0.1 over a temporary directory holding big.bin and small.bin;
 // stopped (TERM, then KILL) and removed at the end.
-class file_server {
+class file_server : public helper_server {
   public:
-    ~file_server() { stop(); }
-
     bool start(std::size_t big_bytes, std::string& why) {
-        char pattern[] = "/tmp/moat-bench-egress-XXXXXX";
-        if (::mkdtemp(pattern) == nullptr) {
-            why = "cannot make a temporary directory under /tmp";
-            return false;
-        }
-        dir_ = pattern;
-        if (!fill(dir_ + "/big.bin", big_bytes) || !fill(dir_ + "/small.bin", small_bytes)) {
-            why = "cannot write the files to serve under " + dir_;
+        if (!make_directory("moat-bench-egress", why)) return false;
+        const std::string& dir = directory();
+        if (!fill(dir + "/big.bin", big_bytes) || !fill(dir + "/small.bin", small_bytes)) {
+            why = "cannot write the files to serve under " + dir;
             return false;
         }
         port = free_port();
@@ -62,36 +56,15 @@ class file_server {
             why = "no free loopback port";
             return false;
         }
-        const std::string port_text = std::to_string(port);
-        pid_ = ::fork();
-        if (pid_ < 0) {
-            why = "fork failed";
-            return false;
-        }
-        if (pid_ == 0) {
-            const int null = ::open("/dev/null", O_WRONLY);
-            ::dup2(null, STDOUT_FILENO);
-            ::dup2(null, STDERR_FILENO);
-            ::execlp("python3", "python3", "-m", "http.server", port_text.c_str(), "--bind",
-                     "127.0.0.1", "--directory", dir_.c_str(), static_cast<char*>(nullptr));
-            ::_exit(127);
-        }
         const std::uint16_t listening = port;
-        if (!wait_until_serving(
-                pid_, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
+        if (!launch(
+                {"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
+                 "--directory", dir},
+                true, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
             why += " (is python3 installed?)";
             return false;
         }
         return true;
-    }
-
-    void stop() {
-        stop_helper_process(pid_);
-        if (!dir_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove_all(dir_, ignored);
-            dir_.clear();
-        }
     }
 
     std::uint16_t port = 0;
@@ -140,9 +113,6 @@ class file_server {
         ::close(fd);
         return ok;
     }
-
-    std::string dir_;
-    pid_t pid_ = -1;
 };
 
 // A shell loop of `count` curl fetches of `url`, one "<seconds> <bytes>" line each (curl's own
@@ -267,17 +237,9 @@ int bench_egress(int argc, char** argv) {
     egress_bench_options o;
     for (int i = 0; i < argc; ++i) {
         if (auto n = flag_value("--n", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*n);
-            if (!parsed || *parsed < 1 || *parsed > 10'000) {
-                throw usage_error("--n: expected 1 to 10000");
-            }
-            o.n = *parsed;
+            o.n = parse_count("--n", *n, 1, 10'000);
         } else if (auto mb = flag_value("--mb", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*mb);
-            if (!parsed || *parsed < 1 || *parsed > 4096) {
-                throw usage_error("--mb: expected 1 to 4096");
-            }
-            o.mb = *parsed;
+            o.mb = parse_count("--mb", *mb, 1, 4096);
         } else if (auto f = flag_value("--json", argc, argv, i)) {
             o.json_path = *f;
         } else {

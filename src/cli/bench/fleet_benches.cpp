@@ -37,11 +37,7 @@ std::size_t count_flag(const char* flag, int argc, char** argv, std::size_t fall
     std::size_t value = fallback;
     for (int i = 0; i < argc; ++i) {
         if (auto v = flag_value(flag, argc, argv, i)) {
-            auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > max) {
-                throw usage_error(std::string(flag) + ": expected 1 to " + std::to_string(max));
-            }
-            value = *n;
+            value = parse_count(flag, *v, 1, max);
         } else {
             throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
         }

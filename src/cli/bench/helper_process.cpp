@@ -1,8 +1,11 @@
 #include "cli/bench/helper_process.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 namespace moat::cli {
@@ -42,6 +45,50 @@ void stop_helper_process(pid_t& pid, std::chrono::milliseconds grace) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     pid = -1;
+}
+
+std::string make_temporary_directory(const std::string& prefix) {
+    std::string pattern = "/tmp/" + prefix + "-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) return {};
+    return pattern;
+}
+
+void helper_server::stop() {
+    stop_helper_process(pid_);
+    if (!dir_.empty()) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir_, ignored);
+        dir_.clear();
+    }
+}
+
+bool helper_server::make_directory(const std::string& prefix, std::string& why) {
+    dir_ = make_temporary_directory(prefix);
+    if (dir_.empty()) why = "cannot make a temporary directory under /tmp";
+    return !dir_.empty();
+}
+
+bool helper_server::launch(std::vector<std::string> argv, bool quiet,
+                           const std::function<bool()>& serving, const std::string& name,
+                           std::string& why) {
+    std::vector<char*> pointers;
+    for (auto& a : argv) pointers.push_back(a.data());
+    pointers.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ < 0) {
+        why = "fork failed";
+        return false;
+    }
+    if (pid_ == 0) {
+        if (quiet) {
+            const int null = ::open("/dev/null", O_WRONLY);
+            ::dup2(null, STDOUT_FILENO);
+            ::dup2(null, STDERR_FILENO);
+        }
+        ::execvp(pointers[0], pointers.data());
+        ::_exit(127);
+    }
+    return wait_until_serving(pid_, serving, name, why);
 }
 
 }  // namespace moat::cli

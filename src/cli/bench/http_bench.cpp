@@ -299,17 +299,11 @@ int bench_http(int argc, char** argv) {
     http_bench_options o;
     for (int i = 0; i < argc; ++i) {
         if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 10'000'000) throw usage_error("--n: expected 1 to 10000000");
-            o.n = *n;
+            o.n = parse_count("--n", *v, 1, 10'000'000);
         } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            const auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 256) throw usage_error("--concurrency: expected 1 to 256");
-            o.concurrency = *n;
+            o.concurrency = parse_count("--concurrency", *c, 1, 256);
         } else if (auto m = flag_value("--stream-mib", argc, argv, i)) {
-            const auto n = parse_unsigned(*m);
-            if (!n || *n < 1 || *n > 65536) throw usage_error("--stream-mib: expected 1 to 65536");
-            o.stream_mib = *n;
+            o.stream_mib = parse_count("--stream-mib", *m, 1, 65536);
         } else if (auto f = flag_value("--json", argc, argv, i)) {
             o.json_path = *f;
         } else {

@@ -4,6 +4,7 @@
 #include <moat/task_group.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/bench/helper_process.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
@@ -340,22 +341,19 @@ int bench_serve(int argc, char** argv) {
     serve_bench_options o;
     for (int i = 0; i < argc; ++i) {
         if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 100'000) throw usage_error("--n: expected 1 to 100000");
-            o.n = *n;
+            o.n = parse_count("--n", *v, 1, 100'000);
         } else if (auto f = flag_value("--json", argc, argv, i)) {
             o.json_path = *f;
         } else {
             throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
         }
     }
-    char dir_template[] = "/tmp/moat-bench-serve-XXXXXX";
-    if (::mkdtemp(dir_template) == nullptr) {
+    const std::string state_dir = make_temporary_directory("moat-bench-serve");
+    if (state_dir.empty()) {
         return report_error("bench serve",
                             make_error(errc::backend_failure,
                                        "cannot make a temporary state directory under /tmp"));
     }
-    const std::string state_dir = dir_template;
     serve_bench_results r;
     const int code = run_with_backend(
         [&o, &state_dir, &r](backend& b) { return run_serve_bench(b, o, state_dir, &r); });

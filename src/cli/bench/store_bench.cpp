@@ -63,55 +63,24 @@ bool socket_answers(const std::string& path) {
 }
 
 // A redis-server of the bench's own (no persistence, unix socket only), stopped at the end.
-class own_redis {
+class own_redis : public helper_server {
   public:
-    ~own_redis() { stop(); }
     bool start(std::string& why) {
-        char pattern[] = "/tmp/moat-bench-redis-XXXXXX";
-        if (::mkdtemp(pattern) == nullptr) {
-            why = "cannot make a temporary directory under /tmp";
-            return false;
-        }
-        dir_ = pattern;
-        socket_path = dir_ + "/redis.sock";
-        std::vector<std::string> args{"redis-server", "--port",    "0",
-                                      "--unixsocket", socket_path, "--unixsocketperm",
-                                      "700",          "--dir",     dir_,
-                                      "--save",       "",          "--appendonly",
-                                      "no",           "--logfile", dir_ + "/redis.log"};
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        pid_ = ::fork();
-        if (pid_ < 0) {
-            why = "fork failed";
-            return false;
-        }
-        if (pid_ == 0) {
-            ::execvp("redis-server", argv.data());
-            ::_exit(127);
-        }
+        if (!make_directory("moat-bench-redis", why)) return false;
+        const std::string& dir = directory();
+        socket_path = dir + "/redis.sock";
         const std::string path = socket_path;
-        if (!wait_until_serving(
-                pid_, [path] { return socket_answers(path); }, "redis-server", why)) {
-            why += " (see " + dir_ + "/redis.log)";
+        if (!launch(
+                {"redis-server", "--port", "0", "--unixsocket", socket_path, "--unixsocketperm",
+                 "700", "--dir", dir, "--save", "", "--appendonly", "no", "--logfile",
+                 dir + "/redis.log"},
+                false, [path] { return socket_answers(path); }, "redis-server", why)) {
+            why += " (see " + dir + "/redis.log)";
             return false;
         }
         return true;
     }
-    void stop() {
-        stop_helper_process(pid_);
-        if (!dir_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove_all(dir_, ignored);
-            dir_.clear();
-        }
-    }
     std::string socket_path;
-
-  private:
-    std::string dir_;
-    pid_t pid_ = -1;
 };
 
 bool redis_server_on_path() {
@@ -282,17 +251,9 @@ int bench_store(int argc, char** argv) {
         } else if (auto p = flag_value("--password-file", argc, argv, i)) {
             o.password_file = *p;
         } else if (auto n = flag_value("--n", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*n);
-            if (!parsed || *parsed < 1 || *parsed > 1'000'000) {
-                throw usage_error("--n: expected 1 to 1000000");
-            }
-            o.n = *parsed;
+            o.n = parse_count("--n", *n, 1, 1'000'000);
         } else if (auto c = flag_value("--claims", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*c);
-            if (!parsed || *parsed < workers || *parsed > 1'000'000) {
-                throw usage_error("--claims: expected 8 to 1000000");
-            }
-            o.claims = *parsed;
+            o.claims = parse_count("--claims", *c, workers, 1'000'000);
         } else if (auto f = flag_value("--json", argc, argv, i)) {
             o.json_path = *f;
         } else {
