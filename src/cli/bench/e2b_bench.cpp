@@ -562,11 +562,7 @@ int bench_e2b(int argc, char** argv) {
            ratio(r.e2b_create_exec.percentile(0.99), r.local_create_exec.percentile(0.99)) + "\n";
     if (!r.lifecycle_why.empty()) out += "(b) first failure: " + r.lifecycle_why + "\n";
     if (!r.why.empty()) out += "failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench e2b", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("concurrency").value(static_cast<std::uint64_t>(o.concurrency));
         w.key("command").value(o.command);
@@ -588,10 +584,8 @@ int bench_e2b(int argc, char** argv) {
             .value(ratio_value(r.e2b_create_exec.percentile(0.5),
                                r.local_create_exec.percentile(0.5)));
         w.key("serve_exit_code").value(r.serve_code);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    const bool ok = r.why.empty() && r.cpp.has_run && r.sdk.has_run &&
+    });
+    const bool ok = published && r.why.empty() && r.cpp.has_run && r.sdk.has_run &&
                     r.cpp.latency.failures == 0 && r.sdk.latency.failures == 0 &&
                     r.e2b_create_exec.failures == 0 && r.local_create_exec.failures == 0 &&
                     r.lifecycle_why.empty() && r.cpp.why.empty() && r.sdk.why.empty();

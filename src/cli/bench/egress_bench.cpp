@@ -279,10 +279,7 @@ int bench_egress(int argc, char** argv) {
                   "connection setup overhead (1 KiB fetch p50, proxied minus direct): %.2f ms\n",
                   overhead);
     out += line;
-    write_all(STDOUT_FILENO, out);
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench egress", out, o.json_path, [&](json_writer& w) {
         for (const auto* s :
              {&r.host_download, &r.sandbox_download, &r.host_small, &r.sandbox_small}) {
             w.key(s->name);
@@ -290,14 +287,7 @@ int bench_egress(int argc, char** argv) {
         }
         w.key("throughput_ratio_p50").value(ratio);
         w.key("setup_overhead_p50_ms").value(overhead);
-        w.end_object();
-        std::ofstream file(o.json_path);
-        file << w.take() << "\n";
-        if (!file) {
-            return report_error("bench egress",
-                                make_error(errc::invalid_argument, "cannot write " + o.json_path));
-        }
-    }
+    });
     const std::size_t failures = r.host_download.failures + r.sandbox_download.failures +
                                  r.host_small.failures + r.sandbox_small.failures;
     if (failures > 0) {
@@ -305,7 +295,7 @@ int bench_egress(int argc, char** argv) {
                   "moat bench egress: " + std::to_string(failures) + " fetches failed\n");
         return code != 0 ? code : exit_failure;
     }
-    return code;
+    return published ? code : exit_failure;
 }
 
 }  // namespace moat::cli

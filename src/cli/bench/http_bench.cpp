@@ -373,11 +373,7 @@ int bench_http(int argc, char** argv) {
     if (moat_run.ok && curl_mb_s > 0) {
         out += "moat / curl: stream " + ratio(moat_run.stream_mb_per_s(), curl_mb_s) + "\n";
     }
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench http", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("concurrency").value(static_cast<std::uint64_t>(o.concurrency));
         w.key("stream_mib").value(static_cast<std::uint64_t>(o.stream_mib));
@@ -386,10 +382,8 @@ int bench_http(int argc, char** argv) {
         w.key("node");
         write_run(w, node_run);
         w.key("curl_stream_mb_per_s").value(curl_mb_s);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    return moat_run.ok ? 0 : exit_failure;
+    });
+    return published && moat_run.ok ? 0 : exit_failure;
 }
 
 }  // namespace moat::cli

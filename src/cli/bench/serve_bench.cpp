@@ -119,20 +119,31 @@ struct created_sandbox {
     std::string token;
 };
 
-asio::awaitable<result<created_sandbox>> api_create(api_target t) {
+// One call to the control plane with the bench's key, within request_budget: the response, or
+// backend_failure naming `what` ("POST /sandboxes") when its status is not `expected`.
+asio::awaitable<result<http::full_response>> api_call(api_target t, std::string method,
+                                                      std::string path, std::string body,
+                                                      int expected, std::string what) {
     http::request r;
-    r.method = "POST";
-    r.url = t.api_url + "/sandboxes";
+    r.method = std::move(method);
+    r.url = t.api_url + path;
     r.headers.add("X-API-Key", t.api_key);
-    r.headers.add("Content-Type", "application/json");
-    r.body = R"({"templateID":"base","timeout":120})";
+    if (!body.empty()) r.headers.add("Content-Type", "application/json");
+    r.body = std::move(body);
     r.limit = deadline::after(request_budget);
     auto fetched = co_await t.client->async_fetch(std::move(r), max_response_bytes);
     if (!fetched) co_return std::move(fetched).error();
-    if (fetched->status() != 201) {
+    if (fetched->status() != expected) {
         co_return make_error(errc::backend_failure,
-                             "POST /sandboxes: HTTP " + std::to_string(fetched->status()));
+                             what + ": HTTP " + std::to_string(fetched->status()));
     }
+    co_return std::move(*fetched);
+}
+
+asio::awaitable<result<created_sandbox>> api_create(api_target t) {
+    auto fetched = co_await api_call(
+        t, "POST", "/sandboxes", R"({"templateID":"base","timeout":120})", 201, "POST /sandboxes");
+    if (!fetched) co_return std::move(fetched).error();
     simdjson::dom::parser parser;
     const simdjson::padded_string padded(fetched->body);
     simdjson::dom::element doc;
@@ -200,17 +211,9 @@ asio::awaitable<result<void>> api_first_command(api_target t, created_sandbox bo
 }
 
 asio::awaitable<result<void>> api_kill(api_target t, std::string id) {
-    http::request r;
-    r.method = "DELETE";
-    r.url = t.api_url + "/sandboxes/" + id;
-    r.headers.add("X-API-Key", t.api_key);
-    r.limit = deadline::after(request_budget);
-    auto fetched = co_await t.client->async_fetch(std::move(r), max_response_bytes);
+    auto fetched =
+        co_await api_call(t, "DELETE", "/sandboxes/" + id, "", 204, "DELETE /sandboxes/{id}");
     if (!fetched) co_return std::move(fetched).error();
-    if (fetched->status() != 204) {
-        co_return make_error(errc::backend_failure,
-                             "DELETE /sandboxes/{id}: HTTP " + std::to_string(fetched->status()));
-    }
     co_return result<void>();
 }
 
@@ -380,11 +383,7 @@ int bench_serve(int argc, char** argv) {
     std::snprintf(line, sizeof line, "sandboxes left behind: %zu\n", r.left_behind);
     out += line;
     if (!r.why.empty()) out += "first failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench serve", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         for (const latency_samples* s : {&r.serve_create, &r.library_create, &r.serve_command,
                                          &r.library_command, &r.serve_kill, &r.library_kill}) {
@@ -400,12 +399,11 @@ int bench_serve(int argc, char** argv) {
         w.end_array();
         w.key("left_behind").value(static_cast<std::uint64_t>(r.left_behind));
         w.key("serve_exit_code").value(r.serve_code);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
+    });
     const std::size_t failures = r.serve_create.failures + r.serve_command.failures +
                                  r.serve_kill.failures + r.library_create.failures;
-    const bool ok = r.why.empty() && failures == 0 && r.left_behind == 0 && r.serve_code == 0;
+    const bool ok =
+        published && r.why.empty() && failures == 0 && r.left_behind == 0 && r.serve_code == 0;
     return ok ? 0 : exit_failure;
 }
 

@@ -327,11 +327,7 @@ int bench_store(int argc, char** argv) {
                   workers, o.claims, r.memory_claims_per_s, r.redis_claims_per_s);
     out += line;
     if (!r.why.empty()) out += "first failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench store", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("store").value(where);
         w.key("memory");
@@ -345,10 +341,8 @@ int bench_store(int argc, char** argv) {
         w.key("memory").value(r.memory_claims_per_s);
         w.key("redis").value(r.redis_claims_per_s);
         w.end_object();
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    const bool ok = r.why.empty() && r.memory.failures == 0 && r.redis.failures == 0;
+    });
+    const bool ok = published && r.why.empty() && r.memory.failures == 0 && r.redis.failures == 0;
     return ok ? 0 : exit_failure;
 }
 
