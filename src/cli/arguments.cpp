@@ -26,6 +26,31 @@ std::uint64_t parse_count(std::string_view flag, std::string_view text, std::uin
     return *n;
 }
 
+flag_handler string_flag(std::string_view name, std::string& into) {
+    return {name, [&into](const std::string& value) { into = value; }};
+}
+
+flag_handler count_flag(std::string_view name, std::size_t& into, std::uint64_t min,
+                        std::uint64_t max) {
+    return {name, [name, &into, min, max](const std::string& value) {
+                into = parse_count(name, value, min, max);
+            }};
+}
+
+void parse_flags(int argc, char** argv, std::initializer_list<flag_handler> handlers) {
+    for (int i = 0; i < argc; ++i) {
+        bool matched = false;
+        for (const flag_handler& h : handlers) {
+            if (auto value = flag_value(h.name, argc, argv, i)) {
+                h.apply(*value);
+                matched = true;
+                break;
+            }
+        }
+        if (!matched) throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
+    }
+}
+
 bool command_flag(int argc, char** argv, int& i, command_flags& flags) {
     const std::string_view arg = argv[i];
     if (arg == "--json") {

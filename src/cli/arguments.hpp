@@ -6,7 +6,10 @@
 #include <moat/sandbox_spec.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -47,6 +50,20 @@ std::chrono::milliseconds parse_wall_limit(std::string_view flag, const std::str
 
 // An absolute path for `flag` (--workdir); throws usage_error naming `flag` otherwise.
 std::string parse_absolute_path(std::string_view flag, const std::string& text);
+
+// A flag that takes a value, and what to do with the value (throwing usage_error to refuse it).
+struct flag_handler {
+    std::string_view name;
+    std::function<void(const std::string& value)> apply;
+};
+// The value as a string; as a count from `min` to `max` (parse_count).
+flag_handler string_flag(std::string_view name, std::string& into);
+flag_handler count_flag(std::string_view name, std::size_t& into, std::uint64_t min,
+                        std::uint64_t max);
+
+// Applies each "--flag value" or "--flag=value" of argv[0..argc) to its handler, in order;
+// throws usage_error for a flag without its value and for any other argument.
+void parse_flags(int argc, char** argv, std::initializer_list<flag_handler> handlers);
 
 // "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
 // nullopt if argv[i] is not this flag; throws usage_error if the value is missing.

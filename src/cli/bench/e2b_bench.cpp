@@ -479,27 +479,12 @@ int bench_e2b(int argc, char** argv) {
     if (const char* dir = std::getenv("MOAT_E2B_SDK_DIR"); dir != nullptr && *dir != 0) {
         o.sdk_dir = dir;
     }
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            o.n = parse_count("--n", *v, 1, 100'000);
-        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            o.concurrency = parse_count("--concurrency", *c, 1, 64);
-        } else if (auto m = flag_value("--lifecycle-n", argc, argv, i)) {
-            o.lifecycle_n = parse_count("--lifecycle-n", *m, 0, 10'000);
-        } else if (auto command = flag_value("--command", argc, argv, i)) {
-            o.command = *command;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else if (auto d = flag_value("--sdk-dir", argc, argv, i)) {
-            o.sdk_dir = *d;
-        } else if (auto s = flag_value("--sdk-script", argc, argv, i)) {
-            o.script = *s;
-        } else if (auto node = flag_value("--node", argc, argv, i)) {
-            o.node = *node;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(
+        argc, argv,
+        {count_flag("--n", o.n, 1, 100'000), count_flag("--concurrency", o.concurrency, 1, 64),
+         count_flag("--lifecycle-n", o.lifecycle_n, 0, 10'000), string_flag("--command", o.command),
+         string_flag("--json", o.json_path), string_flag("--sdk-dir", o.sdk_dir),
+         string_flag("--sdk-script", o.script), string_flag("--node", o.node)});
     const std::string dir = make_temporary_directory("moat-bench-e2b");
     if (dir.empty()) {
         return report_error(

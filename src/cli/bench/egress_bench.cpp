@@ -235,17 +235,9 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
 
 int bench_egress(int argc, char** argv) {
     egress_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto n = flag_value("--n", argc, argv, i)) {
-            o.n = parse_count("--n", *n, 1, 10'000);
-        } else if (auto mb = flag_value("--mb", argc, argv, i)) {
-            o.mb = parse_count("--mb", *mb, 1, 4096);
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(argc, argv,
+                {count_flag("--n", o.n, 1, 10'000), count_flag("--mb", o.mb, 1, 4096),
+                 string_flag("--json", o.json_path)});
     file_server server;
     std::string why;
     if (!server.start(o.mb << 20, why)) {

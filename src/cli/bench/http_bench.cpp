@@ -297,19 +297,10 @@ void write_run(json_writer& w, const client_run& r) {
 
 int bench_http(int argc, char** argv) {
     http_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            o.n = parse_count("--n", *v, 1, 10'000'000);
-        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            o.concurrency = parse_count("--concurrency", *c, 1, 256);
-        } else if (auto m = flag_value("--stream-mib", argc, argv, i)) {
-            o.stream_mib = parse_count("--stream-mib", *m, 1, 65536);
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(
+        argc, argv,
+        {count_flag("--n", o.n, 1, 10'000'000), count_flag("--concurrency", o.concurrency, 1, 256),
+         count_flag("--stream-mib", o.stream_mib, 1, 65536), string_flag("--json", o.json_path)});
 
     // moat's server on its own thread: both clients load the same server the same way.
     asio::io_context server_io;

@@ -342,15 +342,8 @@ std::string ratio_line(const char* what, const latency_samples& serve,
 
 int bench_serve(int argc, char** argv) {
     serve_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            o.n = parse_count("--n", *v, 1, 100'000);
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(argc, argv,
+                {count_flag("--n", o.n, 1, 100'000), string_flag("--json", o.json_path)});
     const std::string state_dir = make_temporary_directory("moat-bench-serve");
     if (state_dir.empty()) {
         return report_error("bench serve",

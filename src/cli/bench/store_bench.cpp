@@ -245,21 +245,11 @@ struct run_done {
 int bench_store(int argc, char** argv) {
     store_bench_options o;
     if (const char* env = std::getenv("MOAT_STORE"); env != nullptr) o.url = env;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--store", argc, argv, i)) {
-            o.url = *v;
-        } else if (auto p = flag_value("--password-file", argc, argv, i)) {
-            o.password_file = *p;
-        } else if (auto n = flag_value("--n", argc, argv, i)) {
-            o.n = parse_count("--n", *n, 1, 1'000'000);
-        } else if (auto c = flag_value("--claims", argc, argv, i)) {
-            o.claims = parse_count("--claims", *c, workers, 1'000'000);
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(
+        argc, argv,
+        {string_flag("--store", o.url), string_flag("--password-file", o.password_file),
+         count_flag("--n", o.n, 1, 1'000'000), count_flag("--claims", o.claims, workers, 1'000'000),
+         string_flag("--json", o.json_path)});
     own_redis own;
     redis_config config;
     std::string where;
