@@ -254,24 +254,14 @@ session_manager::state::create_claimed(std::string key, std::string token, std::
     } stop{keeper};
     auto sweeping = sweep_strays(key, limit);
     co_await std::move(sweeping);
-    const sandbox_spec spec = spec_for("session", key);
-    auto created = co_await sandboxes.async_create(spec, limit);
+    auto creating = create_seeded(key, rebuild, limit);
+    auto created = co_await std::move(creating);
     if (!created) {
         auto releasing = release_claim(key, token);
         co_await std::move(releasing);
         co_return std::move(created).error();
     }
     auto box = std::move(*created);
-    if (options.seed) {
-        auto seeding = guarded(call_seed(options.seed, box, rebuild));
-        auto seeded = co_await std::move(seeding);
-        if (!seeded) {
-            (void)co_await box->async_destroy();
-            auto releasing = release_claim(key, token);
-            co_await std::move(releasing);
-            co_return std::move(seeded).error();
-        }
-    }
     auto committing =
         guarded(store->async_commit(key, token, box->id(), generation, options.spec.ttl, limit));
     auto committed = co_await std::move(committing);
@@ -355,23 +345,31 @@ asio::awaitable<result<session_manager::state::opened_session>> session_manager:
     failure = store_failure(std::move(failure));
     if (!options.local_fallback || failure.code == errc::cancelled) co_return failure;
     emit(manager_event::kind::store_fallback, key, "", std::nullopt, failure.to_string());
+    auto creating = create_seeded(key, lost, limit);
+    auto created = co_await std::move(creating);
+    if (!created) co_return std::move(created).error();
+    auto s = new_session(key, std::move(*created));
+    s->local_only = true;
+    emit(lost ? manager_event::kind::rebuilt : manager_event::kind::created, key, s->box->id(),
+         std::nullopt, "local fallback: not in the store");
+    co_return opened_session{s, lost};
+}
+
+asio::awaitable<result<std::shared_ptr<sandbox>>> session_manager::state::create_seeded(
+    const std::string& key, bool rebuilt, deadline limit) {
     const sandbox_spec spec = spec_for("session", key);
     auto created = co_await sandboxes.async_create(spec, limit);
     if (!created) co_return std::move(created).error();
     auto box = std::move(*created);
     if (options.seed) {
-        auto seeding = guarded(call_seed(options.seed, box, lost));
+        auto seeding = guarded(call_seed(options.seed, box, rebuilt));
         auto seeded = co_await std::move(seeding);
         if (!seeded) {
             (void)co_await box->async_destroy();
             co_return std::move(seeded).error();
         }
     }
-    auto s = new_session(key, std::move(box));
-    s->local_only = true;
-    emit(lost ? manager_event::kind::rebuilt : manager_event::kind::created, key, s->box->id(),
-         std::nullopt, "local fallback: not in the store");
-    co_return opened_session{s, lost};
+    co_return box;
 }
 
 asio::awaitable<result<void>> session_manager::state::call_seed(

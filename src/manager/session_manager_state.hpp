@@ -164,6 +164,10 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     // With options.local_fallback, a store failure is served from this process alone.
     asio::awaitable<result<opened_session>> fall_back(std::string key, deadline limit, bool lost,
                                                       error failure);
+    // A new sandbox for the session `key`, seeded (options.seed, told whether it is a rebuild);
+    // one whose seed failed is destroyed.
+    asio::awaitable<result<std::shared_ptr<sandbox>>> create_seeded(const std::string& key,
+                                                                    bool rebuilt, deadline limit);
     // The application's seed hook, called inside a coroutine so that guarded() also catches what
     // the hook throws before it returns its awaitable.
     static asio::awaitable<result<void>> call_seed(
