@@ -23,8 +23,6 @@ std::string seconds_text(std::chrono::milliseconds d) {
     return std::to_string(static_cast<double>(ms) / 1000.0).substr(0, 5) + " s";
 }
 
-// Errors from the sandbox layer as a model may read them: file errors name only the sandbox path;
-// anything else is described by kind, since its detail may name host paths.
 std::string model_message(const error& failure) {
     if (failure.code.category() != error_category()) return "the sandbox is unavailable";
     switch (static_cast<errc>(failure.code.value())) {
@@ -50,8 +48,6 @@ bool is_callers_stop(const error& failure) {
     return failure.code == errc::cancelled || failure.code == errc::deadline_exceeded;
 }
 
-// A path as the model gave it, made absolute (relative to the working directory) and lexically
-// normal.
 std::string sandbox_path(std::string_view given, const std::string& workdir) {
     std::filesystem::path path(given);
     if (path.is_relative()) path = std::filesystem::path(workdir) / path;
@@ -60,7 +56,6 @@ std::string sandbox_path(std::string_view given, const std::string& workdir) {
     return normal;
 }
 
-// `path` (normal, absolute) is `dir` or lies under it.
 bool is_under(std::string_view path, std::string_view dir) {
     if (dir == "/") return true;
     return path == dir ||
