@@ -106,14 +106,6 @@ struct serve_child {
     std::string stderr_path;
 };
 
-std::string random_key() {
-    std::random_device device;
-    std::string key = "e2b_";
-    constexpr const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 40; ++i) key += hex[device() % 16];
-    return key;
-}
-
 std::string read_whole(const std::string& path) {
     std::ifstream in(path);
     std::stringstream s;
@@ -158,7 +150,7 @@ pid_t spawn_to_files(const std::vector<std::string>& argv, const std::string& ou
 
 // Starts this binary's `serve` and waits for its two listener lines; "" or why it failed.
 std::string start_serve(const std::string& dir, serve_child& s) {
-    s.api_key = random_key();
+    s.api_key = random_api_key();
     const std::string key_file = dir + "/api-key";
     {
         std::ofstream out(key_file);
@@ -485,7 +477,8 @@ int bench_e2b(int argc, char** argv) {
          count_flag("--lifecycle-n", o.lifecycle_n, 0, 10'000), string_flag("--command", o.command),
          string_flag("--json", o.json_path), string_flag("--sdk-dir", o.sdk_dir),
          string_flag("--sdk-script", o.script), string_flag("--node", o.node)});
-    const std::string dir = make_temporary_directory("moat-bench-e2b");
+    scratch_directory scratch("moat-bench-e2b");
+    const std::string dir = scratch.path();
     if (dir.empty()) {
         return report_error(
             "bench e2b",
@@ -508,8 +501,6 @@ int bench_e2b(int argc, char** argv) {
             r.why = "moat serve exited " + std::to_string(r.serve_code) + ": " + err;
         }
     }
-    std::error_code removed;
-    std::filesystem::remove_all(dir, removed);
     if (code != 0) return code;
 
     std::string out;

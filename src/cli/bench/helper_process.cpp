@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 #include <thread>
 
 namespace moat::cli {
@@ -47,25 +48,38 @@ void stop_helper_process(pid_t& pid, std::chrono::milliseconds grace) {
     pid = -1;
 }
 
-std::string make_temporary_directory(const std::string& prefix) {
+std::string random_api_key() {
+    std::random_device device;
+    std::string key = "e2b_";
+    constexpr const char* hex = "0123456789abcdef";
+    for (int i = 0; i < 40; ++i) key += hex[device() % 16];
+    return key;
+}
+
+bool scratch_directory::make(const std::string& prefix) {
+    remove();
     std::string pattern = "/tmp/" + prefix + "-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) return {};
-    return pattern;
+    if (::mkdtemp(pattern.data()) == nullptr) return false;
+    path_ = std::move(pattern);
+    return true;
+}
+
+void scratch_directory::remove() noexcept {
+    if (path_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+    path_.clear();
 }
 
 void helper_server::stop() {
     stop_helper_process(pid_);
-    if (!dir_.empty()) {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir_, ignored);
-        dir_.clear();
-    }
+    dir_.remove();
 }
 
 bool helper_server::make_directory(const std::string& prefix, std::string& why) {
-    dir_ = make_temporary_directory(prefix);
-    if (dir_.empty()) why = "cannot make a temporary directory under /tmp";
-    return !dir_.empty();
+    if (dir_.make(prefix)) return true;
+    why = "cannot make a temporary directory under /tmp";
+    return false;
 }
 
 bool helper_server::launch(std::vector<std::string> argv, bool quiet,

@@ -21,8 +21,27 @@ bool wait_until_serving(pid_t& pid, const std::function<bool()>& serving, const 
 // of 0 or less.
 void stop_helper_process(pid_t& pid, std::chrono::milliseconds grace = std::chrono::seconds(5));
 
-// A new directory "/tmp/<prefix>-XXXXXX"; "" when it cannot be made.
-std::string make_temporary_directory(const std::string& prefix);
+// An E2B-style API key ("e2b_" and 40 random hex digits) for a moat serve a bench starts.
+std::string random_api_key();
+
+// A new directory "/tmp/<prefix>-XXXXXX", removed with what it holds when this is destroyed (or
+// by remove()). path() is "" when it could not be made.
+class scratch_directory {
+  public:
+    scratch_directory() = default;
+    explicit scratch_directory(const std::string& prefix) { make(prefix); }
+    ~scratch_directory() { remove(); }
+    scratch_directory(const scratch_directory&) = delete;
+    scratch_directory& operator=(const scratch_directory&) = delete;
+
+    const std::string& path() const noexcept { return path_; }
+    // Removes the current directory (if any) and makes a new one; false when it cannot.
+    bool make(const std::string& prefix);
+    void remove() noexcept;
+
+  private:
+    std::string path_;
+};
 
 // A server a bench starts beside itself in a temporary directory of its own. stop() (and the
 // destructor) stops the process (stop_helper_process) and removes the directory.
@@ -34,7 +53,7 @@ class helper_server {
     helper_server& operator=(const helper_server&) = delete;
 
     void stop();
-    const std::string& directory() const noexcept { return dir_; }
+    const std::string& directory() const noexcept { return dir_.path(); }
 
   protected:
     // Makes the directory (/tmp/<prefix>-XXXXXX); false with `why` set when it cannot.
@@ -45,7 +64,7 @@ class helper_server {
                 const std::string& name, std::string& why);
 
   private:
-    std::string dir_;
+    scratch_directory dir_;
     pid_t pid_ = -1;
 };
 

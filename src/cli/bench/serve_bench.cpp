@@ -101,14 +101,6 @@ asio::awaitable<void> pause(std::chrono::milliseconds d) {
     co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
 }
 
-std::string random_key() {
-    std::random_device device;
-    std::string key = "e2b_";
-    constexpr const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 40; ++i) key += hex[device() % 16];
-    return key;
-}
-
 void note_failure(serve_bench_results& r, latency_samples& series, const std::string& why) {
     ++series.failures;
     if (r.why.empty()) r.why = series.name + ": " + why;
@@ -261,7 +253,7 @@ asio::awaitable<int> run_serve_bench(backend& b, serve_bench_options o, std::str
     serve::serve_options options;
     options.api_listen = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
     options.envd_listen = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
-    options.api_key = random_key();
+    options.api_key = random_api_key();
     options.state_dir = state_dir;
     options.destroy_on_exit = true;
     const std::string api_key = options.api_key;
@@ -344,7 +336,8 @@ int bench_serve(int argc, char** argv) {
     serve_bench_options o;
     parse_flags(argc, argv,
                 {count_flag("--n", o.n, 1, 100'000), string_flag("--json", o.json_path)});
-    const std::string state_dir = make_temporary_directory("moat-bench-serve");
+    scratch_directory scratch("moat-bench-serve");
+    const std::string state_dir = scratch.path();
     if (state_dir.empty()) {
         return report_error("bench serve",
                             make_error(errc::backend_failure,
@@ -353,8 +346,6 @@ int bench_serve(int argc, char** argv) {
     serve_bench_results r;
     const int code = run_with_backend(
         [&o, &state_dir, &r](backend& b) { return run_serve_bench(b, o, state_dir, &r); });
-    std::error_code removed;
-    std::filesystem::remove_all(state_dir, removed);
     if (code != 0) return code;
 
     std::string out;
