@@ -19,6 +19,19 @@
 namespace moat {
 namespace {
 
+// The one result of a batch call made for one file: protocol_error naming `call` when the backend
+// answered with another count.
+template <class T>
+result<T> only_result(result<std::vector<T>> batch, const char* call) {
+    if (!batch) return std::move(batch).error();
+    if (batch->size() != 1) {
+        return make_error(errc::protocol_error, std::string(call) + " returned " +
+                                                    std::to_string(batch->size()) +
+                                                    " results for one file");
+    }
+    return std::move(batch->front());
+}
+
 error not_supported(const std::string& backend_name, const char* operation) {
     return make_error(errc::not_supported,
                       backend_name + " backend does not implement " + operation + " yet");
@@ -217,13 +230,7 @@ asio::awaitable<result<file_write_result>> backend::async_write_file_stream(
     files[0].content = std::move(content);
     files[0].mode = target.mode;
     auto written = co_await async_write_files(std::move(id), std::move(files));
-    if (!written) co_return std::move(written).error();
-    if (written->size() != 1) {
-        co_return make_error(
-            errc::protocol_error,
-            "write_files returned " + std::to_string(written->size()) + " results for one file");
-    }
-    co_return std::move(written->front());
+    co_return only_result(std::move(written), "write_files");
 }
 
 asio::awaitable<result<file_read_stream>> backend::async_read_file_stream(std::string id,
@@ -232,13 +239,9 @@ asio::awaitable<result<file_read_stream>> backend::async_read_file_stream(std::s
     if (!stat) co_return std::move(stat).error();
     std::vector<std::string> paths(1, path);
     auto read = co_await async_read_files(std::move(id), std::move(paths));
-    if (!read) co_return std::move(read).error();
-    if (read->size() != 1) {
-        co_return make_error(
-            errc::protocol_error,
-            "read_files returned " + std::to_string(read->size()) + " results for one path");
-    }
-    auto& content = read->front().content;
+    auto one = only_result(std::move(read), "read_files");
+    if (!one) co_return std::move(one).error();
+    auto& content = one->content;
     if (!content) co_return std::move(content).error();
     file_stat info = std::move(*stat);
     info.size = content->size();

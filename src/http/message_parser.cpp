@@ -133,22 +133,20 @@ struct message_parser::state {
         return HPE_USER;
     }
 
-    int keep(std::size_t length) {
-        stored_bytes += length;
-        if (stored_bytes > limits.max_head_bytes) {
+    // Adds `length` to `total`; head_too_large naming `what` once it passes `cap`.
+    int count_against(std::size_t& total, std::size_t length, std::size_t cap, const char* what) {
+        total += length;
+        if (total > cap) {
             return fail(parse_error::head_too_large,
-                        "head past " + std::to_string(limits.max_head_bytes) + " bytes");
+                        std::string(what) + " past " + std::to_string(cap) + " bytes");
         }
         return HPE_OK;
     }
-
+    int keep(std::size_t length) {
+        return count_against(stored_bytes, length, limits.max_head_bytes, "head");
+    }
     int count_trailer(std::size_t length) {
-        trailer_bytes += length;
-        if (trailer_bytes > limits.max_trailer_bytes) {
-            return fail(parse_error::head_too_large,
-                        "trailers past " + std::to_string(limits.max_trailer_bytes) + " bytes");
-        }
-        return HPE_OK;
+        return count_against(trailer_bytes, length, limits.max_trailer_bytes, "trailers");
     }
 
     static state& of(llhttp_t* p) { return *static_cast<state*>(p->data); }
