@@ -5,6 +5,7 @@
 #include <moat/task_group.hpp>
 
 #include "core/async_event.hpp"
+#include "core/base64.hpp"
 #include "core/exception_boundary.hpp"
 #include "core/output_capture.hpp"
 #include "handle/operation_queue.hpp"
