@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,16 +33,10 @@ enum class entry_type { unspecified = 0, file = 1, directory = 2, symlink = 3 };
 // In moat's terms: unspecified (a FIFO, a device, a dangling link) is file_type::other. An
 // entry_type equals the file_type it maps to.
 constexpr file_type to_file_type(entry_type type) noexcept {
-    switch (type) {
-        case entry_type::file:
-            return file_type::regular;
-        case entry_type::directory:
-            return file_type::directory;
-        case entry_type::symlink:
-            return file_type::symlink;
-        default:
-            return file_type::other;
-    }
+    constexpr file_type types[] = {file_type::other, file_type::regular, file_type::directory,
+                                   file_type::symlink};
+    const auto at = static_cast<std::size_t>(type);
+    return at < std::size(types) ? types[at] : file_type::other;
 }
 constexpr bool operator==(entry_type a, file_type b) noexcept {
     return to_file_type(a) == b;
