@@ -16,6 +16,74 @@ std::optional<std::uint64_t> parse_unsigned(std::string_view text) {
     return value;
 }
 
+std::uint64_t parse_count(std::string_view flag, std::string_view text, std::uint64_t min,
+                          std::uint64_t max) {
+    const auto n = parse_unsigned(text);
+    if (!n || *n < min || *n > max) {
+        throw usage_error(std::string(flag) + ": expected " + std::to_string(min) + " to " +
+                          std::to_string(max));
+    }
+    return *n;
+}
+
+flag_handler string_flag(std::string_view name, std::string& into) {
+    return {name, [&into](const std::string& value) { into = value; }};
+}
+
+flag_handler count_flag(std::string_view name, std::size_t& into, std::uint64_t min,
+                        std::uint64_t max) {
+    return {name, [name, &into, min, max](const std::string& value) {
+                into = parse_count(name, value, min, max);
+            }};
+}
+
+void parse_flags(int argc, char** argv, std::initializer_list<flag_handler> handlers) {
+    for (int i = 0; i < argc; ++i) {
+        bool matched = false;
+        for (const flag_handler& h : handlers) {
+            if (auto value = flag_value(h.name, argc, argv, i)) {
+                h.apply(*value);
+                matched = true;
+                break;
+            }
+        }
+        if (!matched) throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
+    }
+}
+
+bool command_flag(int argc, char** argv, int& i, command_flags& flags) {
+    const std::string_view arg = argv[i];
+    if (arg == "--json") {
+        flags.json = true;
+    } else if (arg == "--raw") {
+        flags.raw = true;
+    } else if (arg == "--stdin") {
+        flags.read_stdin = true;
+    } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
+        flags.request.wall_limit = parse_wall_limit("--timeout", *seconds);
+    } else if (auto pair = flag_value("--env", argc, argv, i)) {
+        auto [key, value] = parse_key_value("--env", *pair);
+        flags.request.env[key] = value;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec) {
+    if (auto megabytes = flag_value("--memory", argc, argv, i)) {
+        spec.limits.memory_bytes = parse_megabytes("--memory", *megabytes);
+    } else if (auto pair = flag_value("--env", argc, argv, i)) {
+        auto [key, value] = parse_key_value("--env", *pair);
+        spec.env[key] = value;
+    } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
+        spec.layout.workdir = parse_absolute_path("--workdir", *dir);
+    } else {
+        return false;
+    }
+    return true;
+}
+
 std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text) {
     const auto dot = text.find('.');
     const auto whole = parse_unsigned(text.substr(0, dot));

@@ -2,10 +2,14 @@
 // whole (no trailing junk, no sign where none belongs, no overflow).
 #pragma once
 
+#include <moat/exec.hpp>
 #include <moat/sandbox_spec.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -27,6 +31,11 @@ struct usage_error : std::runtime_error {
 
 std::optional<std::uint64_t> parse_unsigned(std::string_view text);
 
+// A whole number from `min` to `max` for `flag`; throws usage_error "<flag>: expected <min> to
+// <max>" otherwise.
+std::uint64_t parse_count(std::string_view flag, std::string_view text, std::uint64_t min,
+                          std::uint64_t max);
+
 // Decimal seconds ("2", "0.5"); strictly positive.
 std::optional<std::chrono::milliseconds> parse_seconds(std::string_view text);
 
@@ -42,9 +51,41 @@ std::chrono::milliseconds parse_wall_limit(std::string_view flag, const std::str
 // An absolute path for `flag` (--workdir); throws usage_error naming `flag` otherwise.
 std::string parse_absolute_path(std::string_view flag, const std::string& text);
 
+// A flag that takes a value, and what to do with the value (throwing usage_error to refuse it).
+struct flag_handler {
+    std::string_view name;
+    std::function<void(const std::string& value)> apply;
+};
+// The value as a string; as a count from `min` to `max` (parse_count).
+flag_handler string_flag(std::string_view name, std::string& into);
+flag_handler count_flag(std::string_view name, std::size_t& into, std::uint64_t min,
+                        std::uint64_t max);
+
+// Applies each "--flag value" or "--flag=value" of argv[0..argc) to its handler, in order;
+// throws usage_error for a flag without its value and for any other argument.
+void parse_flags(int argc, char** argv, std::initializer_list<flag_handler> handlers);
+
 // "--flag=value" or "--flag value": the value for `flag` at argv[i], advancing i past it.
 // nullopt if argv[i] is not this flag; throws usage_error if the value is missing.
 std::optional<std::string> flag_value(std::string_view flag, int argc, char** argv, int& i);
+
+// The flags moat run and moat exec share: --json, --raw (control characters reach a terminal
+// unchanged), --stdin (this process's stdin, up to 10 MiB, feeds the command), --timeout SECONDS
+// and --env K=V (repeatable) into the request.
+struct command_flags {
+    exec_request request;
+    bool json = false;
+    bool raw = false;
+    bool read_stdin = false;
+};
+
+// Consumes the command flag at argv[i] (advancing i past its value); false if argv[i] is none.
+bool command_flag(int argc, char** argv, int& i, command_flags& flags);
+
+// The sandbox flags moat run and moat create share: --memory MB, --env K=V (repeatable: the
+// sandbox's environment) and --workdir PATH. Consumes the one at argv[i] into `spec` (advancing i
+// past its value); false if argv[i] is none.
+bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec);
 
 // The network flags of run, create, mcp and session exec (docs/network.md): --allow-host PATTERN,
 // --resolve NAME=ADDR and --allow-address CIDR (each repeatable), --network all|none.

@@ -179,41 +179,28 @@ void write_json_file(const std::string& path, const bench_options& o, const benc
 
 int bench_create(int argc, char** argv) {
     bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 1'000'000) throw usage_error("--n: expected 1 to 1000000");
-            o.n = *n;
-        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 1000) throw usage_error("--concurrency: expected 1 to 1000");
-            o.concurrency = *n;
-        } else if (auto m = flag_value("--mode", argc, argv, i)) {
-            if (*m == "sequential") {
-                o.mode = arrival::sequential;
-            } else if (*m == "staggered") {
-                o.mode = arrival::staggered;
-            } else if (*m == "burst") {
-                o.mode = arrival::burst;
-            } else {
-                throw usage_error("--mode: expected sequential, staggered or burst, got '" + *m +
-                                  "'");
-            }
-        } else if (auto ms = flag_value("--interval-ms", argc, argv, i)) {
-            auto n = parse_unsigned(*ms);
-            if (!n || *n > 60'000) throw usage_error("--interval-ms: expected 0 to 60000");
-            o.interval = std::chrono::milliseconds(*n);
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else if (auto p = flag_value("--plot", argc, argv, i)) {
-            o.plot_path = *p;
-        } else if (auto raw = flag_value("--raw", argc, argv, i)) {
-            o.raw_path = *raw;
+    const auto mode = [&o](const std::string& m) {
+        if (m == "sequential") {
+            o.mode = arrival::sequential;
+        } else if (m == "staggered") {
+            o.mode = arrival::staggered;
+        } else if (m == "burst") {
+            o.mode = arrival::burst;
         } else {
-            throw usage_error("unexpected argument '" + std::string(arg) + "'");
+            throw usage_error("--mode: expected sequential, staggered or burst, got '" + m + "'");
         }
-    }
+    };
+    const auto interval = [&o](const std::string& ms) {
+        o.interval = std::chrono::milliseconds(parse_count("--interval-ms", ms, 0, 60'000));
+    };
+    parse_flags(argc, argv,
+                {count_flag("--n", o.n, 1, 1'000'000),
+                 count_flag("--concurrency", o.concurrency, 1, 1000),
+                 {"--mode", mode},
+                 {"--interval-ms", interval},
+                 string_flag("--json", o.json_path),
+                 string_flag("--plot", o.plot_path),
+                 string_flag("--raw", o.raw_path)});
     if (o.mode == arrival::sequential) o.concurrency = 1;
     bench_results r;
     const int code = run_with_backend([&o, &r](backend& b) { return run_bench(b, o, &r); });
@@ -274,31 +261,25 @@ int bench_advise(int argc, char** argv) {
         }
         return v;
     };
-    for (int i = 0; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        if (auto f = flag_value("--from", argc, argv, i)) {
-            from = *f;
-        } else if (auto v = flag_value("--create-p50-ms", argc, argv, i)) {
-            in.create_p50_ms = number("--create-p50-ms", *v);
-            have_p50 = true;
-        } else if (auto v2 = flag_value("--create-p99-ms", argc, argv, i)) {
-            in.create_p99_ms = number("--create-p99-ms", *v2);
-            have_p99 = true;
-        } else if (auto v3 = flag_value("--first-token-ms", argc, argv, i)) {
-            in.first_token_ms = number("--first-token-ms", *v3);
-            have_budget = true;
-        } else if (auto v4 = flag_value("--arrivals-per-s", argc, argv, i)) {
-            in.arrivals_per_s = number("--arrivals-per-s", *v4);
-            have_arrivals = true;
-        } else if (auto v5 = flag_value("--create-rate", argc, argv, i)) {
-            in.create_rate_cap = number("--create-rate", *v5);
-        } else if (auto v6 = flag_value("--miss-probability", argc, argv, i)) {
-            in.miss_probability = number("--miss-probability", *v6);
-            if (in.miss_probability <= 0 || in.miss_probability >= 1)
-                throw usage_error("--miss-probability: expected a number between 0 and 1");
-        } else {
-            throw usage_error("unexpected argument '" + std::string(arg) + "'");
-        }
+    // A non-negative number for `flag`, noting in `seen` (when given) that it was.
+    const auto number_flag = [&number](std::string_view flag, double& into, bool* seen) {
+        return flag_handler{flag, [flag, &into, seen, &number](const std::string& text) {
+                                into = number(std::string(flag), text);
+                                if (seen != nullptr) *seen = true;
+                            }};
+    };
+    parse_flags(
+        argc, argv,
+        {string_flag("--from", from),
+         number_flag("--create-p50-ms", in.create_p50_ms, &have_p50),
+         number_flag("--create-p99-ms", in.create_p99_ms, &have_p99),
+         number_flag("--first-token-ms", in.first_token_ms, &have_budget),
+         number_flag("--arrivals-per-s", in.arrivals_per_s, &have_arrivals),
+         {"--create-rate",
+          [&](const std::string& text) { in.create_rate_cap = number("--create-rate", text); }},
+         number_flag("--miss-probability", in.miss_probability, nullptr)});
+    if (in.miss_probability <= 0 || in.miss_probability >= 1) {
+        throw usage_error("--miss-probability: expected a number between 0 and 1");
     }
     if (!from.empty()) {
         std::uint32_t mode = 0;

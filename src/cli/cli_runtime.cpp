@@ -159,6 +159,14 @@ std::optional<int> read_stdin_into(std::string_view command, exec_request& reque
     return std::nullopt;
 }
 
+int run_command_with_backend(std::string_view command, command_flags& flags,
+                             const std::function<asio::awaitable<int>(backend&)>& body) {
+    if (flags.read_stdin) {
+        if (auto failed = read_stdin_into(command, flags.request)) return *failed;
+    }
+    return run_with_backend(body);
+}
+
 void print_exec_json(const std::string& id, const result<exec_result>& r) {
     json_writer w;
     w.begin_object().key("sandbox_id").value(id);

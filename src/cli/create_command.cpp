@@ -35,14 +35,7 @@ create_options parse_create_options(int argc, char** argv) {
         } else if (auto label = flag_value("--label", argc, argv, i)) {
             auto [key, value] = parse_key_value("--label", *label);
             o.spec.labels[key] = value;
-        } else if (auto megabytes = flag_value("--memory", argc, argv, i)) {
-            o.spec.limits.memory_bytes = parse_megabytes("--memory", *megabytes);
-        } else if (auto pair = flag_value("--env", argc, argv, i)) {
-            auto [key, value] = parse_key_value("--env", *pair);
-            o.spec.env[key] = value;
-        } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
-        } else if (network_flag(argc, argv, i, network)) {
+        } else if (spec_flag(argc, argv, i, o.spec) || network_flag(argc, argv, i, network)) {
             continue;
         } else {
             throw usage_error("unexpected argument '" + std::string(arg) + "'");

@@ -11,10 +11,7 @@ namespace {
 
 struct exec_options {
     std::string id;
-    exec_request request;
-    bool json = false;
-    bool raw = false;         // stream control characters to a terminal unchanged
-    bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
+    command_flags command;
 };
 
 exec_options parse_exec_options(int argc, char** argv) {
@@ -22,19 +19,10 @@ exec_options parse_exec_options(int argc, char** argv) {
     int i = 0;
     for (; i < argc; ++i) {
         const std::string_view arg = argv[i];
-        if (arg == "--json") {
-            o.json = true;
-        } else if (arg == "--raw") {
-            o.raw = true;
-        } else if (arg == "--stdin") {
-            o.read_stdin = true;
-        } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
-            o.request.wall_limit = parse_wall_limit("--timeout", *seconds);
-        } else if (auto pair = flag_value("--env", argc, argv, i)) {
-            auto [key, value] = parse_key_value("--env", *pair);
-            o.request.env[key] = value;
+        if (command_flag(argc, argv, i, o.command)) {
+            continue;
         } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            o.request.cwd = parse_absolute_path("--workdir", *dir);
+            o.command.request.cwd = parse_absolute_path("--workdir", *dir);
         } else if (arg.starts_with("-")) {
             throw usage_error("unknown option '" + std::string(arg) + "'");
         } else {
@@ -44,8 +32,8 @@ exec_options parse_exec_options(int argc, char** argv) {
     if (i == argc) throw usage_error("missing sandbox id (moat exec [options] ID -- CMD...)");
     o.id = argv[i++];
     if (i < argc && std::string_view(argv[i]) == "--") ++i;
-    for (; i < argc; ++i) o.request.argv.emplace_back(argv[i]);
-    if (o.request.argv.empty())
+    for (; i < argc; ++i) o.command.request.argv.emplace_back(argv[i]);
+    if (o.command.request.argv.empty())
         throw usage_error("missing command (moat exec [options] ID -- CMD...)");
     return o;
 }
@@ -55,20 +43,19 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
     auto attached = co_await sandboxes.async_attach(o.id);
     if (!attached) co_return report_error("exec", attached.error());
     auto box = std::move(*attached);
-    auto outcome = co_await exec_for_terminal(box, o.request, o.json, o.raw);
-    if (o.json) print_exec_json(o.id, outcome);
-    co_return exec_exit_code("exec", outcome, o.json, o.request.wall_limit);
+    const command_flags& c = o.command;
+    auto outcome = co_await exec_for_terminal(box, c.request, c.json, c.raw);
+    if (c.json) print_exec_json(o.id, outcome);
+    co_return exec_exit_code("exec", outcome, c.json, c.request.wall_limit);
 }
 
 }  // namespace
 
 int exec_command(int argc, char** argv) {
     exec_options options = parse_exec_options(argc, argv);
-    if (options.read_stdin) {
-        if (auto failed = read_stdin_into("exec", options.request)) return *failed;
-    }
-    return run_with_backend(
-        [&options](backend& b) { return exec_in_sandbox(b, std::move(options)); });
+    return run_command_with_backend("exec", options.command, [&options](backend& b) {
+        return exec_in_sandbox(b, std::move(options));
+    });
 }
 
 }  // namespace moat::cli

@@ -15,10 +15,7 @@ namespace {
 
 struct run_options {
     sandbox_spec spec;
-    exec_request request;
-    bool json = false;
-    bool raw = false;         // stream control characters to a terminal unchanged
-    bool read_stdin = false;  // feed this process's stdin (up to 10 MiB) to the command
+    command_flags command;
 };
 
 run_options parse_run_options(int argc, char** argv) {
@@ -31,16 +28,9 @@ run_options parse_run_options(int argc, char** argv) {
             ++i;
             break;
         }
-        if (arg == "--json") {
-            o.json = true;
-        } else if (arg == "--raw") {
-            o.raw = true;
-        } else if (arg == "--stdin") {
-            o.read_stdin = true;
-        } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
-            o.request.wall_limit = parse_wall_limit("--timeout", *seconds);
-        } else if (auto megabytes = flag_value("--memory", argc, argv, i)) {
-            o.spec.limits.memory_bytes = parse_megabytes("--memory", *megabytes);
+        // spec_flag first: run's --env is the sandbox's environment, not only the command's.
+        if (spec_flag(argc, argv, i, o.spec) || command_flag(argc, argv, i, o.command)) {
+            continue;
         } else if (auto count = flag_value("--pids", argc, argv, i)) {
             auto n = parse_unsigned(*count);
             if (!n || *n < 1 || *n > 1'000'000) {
@@ -48,11 +38,6 @@ run_options parse_run_options(int argc, char** argv) {
                                   "'");
             }
             o.spec.limits.pids = static_cast<std::uint32_t>(*n);
-        } else if (auto pair = flag_value("--env", argc, argv, i)) {
-            auto [key, value] = parse_key_value("--env", *pair);
-            o.spec.env[key] = value;
-        } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
-            o.spec.layout.workdir = parse_absolute_path("--workdir", *dir);
         } else if (network_flag(argc, argv, i, network)) {
             continue;
         } else if (arg.starts_with("-")) {
@@ -61,8 +46,9 @@ run_options parse_run_options(int argc, char** argv) {
             break;  // the command starts here ("--" is optional)
         }
     }
-    for (; i < argc; ++i) o.request.argv.emplace_back(argv[i]);
-    if (o.request.argv.empty()) throw usage_error("missing command (moat run [options] -- CMD...)");
+    for (; i < argc; ++i) o.command.request.argv.emplace_back(argv[i]);
+    if (o.command.request.argv.empty())
+        throw usage_error("missing command (moat run [options] -- CMD...)");
     o.spec.network = finish_network(network);
     o.spec.labels["moat.cli"] = "run";
     return o;
@@ -78,13 +64,14 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
         co_return exit_failure;
     }
     auto box = std::move(*created);
-    auto outcome = co_await exec_for_terminal(box, o.request, o.json, o.raw);
+    const command_flags& c = o.command;
+    auto outcome = co_await exec_for_terminal(box, c.request, c.json, c.raw);
     // Destroy whatever happened, cancellation included, and confirm it.
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await box->async_destroy();
 
-    if (o.json) print_exec_json(box->id(), outcome);
-    int code = exec_exit_code("run", outcome, o.json, o.request.wall_limit);
+    if (c.json) print_exec_json(box->id(), outcome);
+    int code = exec_exit_code("run", outcome, c.json, c.request.wall_limit);
     if (!destroyed) {
         std::fprintf(stderr, "moat run: destroy of %s failed: %s\n", box->id().c_str(),
                      destroyed.error().to_string().c_str());
@@ -97,11 +84,9 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
 
 int run_command(int argc, char** argv) {
     run_options options = parse_run_options(argc, argv);
-    if (options.read_stdin) {
-        if (auto failed = read_stdin_into("run", options.request)) return *failed;
-    }
-    return run_with_backend(
-        [&options](backend& b) { return run_in_sandbox(b, std::move(options)); });
+    return run_command_with_backend("run", options.command, [&options](backend& b) {
+        return run_in_sandbox(b, std::move(options));
+    });
 }
 
 }  // namespace moat::cli

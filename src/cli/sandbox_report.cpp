@@ -81,4 +81,12 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.end_object();
 }
 
+std::string sandboxes_json(const std::vector<sandbox_info>& sandboxes) {
+    json_writer w;
+    w.begin_array();
+    for (const auto& info : sandboxes) write_sandbox_json(w, info);
+    w.end_array();
+    return w.take() + "\n";
+}
+
 }  // namespace moat::cli

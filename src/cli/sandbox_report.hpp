@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace moat::cli {
 
@@ -15,6 +16,8 @@ namespace moat::cli {
 //  "survive_owner", "owner_instance", "labels": {...}, "memory_used_bytes", "pids_current"
 //  (or null), "layers": [...], "limits": {...}}
 void write_sandbox_json(json_writer& w, const sandbox_info& info);
+// A JSON array of those objects and a newline (ls --json, session ls --json).
+std::string sandboxes_json(const std::vector<sandbox_info>& sandboxes);
 
 // "2026-11-30T10:34:00Z"
 std::string format_utc(std::chrono::system_clock::time_point t);

@@ -176,11 +176,7 @@ asio::awaitable<int> session_ls(backend& b, session_options o) {
     if (!listed) co_return report_error("session ls", listed.error());
     std::string out;
     if (o.json) {
-        json_writer w;
-        w.begin_array();
-        for (const auto& info : *listed) write_sandbox_json(w, info);
-        w.end_array();
-        out = w.take() + "\n";
+        out = sandboxes_json(*listed);
     } else {
         const auto now = std::chrono::system_clock::now();
         char line[512];

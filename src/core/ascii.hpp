@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,6 +74,18 @@ inline std::string percent_encoded(std::string_view in) {
         }
     }
     return out;
+}
+
+// A TCP port in decimal (1 to 65535, at most five digits, nothing else); nullopt otherwise.
+constexpr std::optional<std::uint16_t> parse_port(std::string_view digits) noexcept {
+    if (digits.empty() || digits.size() > 5) return std::nullopt;
+    unsigned value = 0;
+    for (char c : digits) {
+        if (c < '0' || c > '9') return std::nullopt;
+        value = value * 10 + static_cast<unsigned>(c - '0');
+    }
+    if (value == 0 || value > 65535) return std::nullopt;
+    return static_cast<std::uint16_t>(value);
 }
 
 inline std::string ascii_lowered(std::string_view s) {

@@ -66,28 +66,15 @@ void json_writer::separate() {
     }
 }
 
-json_writer& json_writer::begin_object() {
+json_writer& json_writer::open(char bracket) {
     separate();
-    out_ += '{';
+    out_ += bracket;
     first_.push_back(true);
     return *this;
 }
 
-json_writer& json_writer::end_object() {
-    out_ += '}';
-    first_.pop_back();
-    return *this;
-}
-
-json_writer& json_writer::begin_array() {
-    separate();
-    out_ += '[';
-    first_.push_back(true);
-    return *this;
-}
-
-json_writer& json_writer::end_array() {
-    out_ += ']';
+json_writer& json_writer::close(char bracket) {
+    out_ += bracket;
     first_.pop_back();
     return *this;
 }

@@ -11,10 +11,10 @@ namespace moat {
 
 class json_writer {
   public:
-    json_writer& begin_object();
-    json_writer& end_object();
-    json_writer& begin_array();
-    json_writer& end_array();
+    json_writer& begin_object() { return open('{'); }
+    json_writer& end_object() { return close('}'); }
+    json_writer& begin_array() { return open('['); }
+    json_writer& end_array() { return close(']'); }
     json_writer& key(std::string_view name);
     json_writer& value(std::string_view s);
     json_writer& value(const char* s) { return value(std::string_view(s)); }
@@ -30,6 +30,8 @@ class json_writer {
 
   private:
     void separate();
+    json_writer& open(char bracket);
+    json_writer& close(char bracket);
     std::string out_;
     std::vector<bool> first_;  // per open container: no element written yet
     bool after_key_ = false;

@@ -1,5 +1,7 @@
 #include "egress/network_policy.hpp"
 
+#include "core/ascii.hpp"
+
 namespace moat::egress {
 namespace {
 
@@ -38,25 +40,6 @@ std::string name_problem(std::string_view name, bool allow_underscore) {
     return {};
 }
 
-std::string lower(std::string_view text) {
-    std::string out(text);
-    for (char& c : out) {
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    }
-    return out;
-}
-
-std::optional<std::uint16_t> parse_port(std::string_view digits) {
-    if (digits.empty() || digits.size() > 5) return std::nullopt;
-    unsigned value = 0;
-    for (char c : digits) {
-        if (c < '0' || c > '9') return std::nullopt;
-        value = value * 10 + static_cast<unsigned>(c - '0');
-    }
-    if (value == 0 || value > 65535) return std::nullopt;
-    return static_cast<std::uint16_t>(value);
-}
-
 std::string quoted(std::string_view text) {
     std::string out = "\"";
     for (char c : text.substr(0, 300)) {
@@ -80,7 +63,7 @@ bool host_pattern::matches(std::string_view host, std::uint16_t request_port) co
 
 std::optional<std::string> normalise_host_name(std::string_view host, bool allow_underscore) {
     if (!host.empty() && host.back() == '.') host.remove_suffix(1);
-    auto name = lower(host);
+    auto name = detail::ascii_lowered(host);
     if (!name_problem(name, allow_underscore).empty()) return std::nullopt;
     return name;
 }
@@ -93,7 +76,7 @@ std::optional<host_pattern> parse_host_pattern(std::string_view text, std::strin
     }
     const auto colon = text.rfind(':');
     if (colon != std::string_view::npos) {
-        auto port = parse_port(text.substr(colon + 1));
+        auto port = detail::parse_port(text.substr(colon + 1));
         if (!port) {
             why = "has a port that is not 1-65535";
             return std::nullopt;
@@ -106,7 +89,7 @@ std::optional<host_pattern> parse_host_pattern(std::string_view text, std::strin
         text.remove_prefix(2);
     }
     if (!text.empty() && text.back() == '.') text.remove_suffix(1);
-    auto name = lower(text);
+    auto name = detail::ascii_lowered(text);
     if (auto problem = name_problem(name, false); !problem.empty()) {
         why = problem;
         return std::nullopt;
@@ -178,7 +161,7 @@ result<network_policy> make_network_policy(const network_request& request) {
                               "--resolve " + quoted(text) + " is not NAME=ADDR");
         }
         const std::string_view view(text);
-        auto name = lower(view.substr(0, equals));
+        auto name = detail::ascii_lowered(view.substr(0, equals));
         if (!name.empty() && name.back() == '.') name.pop_back();
         if (auto problem = name_problem(name, false); !problem.empty() || looks_numeric(name)) {
             if (problem.empty()) problem = "is an IP literal";

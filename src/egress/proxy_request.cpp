@@ -37,17 +37,6 @@ parse_outcome refuse(int status, std::string reason) {
     return out;
 }
 
-std::optional<std::uint16_t> parse_port(std::string_view digits) {
-    if (digits.empty() || digits.size() > 5) return std::nullopt;
-    unsigned value = 0;
-    for (char c : digits) {
-        if (c < '0' || c > '9') return std::nullopt;
-        value = value * 10 + static_cast<unsigned>(c - '0');
-    }
-    if (value == 0 || value > 65535) return std::nullopt;
-    return static_cast<std::uint16_t>(value);
-}
-
 // host[:port] or [v6][:port]; `port_required` for CONNECT. Sets host/port or returns a reason.
 std::string parse_authority(std::string_view authority, bool port_required, proxy_request& out) {
     if (authority.empty()) return "the request names no host";
@@ -75,7 +64,7 @@ std::string parse_authority(std::string_view authority, bool port_required, prox
     } else {
         if (rest.front() != ':')
             return "the request's host is followed by something other than a port";
-        auto port = parse_port(rest.substr(1));
+        auto port = detail::parse_port(rest.substr(1));
         if (!port) return "the request's port is not 1-65535";
         out.port = *port;
     }

@@ -502,89 +502,92 @@ std::size_t sandbox::running_beside() const noexcept {
 // Each public operation is a plain function: it binds the shared state now (the handle may be
 // dropped before the awaitable is awaited) and puts the one exception boundary (guarded) on top.
 
+namespace {
+
+// impl::run of one backend call under the exception boundary: `call(backend, id)` makes the
+// backend's awaitable (a plain lambda owning the operation's arguments, called at most once).
+template <class T, class Call>
+asio::awaitable<result<T>> run_call(std::shared_ptr<sandbox::impl> state, const char* what,
+                                    deadline limit, lane in, Call call) {
+    std::function<asio::awaitable<result<T>>()> start = [state, call]() mutable {
+        return call(state->sandboxes, state->info.id);
+    };
+    return guarded(sandbox::impl::run<T>(std::move(state), what, limit, in, std::move(start)));
+}
+
+}  // namespace
+
 asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit,
                                                          lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<exec_result>>()> start = [state, request]() mutable {
-        return state->sandboxes.async_exec(state->info.id, std::move(request));
-    };
-    return guarded(impl::run<exec_result>(state, "exec", limit, in, std::move(start)));
+    return run_call<exec_result>(
+        impl_, "exec", limit, in,
+        [request = std::move(request)](backend& b, const std::string& id) mutable {
+            return b.async_exec(id, std::move(request));
+        });
 }
 
 asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
     std::vector<file_write> files, deadline limit, lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<std::vector<file_write_result>>>()> start =
-        [state, files]() mutable {
-            return state->sandboxes.async_write_files(state->info.id, std::move(files));
-        };
-    return guarded(impl::run<std::vector<file_write_result>>(state, "write_files", limit, in,
-                                                             std::move(start)));
+    return run_call<std::vector<file_write_result>>(
+        impl_, "write_files", limit, in,
+        [files = std::move(files)](backend& b, const std::string& id) mutable {
+            return b.async_write_files(id, std::move(files));
+        });
 }
 
 asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
     std::vector<std::string> paths, deadline limit, lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<std::vector<file_read_result>>>()> start =
-        [state, paths]() mutable {
-            return state->sandboxes.async_read_files(state->info.id, std::move(paths));
-        };
-    return guarded(
-        impl::run<std::vector<file_read_result>>(state, "read_files", limit, in, std::move(start)));
+    return run_call<std::vector<file_read_result>>(
+        impl_, "read_files", limit, in,
+        [paths = std::move(paths)](backend& b, const std::string& id) mutable {
+            return b.async_read_files(id, std::move(paths));
+        });
 }
 
 asio::awaitable<result<file_write_result>> sandbox::async_write_file_stream(
     file_write_target target, byte_source given, deadline limit, lane in) {
-    auto state = impl_;
     byte_source source =
-        stall_bounded_source{std::move(given), state->options.transfer_stall_limit};
-    std::function<asio::awaitable<result<file_write_result>>()> start = [state, target,
-                                                                         source]() mutable {
-        return state->sandboxes.async_write_file_stream(state->info.id, std::move(target),
-                                                        std::move(source));
-    };
-    return guarded(
-        impl::run<file_write_result>(state, "write_file_stream", limit, in, std::move(start)));
+        stall_bounded_source{std::move(given), impl_->options.transfer_stall_limit};
+    return run_call<file_write_result>(impl_, "write_file_stream", limit, in,
+                                       [target = std::move(target), source = std::move(source)](
+                                           backend& b, const std::string& id) mutable {
+                                           return b.async_write_file_stream(id, std::move(target),
+                                                                            std::move(source));
+                                       });
 }
 
 asio::awaitable<result<std::vector<file_metadata_result>>> sandbox::async_read_metadata(
     std::vector<std::string> paths, deadline limit, lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<std::vector<file_metadata_result>>>()> start =
-        [state, paths]() mutable {
-            return state->sandboxes.async_read_metadata(state->info.id, std::move(paths));
-        };
-    return guarded(impl::run<std::vector<file_metadata_result>>(state, "read_metadata", limit, in,
-                                                                std::move(start)));
+    return run_call<std::vector<file_metadata_result>>(
+        impl_, "read_metadata", limit, in,
+        [paths = std::move(paths)](backend& b, const std::string& id) mutable {
+            return b.async_read_metadata(id, std::move(paths));
+        });
 }
 
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit, lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<file_stat>>()> start = [state, path]() mutable {
-        return state->sandboxes.async_stat(state->info.id, std::move(path));
-    };
-    return guarded(impl::run<file_stat>(state, "stat", limit, in, std::move(start)));
+    return run_call<file_stat>(impl_, "stat", limit, in,
+                               [path = std::move(path)](backend& b, const std::string& id) mutable {
+                                   return b.async_stat(id, std::move(path));
+                               });
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
                                                                         deadline limit, lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<std::vector<dir_entry>>>()> start = [state,
-                                                                              path]() mutable {
-        return state->sandboxes.async_list_dir(state->info.id, std::move(path));
-    };
-    return guarded(
-        impl::run<std::vector<dir_entry>>(state, "list_dir", limit, in, std::move(start)));
+    return run_call<std::vector<dir_entry>>(
+        impl_, "list_dir", limit, in,
+        [path = std::move(path)](backend& b, const std::string& id) mutable {
+            return b.async_list_dir(id, std::move(path));
+        });
 }
 
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<sandbox_info>>()> start = [state, ttl]() mutable {
-        return state->sandboxes.async_extend_ttl(state->info.id, ttl);
-    };
-    return guarded(
-        impl::run<sandbox_info>(state, "extend_ttl", limit, lane::ordered, std::move(start)));
+    return run_call<sandbox_info>(
+        impl_, "extend_ttl", limit, lane::ordered,
+        [ttl = std::move(ttl)](backend& b, const std::string& id) mutable {
+            return b.async_extend_ttl(id, ttl);
+        });
 }
 
 namespace {
@@ -657,11 +660,11 @@ asio::awaitable<result<file_read_stream>> sandbox::async_read_file_stream(std::s
 
 asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit,
                                                       lane in) {
-    auto state = impl_;
-    std::function<asio::awaitable<result<process>>()> start = [state, request]() mutable {
-        return state->sandboxes.async_spawn(state->info.id, std::move(request));
-    };
-    return guarded(impl::run<process>(state, "spawn", limit, in, std::move(start)));
+    return run_call<process>(
+        impl_, "spawn", limit, in,
+        [request = std::move(request)](backend& b, const std::string& id) mutable {
+            return b.async_spawn(id, std::move(request));
+        });
 }
 
 asio::awaitable<result<void>> sandbox::async_destroy() {

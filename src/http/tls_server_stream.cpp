@@ -1,6 +1,6 @@
 #include "http/tls_server_stream.hpp"
 
-#include "core/asio_compat.hpp"
+#include "http/socket_stream.hpp"
 #include "http/tls.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -13,47 +13,22 @@ namespace moat::http {
 
 namespace {
 
-class tls_server_stream final : public stream {
+class tls_server_stream final : public socket_stream<tls_server_stream> {
   public:
     tls_server_stream(asio::ip::tcp::socket socket, std::shared_ptr<asio::ssl::context> context)
         : context_(std::move(context)), stream_(std::move(socket), *context_) {
-        std::error_code ignored;
-        stream_.lowest_layer().set_option(asio::ip::tcp::no_delay(true), ignored);
+        set_no_delay();
     }
     ~tls_server_stream() override { close(); }
 
-    tls_stream& native() noexcept { return stream_; }
-
-    asio::awaitable<std::tuple<std::error_code, std::size_t>> async_read_some(
-        asio::mutable_buffer buffer) override {
-        auto token = as_tuple(asio::use_awaitable);
-        co_return co_await stream_.async_read_some(buffer, token);
-    }
-
-    asio::awaitable<std::tuple<std::error_code, std::size_t>> async_write(
-        std::span<const asio::const_buffer> buffers) override {
-        auto token = as_tuple(asio::use_awaitable);
-        co_return co_await asio::async_write(stream_, buffers, token);
-    }
+    tls_stream& next() noexcept { return stream_; }
+    const tls_stream& next() const noexcept { return stream_; }
 
     asio::awaitable<void> async_shutdown() override {
         auto token = as_tuple(asio::use_awaitable);
         auto [ec] =
             co_await stream_.async_shutdown(token);  // close_notify; the peer's reply or not
         (void)ec;
-    }
-
-    void close() noexcept override {
-        std::error_code ignored;
-        stream_.lowest_layer().close(ignored);
-    }
-
-    bool is_open() const noexcept override { return stream_.lowest_layer().is_open(); }
-
-    std::size_t unread_bytes() const noexcept override {
-        std::error_code ec;
-        const auto n = stream_.lowest_layer().available(ec);
-        return ec ? 0 : n;
     }
 
   private:
@@ -80,12 +55,12 @@ asio::awaitable<result<std::unique_ptr<stream>>> async_tls_handshake(
     timer.expires_at(deadline);
     timer.async_wait(handshake_expiry{target});
     auto token = as_tuple(asio::use_awaitable);
-    auto [ec] = co_await s->native().async_handshake(asio::ssl::stream_base::server, token);
+    auto [ec] = co_await s->next().async_handshake(asio::ssl::stream_base::server, token);
     const bool late = std::chrono::steady_clock::now() >= deadline;
     *target = nullptr;
     timer.cancel();
     if (ec) {
-        std::string why = "TLS handshake failed: " + describe_handshake_failure(s->native(), ec);
+        std::string why = "TLS handshake failed: " + describe_handshake_failure(s->next(), ec);
         if (late) why = "TLS handshake not complete within the head timeout";
         co_return make_error(errc::backend_failure, std::move(why));
     }

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -165,75 +166,59 @@ class host_session_store final : public session_store {
 
     asio::awaitable<result<std::optional<session_record>>> async_get(std::string key,
                                                                      deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        store_detail::expire(*e, now());
-        co_return store_detail::view(&*e, now());
+        std::optional<session_record> answer;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            store_detail::expire(e, now());
+            answer = store_detail::view(&e, now());
+            return false;
+        };
+        co_return co_await answer_after(key, limit, std::move(step), answer);
     }
 
     asio::awaitable<result<session_claim>> async_claim(std::string key, std::string expected,
                                                        std::chrono::milliseconds lease,
                                                        deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        auto token = new_token();
-        if (!token) co_return std::move(token).error();
-        auto answer = store_detail::claim(*e, expected, lease, now(), std::move(*token));
-        if (answer.token) {
-            auto written = write(key, *e);
-            if (!written) co_return std::move(written).error();
-        }
-        co_return answer;
+        session_claim answer;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            auto token = new_token();
+            if (!token) return std::move(token).error();
+            answer = store_detail::claim(e, expected, lease, now(), std::move(*token));
+            return answer.token.has_value();
+        };
+        co_return co_await answer_after(key, limit, std::move(step), answer);
     }
 
     asio::awaitable<result<bool>> async_renew(std::string key, std::string token,
                                               std::chrono::milliseconds lease,
                                               deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        if (!store_detail::renew(*e, token, lease, now())) co_return false;
-        auto written = write(key, *e);
-        if (!written) co_return std::move(written).error();
-        co_return true;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            return store_detail::renew(e, token, lease, now());
+        };
+        co_return co_await update(key, limit, std::move(step));
     }
 
     asio::awaitable<result<bool>> async_commit(std::string key, std::string token,
                                                std::string sandbox_id, std::uint64_t generation,
                                                std::chrono::milliseconds ttl,
                                                deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        if (!store_detail::commit(*e, token, std::move(sandbox_id), generation, ttl, now())) {
-            co_return false;
-        }
-        auto written = write(key, *e);
-        if (!written) co_return std::move(written).error();
-        co_return true;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            return store_detail::commit(e, token, std::move(sandbox_id), generation, ttl, now());
+        };
+        co_return co_await update(key, limit, std::move(step));
     }
 
     asio::awaitable<result<void>> async_release(std::string key, std::string token,
                                                 deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        if (e->token != token) co_return result<void>{};
-        store_detail::release(*e, token);
-        store_detail::expire(*e, now());
-        co_return write(key, *e);
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            if (e.token != token) return false;
+            store_detail::release(e, token);
+            store_detail::expire(e, now());
+            return true;
+        };
+        auto updating = update(key, limit, std::move(step));
+        auto updated = co_await std::move(updating);
+        if (!updated) co_return std::move(updated).error();
+        co_return result<void>{};
     }
 
     asio::awaitable<result<std::optional<session_touch>>> async_touch(std::string key,
@@ -241,42 +226,61 @@ class host_session_store final : public session_store {
                                                                       std::chrono::milliseconds ttl,
                                                                       bool take_notice,
                                                                       deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        auto answer = store_detail::touch(*e, sandbox_id, ttl, take_notice, now());
-        if (answer) {
-            auto written = write(key, *e);
-            if (!written) co_return std::move(written).error();
-        }
-        co_return answer;
+        std::optional<session_touch> answer;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            answer = store_detail::touch(e, sandbox_id, ttl, take_notice, now());
+            return answer.has_value();
+        };
+        co_return co_await answer_after(key, limit, std::move(step), answer);
     }
 
     asio::awaitable<result<bool>> async_erase(
         std::string key, std::string sandbox_id,
         std::optional<std::chrono::milliseconds> unused_at_least,
         std::optional<std::chrono::milliseconds> remember_for, deadline limit) override {
-        auto locking = lock(key, limit);
-        auto locked = co_await std::move(locking);
-        if (!locked) co_return std::move(locked).error();
-        auto e = read(key);
-        if (!e) co_return std::move(e).error();
-        if (!store_detail::erase(*e, sandbox_id, unused_at_least, remember_for, now())) {
-            co_return false;
-        }
-        auto written = write(key, *e);
-        if (!written) co_return std::move(written).error();
-        locked->reset();
-        sweep_some();
-        co_return true;
+        entry_step step = [&](store_detail::entry& e) -> result<bool> {
+            return store_detail::erase(e, sandbox_id, unused_at_least, remember_for, now());
+        };
+        auto updating = update(key, limit, std::move(step));
+        auto erased = co_await std::move(updating);
+        // After the key's lock is released: the sweep skips a key whose lock is busy.
+        if (erased && *erased) sweep_some();
+        co_return erased;
     }
 
     bool is_shared() const noexcept override { return true; }
 
   private:
     static store_detail::time_point now() { return store_detail::clock::now(); }
+
+    // One step of the contract on a key's entry: changes it (or not) and says whether it changed.
+    using entry_step = std::function<result<bool>(store_detail::entry&)>;
+
+    // Every operation's frame: under the key's lock, reads its entry, applies `step` and writes the
+    // entry back when the step changed it; the lock is released before this returns. The result
+    // is the step's (or the first failure: the lock, the read, the step, the write).
+    asio::awaitable<result<bool>> update(const std::string& key, deadline limit, entry_step step) {
+        auto locking = lock(key, limit);
+        auto locked = co_await std::move(locking);
+        if (!locked) co_return std::move(locked).error();
+        auto e = read(key);
+        if (!e) co_return std::move(e).error();
+        auto changed = step(*e);
+        if (!changed || !*changed) co_return changed;
+        auto written = write(key, *e);
+        if (!written) co_return std::move(written).error();
+        co_return true;
+    }
+
+    // update(), then what the step left in `answer` (a local of the awaiting caller).
+    template <class T>
+    asio::awaitable<result<T>> answer_after(const std::string& key, deadline limit, entry_step step,
+                                            const T& answer) {
+        auto updating = update(key, limit, std::move(step));
+        auto updated = co_await std::move(updating);
+        if (!updated) co_return std::move(updated).error();
+        co_return answer;
+    }
 
     std::string path(const std::string& key, const char* suffix) const {
         return options_.directory + "/" + hex(key) + suffix;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace moat {
 
@@ -149,16 +150,19 @@ bool parse_crash(std::string_view line, int& exit_code, int& signal) {
     return parsed_signal.ec == std::errc();
 }
 
+// The interpreter isolated from the sandbox's environment and site (-I -S), running `source` with
+// one argument: how every program of the protocol (supervisor, relay) starts.
+std::vector<std::string> isolated_python(const std::string& python, std::string_view source,
+                                         std::string argument) {
+    return {python, "-I", "-S", "-c", std::string(source), std::move(argument)};
+}
+
 }  // namespace
 
 asio::awaitable<void> python_kernel::confirm_stopped(sandbox& box) {
     exec_request call;
-    call.argv = {python_,
-                 "-I",
-                 "-S",
-                 "-c",
-                 std::string(python_relay_source()),
-                 std::to_string(std::chrono::milliseconds(stop_bound).count())};
+    call.argv = isolated_python(python_, python_relay_source(),
+                                std::to_string(std::chrono::milliseconds(stop_bound).count()));
     call.wall_limit = stop_bound + start_bound;
     const auto limit = deadline::after(stop_bound + start_bound);
     auto spawned = co_await box.async_spawn(std::move(call), limit);
@@ -178,12 +182,8 @@ python_kernel::~python_kernel() = default;
 
 asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadline limit) {
     exec_request start;
-    start.argv = {python_,
-                  "-I",
-                  "-S",
-                  "-c",
-                  std::string(python_resident_source()),
-                  std::string(python_driver_source())};
+    start.argv =
+        isolated_python(python_, python_resident_source(), std::string(python_driver_source()));
     start.wall_limit = exec_request::max_spawn_wall_limit;
     start.resident = true;
     auto spawned = co_await box.async_spawn(std::move(start), limit);
@@ -218,12 +218,8 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     greeting greeted;
     for (int round = 0;; ++round) {
         exec_request call;
-        call.argv = {python_,
-                     "-I",
-                     "-S",
-                     "-c",
-                     std::string(python_relay_source()),
-                     std::to_string(turn_wait.count())};
+        call.argv =
+            isolated_python(python_, python_relay_source(), std::to_string(turn_wait.count()));
         call.wall_limit = std::min<std::chrono::milliseconds>(exec_request::max_spawn_wall_limit,
                                                               timeout + turn_wait + start_bound);
         auto spawned = co_await box->async_spawn(std::move(call), limit);

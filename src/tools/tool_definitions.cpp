@@ -15,6 +15,11 @@ constexpr std::string_view timeout_schema =
     R"("description":"Time limit for this call in seconds: more than 0 and at most 600 )"
     R"((default 30)."})";
 
+// The schema of the tools that name a background process by its id.
+constexpr std::string_view process_id_schema =
+    R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
+    R"("required":["id"],"additionalProperties":false})";
+
 // `text` inside a JSON string, without the quotes.
 std::string json_inner(std::string_view text) {
     std::string quoted;
@@ -156,15 +161,13 @@ std::vector<tool_definition> tool_definitions(const sandbox_layout& layout, std:
         "Show what a background process (from " + p +
             "start_process) has printed so far: the last 64 KiB of its stdout and of its "
             "stderr, cut to head and tail when long, and whether it is still running.",
-        R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
-        R"("required":["id"],"additionalProperties":false})"});
+        std::string(process_id_schema)});
     tools.push_back(tool_definition{
         p + "stop_process",
         "Stop a background process (from " + p +
             "start_process): SIGTERM, then SIGKILL after 3 seconds. The result says how it "
             "ended.",
-        R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"description":"The process id from start_process (an integer of at least 1)."}},)"
-        R"("required":["id"],"additionalProperties":false})"});
+        std::string(process_id_schema)});
     return tools;
 }
 

@@ -5,6 +5,7 @@
 #include <moat/task_group.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/bench/helper_process.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
@@ -105,14 +106,6 @@ struct serve_child {
     std::string stderr_path;
 };
 
-std::string random_key() {
-    std::random_device device;
-    std::string key = "e2b_";
-    constexpr const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 40; ++i) key += hex[device() % 16];
-    return key;
-}
-
 std::string read_whole(const std::string& path) {
     std::ifstream in(path);
     std::stringstream s;
@@ -157,7 +150,7 @@ pid_t spawn_to_files(const std::vector<std::string>& argv, const std::string& ou
 
 // Starts this binary's `serve` and waits for its two listener lines; "" or why it failed.
 std::string start_serve(const std::string& dir, serve_child& s) {
-    s.api_key = random_key();
+    s.api_key = random_api_key();
     const std::string key_file = dir + "/api-key";
     {
         std::ofstream out(key_file);
@@ -478,40 +471,19 @@ int bench_e2b(int argc, char** argv) {
     if (const char* dir = std::getenv("MOAT_E2B_SDK_DIR"); dir != nullptr && *dir != 0) {
         o.sdk_dir = dir;
     }
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 100'000) throw usage_error("--n: expected 1 to 100000");
-            o.n = *n;
-        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            const auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 64) throw usage_error("--concurrency: expected 1 to 64");
-            o.concurrency = *n;
-        } else if (auto m = flag_value("--lifecycle-n", argc, argv, i)) {
-            const auto n = parse_unsigned(*m);
-            if (!n || *n > 10'000) throw usage_error("--lifecycle-n: expected 0 to 10000");
-            o.lifecycle_n = *n;
-        } else if (auto command = flag_value("--command", argc, argv, i)) {
-            o.command = *command;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else if (auto d = flag_value("--sdk-dir", argc, argv, i)) {
-            o.sdk_dir = *d;
-        } else if (auto s = flag_value("--sdk-script", argc, argv, i)) {
-            o.script = *s;
-        } else if (auto node = flag_value("--node", argc, argv, i)) {
-            o.node = *node;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
-    char dir_template[] = "/tmp/moat-bench-e2b-XXXXXX";
-    if (::mkdtemp(dir_template) == nullptr) {
+    parse_flags(
+        argc, argv,
+        {count_flag("--n", o.n, 1, 100'000), count_flag("--concurrency", o.concurrency, 1, 64),
+         count_flag("--lifecycle-n", o.lifecycle_n, 0, 10'000), string_flag("--command", o.command),
+         string_flag("--json", o.json_path), string_flag("--sdk-dir", o.sdk_dir),
+         string_flag("--sdk-script", o.script), string_flag("--node", o.node)});
+    scratch_directory scratch("moat-bench-e2b");
+    const std::string dir = scratch.path();
+    if (dir.empty()) {
         return report_error(
             "bench e2b",
             make_error(errc::backend_failure, "cannot make a temporary directory under /tmp"));
     }
-    const std::string dir = dir_template;
     e2b_bench_results r;
     serve_child serve;
     // serve is started before any thread or io_context of this process exists (fork).
@@ -529,8 +501,6 @@ int bench_e2b(int argc, char** argv) {
             r.why = "moat serve exited " + std::to_string(r.serve_code) + ": " + err;
         }
     }
-    std::error_code removed;
-    std::filesystem::remove_all(dir, removed);
     if (code != 0) return code;
 
     std::string out;
@@ -568,11 +538,7 @@ int bench_e2b(int argc, char** argv) {
            ratio(r.e2b_create_exec.percentile(0.99), r.local_create_exec.percentile(0.99)) + "\n";
     if (!r.lifecycle_why.empty()) out += "(b) first failure: " + r.lifecycle_why + "\n";
     if (!r.why.empty()) out += "failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench e2b", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("concurrency").value(static_cast<std::uint64_t>(o.concurrency));
         w.key("command").value(o.command);
@@ -594,10 +560,8 @@ int bench_e2b(int argc, char** argv) {
             .value(ratio_value(r.e2b_create_exec.percentile(0.5),
                                r.local_create_exec.percentile(0.5)));
         w.key("serve_exit_code").value(r.serve_code);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    const bool ok = r.why.empty() && r.cpp.has_run && r.sdk.has_run &&
+    });
+    const bool ok = published && r.why.empty() && r.cpp.has_run && r.sdk.has_run &&
                     r.cpp.latency.failures == 0 && r.sdk.latency.failures == 0 &&
                     r.e2b_create_exec.failures == 0 && r.local_create_exec.failures == 0 &&
                     r.lifecycle_why.empty() && r.cpp.why.empty() && r.sdk.why.empty();

@@ -42,19 +42,13 @@ struct egress_bench_options {
 
 // A python3 http.server on 127.0.0.1 over a temporary directory holding big.bin and small.bin;
 // stopped (TERM, then KILL) and removed at the end.
-class file_server {
+class file_server : public helper_server {
   public:
-    ~file_server() { stop(); }
-
     bool start(std::size_t big_bytes, std::string& why) {
-        char pattern[] = "/tmp/moat-bench-egress-XXXXXX";
-        if (::mkdtemp(pattern) == nullptr) {
-            why = "cannot make a temporary directory under /tmp";
-            return false;
-        }
-        dir_ = pattern;
-        if (!fill(dir_ + "/big.bin", big_bytes) || !fill(dir_ + "/small.bin", small_bytes)) {
-            why = "cannot write the files to serve under " + dir_;
+        if (!make_directory("moat-bench-egress", why)) return false;
+        const std::string& dir = directory();
+        if (!fill(dir + "/big.bin", big_bytes) || !fill(dir + "/small.bin", small_bytes)) {
+            why = "cannot write the files to serve under " + dir;
             return false;
         }
         port = free_port();
@@ -62,36 +56,15 @@ class file_server {
             why = "no free loopback port";
             return false;
         }
-        const std::string port_text = std::to_string(port);
-        pid_ = ::fork();
-        if (pid_ < 0) {
-            why = "fork failed";
-            return false;
-        }
-        if (pid_ == 0) {
-            const int null = ::open("/dev/null", O_WRONLY);
-            ::dup2(null, STDOUT_FILENO);
-            ::dup2(null, STDERR_FILENO);
-            ::execlp("python3", "python3", "-m", "http.server", port_text.c_str(), "--bind",
-                     "127.0.0.1", "--directory", dir_.c_str(), static_cast<char*>(nullptr));
-            ::_exit(127);
-        }
         const std::uint16_t listening = port;
-        if (!wait_until_serving(
-                pid_, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
+        if (!launch(
+                {"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
+                 "--directory", dir},
+                true, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
             why += " (is python3 installed?)";
             return false;
         }
         return true;
-    }
-
-    void stop() {
-        stop_helper_process(pid_);
-        if (!dir_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove_all(dir_, ignored);
-            dir_.clear();
-        }
     }
 
     std::uint16_t port = 0;
@@ -140,9 +113,6 @@ class file_server {
         ::close(fd);
         return ok;
     }
-
-    std::string dir_;
-    pid_t pid_ = -1;
 };
 
 // A shell loop of `count` curl fetches of `url`, one "<seconds> <bytes>" line each (curl's own
@@ -265,25 +235,9 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
 
 int bench_egress(int argc, char** argv) {
     egress_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto n = flag_value("--n", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*n);
-            if (!parsed || *parsed < 1 || *parsed > 10'000) {
-                throw usage_error("--n: expected 1 to 10000");
-            }
-            o.n = *parsed;
-        } else if (auto mb = flag_value("--mb", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*mb);
-            if (!parsed || *parsed < 1 || *parsed > 4096) {
-                throw usage_error("--mb: expected 1 to 4096");
-            }
-            o.mb = *parsed;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(argc, argv,
+                {count_flag("--n", o.n, 1, 10'000), count_flag("--mb", o.mb, 1, 4096),
+                 string_flag("--json", o.json_path)});
     file_server server;
     std::string why;
     if (!server.start(o.mb << 20, why)) {
@@ -317,10 +271,7 @@ int bench_egress(int argc, char** argv) {
                   "connection setup overhead (1 KiB fetch p50, proxied minus direct): %.2f ms\n",
                   overhead);
     out += line;
-    write_all(STDOUT_FILENO, out);
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench egress", out, o.json_path, [&](json_writer& w) {
         for (const auto* s :
              {&r.host_download, &r.sandbox_download, &r.host_small, &r.sandbox_small}) {
             w.key(s->name);
@@ -328,14 +279,7 @@ int bench_egress(int argc, char** argv) {
         }
         w.key("throughput_ratio_p50").value(ratio);
         w.key("setup_overhead_p50_ms").value(overhead);
-        w.end_object();
-        std::ofstream file(o.json_path);
-        file << w.take() << "\n";
-        if (!file) {
-            return report_error("bench egress",
-                                make_error(errc::invalid_argument, "cannot write " + o.json_path));
-        }
-    }
+    });
     const std::size_t failures = r.host_download.failures + r.sandbox_download.failures +
                                  r.host_small.failures + r.sandbox_small.failures;
     if (failures > 0) {
@@ -343,7 +287,7 @@ int bench_egress(int argc, char** argv) {
                   "moat bench egress: " + std::to_string(failures) + " fetches failed\n");
         return code != 0 ? code : exit_failure;
     }
-    return code;
+    return published ? code : exit_failure;
 }
 
 }  // namespace moat::cli

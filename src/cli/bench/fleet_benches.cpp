@@ -32,20 +32,10 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-std::size_t count_flag(const char* flag, int argc, char** argv, std::size_t fallback,
-                       std::size_t max) {
+// The one flag a fleet bench takes (a count from 1 to 100000), or `fallback`.
+std::size_t counted(const char* flag, int argc, char** argv, std::size_t fallback) {
     std::size_t value = fallback;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value(flag, argc, argv, i)) {
-            auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > max) {
-                throw usage_error(std::string(flag) + ": expected 1 to " + std::to_string(max));
-            }
-            value = *n;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(argc, argv, {count_flag(flag, value, 1, 100'000)});
     return value;
 }
 
@@ -302,22 +292,22 @@ asio::awaitable<int> host_size(backend& b, std::size_t n) {
 }  // namespace
 
 int bench_sweep(int argc, char** argv) {
-    const std::size_t per_level = count_flag("--n", argc, argv, 128, 100'000);
+    const std::size_t per_level = counted("--n", argc, argv, 128);
     return run_with_backend([per_level](backend& b) { return sweep(b, per_level); });
 }
 
 int bench_memory(int argc, char** argv) {
-    const std::size_t count = count_flag("--count", argc, argv, 1000, 100'000);
+    const std::size_t count = counted("--count", argc, argv, 1000);
     return run_with_backend([count](backend& b) { return hold_idle(b, count); });
 }
 
 int bench_pool(int argc, char** argv) {
-    const std::size_t n = count_flag("--n", argc, argv, 500, 100'000);
+    const std::size_t n = counted("--n", argc, argv, 500);
     return run_with_backend([n](backend& b) { return pool_handout(b, n); });
 }
 
 int bench_hostsize(int argc, char** argv) {
-    const std::size_t n = count_flag("--n", argc, argv, 300, 100'000);
+    const std::size_t n = counted("--n", argc, argv, 300);
     return run_with_backend([n](backend& b) { return host_size(b, n); });
 }
 

@@ -297,25 +297,10 @@ void write_run(json_writer& w, const client_run& r) {
 
 int bench_http(int argc, char** argv) {
     http_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 10'000'000) throw usage_error("--n: expected 1 to 10000000");
-            o.n = *n;
-        } else if (auto c = flag_value("--concurrency", argc, argv, i)) {
-            const auto n = parse_unsigned(*c);
-            if (!n || *n < 1 || *n > 256) throw usage_error("--concurrency: expected 1 to 256");
-            o.concurrency = *n;
-        } else if (auto m = flag_value("--stream-mib", argc, argv, i)) {
-            const auto n = parse_unsigned(*m);
-            if (!n || *n < 1 || *n > 65536) throw usage_error("--stream-mib: expected 1 to 65536");
-            o.stream_mib = *n;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(
+        argc, argv,
+        {count_flag("--n", o.n, 1, 10'000'000), count_flag("--concurrency", o.concurrency, 1, 256),
+         count_flag("--stream-mib", o.stream_mib, 1, 65536), string_flag("--json", o.json_path)});
 
     // moat's server on its own thread: both clients load the same server the same way.
     asio::io_context server_io;
@@ -379,11 +364,7 @@ int bench_http(int argc, char** argv) {
     if (moat_run.ok && curl_mb_s > 0) {
         out += "moat / curl: stream " + ratio(moat_run.stream_mb_per_s(), curl_mb_s) + "\n";
     }
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench http", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("concurrency").value(static_cast<std::uint64_t>(o.concurrency));
         w.key("stream_mib").value(static_cast<std::uint64_t>(o.stream_mib));
@@ -392,10 +373,8 @@ int bench_http(int argc, char** argv) {
         w.key("node");
         write_run(w, node_run);
         w.key("curl_stream_mb_per_s").value(curl_mb_s);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    return moat_run.ok ? 0 : exit_failure;
+    });
+    return published && moat_run.ok ? 0 : exit_failure;
 }
 
 }  // namespace moat::cli

@@ -1,8 +1,13 @@
 #include "cli/bench/latency_summary.hpp"
 
+#include "cli/cli_runtime.hpp"
+
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 
 namespace moat::cli {
@@ -126,6 +131,21 @@ std::string cdf_svg(const std::vector<const latency_samples*>& series, const std
     }
     svg += "</svg>\n";
     return svg;
+}
+
+bool publish_report(std::string_view command, std::string_view text, const std::string& json_path,
+                    const std::function<void(json_writer&)>& members) {
+    write_all(STDOUT_FILENO, text);
+    if (json_path.empty()) return true;
+    json_writer w;
+    w.begin_object();
+    members(w);
+    w.end_object();
+    std::ofstream file(json_path);
+    file << w.take() << "\n";
+    if (file) return true;
+    report_error(command, make_error(errc::invalid_argument, "cannot write " + json_path));
+    return false;
 }
 
 }  // namespace moat::cli

@@ -5,7 +5,9 @@
 #include "core/json_writer.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace moat::cli {
@@ -27,6 +29,12 @@ void write_summary(json_writer& w, const latency_samples& s);
 // "create                     500  100.0%   1.78   2.20   3.12   3.40   3.48"
 std::string summary_line(const latency_samples& s);
 std::string summary_header();
+
+// A bench's report: `text` on stdout and, when `json_path` is not empty, one JSON object there
+// (its members written by `members`) and a newline. false, the error printed for `command`, when
+// the file cannot be written.
+bool publish_report(std::string_view command, std::string_view text, const std::string& json_path,
+                    const std::function<void(json_writer&)>& members);
 
 // A self-contained SVG with one CDF line per series (log-scaled latency axis).
 std::string cdf_svg(const std::vector<const latency_samples*>& series, const std::string& title);

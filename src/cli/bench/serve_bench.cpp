@@ -4,6 +4,7 @@
 #include <moat/task_group.hpp>
 
 #include "cli/arguments.hpp"
+#include "cli/bench/helper_process.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
@@ -100,14 +101,6 @@ asio::awaitable<void> pause(std::chrono::milliseconds d) {
     co_await timer.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
 }
 
-std::string random_key() {
-    std::random_device device;
-    std::string key = "e2b_";
-    constexpr const char* hex = "0123456789abcdef";
-    for (int i = 0; i < 40; ++i) key += hex[device() % 16];
-    return key;
-}
-
 void note_failure(serve_bench_results& r, latency_samples& series, const std::string& why) {
     ++series.failures;
     if (r.why.empty()) r.why = series.name + ": " + why;
@@ -118,20 +111,31 @@ struct created_sandbox {
     std::string token;
 };
 
-asio::awaitable<result<created_sandbox>> api_create(api_target t) {
+// One call to the control plane with the bench's key, within request_budget: the response, or
+// backend_failure naming `what` ("POST /sandboxes") when its status is not `expected`.
+asio::awaitable<result<http::full_response>> api_call(api_target t, std::string method,
+                                                      std::string path, std::string body,
+                                                      int expected, std::string what) {
     http::request r;
-    r.method = "POST";
-    r.url = t.api_url + "/sandboxes";
+    r.method = std::move(method);
+    r.url = t.api_url + path;
     r.headers.add("X-API-Key", t.api_key);
-    r.headers.add("Content-Type", "application/json");
-    r.body = R"({"templateID":"base","timeout":120})";
+    if (!body.empty()) r.headers.add("Content-Type", "application/json");
+    r.body = std::move(body);
     r.limit = deadline::after(request_budget);
     auto fetched = co_await t.client->async_fetch(std::move(r), max_response_bytes);
     if (!fetched) co_return std::move(fetched).error();
-    if (fetched->status() != 201) {
+    if (fetched->status() != expected) {
         co_return make_error(errc::backend_failure,
-                             "POST /sandboxes: HTTP " + std::to_string(fetched->status()));
+                             what + ": HTTP " + std::to_string(fetched->status()));
     }
+    co_return std::move(*fetched);
+}
+
+asio::awaitable<result<created_sandbox>> api_create(api_target t) {
+    auto fetched = co_await api_call(
+        t, "POST", "/sandboxes", R"({"templateID":"base","timeout":120})", 201, "POST /sandboxes");
+    if (!fetched) co_return std::move(fetched).error();
     simdjson::dom::parser parser;
     const simdjson::padded_string padded(fetched->body);
     simdjson::dom::element doc;
@@ -199,17 +203,9 @@ asio::awaitable<result<void>> api_first_command(api_target t, created_sandbox bo
 }
 
 asio::awaitable<result<void>> api_kill(api_target t, std::string id) {
-    http::request r;
-    r.method = "DELETE";
-    r.url = t.api_url + "/sandboxes/" + id;
-    r.headers.add("X-API-Key", t.api_key);
-    r.limit = deadline::after(request_budget);
-    auto fetched = co_await t.client->async_fetch(std::move(r), max_response_bytes);
+    auto fetched =
+        co_await api_call(t, "DELETE", "/sandboxes/" + id, "", 204, "DELETE /sandboxes/{id}");
     if (!fetched) co_return std::move(fetched).error();
-    if (fetched->status() != 204) {
-        co_return make_error(errc::backend_failure,
-                             "DELETE /sandboxes/{id}: HTTP " + std::to_string(fetched->status()));
-    }
     co_return result<void>();
 }
 
@@ -257,7 +253,7 @@ asio::awaitable<int> run_serve_bench(backend& b, serve_bench_options o, std::str
     serve::serve_options options;
     options.api_listen = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
     options.envd_listen = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0);
-    options.api_key = random_key();
+    options.api_key = random_api_key();
     options.state_dir = state_dir;
     options.destroy_on_exit = true;
     const std::string api_key = options.api_key;
@@ -338,29 +334,18 @@ std::string ratio_line(const char* what, const latency_samples& serve,
 
 int bench_serve(int argc, char** argv) {
     serve_bench_options o;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--n", argc, argv, i)) {
-            const auto n = parse_unsigned(*v);
-            if (!n || *n < 1 || *n > 100'000) throw usage_error("--n: expected 1 to 100000");
-            o.n = *n;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
-    char dir_template[] = "/tmp/moat-bench-serve-XXXXXX";
-    if (::mkdtemp(dir_template) == nullptr) {
+    parse_flags(argc, argv,
+                {count_flag("--n", o.n, 1, 100'000), string_flag("--json", o.json_path)});
+    scratch_directory scratch("moat-bench-serve");
+    const std::string state_dir = scratch.path();
+    if (state_dir.empty()) {
         return report_error("bench serve",
                             make_error(errc::backend_failure,
                                        "cannot make a temporary state directory under /tmp"));
     }
-    const std::string state_dir = dir_template;
     serve_bench_results r;
     const int code = run_with_backend(
         [&o, &state_dir, &r](backend& b) { return run_serve_bench(b, o, state_dir, &r); });
-    std::error_code removed;
-    std::filesystem::remove_all(state_dir, removed);
     if (code != 0) return code;
 
     std::string out;
@@ -382,11 +367,7 @@ int bench_serve(int argc, char** argv) {
     std::snprintf(line, sizeof line, "sandboxes left behind: %zu\n", r.left_behind);
     out += line;
     if (!r.why.empty()) out += "first failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench serve", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         for (const latency_samples* s : {&r.serve_create, &r.library_create, &r.serve_command,
                                          &r.library_command, &r.serve_kill, &r.library_kill}) {
@@ -402,12 +383,11 @@ int bench_serve(int argc, char** argv) {
         w.end_array();
         w.key("left_behind").value(static_cast<std::uint64_t>(r.left_behind));
         w.key("serve_exit_code").value(r.serve_code);
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
+    });
     const std::size_t failures = r.serve_create.failures + r.serve_command.failures +
                                  r.serve_kill.failures + r.library_create.failures;
-    const bool ok = r.why.empty() && failures == 0 && r.left_behind == 0 && r.serve_code == 0;
+    const bool ok =
+        published && r.why.empty() && failures == 0 && r.left_behind == 0 && r.serve_code == 0;
     return ok ? 0 : exit_failure;
 }
 

@@ -63,55 +63,24 @@ bool socket_answers(const std::string& path) {
 }
 
 // A redis-server of the bench's own (no persistence, unix socket only), stopped at the end.
-class own_redis {
+class own_redis : public helper_server {
   public:
-    ~own_redis() { stop(); }
     bool start(std::string& why) {
-        char pattern[] = "/tmp/moat-bench-redis-XXXXXX";
-        if (::mkdtemp(pattern) == nullptr) {
-            why = "cannot make a temporary directory under /tmp";
-            return false;
-        }
-        dir_ = pattern;
-        socket_path = dir_ + "/redis.sock";
-        std::vector<std::string> args{"redis-server", "--port",    "0",
-                                      "--unixsocket", socket_path, "--unixsocketperm",
-                                      "700",          "--dir",     dir_,
-                                      "--save",       "",          "--appendonly",
-                                      "no",           "--logfile", dir_ + "/redis.log"};
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        pid_ = ::fork();
-        if (pid_ < 0) {
-            why = "fork failed";
-            return false;
-        }
-        if (pid_ == 0) {
-            ::execvp("redis-server", argv.data());
-            ::_exit(127);
-        }
+        if (!make_directory("moat-bench-redis", why)) return false;
+        const std::string& dir = directory();
+        socket_path = dir + "/redis.sock";
         const std::string path = socket_path;
-        if (!wait_until_serving(
-                pid_, [path] { return socket_answers(path); }, "redis-server", why)) {
-            why += " (see " + dir_ + "/redis.log)";
+        if (!launch(
+                {"redis-server", "--port", "0", "--unixsocket", socket_path, "--unixsocketperm",
+                 "700", "--dir", dir, "--save", "", "--appendonly", "no", "--logfile",
+                 dir + "/redis.log"},
+                false, [path] { return socket_answers(path); }, "redis-server", why)) {
+            why += " (see " + dir + "/redis.log)";
             return false;
         }
         return true;
     }
-    void stop() {
-        stop_helper_process(pid_);
-        if (!dir_.empty()) {
-            std::error_code ignored;
-            std::filesystem::remove_all(dir_, ignored);
-            dir_.clear();
-        }
-    }
     std::string socket_path;
-
-  private:
-    std::string dir_;
-    pid_t pid_ = -1;
 };
 
 bool redis_server_on_path() {
@@ -276,29 +245,11 @@ struct run_done {
 int bench_store(int argc, char** argv) {
     store_bench_options o;
     if (const char* env = std::getenv("MOAT_STORE"); env != nullptr) o.url = env;
-    for (int i = 0; i < argc; ++i) {
-        if (auto v = flag_value("--store", argc, argv, i)) {
-            o.url = *v;
-        } else if (auto p = flag_value("--password-file", argc, argv, i)) {
-            o.password_file = *p;
-        } else if (auto n = flag_value("--n", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*n);
-            if (!parsed || *parsed < 1 || *parsed > 1'000'000) {
-                throw usage_error("--n: expected 1 to 1000000");
-            }
-            o.n = *parsed;
-        } else if (auto c = flag_value("--claims", argc, argv, i)) {
-            const auto parsed = parse_unsigned(*c);
-            if (!parsed || *parsed < workers || *parsed > 1'000'000) {
-                throw usage_error("--claims: expected 8 to 1000000");
-            }
-            o.claims = *parsed;
-        } else if (auto f = flag_value("--json", argc, argv, i)) {
-            o.json_path = *f;
-        } else {
-            throw usage_error("unexpected argument '" + std::string(argv[i]) + "'");
-        }
-    }
+    parse_flags(
+        argc, argv,
+        {string_flag("--store", o.url), string_flag("--password-file", o.password_file),
+         count_flag("--n", o.n, 1, 1'000'000), count_flag("--claims", o.claims, workers, 1'000'000),
+         string_flag("--json", o.json_path)});
     own_redis own;
     redis_config config;
     std::string where;
@@ -366,11 +317,7 @@ int bench_store(int argc, char** argv) {
                   workers, o.claims, r.memory_claims_per_s, r.redis_claims_per_s);
     out += line;
     if (!r.why.empty()) out += "first failure: " + r.why + "\n";
-    write_all(STDOUT_FILENO, out);
-
-    if (!o.json_path.empty()) {
-        json_writer w;
-        w.begin_object();
+    const bool published = publish_report("bench store", out, o.json_path, [&](json_writer& w) {
         w.key("n").value(static_cast<std::uint64_t>(o.n));
         w.key("store").value(where);
         w.key("memory");
@@ -384,10 +331,8 @@ int bench_store(int argc, char** argv) {
         w.key("memory").value(r.memory_claims_per_s);
         w.key("redis").value(r.redis_claims_per_s);
         w.end_object();
-        w.end_object();
-        std::ofstream(o.json_path) << w.str() << "\n";
-    }
-    const bool ok = r.why.empty() && r.memory.failures == 0 && r.redis.failures == 0;
+    });
+    const bool ok = published && r.why.empty() && r.memory.failures == 0 && r.redis.failures == 0;
     return ok ? 0 : exit_failure;
 }
 
