@@ -1,17 +1,20 @@
-// libFuzzer target for moat serve's E2B request parsers (src/serve/e2b_requests.hpp): the
-// create, timeout, connect and refresh bodies, the list query and its metadata filter, RFC 3339
-// times and base64url page tokens. The first byte picks the parser; the rest is its input.
+// libFuzzer target for the parsers of what a client sends E2B's control plane
+// (src/e2b_protocol/sandbox_requests.hpp, which moat serve runs): the create, timeout, connect and
+// refresh bodies, the list query and its metadata filter, RFC 3339 times and base64url page
+// tokens (core/base64.hpp). The first byte picks the parser; the rest is its input. What parses
+// is written back and must parse to the same.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_e2b_request_fuzzer &&
 //   build/fuzz/fuzz/moat_e2b_request_fuzzer -max_total_time=60 fuzz/corpus/e2b_request
-#include "serve/e2b_requests.hpp"
+#include "core/base64.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-namespace serve = moat::serve;
+namespace protocol = moat::e2b_protocol;
 
 namespace {
 
@@ -20,49 +23,63 @@ void require(bool condition) {
 }
 
 void check_create(std::string_view body) {
-    auto r = serve::parse_create_request(body);
+    auto r = protocol::parse_create_request(body);
     if (!r) {
         require(r.error().code == moat::errc::invalid_argument && !r.error().detail.empty());
         return;
     }
-    require(body.size() <= serve::max_e2b_body_bytes);
-    require(r->metadata.size() <= serve::max_e2b_map_entries);
-    require(r->env_vars.size() <= serve::max_e2b_map_entries);
-    if (r->timeout_s)
-        require(*r->timeout_s >= 0 && *r->timeout_s <= serve::max_e2b_timeout_seconds);
+    require(body.size() <= protocol::max_request_body_bytes);
+    require(r->metadata.size() <= protocol::max_map_entries);
+    require(r->env_vars.size() <= protocol::max_map_entries);
+    if (r->timeout_s) require(*r->timeout_s >= 0 && *r->timeout_s <= protocol::max_timeout_seconds);
     if (r->network) {
         for (const auto* list : {&r->network->allow_out, &r->network->deny_out}) {
-            require(list->size() <= serve::max_e2b_network_entries);
+            require(list->size() <= protocol::max_network_entries);
             for (const auto& entry : *list) {
-                require(entry.size() <= serve::max_e2b_network_entry_bytes);
+                require(entry.size() <= protocol::max_network_entry_bytes);
             }
         }
     }
+    // What the client's writer makes of it, the server reads back the same.
+    auto again = protocol::parse_create_request(protocol::encode_create_request(*r));
+    require(again.has_value());
+    require(again->metadata == r->metadata && again->env_vars == r->env_vars);
+    require(again->timeout_s == r->timeout_s && again->secure == r->secure);
 }
 
 void check_query(std::string_view query) {
-    auto q = serve::parse_query(query);
+    auto q = protocol::parse_query(query);
     if (!q) return;
-    const auto it = q->find("metadata");
-    if (it == q->end()) return;
-    auto pairs = serve::parse_metadata_filter(it->second);
-    if (pairs) require(pairs->size() <= serve::max_e2b_map_entries);
+    if (const auto it = q->find("metadata"); it != q->end()) {
+        auto pairs = protocol::parse_metadata_filter(it->second);
+        if (pairs) require(pairs->size() <= protocol::max_map_entries);
+    }
+    auto list = protocol::parse_list_request(query, true);
+    if (!list) {
+        require(list.error().code == moat::errc::invalid_argument);
+        return;
+    }
+    if (list->limit) require(*list->limit >= 1 && *list->limit <= 100);
+    auto again = protocol::parse_list_request(protocol::encode_list_request(*list), true);
+    require(again.has_value());
+    require(again->state == list->state && again->order == list->order);
+    require(again->limit == list->limit && again->next_token == list->next_token);
 }
 
 void check_time(std::string_view text) {
-    auto t = serve::parse_rfc3339(text);
+    auto t = protocol::parse_rfc3339(text);
     if (!t) return;
     // What moat prints it parses back (to the millisecond it prints).
-    const std::string printed = serve::format_rfc3339(*t);
-    auto again = serve::parse_rfc3339(printed);
+    const std::string printed = protocol::format_rfc3339(*t);
+    auto again = protocol::parse_rfc3339(printed);
     require(again.has_value());
-    require(serve::format_rfc3339(*again) == printed);
+    require(protocol::format_rfc3339(*again) == printed);
 }
 
 void check_base64(std::string_view bytes) {
-    const std::string encoded = serve::base64url_encode(bytes);
-    require(serve::base64url_decode(encoded) == std::string(bytes));
-    (void)serve::base64url_decode(bytes);
+    const std::string encoded = moat::base64url_encode(bytes);
+    require(moat::base64url_decode(encoded) == std::string(bytes));
+    (void)moat::base64url_decode(bytes);
 }
 
 }  // namespace
@@ -75,13 +92,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             check_create(input);
             break;
         case 1:
-            (void)serve::parse_timeout_request(input);
+            (void)protocol::parse_timeout_request(input);
             break;
         case 2:
-            (void)serve::parse_connect_request(input);
+            (void)protocol::parse_connect_request(input);
             break;
         case 3:
-            (void)serve::parse_refresh_request(input);
+            (void)protocol::parse_refresh_request(input);
             break;
         case 4:
             check_query(input);

@@ -1,13 +1,15 @@
-// libFuzzer target for the e2b backend's parsers of what an E2B control plane sends
-// (src/e2b/e2b_responses.hpp): Sandbox, SandboxDetail, ListedSandbox[], Error bodies and RFC 3339
-// times; and the label filter's encoding, which must round-trip through moat serve's decoding
-// (src/serve/e2b_requests.hpp, the same three decodes as E2B's server). The first byte picks the
-// parser; the rest is its input.
+// libFuzzer target for the parsers of what an E2B control plane sends, which the e2b backend runs
+// (src/e2b_protocol/sandbox_replies.hpp, error_body.hpp): Sandbox, SandboxDetail,
+// ListedSandbox[], Error bodies and RFC 3339 times; what parses is written back (moat serve's
+// writers) and must parse to the same. And the label filter's encoding, which must round-trip
+// through its decoding (the same three decodes as E2B's server). The first byte picks the parser;
+// the rest is its input.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_e2b_response_fuzzer &&
 //   build/fuzz/fuzz/moat_e2b_response_fuzzer -max_total_time=60 fuzz/corpus/e2b_response
-#include "e2b/e2b_responses.hpp"
-#include "serve/e2b_requests.hpp"
+#include "e2b_protocol/error_body.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -15,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-namespace e2b = moat::e2b;
+namespace protocol = moat::e2b_protocol;
 
 namespace {
 
@@ -27,11 +29,15 @@ void check_error(const moat::error& e) {
     require(e.code == moat::errc::protocol_error && !e.detail.empty() && e.detail.size() < 300);
 }
 
-void check_detail(const e2b::sandbox_detail& d) {
-    require(e2b::is_valid_sandbox_id(d.sandbox_id));
-    require(d.metadata.size() <= e2b::max_metadata_entries);
-    require(d.allow_out.size() <= e2b::max_network_entries);
-    require(d.deny_out.size() <= e2b::max_network_entries);
+void check_detail(const protocol::sandbox_detail& d) {
+    require(protocol::is_valid_sandbox_id(d.sandbox_id));
+    require(d.metadata.size() <= protocol::max_metadata_entries);
+    require(d.allow_out.size() <= protocol::max_network_entries);
+    require(d.deny_out.size() <= protocol::max_network_entries);
+    auto again = protocol::parse_sandbox_detail(protocol::encode_sandbox_detail(d));
+    require(again.has_value());
+    require(again->sandbox_id == d.sandbox_id && again->metadata == d.metadata);
+    require(again->allow_out == d.allow_out && again->deny_out == d.deny_out);
 }
 
 // Splits the input at NUL bytes into key, value, key, value...
@@ -57,10 +63,10 @@ std::map<std::string, std::string> filter_from(std::string_view input) {
 void check_filter(std::string_view input) {
     const auto filter = filter_from(input);
     if (filter.empty()) return;
-    const std::string query = "metadata=" + e2b::encode_metadata_filter(filter);
-    auto parsed = moat::serve::parse_query(query);
+    const std::string query = "metadata=" + protocol::encode_metadata_filter(filter);
+    auto parsed = protocol::parse_query(query);
     require(parsed.has_value());
-    auto pairs = moat::serve::parse_metadata_filter(parsed->at("metadata"));
+    auto pairs = protocol::parse_metadata_filter(parsed->at("metadata"));
     require(pairs.has_value());
     std::map<std::string, std::string> back(pairs->begin(), pairs->end());
     require(back == filter);
@@ -73,16 +79,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string_view input(reinterpret_cast<const char*>(data) + 1, size - 1);
     switch (data[0] % 6) {
         case 0: {
-            auto r = e2b::parse_sandbox_reply(input);
+            auto r = protocol::parse_sandbox_reply(input);
             if (!r) {
                 check_error(r.error());
             } else {
-                require(e2b::is_valid_sandbox_id(r->sandbox_id));
+                require(protocol::is_valid_sandbox_id(r->sandbox_id));
+                auto again = protocol::parse_sandbox_reply(protocol::encode_sandbox_reply(*r));
+                require(again.has_value() && again->envd_access_token == r->envd_access_token);
             }
             break;
         }
         case 1: {
-            auto r = e2b::parse_sandbox_detail(input);
+            auto r = protocol::parse_sandbox_detail(input);
             if (!r) {
                 check_error(r.error());
             } else {
@@ -91,22 +99,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             break;
         }
         case 2: {
-            auto r = e2b::parse_sandbox_list(input);
+            auto r = protocol::parse_sandbox_list(input);
             if (!r) {
                 check_error(r.error());
             } else {
-                require(r->size() <= e2b::max_listed_sandboxes);
+                require(r->size() <= protocol::max_listed_sandboxes);
                 for (const auto& d : *r) check_detail(d);
             }
             break;
         }
         case 3: {
-            auto m = e2b::parse_error_message(input);
+            auto m = protocol::parse_error_message(input);
             if (m) require(m->size() <= 203 && m->find('\n') == std::string::npos);
             break;
         }
         case 4:
-            (void)e2b::parse_timestamp(input);
+            (void)protocol::parse_rfc3339(input);
             break;
         default:
             check_filter(input);

@@ -6,6 +6,8 @@
 //   build/fuzz/fuzz/moat_tool_arguments_fuzzer -max_total_time=60 fuzz/corpus/tool_arguments
 #include "tools/tool_arguments.hpp"
 
+#include "core/base64.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>

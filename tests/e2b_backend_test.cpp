@@ -8,7 +8,8 @@
 
 #include "core/asio_compat.hpp"
 #include "e2b/control_plane_client.hpp"
-#include "e2b/e2b_responses.hpp"
+#include "e2b_protocol/error_body.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
 #include "http/client.hpp"
 #include "support/async_test.hpp"
 #include "support/host_sharing.hpp"
@@ -908,13 +909,13 @@ TEST_CASE("moat doctor --backend e2b checks the endpoint and the key") {
 TEST_CASE("e2b responses: the metadata filter is encoded as the SDK encodes it") {
     std::map<std::string, std::string> filter;
     filter["user"] = "a b&c=d";
-    CHECK(moat::e2b::encode_metadata_filter(filter) == "user%3Da%252520b%252526c%25253Dd");
+    CHECK(moat::e2b_protocol::encode_metadata_filter(filter) == "user%3Da%252520b%252526c%25253Dd");
 }
 
 TEST_CASE(
     "e2b responses: malformed, oversized and hostile bodies are protocol errors that quote "
     "no value") {
-    using namespace moat::e2b;
+    using namespace moat::e2b_protocol;
     CHECK(parse_sandbox_reply(R"({"sandboxID":"iabc","envdAccessToken":"t"})"));
     CHECK_FALSE(parse_sandbox_reply("[]"));
     CHECK_FALSE(parse_sandbox_reply(R"({"sandboxID":"../etc"})"));

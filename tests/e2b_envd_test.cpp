@@ -2,10 +2,13 @@
 // built binary, ports 0, an API key file, a fresh state directory): commands, streams, limits,
 // cancellation, spawn, files. Sandboxes are made by POSTing /v2/sandboxes with moat's HTTP
 // client, as the e2b backend does; processes left behind are looked for on this host, below the
-// server's pid. The pure parsers (envd_responses.hpp) are tested on bytes first.
+// server's pid. The pure parsers (src/e2b_protocol) are tested on bytes first.
+#include "core/base64.hpp"
 #include "core/go_signals.hpp"
 #include "e2b/envd_client.hpp"
-#include "e2b/envd_responses.hpp"
+#include "e2b_protocol/error_body.hpp"
+#include "e2b_protocol/filesystem_messages.hpp"
+#include "e2b_protocol/process_messages.hpp"
 
 #include <moat/backend.hpp>
 #include <moat/log.hpp>
@@ -139,66 +142,67 @@ bool host_runs(const serve_process& serve, const std::string& needle) {
 // --- the parsers, on bytes ---
 
 TEST_CASE("envd responses: process events parse, garbage is a protocol_error") {
-    auto start = e2b::parse_process_event(R"({"event":{"start":{"pid":1000}}})");
+    auto start = e2b_protocol::parse_process_event(R"({"event":{"start":{"pid":1000}}})");
     REQUIRE(start);
-    CHECK(std::get<e2b::start_event>(*start).pid == 1000);
-    auto data = e2b::parse_process_event(R"({"event":{"data":{"stderr":"aGkK"}},"x":1})");
+    CHECK(std::get<e2b_protocol::start_event>(*start).pid == 1000);
+    auto data = e2b_protocol::parse_process_event(R"({"event":{"data":{"stderr":"aGkK"}},"x":1})");
     REQUIRE(data);
-    CHECK(std::get<e2b::data_event>(*data).channel == output_channel::err);
-    CHECK(std::get<e2b::data_event>(*data).bytes == "hi\n");
-    auto end = e2b::parse_process_event(
+    CHECK(std::get<e2b_protocol::data_event>(*data).channel == output_channel::err);
+    CHECK(std::get<e2b_protocol::data_event>(*data).bytes == "hi\n");
+    auto end = e2b_protocol::parse_process_event(
         R"({"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}}})");
     REQUIRE(end);
-    CHECK(std::get<e2b::end_event>(*end).exit_code == 3);
-    auto keepalive = e2b::parse_process_event(R"({"event":{"keepalive":{}}})");
+    CHECK(std::get<e2b_protocol::end_event>(*end).exit_code == 3);
+    auto keepalive = e2b_protocol::parse_process_event(R"({"event":{"keepalive":{}}})");
     REQUIRE(keepalive);
-    CHECK(std::holds_alternative<e2b::keepalive_event>(*keepalive));
+    CHECK(std::holds_alternative<e2b_protocol::keepalive_event>(*keepalive));
     for (std::string_view garbage :
          {"", "{", "[]", R"({"event":{}})", R"({"event":{"start":{"pid":"x"}}})",
           R"({"event":{"data":{"stdout":"!!"}}})", R"({"event":{"data":{"pty":"aGkK"}}})",
           R"({"event":{"end":{"exitCode":"3.5"}}})", "\xff\xfe"}) {
-        auto parsed = e2b::parse_process_event(garbage);
+        auto parsed = e2b_protocol::parse_process_event(garbage);
         REQUIRE_FALSE(parsed);
         CHECK(parsed.error().code == errc::protocol_error);
     }
 }
 
 TEST_CASE("envd responses: Go's ProcessState becomes moat's exit code and signal") {
-    e2b::end_event exited{3, true, "exit status 3", "exit status 3"};
-    auto r = e2b::result_from_end(exited);
+    e2b_protocol::end_event exited{3, true, "exit status 3", "exit status 3"};
+    auto r = e2b_protocol::result_from_end(exited);
     CHECK(r.exit_code == 3);
     CHECK(r.signal == 0);
-    e2b::end_event killed{-1, false, "signal: killed", "signal: killed"};
-    r = e2b::result_from_end(killed);
+    e2b_protocol::end_event killed{-1, false, "signal: killed", "signal: killed"};
+    r = e2b_protocol::result_from_end(killed);
     CHECK(r.signal == SIGKILL);
     CHECK(r.exit_code == 128 + SIGKILL);
-    e2b::end_event segv{-1, false, "signal: segmentation fault (core dumped)", ""};
-    CHECK(e2b::result_from_end(segv).signal == SIGSEGV);
+    e2b_protocol::end_event segv{-1, false, "signal: segmentation fault (core dumped)", ""};
+    CHECK(e2b_protocol::result_from_end(segv).signal == SIGSEGV);
     CHECK(moat::detail::signal_from_go_name("terminated") == SIGTERM);
     CHECK(moat::detail::signal_from_go_name("signal 40") == 40);
     CHECK(moat::detail::signal_from_go_name("nonsense") == 0);
 }
 
 TEST_CASE("envd responses: entries, listings and base64 round trips") {
-    auto entry = e2b::parse_entry_response(
+    auto entry = e2b_protocol::parse_entry_response(
         R"({"entry":{"name":"a","type":"FILE_TYPE_FILE","path":"/home/user/a","size":"12","mode":420}})");
     REQUIRE(entry);
     CHECK(entry->type == file_type::regular);
     CHECK(entry->size == 12);
     CHECK(entry->mode == 0644);
-    auto dir = e2b::parse_entry_response(
+    auto dir = e2b_protocol::parse_entry_response(
         R"({"entry":{"name":"d","type":"FILE_TYPE_DIRECTORY","path":"/d","mode":2147484141}})");
     REQUIRE(dir);
     CHECK(dir->type == file_type::directory);
     CHECK(dir->mode == 0755);
-    auto listing = e2b::parse_list_dir_response(
+    auto listing = e2b_protocol::parse_list_dir_response(
         R"({"entries":[{"name":"a","path":"/a"},{"name":"b","path":"/b"},{"name":"c","path":"/c"}]})",
         2);
     REQUIRE_FALSE(listing);
     CHECK(listing.error().code == errc::too_large);
-    CHECK_FALSE(e2b::parse_entry_response(R"({"entry":{"size":"-1"}})"));
-    CHECK_FALSE(e2b::parse_entry_response(R"({})"));
-    auto list = e2b::parse_list_response(R"({"processes":[{"pid":7,"tag":"t","config":{}}]})");
+    CHECK_FALSE(e2b_protocol::parse_entry_response(R"({"entry":{"size":"-1"}})"));
+    CHECK_FALSE(e2b_protocol::parse_entry_response(R"({})"));
+    auto list =
+        e2b_protocol::parse_list_response(R"({"processes":[{"pid":7,"tag":"t","config":{}}]})");
     REQUIRE(list);
     REQUIRE(list->size() == 1);
     CHECK((*list)[0].pid == 7);
@@ -207,12 +211,13 @@ TEST_CASE("envd responses: entries, listings and base64 round trips") {
     for (int i = 0; i < 256; ++i) every.push_back(static_cast<char>(i));
     for (std::size_t n = 0; n < 5; ++n) {
         const auto text = every.substr(0, n) + every;
-        CHECK(e2b::base64_decode(e2b::base64_encode(text)) == text);
+        CHECK(moat::base64_decode(moat::base64_encode(text)) == text);
     }
-    CHECK_FALSE(e2b::base64_decode("a"));
-    CHECK(e2b::parse_envd_error_message(R"({"code":404,"message":"path '/x' does not exist"})") ==
+    CHECK_FALSE(moat::base64_decode("a"));
+    CHECK(e2b_protocol::parse_envd_error_message(
+              R"({"code":404,"message":"path '/x' does not exist"})") ==
           "path '/x' does not exist");
-    CHECK(e2b::parse_envd_error_message("<html>") == "");
+    CHECK(e2b_protocol::parse_envd_error_message("<html>") == "");
 }
 
 // --- commands against moat serve ---

@@ -2,8 +2,8 @@
 // the backend writes for each mode, the `network` fields serve parses (capped), and the rule by
 // which a request narrows the operator's policy (tests/egress_sandbox_test.cpp runs both ends).
 #include "e2b/control_plane_client.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 #include "serve/control_plane.hpp"
-#include "serve/e2b_requests.hpp"
 
 #include <doctest/doctest.h>
 
@@ -22,8 +22,8 @@ sandbox_network with(network_mode mode, std::vector<std::string> hosts = {}) {
     return n;
 }
 
-moat::serve::create_request request(const std::string& body) {
-    auto parsed = moat::serve::parse_create_request(body);
+moat::e2b_protocol::create_request request(const std::string& body) {
+    auto parsed = moat::e2b_protocol::parse_create_request(body);
     REQUIRE_MESSAGE(parsed, parsed.error().to_string());
     return std::move(*parsed);
 }
@@ -59,9 +59,9 @@ TEST_CASE("a create request's network lists are parsed with caps and named when 
                 R"("maskRequestHost":"h","rules":{"a":[]}}})");
     REQUIRE(ignored.network);
     CHECK(ignored.network->allow_out.empty());
-    const std::string long_entry(moat::serve::max_e2b_network_entry_bytes + 1, 'a');
+    const std::string long_entry(moat::e2b_protocol::max_network_entry_bytes + 1, 'a');
     std::string many = R"({"network":{"allowOut":[)";
-    for (std::size_t i = 0; i <= moat::serve::max_e2b_network_entries; ++i) {
+    for (std::size_t i = 0; i <= moat::e2b_protocol::max_network_entries; ++i) {
         many += (i ? ",\"" : "\"") + std::to_string(i) + ".test\"";
     }
     many += "]}}";
@@ -69,7 +69,7 @@ TEST_CASE("a create request's network lists are parsed with caps and named when 
          {std::string(R"({"network":[]})"), std::string(R"({"network":{"allowOut":"a.test"}})"),
           std::string(R"({"network":{"denyOut":[1]}})"),
           R"({"network":{"allowOut":[")" + long_entry + R"("]}})", many}) {
-        const auto refused = moat::serve::parse_create_request(bad);
+        const auto refused = moat::e2b_protocol::parse_create_request(bad);
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code == moat::errc::invalid_argument);
         CHECK(refused.error().detail.find("network") != std::string::npos);

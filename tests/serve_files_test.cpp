@@ -102,7 +102,7 @@ TEST_CASE("find output parses into entries, and a torn or malformed listing is r
     CHECK(*l.symlink_target == "/home/user/x");
 
     moat::json_writer w;
-    serve::write_entry_info(w, a);
+    moat::e2b_protocol::write_entry_info(w, a);
     CHECK(w.str() ==
           R"({"name":"a b","type":"FILE_TYPE_FILE","path":"/home/user/a b","size":"5","mode":420,)"
           R"("permissions":"-rw-r--r--","owner":"user","group":"user",)"

@@ -4,6 +4,7 @@
 // bytes and then, on stderr, how many it wrote and their SHA-256, which the test compares with what
 // arrived; serve's RSS sampled throughout and bounded; then every sandbox killed, serve stopped
 // with SIGTERM, and nothing of theirs left on the host. Dev build only (ctest label "load").
+#include "core/base64.hpp"
 #include "http/client.hpp"
 #include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
@@ -11,7 +12,6 @@
 #include "support/build_paths.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
-#include "tools/tool_arguments.hpp"
 
 #include <moat/task_group.hpp>
 

@@ -2,7 +2,7 @@
 // sandboxes: the bounded output buffer, replay and live output, retained ends, signals, stdin,
 // and the table's end with its sandbox.
 #include "core/go_signals.hpp"
-#include "serve/process_requests.hpp"
+#include "e2b_protocol/process_messages.hpp"
 #include "serve/process_table.hpp"
 
 #include "support/host_inspect.hpp"
@@ -374,7 +374,7 @@ TEST_CASE_FIXTURE(moat::test::local_fixture,
 }
 
 TEST_CASE("envd process requests parse as proto3 JSON, and bad ones name the field") {
-    auto start = moat::serve::parse_start_request(
+    auto start = moat::e2b_protocol::parse_start_request(
         R"({"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{"A":"1"},)"
         R"("cwd":null},"stdin":false,"tag":"t","unknown":1})");
     REQUIRE(start);
@@ -385,77 +385,82 @@ TEST_CASE("envd process requests parse as proto3 JSON, and bad ones name the fie
     CHECK_FALSE(start->stdin_open);
     CHECK(start->tag == "t");
     CHECK_FALSE(start->has_pty);
-    auto legacy = moat::serve::parse_start_request(R"({"process":{"cmd":"ls"},"pty":{}})");
+    auto legacy = moat::e2b_protocol::parse_start_request(R"({"process":{"cmd":"ls"},"pty":{}})");
     REQUIRE(legacy);
     CHECK(legacy->stdin_open);  // absent means true
     CHECK(legacy->has_pty);
 
-    auto no_cmd = moat::serve::parse_start_request(R"({"process":{"args":[]}})");
+    auto no_cmd = moat::e2b_protocol::parse_start_request(R"({"process":{"args":[]}})");
     REQUIRE_FALSE(no_cmd);
     CHECK(no_cmd.error().code == moat::errc::invalid_argument);
     CHECK(no_cmd.error().detail == "process.cmd must be a non-empty string");
-    auto bad_env = moat::serve::parse_start_request(R"({"process":{"cmd":"x","envs":{"A":1}}})");
+    auto bad_env =
+        moat::e2b_protocol::parse_start_request(R"({"process":{"cmd":"x","envs":{"A":1}}})");
     REQUIRE_FALSE(bad_env);
     CHECK(bad_env.error().detail == "process.envs.A must be a string");
-    CHECK_FALSE(moat::serve::parse_start_request("[1]"));
-    CHECK_FALSE(moat::serve::parse_start_request(R"({"process":{"cmd":"x","envs":{"A=B":"1"}}})"));
+    CHECK_FALSE(moat::e2b_protocol::parse_start_request("[1]"));
+    CHECK_FALSE(
+        moat::e2b_protocol::parse_start_request(R"({"process":{"cmd":"x","envs":{"A=B":"1"}}})"));
 
-    auto by_string_pid = moat::serve::parse_selector_request(R"({"process":{"pid":"42"}})");
+    auto by_string_pid = moat::e2b_protocol::parse_selector_request(R"({"process":{"pid":"42"}})");
     REQUIRE(by_string_pid);
     CHECK(by_string_pid->pid == 42u);
-    auto by_tag = moat::serve::parse_selector_request(R"({"process":{"tag":"job"}})");
+    auto by_tag = moat::e2b_protocol::parse_selector_request(R"({"process":{"tag":"job"}})");
     REQUIRE(by_tag);
     CHECK(by_tag->tag == "job");
-    CHECK_FALSE(moat::serve::parse_selector_request(R"({"process":{}})"));
-    CHECK_FALSE(moat::serve::parse_selector_request(R"({"process":{"pid":-1}})"));
+    CHECK_FALSE(moat::e2b_protocol::parse_selector_request(R"({"process":{}})"));
+    CHECK_FALSE(moat::e2b_protocol::parse_selector_request(R"({"process":{"pid":-1}})"));
 
-    auto input =
-        moat::serve::parse_send_input_request(R"({"process":{"pid":7},"input":{"stdin":"aGkK"}})");
+    auto input = moat::e2b_protocol::parse_send_input_request(
+        R"({"process":{"pid":7},"input":{"stdin":"aGkK"}})");
     REQUIRE(input);
     CHECK(input->bytes == "hi\n");
     CHECK_FALSE(input->is_pty);
-    auto not_b64 =
-        moat::serve::parse_send_input_request(R"({"process":{"pid":7},"input":{"stdin":"!"}})");
+    auto not_b64 = moat::e2b_protocol::parse_send_input_request(
+        R"({"process":{"pid":7},"input":{"stdin":"!"}})");
     REQUIRE_FALSE(not_b64);
     CHECK(not_b64.error().detail == "input.stdin is not base64");
 
-    auto kill = moat::serve::parse_send_signal_request(
+    auto kill = moat::e2b_protocol::parse_send_signal_request(
         R"({"process":{"pid":7},"signal":"SIGNAL_SIGKILL"})");
     REQUIRE(kill);
     CHECK(kill->signal == SIGKILL);
-    auto term = moat::serve::parse_send_signal_request(R"({"process":{"pid":7},"signal":15})");
+    auto term =
+        moat::e2b_protocol::parse_send_signal_request(R"({"process":{"pid":7},"signal":15})");
     REQUIRE(term);
     CHECK(term->signal == SIGTERM);
-    auto other = moat::serve::parse_send_signal_request(R"({"process":{"pid":7},"signal":2})");
+    auto other =
+        moat::e2b_protocol::parse_send_signal_request(R"({"process":{"pid":7},"signal":2})");
     REQUIRE(other);
     CHECK(other->signal == 0);
     CHECK(other->name == "2");
 }
 
 TEST_CASE("envd process events are written as the SDK reads them") {
-    CHECK(moat::serve::encode_start_event(1000) == R"({"event":{"start":{"pid":1000}}})");
-    CHECK(moat::serve::encode_data_event(moat::output_channel::out, "hi\n") ==
+    CHECK(moat::e2b_protocol::encode_start_event(1000) == R"({"event":{"start":{"pid":1000}}})");
+    CHECK(moat::e2b_protocol::encode_data_event(moat::output_channel::out, "hi\n") ==
           R"({"event":{"data":{"stdout":"aGkK"}}})");
-    CHECK(moat::serve::encode_data_event(moat::output_channel::err, std::string("\0\xff", 2)) ==
+    CHECK(moat::e2b_protocol::encode_data_event(moat::output_channel::err,
+                                                std::string("\0\xff", 2)) ==
           R"({"event":{"data":{"stderr":"AP8="}}})");
     moat::exec_result three;
     three.exit_code = 3;
-    CHECK(moat::serve::encode_end_event(moat::serve::end_from_result(three)) ==
+    CHECK(moat::e2b_protocol::encode_end_event(moat::serve::end_from_result(three)) ==
           R"({"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3",)"
           R"("error":"exit status 3"}}})");
-    CHECK(moat::serve::encode_end_event(moat::serve::end_from_result(moat::exec_result{})) ==
+    CHECK(moat::e2b_protocol::encode_end_event(moat::serve::end_from_result(moat::exec_result{})) ==
           R"({"event":{"end":{"exited":true,"status":"exit status 0"}}})");
     moat::exec_result killed;
     killed.signal = SIGKILL;
     CHECK(
-        moat::serve::encode_end_event(moat::serve::end_from_result(killed)) ==
+        moat::e2b_protocol::encode_end_event(moat::serve::end_from_result(killed)) ==
         R"({"event":{"end":{"exitCode":-1,"status":"signal: killed","error":"signal: killed"}}})");
     moat::serve::process_info info;
     info.pid = 5;
     info.config.cmd = "/bin/bash";
     info.config.args = {"-c", "x"};
     info.tag = "t";
-    CHECK(moat::serve::encode_list_response({info}) ==
+    CHECK(moat::e2b_protocol::encode_list_response({info}) ==
           R"({"processes":[{"config":{"cmd":"/bin/bash","args":["-c","x"],"envs":{}},"pid":5,)"
           R"("tag":"t"}]})");
 }

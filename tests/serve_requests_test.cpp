@@ -2,10 +2,11 @@
 // envd demultiplexing and its server secret: pure functions and files, no server.
 #include <doctest/doctest.h>
 
+#include "core/base64.hpp"
 #include "core/rfc3339.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 #include "http/message.hpp"
 #include "serve/connect_rpc.hpp"
-#include "serve/e2b_requests.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/server_secret.hpp"
 
@@ -18,6 +19,9 @@
 #include <vector>
 
 using namespace moat::serve;
+using namespace moat::e2b_protocol;
+using moat::base64url_decode;
+using moat::base64url_encode;
 
 TEST_CASE("the SDK's triple-encoded metadata filter decodes to the exact pairs, a b&c=d included") {
     // What e2b 2.51.0 sends for {user: 'a b&c=d', app: 'prod'}: the query decodes it once.
@@ -83,10 +87,10 @@ TEST_CASE("a create body gives its fields, defaults what is absent and names wha
         }
     }
     const std::string huge =
-        R"({"metadata":{"k":")" + std::string(max_e2b_body_bytes, 'x') + "\"}}";
+        R"({"metadata":{"k":")" + std::string(max_request_body_bytes, 'x') + "\"}}";
     CHECK(!parse_create_request(huge));
     const std::string long_value =
-        R"({"metadata":{"k":")" + std::string(max_e2b_string_bytes + 1, 'x') + "\"}}";
+        R"({"metadata":{"k":")" + std::string(max_string_bytes + 1, 'x') + "\"}}";
     CHECK(!parse_create_request(long_value));
 }
 

@@ -1,6 +1,8 @@
 // A tool call's arguments, as a model or an MCP client sends them (untrusted JSON).
 #include "tools/tool_arguments.hpp"
 
+#include "core/base64.hpp"
+
 #include <doctest/doctest.h>
 
 #include <ostream>  // doctest prints std::error_code through it

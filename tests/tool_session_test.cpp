@@ -7,6 +7,7 @@
 #include <moat/session_manager.hpp>
 #include <moat/tools.hpp>
 
+#include "core/base64.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
 #include "tools/python_kernel.hpp"

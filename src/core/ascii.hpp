@@ -54,6 +54,28 @@ inline std::optional<std::string> percent_decoded(std::string_view in, bool plus
     return out;
 }
 
+// `in` with every byte but RFC 3986's unreserved characters (ALPHA DIGIT - . _ ~) written as
+// %XX (upper-case hex): safe as a query value or a path segment.
+inline std::string percent_encoded(std::string_view in) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    out.reserve(in.size());
+    for (const char c : in) {
+        const auto u = static_cast<unsigned char>(c);
+        const bool unreserved = (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z') ||
+                                (u >= '0' && u <= '9') || u == '-' || u == '.' || u == '_' ||
+                                u == '~';
+        if (unreserved) {
+            out.push_back(c);
+        } else {
+            out.push_back('%');
+            out.push_back(hex[u >> 4]);
+            out.push_back(hex[u & 15]);
+        }
+    }
+    return out;
+}
+
 // A TCP port in decimal (1 to 65535, at most five digits, nothing else); nullopt otherwise.
 constexpr std::optional<std::uint16_t> parse_port(std::string_view digits) noexcept {
     if (digits.empty() || digits.size() > 5) return std::nullopt;

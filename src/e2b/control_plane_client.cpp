@@ -3,8 +3,8 @@
 #include <moat/deadline.hpp>
 
 #include "core/asio_compat.hpp"
-#include "core/json_writer.hpp"
-#include "e2b/envd_responses.hpp"
+#include "e2b_protocol/error_body.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 #include "http/client.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -37,6 +37,7 @@ struct control_plane_client::state {
 
 namespace {
 
+namespace protocol = e2b_protocol;
 using state = control_plane_client::state;
 
 enum class retry_policy { rate_limit_only, idempotent };
@@ -47,7 +48,7 @@ struct call_spec {
     std::string query;  // "" or "a=b&c=d"
     std::string body;   // JSON, or "" for none
     retry_policy retries = retry_policy::rate_limit_only;
-    std::size_t max_body_bytes = max_sandbox_body_bytes;
+    std::size_t max_body_bytes = protocol::max_sandbox_body_bytes;
 };
 
 std::string what_of(const call_spec& c) {
@@ -69,7 +70,7 @@ error error_for(const state& s, const call_spec& c, const http::full_response& r
         e.code = make_error_code(errc::unauthorized);
     }
     if (status != 429) {
-        if (auto message = parse_error_message(r.body)) e.detail += ": " + *message;
+        if (auto message = protocol::parse_error_message(r.body)) e.detail += ": " + *message;
     }
     return s.redacted(std::move(e));
 }
@@ -146,17 +147,11 @@ bool is_success(int status) {
     return status >= 200 && status < 300;
 }
 
-std::string timeout_body(std::int64_t seconds) {
-    json_writer w;
-    w.begin_object().key("timeout").value(seconds).end_object();
-    return w.take();
-}
-
 asio::awaitable<result<sandbox_reply>> post_sandbox(std::shared_ptr<state> s, call_spec c) {
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
     if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
-    auto parsed = parse_sandbox_reply(reply->body);
+    auto parsed = protocol::parse_sandbox_reply(reply->body);
     if (!parsed) co_return s->redacted(std::move(parsed).error());
     co_return std::move(*parsed);
 }
@@ -181,13 +176,13 @@ asio::awaitable<result<sandbox_reply>> create(std::shared_ptr<state> s, create_b
 
 asio::awaitable<result<sandbox_reply>> connect(std::shared_ptr<state> s, std::string id,
                                                std::int64_t timeout_s) {
-    if (!is_valid_sandbox_id(id))
+    if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     if (!s->v1_only) {
         call_spec v2;
         v2.method = "POST";
         v2.path = "/v2/sandboxes/" + id + "/connect";
-        v2.body = timeout_body(timeout_s);
+        v2.body = protocol::encode_connect_request(timeout_s);
         auto connected = co_await post_sandbox(s, v2);
         if (connected || connected.error().code != errc::sandbox_not_found) co_return connected;
         // A 404 is either an unknown sandbox or no v2 route: v1 tells them apart (a 404 there
@@ -196,12 +191,12 @@ asio::awaitable<result<sandbox_reply>> connect(std::shared_ptr<state> s, std::st
     call_spec v1;
     v1.method = "POST";
     v1.path = "/sandboxes/" + id + "/connect";
-    v1.body = timeout_body(timeout_s);
+    v1.body = protocol::encode_connect_request(timeout_s);
     co_return co_await post_sandbox(s, v1);
 }
 
 asio::awaitable<result<sandbox_detail>> get(std::shared_ptr<state> s, std::string id) {
-    if (!is_valid_sandbox_id(id))
+    if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     call_spec c;
     c.method = "GET";
@@ -210,7 +205,7 @@ asio::awaitable<result<sandbox_detail>> get(std::shared_ptr<state> s, std::strin
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
     if (reply->status() != 200) co_return error_for(*s, c, *reply);
-    auto parsed = parse_sandbox_detail(reply->body);
+    auto parsed = protocol::parse_sandbox_detail(reply->body);
     if (!parsed) co_return s->redacted(std::move(parsed).error());
     co_return std::move(*parsed);
 }
@@ -228,14 +223,17 @@ asio::awaitable<result<std::vector<sandbox_detail>>> list(std::shared_ptr<state>
         c.method = "GET";
         c.path = "/v2/sandboxes";
         c.retries = retry_policy::idempotent;
-        c.max_body_bytes = max_list_body_bytes;
-        if (!q.metadata.empty()) c.query = "metadata=" + encode_metadata_filter(q.metadata) + "&";
-        c.query += "state=" + q.state + "&limit=" + std::to_string(q.page_limit);
-        if (!token.empty()) c.query += "&nextToken=" + percent_encode(token);
+        c.max_body_bytes = protocol::max_list_body_bytes;
+        protocol::list_request request;
+        request.metadata.assign(q.metadata.begin(), q.metadata.end());
+        request.state = q.state;
+        request.limit = static_cast<std::size_t>(q.page_limit);
+        request.next_token = token;
+        c.query = protocol::encode_list_request(request);
         auto reply = co_await send(s, c);
         if (!reply) co_return std::move(reply).error();
         if (reply->status() != 200) co_return error_for(*s, c, *reply);
-        auto parsed = parse_sandbox_list(reply->body);
+        auto parsed = protocol::parse_sandbox_list(reply->body);
         if (!parsed) co_return s->redacted(std::move(parsed).error());
         for (auto& d : *parsed) out.push_back(std::move(d));
         const auto next = reply->head.headers.find("X-Next-Token");
@@ -250,12 +248,12 @@ asio::awaitable<result<std::vector<sandbox_detail>>> list(std::shared_ptr<state>
 
 asio::awaitable<result<void>> set_timeout(std::shared_ptr<state> s, std::string id,
                                           std::int64_t timeout_s) {
-    if (!is_valid_sandbox_id(id))
+    if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     call_spec c;
     c.method = "POST";
     c.path = "/sandboxes/" + id + "/timeout";
-    c.body = timeout_body(timeout_s);
+    c.body = protocol::encode_timeout_request(timeout_s);
     c.retries = retry_policy::idempotent;  // setting the same end twice is the same end
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
@@ -264,7 +262,7 @@ asio::awaitable<result<void>> set_timeout(std::shared_ptr<state> s, std::string 
 }
 
 asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
-    if (!is_valid_sandbox_id(id))
+    if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     call_spec c;
     c.method = "DELETE";
@@ -283,11 +281,11 @@ asio::awaitable<result<void>> check(std::shared_ptr<state> s) {
     c.path = "/v2/sandboxes";
     c.query = "limit=1";
     c.retries = retry_policy::idempotent;
-    c.max_body_bytes = max_list_body_bytes;
+    c.max_body_bytes = protocol::max_list_body_bytes;
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
     if (reply->status() != 200) co_return error_for(*s, c, *reply);
-    auto parsed = parse_sandbox_list(reply->body);
+    auto parsed = protocol::parse_sandbox_list(reply->body);
     if (!parsed) co_return s->redacted(std::move(parsed).error());
     co_return result<void>();
 }
@@ -295,31 +293,18 @@ asio::awaitable<result<void>> check(std::shared_ptr<state> s) {
 }  // namespace
 
 std::string create_json(const create_body& b, bool v1) {
-    json_writer w;
-    w.begin_object();
-    w.key("templateID").value(b.template_id);
-    w.key("timeout").value(b.timeout_s);
-    w.key("metadata").begin_object();
-    for (const auto& [k, v] : b.metadata) w.key(k).value(v);
-    w.end_object();
-    w.key("envVars").begin_object();
-    for (const auto& [k, v] : b.env_vars) w.key(k).value(v);
-    w.end_object();
-    if (b.allow_internet_access) w.key("allow_internet_access").value(*b.allow_internet_access);
+    protocol::create_request r;
+    r.template_id = b.template_id;
+    r.timeout_s = b.timeout_s;
+    r.metadata = b.metadata;
+    r.env_vars = b.env_vars;
+    r.allow_internet_access = b.allow_internet_access;
     if (!b.allow_out.empty() || !b.deny_out.empty()) {
-        w.key("network").begin_object();
-        w.key("allowOut").begin_array();
-        for (const auto& host : b.allow_out) w.value(host);
-        w.end_array();
-        w.key("denyOut").begin_array();
-        for (const auto& cidr : b.deny_out) w.value(cidr);
-        w.end_array();
-        w.end_object();
+        r.network = protocol::network_request{b.allow_out, b.deny_out};
     }
     // v2 is always secured; v1 mints an access token only when asked.
-    if (v1) w.key("secure").value(true);
-    w.end_object();
-    return w.take();
+    if (v1) r.secure = true;
+    return protocol::encode_create_request(r);
 }
 
 control_plane_client::control_plane_client(std::shared_ptr<http::client> http,

@@ -4,7 +4,7 @@
 // `moat serve`.
 //
 // Every call is bounded by control_plane_options::request_timeout, shared by its retries, and
-// every response by a cap (e2b_responses.hpp). Retries:
+// every response by a cap (e2b_protocol/sandbox_replies.hpp). Retries:
 // - 429 with a delta-seconds Retry-After no longer than max_retry_after and inside the call's
 //   budget: waited out and retried, at most max_attempts in all, on every call (a 429 means the
 //   request was not acted on). Without Retry-After, or past either bound: rate_limited.
@@ -28,7 +28,7 @@
 
 #include <moat/result.hpp>
 
-#include "e2b/e2b_responses.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
 
 #include <asio/awaitable.hpp>
 
@@ -45,6 +45,10 @@ class client;
 }
 
 namespace moat::e2b {
+
+// The replies this client returns, as the protocol defines them.
+using e2b_protocol::sandbox_detail;
+using e2b_protocol::sandbox_reply;
 
 struct control_plane_options {
     std::string api_url;  // "https://api.e2b.app", no trailing '/'
@@ -65,7 +69,8 @@ struct create_body {
     std::vector<std::string> allow_out;
     std::vector<std::string> deny_out;
 };
-// The JSON body of POST /v2/sandboxes (v1 = false) or POST /sandboxes (v1 = true).
+// The JSON body of POST /v2/sandboxes (v1 = false) or POST /sandboxes (v1 = true, with
+// "secure": true), written by e2b_protocol::encode_create_request.
 std::string create_json(const create_body& b, bool v1);
 
 struct list_query {

@@ -6,8 +6,8 @@
 #include "core/exception_boundary.hpp"
 #include "e2b/control_plane_client.hpp"
 #include "e2b/envd_client.hpp"
+#include "e2b_protocol/network_names.hpp"
 #include "egress/address_policy.hpp"
-#include "egress/network_policy.hpp"
 #include "http/client.hpp"
 #include "local/spec_validation.hpp"
 
@@ -400,17 +400,10 @@ class e2b_backend final : public backend {
             return make_error(errc::invalid_argument, "network allow-list: the list is empty");
         }
         for (const auto& host : n.allow_hosts) {
-            std::string why;
-            const auto pattern = egress::parse_host_pattern(host, why);
-            if (!pattern) {
-                return make_error(errc::invalid_argument,
-                                  "network allow-list '" + host + "' " + why);
-            }
-            if (pattern->port) {
-                return make_error(errc::not_supported,
-                                  "network allow-list '" + host +
-                                      "': the e2b backend cannot allow a port (E2B filters "
-                                      "by domain name, HTTP and HTTPS only): drop ':PORT'");
+            if (auto valid = e2b_protocol::check_allow_out_name(host); !valid) {
+                auto e = std::move(valid).error();
+                e.detail = "network allow-list " + e.detail;
+                return e;
             }
         }
         if (!n.resolve.empty()) {

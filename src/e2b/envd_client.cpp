@@ -2,11 +2,13 @@
 
 #include <moat/with_timeout.hpp>
 
+#include "core/base64.hpp"
 #include "core/exception_boundary.hpp"
 #include "e2b/envd_calls.hpp"
 #include "e2b/envd_files.hpp"
 #include "e2b/envd_process_stream.hpp"
-#include "e2b/envd_responses.hpp"
+#include "e2b_protocol/error_body.hpp"
+#include "e2b_protocol/process_messages.hpp"
 #include "http/connect_envelope.hpp"
 
 #include <asio/steady_timer.hpp>
@@ -22,6 +24,7 @@ namespace moat::e2b {
 namespace {
 
 namespace connect = http::connect;
+namespace protocol = e2b_protocol;
 
 // How often Process/List is asked while a kill is being confirmed.
 constexpr std::chrono::milliseconds confirm_poll{50};
@@ -57,7 +60,7 @@ http::request envd_request(const envd_client::state& s, std::string method, std:
 }
 
 error envd_http_error(int status, std::string_view body, std::string_view what) {
-    std::string message = parse_envd_error_message(body);
+    std::string message = protocol::parse_envd_error_message(body);
     std::string detail = std::string(what) + ": ";
     if (message.empty())
         detail += "envd answered";
@@ -145,18 +148,21 @@ asio::awaitable<result<std::string>> async_unary(state_ptr s, std::string rpc, s
 
 asio::awaitable<bool> async_kill_and_confirm(state_ptr s, std::string tag, deadline limit) {
     auto executor = co_await asio::this_coro::executor;
-    const auto kill = encode_send_signal_by_tag(tag, SIGKILL);
+    protocol::send_signal_request by_tag;
+    by_tag.process.tag = tag;
+    by_tag.signal = SIGKILL;
+    const auto kill = protocol::encode_send_signal_request(by_tag);
     // not_found: already gone; any other failure: List below tells.
     (void)co_await async_unary(s, "process.Process/SendSignal", *kill, limit);
     asio::steady_timer timer(executor);
     for (;;) {
         auto listed = co_await async_unary(s, "process.Process/List", "{}", limit);
         if (listed) {
-            auto processes = parse_list_response(*listed);
+            auto processes = protocol::parse_list_response(*listed);
             if (processes) {
                 const bool present =
                     std::any_of(processes->begin(), processes->end(),
-                                [&](const listed_process& p) { return p.tag == tag; });
+                                [&](const protocol::listed_process& p) { return p.tag == tag; });
                 if (!present) co_return true;
                 (void)co_await async_unary(s, "process.Process/SendSignal", *kill, limit);
             }
@@ -209,7 +215,10 @@ asio::awaitable<result<void>> send_signal_to(state_ptr s, std::uint64_t process_
                              "no process " + std::to_string(process_id) + " in this sandbox");
     }
     const auto pid = static_cast<std::uint32_t>(process_id);
-    auto json = encode_send_signal_request(pid, number);
+    protocol::send_signal_request signal;
+    signal.process.pid = pid;
+    signal.signal = number;
+    auto json = protocol::encode_send_signal_request(signal);
     if (!json) {
         co_return make_error(
             errc::not_supported,

@@ -6,7 +6,7 @@
 #include "core/cancellation.hpp"
 #include "core/exception_boundary.hpp"
 #include "e2b/envd_process_stream.hpp"
-#include "e2b/envd_responses.hpp"
+#include "e2b_protocol/filesystem_messages.hpp"
 
 #include <asio/this_coro.hpp>
 
@@ -15,6 +15,9 @@
 
 namespace moat::e2b {
 namespace {
+
+namespace protocol = e2b_protocol;
+using protocol::entry_info;
 
 constexpr std::size_t max_path_bytes = 4095;
 constexpr std::size_t max_error_body_bytes = 64 * 1024;
@@ -60,17 +63,18 @@ std::string hex_token() {
 }
 
 std::string files_target(const envd_client::state& s, const std::string& path) {
-    std::string target = "/files?path=" + percent_encode(path);
-    if (!s.endpoint.user.empty()) target += "&username=" + percent_encode(s.endpoint.user);
-    return target;
+    protocol::files_query query;
+    query.path = path;
+    if (!s.endpoint.user.empty()) query.username = s.endpoint.user;
+    return "/files?" + protocol::encode_files_query(query);
 }
 
 asio::awaitable<result<entry_info>> stat_entry(state_ptr s, std::string path) {
-    auto json = encode_path_request(path);
+    auto json = protocol::encode_path_request(path);
     const auto limit = deadline::after(s->options.request_timeout);
     auto reply = co_await async_unary(s, "filesystem.Filesystem/Stat", std::move(json), limit);
     if (!reply) co_return path_error(std::move(reply).error(), path);
-    auto entry = parse_entry_response(*reply);
+    auto entry = protocol::parse_entry_response(*reply);
     if (!entry) co_return path_error(std::move(entry).error(), path);
     co_return std::move(*entry);
 }
@@ -94,9 +98,10 @@ asio::awaitable<result<entry_info>> regular_file(state_ptr s, std::string path) 
                 at = parent_of(at) + "/" + next;
             continue;
         }
-        if (entry->type == file_type::directory)
+        const auto type = protocol::to_file_type(entry->type);
+        if (type == file_type::directory)
             co_return make_error(errc::is_directory, path + ": is a directory");
-        if (entry->type != file_type::regular)
+        if (type != file_type::regular)
             co_return make_error(errc::invalid_path, path + ": not a regular file");
         co_return std::move(*entry);
     }
@@ -105,7 +110,7 @@ asio::awaitable<result<entry_info>> regular_file(state_ptr s, std::string path) 
 
 asio::awaitable<void> remove_quietly(state_ptr s, std::string path) {
     co_await asio::this_coro::reset_cancellation_state();
-    auto json = encode_path_request(path);
+    auto json = protocol::encode_path_request(path);
     const auto limit = deadline::after(s->options.request_timeout);
     (void)co_await async_unary(s, "filesystem.Filesystem/Remove", std::move(json), limit);
 }
@@ -202,7 +207,7 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
         co_return e;
     }
     auto existing = co_await stat_entry(s, path);
-    if (existing && existing->type == file_type::directory && !existing->symlink_target)
+    if (existing && existing->type == protocol::entry_type::directory && !existing->symlink_target)
         co_return make_error(errc::is_directory, path + ": is a directory");
     if (!existing && existing.error().code != errc::file_not_found)
         co_return std::move(existing).error();
@@ -213,7 +218,7 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
             co_return make_error(errc::file_not_found,
                                  path + ": the directory " + dir + " does not exist");
         if (!parent) co_return std::move(parent).error();
-        if (parent->type != file_type::directory)
+        if (parent->type != protocol::entry_type::directory)
             co_return make_error(errc::file_not_found, path + ": " + dir + " is not a directory");
     }
     std::string tmp = dir;
@@ -269,7 +274,7 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
             co_return e;
         }
     }
-    auto json = encode_move_request(tmp, path);
+    auto json = protocol::encode_move_request({tmp, path});
     const auto limit = deadline::after(s->options.request_timeout);
     auto moved = co_await async_unary(s, "filesystem.Filesystem/Move", std::move(json), limit);
     if (!moved) {
@@ -421,9 +426,9 @@ asio::awaitable<result<file_read_stream>> async_envd_read_stream(state_ptr s, st
     file_stat st;
     st.path = path;
     st.type = file_type::regular;
-    st.size = entry->size;
+    st.size = static_cast<std::uint64_t>(entry->size);
     st.mode = entry->mode;
-    auto impl = std::make_unique<envd_read_stream>(std::move(*sent), path, entry->size,
+    auto impl = std::make_unique<envd_read_stream>(std::move(*sent), path, st.size,
                                                    s->options.request_timeout);
     co_return file_read_stream(std::move(st), std::move(impl));
 }
@@ -495,8 +500,8 @@ asio::awaitable<result<file_stat>> async_envd_stat(state_ptr s, std::string path
         st.mode = 0777;
         co_return st;
     }
-    st.type = entry->type;
-    st.size = entry->size;
+    st.type = protocol::to_file_type(entry->type);
+    st.size = static_cast<std::uint64_t>(entry->size);
     st.mode = entry->mode;
     co_return st;
 }
@@ -532,13 +537,13 @@ asio::awaitable<result<std::vector<dir_entry>>> async_envd_list_dir(state_ptr s,
     auto valid = check_path(path);
     if (!valid) co_return std::move(valid).error();
     const auto max_entries = s->options.files.max_dir_entries;
-    auto json = encode_list_dir_request(path, 1);
+    auto json = protocol::encode_list_dir_request({path, 1});
     const auto limit = deadline::after(s->options.request_timeout);
     const std::size_t cap = max_unary_reply_bytes + max_entries * listing_bytes_per_entry;
     auto reply =
         co_await async_unary(s, "filesystem.Filesystem/ListDir", std::move(json), limit, cap);
     if (!reply) co_return path_error(std::move(reply).error(), path);
-    auto entries = parse_list_dir_response(*reply, max_entries);
+    auto entries = protocol::parse_list_dir_response(*reply, max_entries);
     if (!entries) co_return path_error(std::move(entries).error(), path);
     std::vector<dir_entry> out;
     out.reserve(entries->size());
@@ -549,8 +554,8 @@ asio::awaitable<result<std::vector<dir_entry>>> async_envd_list_dir(state_ptr s,
             d.type = file_type::symlink;
             d.size = e.symlink_target->size();
         } else {
-            d.type = e.type;
-            d.size = e.size;
+            d.type = protocol::to_file_type(e.type);
+            d.size = static_cast<std::uint64_t>(e.size);
         }
         out.push_back(std::move(d));
     }

@@ -3,8 +3,9 @@
 #include <moat/with_timeout.hpp>
 
 #include "core/async_event.hpp"
+#include "core/base64.hpp"
 #include "core/exception_boundary.hpp"
-#include "e2b/envd_responses.hpp"
+#include "e2b_protocol/process_messages.hpp"
 #include "http/connect_envelope.hpp"
 
 #include <asio/this_coro.hpp>
@@ -18,6 +19,11 @@ namespace moat::e2b {
 namespace {
 
 namespace connect = http::connect;
+namespace protocol = e2b_protocol;
+using protocol::data_event;
+using protocol::end_event;
+using protocol::parse_process_event;
+using protocol::start_event;
 using item = std::variant<output_chunk, exec_result>;
 using steady = std::chrono::steady_clock;
 
@@ -202,7 +208,7 @@ asio::awaitable<result<item>> envd_command::next() {
             if (end_)
                 co_return co_await fail(
                     make_error(errc::protocol_error, "envd sent two end events"));
-            end_ = result_from_end(*end);
+            end_ = protocol::result_from_end(*end);
             end_->duration = elapsed();
             // envd killed it at its Connect-Timeout-Ms and still reported the end.
             if (end_->signal == SIGKILL && end_->duration >= wall_limit_) {
@@ -292,7 +298,10 @@ asio::awaitable<result<void>> envd_command::async_write_stdin(std::string data) 
     std::size_t offset = 0;
     while (offset < data.size()) {
         const auto n = std::min(stdin_chunk_bytes, data.size() - offset);
-        auto json = encode_send_input_request(pid_, std::string_view(data).substr(offset, n));
+        protocol::send_input_request input;
+        input.process.pid = pid_;
+        input.bytes = data.substr(offset, n);
+        auto json = protocol::encode_send_input_request(input);
         const auto limit = deadline::after(s_->options.request_timeout);
         auto sent = co_await async_unary(s_, "process.Process/SendInput", std::move(json), limit);
         if (!sent) {
@@ -309,7 +318,9 @@ asio::awaitable<result<void>> envd_command::async_write_stdin(std::string data) 
 }
 
 asio::awaitable<result<void>> envd_command::async_close_stdin() {
-    auto json = encode_selector_request(pid_);
+    protocol::process_selector selector;
+    selector.pid = pid_;
+    auto json = protocol::encode_selector_request(selector);
     const auto limit = deadline::after(s_->options.request_timeout);
     auto closed = co_await async_unary(s_, "process.Process/CloseStdin", std::move(json), limit);
     if (!closed && closed.error().code == errc::file_not_found) co_return result<void>{};
@@ -322,7 +333,10 @@ asio::awaitable<result<void>> envd_command::async_signal(int signal) {
         co_return make_error(errc::invalid_argument,
                              "signal must be between 1 and 64, got " + std::to_string(signal));
     }
-    auto json = encode_send_signal_request(pid_, signal);
+    protocol::send_signal_request request;
+    request.process.pid = pid_;
+    request.signal = signal;
+    auto json = protocol::encode_send_signal_request(request);
     if (!json) {
         co_return make_error(
             errc::not_supported,
@@ -383,7 +397,14 @@ asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_r
     auto executor = co_await asio::this_coro::executor;
     s->bind(executor);
     const std::string tag = new_tag();
-    auto body = encode_start_request(request.argv, request.env, request.cwd, tag, stdin_open);
+    protocol::start_request start;
+    start.process.cmd = request.argv.front();
+    start.process.args.assign(request.argv.begin() + 1, request.argv.end());
+    start.process.envs = request.env;
+    start.process.cwd = request.cwd;
+    start.tag = tag;
+    start.stdin_open = stdin_open;
+    auto body = protocol::encode_start_request(start);
     auto http_request = envd_request(*s, "POST", "/process.Process/Start");
     http_request.headers.add("Content-Type", "application/connect+json");
     http_request.headers.add("Connect-Protocol-Version", "1");

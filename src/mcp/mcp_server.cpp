@@ -3,6 +3,7 @@
 #include <moat/task_group.hpp>
 
 #include "core/asio_compat.hpp"
+#include "core/base64.hpp"
 #include "core/json_writer.hpp"
 #include "egress/network_policy.hpp"
 #include "mcp/jsonrpc.hpp"

@@ -2,10 +2,10 @@
 
 #include <moat/log.hpp>
 
-#include "core/json_writer.hpp"
+#include "core/base64.hpp"
+#include "e2b_protocol/network_names.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
 #include "egress/address_policy.hpp"
-#include "egress/network_policy.hpp"
-#include "serve/e2b_requests.hpp"
 #include "serve/server_secret.hpp"
 
 #include <algorithm>
@@ -25,6 +25,8 @@ struct control_plane::state {
 
 namespace {
 
+namespace protocol = e2b_protocol;
+using protocol::create_request;
 using system_clock = std::chrono::system_clock;
 using state = control_plane::state;
 
@@ -88,17 +90,48 @@ std::int64_t unix_ms(system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
-void write_sandbox(json_writer& w, const registry_entry& e) {
-    w.begin_object();
-    w.key("templateID").value(e.template_id);
-    w.key("sandboxID").value(e.id);
-    w.key("alias").value(e.template_id);
-    w.key("clientID").value(e2b_client_id);
-    w.key("envdVersion").value(reported_envd_version);
-    w.key("envdAccessToken").value(e.access_token);
-    w.key("trafficAccessToken").null();
-    w.key("domain").null();
-    w.end_object();
+std::string sandbox_reply_of(const registry_entry& e) {
+    protocol::sandbox_reply r;
+    r.sandbox_id = e.id;
+    r.template_id = e.template_id;
+    r.alias = e.template_id;
+    r.client_id = protocol::e2b_client_id;
+    r.envd_version = reported_envd_version;
+    r.envd_access_token = e.access_token;
+    return protocol::encode_sandbox_reply(r);
+}
+
+// A ListedSandbox, and with `detail` a SandboxDetail (the token, the network).
+protocol::sandbox_detail detail_of(const registry_entry& e, bool detail) {
+    const auto limits = e.handle->info().limits.with_defaults();
+    const auto mib = [](std::uint64_t bytes) {
+        return static_cast<std::int64_t>(bytes / (1024 * 1024));
+    };
+    protocol::sandbox_detail d;
+    d.template_id = e.template_id;
+    d.alias = e.template_id;
+    d.sandbox_id = e.id;
+    d.client_id = protocol::e2b_client_id;
+    d.started_at = e.started_at;
+    d.end_at = e.end_at;
+    d.cpu_count =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>((*limits.cpu_millicores + 999) / 1000));
+    d.memory_mb = std::max<std::int64_t>(128, mib(*limits.memory_bytes));
+    d.disk_size_mb = mib(*limits.workspace_bytes);
+    d.state = "running";
+    d.envd_version = reported_envd_version;
+    d.metadata = e.metadata;
+    if (!detail) return d;
+    d.envd_access_token = e.access_token;
+    // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on, every
+    // address denied, the names allowed past that deny.
+    const auto& network = e.handle->info().network;
+    d.allow_internet_access = network.mode != network_mode::none;
+    if (network.mode == network_mode::allow_list) {
+        d.allow_out = network.allow_hosts;
+        d.deny_out = {"0.0.0.0/0"};
+    }
+    return d;
 }
 
 }  // namespace
@@ -117,15 +150,10 @@ result<sandbox_network> narrow_by_names(const sandbox_network& operator_network,
         for (const auto& entry : request.network->allow_out) {
             // CIDRs and IP literals in allowOut are E2B address rules: not a name to allow.
             if (egress::is_address_entry(entry)) continue;
-            std::string why;
-            const auto pattern = egress::parse_host_pattern(entry, why);
-            if (!pattern) {
+            if (auto valid = protocol::check_allow_out_name(entry); !valid) {
+                // A port is as much a bad request as a malformed name.
                 return make_error(errc::invalid_argument,
-                                  "network.allowOut '" + entry + "' " + why);
-            }
-            if (pattern->port) {
-                return make_error(errc::invalid_argument,
-                                  "network.allowOut '" + entry + "' has a port: E2B names none");
+                                  "network.allowOut " + valid.error().detail);
             }
             if (std::find(names.begin(), names.end(), entry) == names.end()) {
                 names.push_back(entry);
@@ -196,54 +224,6 @@ result<sandbox_network> narrow_network(const sandbox_network& operator_network,
 
 namespace {
 
-// ListedSandbox, or SandboxDetail with `detail` (the token, the lifecycle, the network).
-void write_listed(json_writer& w, const registry_entry& e, bool detail) {
-    const auto limits = e.handle->info().limits.with_defaults();
-    const std::int64_t cpus =
-        std::max<std::int64_t>(1, static_cast<std::int64_t>((*limits.cpu_millicores + 999) / 1000));
-    const auto mib = [](std::uint64_t bytes) {
-        return static_cast<std::int64_t>(bytes / (1024 * 1024));
-    };
-    w.begin_object();
-    w.key("templateID").value(e.template_id);
-    w.key("alias").value(e.template_id);
-    w.key("sandboxID").value(e.id);
-    w.key("clientID").value(e2b_client_id);
-    w.key("startedAt").value(format_rfc3339(e.started_at));
-    w.key("endAt").value(format_rfc3339(e.end_at));
-    w.key("cpuCount").value(cpus);
-    w.key("memoryMB").value(std::max<std::int64_t>(128, mib(*limits.memory_bytes)));
-    w.key("diskSizeMB").value(mib(*limits.workspace_bytes));
-    w.key("state").value("running");
-    w.key("envdVersion").value(reported_envd_version);
-    w.key("metadata").begin_object();
-    for (const auto& [k, v] : e.metadata) w.key(k).value(v);
-    w.end_object();
-    if (detail) {
-        w.key("envdAccessToken").value(e.access_token);
-        // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on,
-        // every address denied, the names allowed past that deny.
-        const auto& network = e.handle->info().network;
-        w.key("allowInternetAccess").value(network.mode != network_mode::none);
-        if (network.mode == network_mode::allow_list) {
-            w.key("network").begin_object();
-            w.key("allowOut").begin_array();
-            for (const auto& host : network.allow_hosts) w.value(host);
-            w.end_array();
-            w.key("denyOut").begin_array();
-            w.value("0.0.0.0/0");
-            w.end_array();
-            w.end_object();
-        }
-        w.key("domain").null();
-        w.key("lifecycle").begin_object();
-        w.key("onTimeout").value("kill");
-        w.key("autoResume").value(false);
-        w.end_object();
-    }
-    w.end_object();
-}
-
 // The whole request body; on failure the 400 is sent and nothing is returned.
 asio::awaitable<std::optional<std::string>> read_body_or_400(control_call& call) {
     auto body = co_await call.request.async_read_body();
@@ -301,7 +281,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     auto& context = call.s.context;
     auto body = co_await read_body_or_400(call);
     if (!body) co_return;
-    auto parsed = parse_create_request(*body);
+    auto parsed = protocol::parse_create_request(*body);
     if (!parsed) {
         co_await send_bad_request(call.response, parsed.error());
         co_return;
@@ -373,9 +353,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
         co_await send_error(call.response, 500, std::move(message));
         co_return;
     }
-    json_writer w;
-    write_sandbox(w, *entry);
-    std::string reply = w.take();
+    std::string reply = sandbox_reply_of(*entry);
     co_await send_json(call.response, 201, std::move(reply));
 }
 
@@ -402,9 +380,7 @@ asio::awaitable<std::shared_ptr<registry_entry>> find_or_404(control_call& call)
 asio::awaitable<void> get_sandbox(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    json_writer w;
-    write_listed(w, *entry, true);
-    std::string body = w.take();
+    std::string body = protocol::encode_sandbox_detail(detail_of(*entry, true));
     co_await send_json(call.response, 200, std::move(body));
 }
 
@@ -448,7 +424,7 @@ asio::awaitable<void> set_timeout(control_call& call) {
     if (!entry) co_return;
     auto body = co_await read_body_or_400(call);
     if (!body) co_return;
-    auto timeout = parse_timeout_request(*body);
+    auto timeout = protocol::parse_timeout_request(*body);
     if (!timeout) {
         co_await send_bad_request(call.response, timeout.error());
         co_return;
@@ -464,7 +440,7 @@ asio::awaitable<void> refresh(control_call& call) {
     if (!entry) co_return;
     auto body = co_await read_body_or_400(call);
     if (!body) co_return;
-    auto duration = parse_refresh_request(*body);
+    auto duration = protocol::parse_refresh_request(*body);
     if (!duration) {
         co_await send_bad_request(call.response, duration.error());
         co_return;
@@ -481,7 +457,7 @@ asio::awaitable<void> connect(control_call& call) {
     if (!entry) co_return;
     auto body = co_await read_body_or_400(call);
     if (!body) co_return;
-    auto timeout = parse_connect_request(*body);
+    auto timeout = protocol::parse_connect_request(*body);
     if (!timeout) {
         co_await send_bad_request(call.response, timeout.error());
         co_return;
@@ -490,95 +466,62 @@ asio::awaitable<void> connect(control_call& call) {
     const std::chrono::seconds ttl(seconds);
     const bool extended = co_await move_end_or_fail(call, *entry, ttl, false);
     if (!extended) co_return;
-    json_writer w;
-    write_sandbox(w, *entry);
-    std::string reply = w.take();
+    std::string reply = sandbox_reply_of(*entry);
     co_await send_json(call.response, 200, std::move(reply));
 }
 
 // ---- list --------------------------------------------------------------------------------------
 
+// A list request as this server reads it: E2B's parameters, and its own page cursor decoded
+// from nextToken.
 struct list_query {
+    protocol::list_request request;
     bool running = true;  // the running state was asked for (moat has no paused sandboxes)
     bool descending = true;
     std::size_t limit = 100;
-    std::vector<std::pair<std::string, std::string>> metadata;
-    std::string template_id;
-    std::optional<system_clock::time_point> started_after;
     std::optional<std::pair<std::int64_t, std::string>> after;  // the next token's cursor
 };
 
+// The cursor of the page after the one ending at `last`: base64url of "<ms>__<id>[__asc]".
+std::string next_token(const registry_entry& last, bool descending) {
+    std::string cursor = std::to_string(unix_ms(last.started_at)) + "__" + last.id;
+    if (!descending) cursor += "__asc";
+    return base64url_encode(cursor);
+}
+
+std::optional<std::pair<std::int64_t, std::string>> parse_next_token(std::string_view token,
+                                                                     bool descending) {
+    const auto decoded = base64url_decode(token);
+    if (!decoded) return std::nullopt;
+    const std::string_view suffix = "__asc";
+    std::string_view text = *decoded;
+    const bool asc = text.ends_with(suffix);
+    if (asc) text.remove_suffix(suffix.size());
+    const auto sep = text.find("__");
+    long long ms = 0;
+    if (sep == std::string_view::npos || asc == descending || sep + 2 >= text.size() ||
+        std::from_chars(text.data(), text.data() + sep, ms).ptr != text.data() + sep)
+        return std::nullopt;
+    return std::make_pair(static_cast<std::int64_t>(ms), std::string(text.substr(sep + 2)));
+}
+
 result<list_query> parse_list_query(std::string_view raw, bool paged) {
-    auto query = parse_query(raw);
-    if (!query) return std::move(query).error();
+    auto request = protocol::parse_list_request(raw, paged);
+    if (!request) return std::move(request).error();
     list_query q;
-    const auto get = [&](const char* name) -> const std::string* {
-        const auto it = query->find(name);
-        return it == query->end() ? nullptr : &it->second;
-    };
-    if (const auto* m = get("metadata"); m && !m->empty()) {
-        auto filter = parse_metadata_filter(*m);
-        if (!filter) return std::move(filter).error();
-        q.metadata = std::move(*filter);
-    }
-    if (!paged) return q;
-    if (const auto* st = get("state"); st && !st->empty()) {
-        q.running = false;
-        std::string_view rest = *st;
-        while (!rest.empty()) {
-            const auto comma = rest.find(',');
-            const auto one = rest.substr(0, comma);
-            rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-            if (one == "running") {
-                q.running = true;
-            } else if (one != "paused") {
-                return make_error(errc::invalid_argument,
-                                  "state '" + std::string(one) + "' is not running or paused");
-            }
-        }
-    }
-    if (const auto* order = get("order"); order && !order->empty()) {
-        if (*order != "asc" && *order != "desc") {
-            return make_error(errc::invalid_argument, "order must be asc or desc");
-        }
-        q.descending = *order == "desc";
-    }
-    if (const auto* limit = get("limit"); limit && !limit->empty()) {
-        long long n = 0;
-        const auto* end = limit->data() + limit->size();
-        const auto [ptr, ec] = std::from_chars(limit->data(), end, n);
-        if (ec != std::errc() || ptr != end) {
-            return make_error(errc::invalid_argument, "limit must be a number");
-        }
-        q.limit = static_cast<std::size_t>(std::clamp<long long>(n, 1, 100));
-    }
-    if (const auto* t = get("template"); t) q.template_id = *t;
-    if (const auto* after = get("startedAfter"); after && !after->empty()) {
-        auto point = parse_rfc3339(*after);
-        if (!point)
-            return make_error(errc::invalid_argument, "startedAfter: " + point.error().detail);
-        q.started_after = *point;
-    }
-    if (const auto* token = get("nextToken"); token && !token->empty()) {
-        const auto decoded = base64url_decode(*token);
-        const std::string_view suffix = "__asc";
-        std::string_view text = decoded ? std::string_view(*decoded) : std::string_view();
-        const bool asc = text.ends_with(suffix);
-        if (asc) text.remove_suffix(suffix.size());
-        const auto sep = text.find("__");
-        long long ms = 0;
-        const bool parsed_ms =
-            sep != std::string_view::npos &&
-            std::from_chars(text.data(), text.data() + sep, ms).ptr == text.data() + sep;
-        if (!decoded || !parsed_ms || asc == q.descending || sep + 2 >= text.size()) {
-            return make_error(errc::invalid_argument, "Invalid next token");
-        }
-        q.after = std::make_pair(static_cast<std::int64_t>(ms), std::string(text.substr(sep + 2)));
+    q.request = std::move(*request);
+    const auto& r = q.request;
+    if (!r.state.empty()) q.running = ("," + r.state + ",").find(",running,") != std::string::npos;
+    if (!r.order.empty()) q.descending = r.order == "desc";
+    q.limit = r.limit.value_or(100);
+    if (!r.next_token.empty()) {
+        q.after = parse_next_token(r.next_token, q.descending);
+        if (!q.after) return make_error(errc::invalid_argument, "Invalid next token");
     }
     return q;
 }
 
-bool matches(const registry_entry& e, const list_query& q) {
+bool matches(const registry_entry& e, const protocol::list_request& q) {
     for (const auto& [k, v] : q.metadata) {
         const auto it = e.metadata.find(k);
         if (it == e.metadata.end() || it->second != v) return false;
@@ -597,7 +540,7 @@ asio::awaitable<void> list(control_call& call, bool paged) {
     std::vector<std::shared_ptr<registry_entry>> picked;
     if (q->running) {
         for (auto& e : call.s.context.registry.live()) {
-            if (matches(*e, *q)) picked.push_back(e);
+            if (matches(*e, q->request)) picked.push_back(e);
         }
     }
     const auto key = [](const registry_entry& e) {
@@ -615,20 +558,13 @@ asio::awaitable<void> list(control_call& call, bool paged) {
     }
     const bool more = paged && picked.size() > q->limit;
     if (paged && picked.size() > q->limit) picked.resize(q->limit);
-    json_writer w;
-    w.begin_array();
-    for (const auto& e : picked) write_listed(w, *e, false);
-    w.end_array();
+    std::vector<protocol::sandbox_detail> listed;
+    for (const auto& e : picked) listed.push_back(detail_of(*e, false));
     http::header_list headers;
     headers.add("Content-Type", "application/json");
     if (paged && q->running) headers.add("X-Total-Running", std::to_string(total));
-    if (more) {
-        const auto& last = *picked.back();
-        std::string cursor = std::to_string(unix_ms(last.started_at)) + "__" + last.id;
-        if (!q->descending) cursor += "__asc";
-        headers.add("X-Next-Token", base64url_encode(cursor));
-    }
-    std::string body = w.take();
+    if (more) headers.add("X-Next-Token", next_token(*picked.back(), q->descending));
+    std::string body = protocol::encode_sandbox_list(listed);
     (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
 }
 
@@ -729,7 +665,7 @@ control_plane::control_plane(serve_context& context, http::server_options option
     : state_(std::make_shared<state>(context, std::move(options))) {
     auto* s = state_.get();  // the server (and its handlers) live inside the state
     http::route_options body_cap;
-    body_cap.max_body_bytes = max_e2b_body_bytes;
+    body_cap.max_body_bytes = protocol::max_request_body_bytes;
     const auto add = [&](const char* method, const char* path, control_handler run,
                          bool needs_key) {
         http::handler h = [s, run, needs_key](http::server_request& request,

@@ -3,7 +3,8 @@
 //
 // Every route but GET /health needs X-API-Key equal to the server's key (compared in constant
 // time): otherwise 401 {"code":401,"message":"..."}. Errors are E2B's JSON
-// {"code":<status>,"message":"..."}; a request body is parsed by e2b_requests.hpp (capped).
+// {"code":<status>,"message":"..."}; requests are read and replies written by
+// src/e2b_protocol (sandbox_requests.hpp, sandbox_replies.hpp: capped).
 //
 //   POST /v2/sandboxes, POST /sandboxes       201 Sandbox (v2 default timeout 300 s, v1 15 s)
 //   GET /sandboxes/{id}                       200 SandboxDetail, 404
@@ -21,8 +22,8 @@
 // given). Request fields never widen the operator's policy (see narrow_network).
 #pragma once
 
+#include "e2b_protocol/sandbox_requests.hpp"
 #include "http/server.hpp"
-#include "serve/e2b_requests.hpp"
 #include "serve/serve_context.hpp"
 
 #include <moat/result.hpp>
@@ -50,10 +51,7 @@ inline constexpr std::string_view reported_envd_version = "0.6.4";
 // `network` (allowPublicTraffic, egressProxy, rules, CIDRs in allowOut) is ignored. A name that
 // is not a valid pattern (or has a port) is invalid_argument naming it.
 result<sandbox_network> narrow_network(const sandbox_network& operator_network,
-                                       const create_request& request);
-
-// E2B's constant client id.
-inline constexpr std::string_view e2b_client_id = "6532622b";
+                                       const e2b_protocol::create_request& request);
 
 class control_plane {
   public:

@@ -1,8 +1,5 @@
 #include "serve/envd_entry.hpp"
 
-#include "core/json_writer.hpp"
-#include "core/rfc3339.hpp"
-
 #include <charconv>
 #include <ctime>
 
@@ -178,38 +175,6 @@ result<std::vector<entry_info>> parse_find_output(std::string_view output) {
         out.push_back(std::move(e));
     }
     return out;
-}
-
-void write_metadata(json_writer& out, const file_metadata& metadata) {
-    if (metadata.empty()) return;
-    out.key("metadata").begin_object();
-    for (const auto& [key, value] : metadata) out.key(key).value(value);
-    out.end_object();
-}
-
-void write_entry_info(json_writer& out, const entry_info& e) {
-    static constexpr const char* types[] = {"FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE",
-                                            "FILE_TYPE_DIRECTORY", "FILE_TYPE_SYMLINK"};
-    out.begin_object();
-    out.key("name").value(e.name);
-    out.key("type").value(types[static_cast<int>(e.type)]);
-    out.key("path").value(e.path);
-    out.key("size").value(std::to_string(e.size));
-    out.key("mode").value(static_cast<std::uint64_t>(e.mode));
-    out.key("permissions").value(e.permissions);
-    out.key("owner").value(e.owner);
-    out.key("group").value(e.group);
-    if (e.modified_seconds != 0 || e.modified_nanos != 0) {
-        const auto modified = std::chrono::system_clock::time_point(
-            std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                std::chrono::seconds(e.modified_seconds) +
-                std::chrono::nanoseconds(e.modified_nanos)));
-        out.key("modifiedTime")
-            .value(detail::format_rfc3339(modified, e.modified_nanos != 0 ? 9 : 0));
-    }
-    if (e.symlink_target) out.key("symlinkTarget").value(*e.symlink_target);
-    write_metadata(out, e.metadata);
-    out.end_object();
 }
 
 namespace {

@@ -1,6 +1,6 @@
 // The pure parts of envd's filesystem service and file routes under `moat serve`: how a request's
-// path resolves against the user's home, the EntryInfo message the SDK reads, and the
-// in-sandbox commands whose output becomes EntryInfo.
+// path resolves against the user's home, and the in-sandbox commands whose output becomes the
+// EntryInfo the SDK reads (e2b_protocol/filesystem_messages.hpp writes it).
 //
 // Stat, ListDir, MakeDir, Move and Remove run as one command each inside the sandbox (as its user,
 // in its own mount namespace, so a symlink planted there can never reach the host). A command is
@@ -12,6 +12,8 @@
 // No I/O here: unit-tested in tests/serve_files_test.cpp.
 #pragma once
 
+#include "e2b_protocol/filesystem_messages.hpp"
+
 #include <moat/files.hpp>
 #include <moat/result.hpp>
 
@@ -20,10 +22,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-namespace moat {
-class json_writer;
-}
 
 namespace moat::serve {
 
@@ -38,28 +36,9 @@ std::string parent_path(std::string_view clean_path);
 // The last component ("/a/b" -> "b", "/" -> "/").
 std::string base_name(std::string_view clean_path);
 
-// filesystem.FileType.
-enum class entry_type { unspecified = 0, file = 1, directory = 2, symlink = 3 };
-
-// filesystem.EntryInfo, as envd fills it: for a symlink the type is its target's (unspecified
-// when dangling) and symlink_target the target made absolute; permissions is Go's FileMode
-// string of the entry itself ("drwxr-xr-x", "-rw-r--r--", "Lrwxrwxrwx").
-struct entry_info {
-    std::string name;
-    entry_type type = entry_type::unspecified;
-    std::string path;
-    std::int64_t size = 0;
-    std::uint32_t mode = 0;  // permission bits (0777 and setuid/setgid/sticky as 07777)
-    std::string permissions;
-    std::string owner;
-    std::string group;
-    std::int64_t modified_seconds = 0;
-    std::int32_t modified_nanos = 0;
-    std::optional<std::string> symlink_target;
-    // The file's metadata (user.e2b.* attributes, a symlink's target's), read through the
-    // backend (the listing commands do not print it); "metadata" only when not empty.
-    file_metadata metadata;
-};
+// filesystem.FileType and filesystem.EntryInfo, which the commands below fill as envd does.
+using e2b_protocol::entry_info;
+using e2b_protocol::entry_type;
 
 // Go's os.FileMode.String() for a find %y type letter and %m permission bits.
 std::string go_permissions(char find_type, std::uint32_t mode);
@@ -70,12 +49,6 @@ std::string_view find_format();
 // Parses find's output (a sequence of entries in find_format). protocol_error for output that
 // is not a whole number of well-formed entries.
 result<std::vector<entry_info>> parse_find_output(std::string_view output);
-
-// Writes the EntryInfo JSON object (proto3 JSON: int64 size as a string, modifiedTime RFC 3339,
-// symlinkTarget only for symlinks, metadata only when there is some).
-void write_entry_info(json_writer& out, const entry_info& entry);
-// The "metadata" member of an EntryInfo (or of an upload reply's entry); nothing when empty.
-void write_metadata(json_writer& out, const file_metadata& metadata);
 
 // What each in-sandbox command exits with, beside 0 (done) and anything else (failed: stderr
 // names why).

@@ -3,18 +3,16 @@
 // reach the host), run as the sandbox's user, and replace a file atomically.
 #include "serve/envd_files.hpp"
 
-#include "serve/e2b_requests.hpp"
 #include "serve/envd_entry.hpp"
 #include "serve/file_signature.hpp"
 #include "serve/multipart.hpp"
 
 #include "core/ascii.hpp"
+#include "core/base64.hpp"
 #include "core/json_writer.hpp"
 #include "http/gzip_decoder.hpp"
 
 #include <moat/log.hpp>
-
-#include <openssl/evp.h>
 
 #include <chrono>
 #include <deque>
@@ -43,13 +41,9 @@ std::optional<std::string> check_rpc_user(const envd_call& call) {
         return std::string("Authorization is not Basic");
     value.remove_prefix(6);
     if (value.size() > 1024) return std::string("Authorization is too long");
-    std::string decoded(3 * ((value.size() + 3) / 4), '\0');
-    const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(decoded.data()),
-                                  reinterpret_cast<const unsigned char*>(value.data()),
-                                  static_cast<int>(value.size()));
-    if (n < 0) return std::string("Authorization is not base64");
-    decoded.resize(static_cast<std::size_t>(n));
-    while (!decoded.empty() && decoded.back() == '\0') decoded.pop_back();  // base64 padding
+    auto credentials = base64_decode(value, base64_padding::required);
+    if (!credentials) return std::string("Authorization is not base64");
+    const std::string& decoded = *credentials;
     const auto user = decoded.substr(0, decoded.find(':'));
     if (user.empty() || user == sandbox_user(*call.sandbox)) return std::nullopt;
     return "user '" + user.substr(0, 64) +
@@ -98,25 +92,10 @@ result<file_metadata> metadata_headers(const http::header_list& headers) {
 }
 
 // The per-request parameters of /files.
-struct file_request {
-    std::optional<std::string> path;  // as sent (decoded once)
-    std::optional<std::string> username;
-    std::optional<std::string> signature;
-    std::optional<std::string> signature_expiration;
-};
+using file_request = e2b_protocol::files_query;
 
 result<file_request> parse_file_request(const http::server_request& request) {
-    auto query = parse_query(request.query());
-    if (!query) return query.error();
-    file_request out;
-    auto take = [&](const char* name, std::optional<std::string>& into) {
-        if (auto it = query->find(name); it != query->end()) into = it->second;
-    };
-    take("path", out.path);
-    take("username", out.username);
-    take("signature", out.signature);
-    take("signature_expiration", out.signature_expiration);
-    return out;
+    return e2b_protocol::parse_files_query(request.query());
 }
 
 std::int64_t now_unix() {
@@ -281,7 +260,7 @@ std::string upload_response(const std::vector<entry_info>& files) {
         w.key("name").value(f.name);
         w.key("type").value("file");
         w.key("path").value(f.path);
-        write_metadata(w, f.metadata);
+        e2b_protocol::write_metadata(w, f.metadata);
         w.end_object();
     }
     w.end_array();

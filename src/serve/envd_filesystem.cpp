@@ -10,14 +10,11 @@
 #include "serve/envd_files.hpp"
 #include "serve/envd_service.hpp"
 
-#include "core/json_writer.hpp"
-
-#include <simdjson.h>
-
 namespace moat::serve {
 namespace {
 
 namespace connect = http::connect;
+namespace protocol = e2b_protocol;
 
 // How long one filesystem command may run, and how much listing it may print.
 constexpr std::chrono::seconds command_wall_limit{30};
@@ -42,29 +39,9 @@ outcome ok(std::string json) {
     return {std::nullopt, std::move(json)};
 }
 
-// The request's JSON object, and its string fields.
-struct request_json {
-    simdjson::dom::parser parser;
-    simdjson::dom::object object;
-};
-
-bool parse_request(std::string_view body, request_json& out) {
-    const simdjson::padded_string padded(body);
-    simdjson::dom::element root;
-    return out.parser.parse(padded).get(root) == simdjson::SUCCESS &&
-           root.get_object().get(out.object) == simdjson::SUCCESS;
-}
-
-std::string string_field(const request_json& r, const char* name) {
-    std::string_view v;
-    if (r.object[name].get_string().get(v) != simdjson::SUCCESS) return {};
-    return std::string(v);
-}
-
-// A path field resolved against the user's home (envd's rules).
-result<std::string> path_field(const request_json& r, const char* name,
-                               const registry_entry& sandbox) {
-    return resolve_envd_path(string_field(r, name), sandbox_home(sandbox));
+// A path as sent, resolved against the user's home (envd's rules).
+result<std::string> resolve(const std::string& path, const registry_entry& sandbox) {
+    return resolve_envd_path(path, sandbox_home(sandbox));
 }
 
 // One of envd_entry's commands, run: its exit code and the entries it printed, each with its
@@ -149,28 +126,30 @@ outcome from_error(const error& e) {
 }
 
 outcome entry_response(const entry_info& entry) {
-    json_writer w;
-    w.begin_object().key("entry");
-    write_entry_info(w, entry);
-    w.end_object();
-    return ok(w.take());
+    return ok(protocol::encode_entry_response(entry));
 }
 
-// The common start of every handler: the user check and the request's JSON object.
-asio::awaitable<std::optional<outcome>> async_read(envd_call& call, request_json& json) {
+// The common start of every handler: the user check and the request, parsed by `parse` into
+// `out`; the refusal when either fails.
+template <class Request>
+asio::awaitable<std::optional<outcome>> async_read(envd_call& call,
+                                                   result<Request> (*parse)(std::string_view),
+                                                   Request& out) {
     if (auto refused = check_rpc_user(call))
         co_return fail(connect::code::unauthenticated, *refused);
     auto body = co_await async_read_unary_request(call.request);
     if (!body) co_return fail(connect::code::invalid_argument, body.error().detail);
-    if (!parse_request(*body, json))
-        co_return fail(connect::code::invalid_argument, "request body is not a JSON object");
+    auto parsed = parse(*body);
+    if (!parsed) co_return fail(connect::code::invalid_argument, parsed.error().detail);
+    out = std::move(*parsed);
     co_return std::nullopt;
 }
 
 asio::awaitable<outcome> stat(envd_call& call) {
-    request_json json;
-    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
-    auto path = path_field(json, "path", *call.sandbox);
+    std::string sent;
+    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
+        co_return std::move(*refused);
+    auto path = resolve(sent, *call.sandbox);
     if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
     auto argv = stat_command(*path);
     auto ran = co_await async_run(call, std::move(argv));
@@ -181,35 +160,28 @@ asio::awaitable<outcome> stat(envd_call& call) {
 }
 
 asio::awaitable<outcome> list_dir(envd_call& call) {
-    request_json json;
-    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
-    auto path = path_field(json, "path", *call.sandbox);
+    protocol::list_dir_request sent;
+    if (auto refused = co_await async_read(call, protocol::parse_list_dir_request, sent))
+        co_return std::move(*refused);
+    auto path = resolve(sent.path, *call.sandbox);
     if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
-    std::uint64_t depth = 1;
-    simdjson::dom::element d;
-    if (json.object["depth"].get(d) == simdjson::SUCCESS && !d.is_null()) {
-        if (d.get_uint64().get(depth) != simdjson::SUCCESS || depth > 0xffffffffu)
-            co_return fail(connect::code::invalid_argument, "depth must be a uint32");
-        if (depth == 0) depth = 1;  // envd: 0 means the directory's own entries
-    }
-    auto argv = list_command(*path, static_cast<std::uint32_t>(depth));
+    // envd: 0 (unset) means the directory's own entries.
+    const std::uint32_t depth = sent.depth == 0 ? 1 : sent.depth;
+    auto argv = list_command(*path, depth);
     auto ran = co_await async_run(call, std::move(argv), max_listing_bytes);
     if (!ran) co_return from_error(ran.error());
     if (ran->exit_code == exit_not_found)
         co_return fail(connect::code::not_found, "directory not found: '" + *path + "'");
     if (ran->exit_code == exit_not_directory)
         co_return fail(connect::code::invalid_argument, "path is not a directory: '" + *path + "'");
-    json_writer w;
-    w.begin_object().key("entries").begin_array();
-    for (const auto& e : ran->entries) write_entry_info(w, e);
-    w.end_array().end_object();
-    co_return ok(w.take());
+    co_return ok(protocol::encode_list_dir_response(ran->entries));
 }
 
 asio::awaitable<outcome> make_dir(envd_call& call) {
-    request_json json;
-    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
-    auto path = path_field(json, "path", *call.sandbox);
+    std::string sent;
+    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
+        co_return std::move(*refused);
+    auto path = resolve(sent, *call.sandbox);
     if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
     auto argv = make_dir_command(*path);
     auto ran = co_await async_run(call, std::move(argv));
@@ -225,11 +197,12 @@ asio::awaitable<outcome> make_dir(envd_call& call) {
 }
 
 asio::awaitable<outcome> move(envd_call& call) {
-    request_json json;
-    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
-    auto source = path_field(json, "source", *call.sandbox);
+    protocol::move_request sent;
+    if (auto refused = co_await async_read(call, protocol::parse_move_request, sent))
+        co_return std::move(*refused);
+    auto source = resolve(sent.source, *call.sandbox);
     if (!source) co_return fail(connect::code::invalid_argument, source.error().detail);
-    auto destination = path_field(json, "destination", *call.sandbox);
+    auto destination = resolve(sent.destination, *call.sandbox);
     if (!destination) co_return fail(connect::code::invalid_argument, destination.error().detail);
     auto argv = move_command(*source, *destination);
     auto ran = co_await async_run(call, std::move(argv));
@@ -242,9 +215,10 @@ asio::awaitable<outcome> move(envd_call& call) {
 }
 
 asio::awaitable<outcome> remove(envd_call& call) {
-    request_json json;
-    if (auto refused = co_await async_read(call, json)) co_return std::move(*refused);
-    auto path = path_field(json, "path", *call.sandbox);
+    std::string sent;
+    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
+        co_return std::move(*refused);
+    auto path = resolve(sent, *call.sandbox);
     if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
     auto argv = remove_command(*path);
     auto ran = co_await async_run(call, std::move(argv));

@@ -7,7 +7,6 @@
 // StreamInput (a client stream, which connect-web cannot send) keeps answering unimplemented.
 #include "serve/connect_rpc.hpp"
 #include "serve/envd_service.hpp"
-#include "serve/process_requests.hpp"
 #include "serve/process_table.hpp"
 
 #include <moat/deadline.hpp>
@@ -24,7 +23,12 @@
 namespace moat::serve {
 namespace {
 
+namespace protocol = e2b_protocol;
 using http::connect::code;
+using protocol::encode_data_event;
+using protocol::encode_end_event;
+using protocol::encode_keepalive_event;
+using protocol::encode_start_event;
 
 // envd's keepalive period when the client sends no Keepalive-Ping-Interval.
 constexpr std::chrono::seconds default_keepalive{90};
@@ -239,7 +243,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         (void)co_await stream.async_end(c, body.error().detail);
         co_return;
     }
-    auto parsed = parse_start_request(*body);
+    auto parsed = protocol::parse_start_request(*body);
     if (!parsed) {
         (void)co_await stream.async_end(code::invalid_argument, parsed.error().detail);
         co_return;
@@ -337,7 +341,7 @@ asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
         (void)co_await stream.async_end(c, body.error().detail);
         co_return;
     }
-    auto selector = parse_selector_request(*body);
+    auto selector = protocol::parse_selector_request(*body);
     if (!selector) {
         (void)co_await stream.async_end(code::invalid_argument, selector.error().detail);
         co_return;
@@ -406,12 +410,14 @@ asio::awaitable<void> list_processes(service_ptr service, envd_call& call) {
     if (!parsed) co_return;
     std::vector<process_info> processes;
     if (auto table = existing_table(service, call.sandbox)) processes = table->list();
-    auto json = encode_list_response(processes);
+    const std::vector<protocol::listed_process> listed(processes.begin(), processes.end());
+    auto json = protocol::encode_list_response(listed);
     (void)co_await async_send_unary(call.response, std::move(json));
 }
 
 asio::awaitable<void> send_input(service_ptr service, envd_call& call) {
-    auto parsed = co_await read_unary<send_input_request>(call, parse_send_input_request);
+    auto parsed =
+        co_await read_unary<protocol::send_input_request>(call, protocol::parse_send_input_request);
     if (!parsed) co_return;
     auto table = existing_table(service, call.sandbox);
     if (!table) {
@@ -443,7 +449,7 @@ asio::awaitable<void> send_input(service_ptr service, envd_call& call) {
 }
 
 asio::awaitable<void> close_stdin(service_ptr service, envd_call& call) {
-    auto parsed = co_await read_unary<process_selector>(call, parse_selector_request);
+    auto parsed = co_await read_unary<process_selector>(call, protocol::parse_selector_request);
     if (!parsed) co_return;
     auto table = existing_table(service, call.sandbox);
     result<void> closed = not_found(*parsed);
@@ -455,7 +461,8 @@ asio::awaitable<void> close_stdin(service_ptr service, envd_call& call) {
 }
 
 asio::awaitable<void> send_signal(service_ptr service, envd_call& call) {
-    auto parsed = co_await read_unary<send_signal_request>(call, parse_send_signal_request);
+    auto parsed = co_await read_unary<protocol::send_signal_request>(
+        call, protocol::parse_send_signal_request);
     if (!parsed) co_return;
     auto table = existing_table(service, call.sandbox);
     result<void> live = not_found(parsed->process);
@@ -476,7 +483,8 @@ asio::awaitable<void> send_signal(service_ptr service, envd_call& call) {
 }
 
 asio::awaitable<void> update_process(service_ptr service, envd_call& call) {
-    auto parsed = co_await read_unary<update_request>(call, parse_update_request);
+    auto parsed =
+        co_await read_unary<protocol::update_request>(call, protocol::parse_update_request);
     if (!parsed) co_return;
     auto table = existing_table(service, call.sandbox);
     result<void> live = not_found(parsed->process);

@@ -2,7 +2,7 @@
 
 #include <moat/log.hpp>
 
-#include "core/json_writer.hpp"
+#include "e2b_protocol/error_body.hpp"
 #include "serve/server_secret.hpp"
 
 #include <chrono>
@@ -23,15 +23,13 @@ namespace {
 constexpr std::string_view host_prefix = "49983-";
 
 asio::awaitable<void> send_not_found(http::server_response& response, std::string_view id) {
-    json_writer w;
-    w.begin_object();
-    w.key("code").value(502);
-    w.key("message").value("The sandbox was not found");
-    w.key("sandboxId").value(id);
-    w.end_object();
+    e2b_protocol::error_body error;
+    error.code = 502;
+    error.message = "The sandbox was not found";
+    error.sandbox_id = std::string(id);
     http::header_list headers;
     headers.add("Content-Type", "application/json; charset=utf-8");
-    std::string body = w.take();
+    std::string body = e2b_protocol::encode_error_body(error);
     (void)co_await response.async_send(502, std::move(headers), std::move(body));
 }
 

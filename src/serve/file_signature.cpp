@@ -1,7 +1,8 @@
 #include "serve/file_signature.hpp"
 
+#include "core/base64.hpp"
+
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <algorithm>
@@ -26,11 +27,9 @@ std::string file_signature(std::string_view path, file_operation operation,
     unsigned char digest[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(raw.data()), raw.size(), digest);
     OPENSSL_cleanse(raw.data(), raw.size());
-    unsigned char encoded[4 * ((SHA256_DIGEST_LENGTH + 2) / 3) + 1];
-    const int length = EVP_EncodeBlock(encoded, digest, SHA256_DIGEST_LENGTH);
     std::string out = "v1_";
-    out.append(reinterpret_cast<const char*>(encoded), static_cast<std::size_t>(length));
-    while (!out.empty() && out.back() == '=') out.pop_back();
+    out += base64_encode(std::string_view(reinterpret_cast<const char*>(digest), sizeof digest));
+    while (out.back() == '=') out.pop_back();
     return out;
 }
 

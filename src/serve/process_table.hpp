@@ -31,6 +31,8 @@
 // waits for the pumps.
 #pragma once
 
+#include "e2b_protocol/process_messages.hpp"
+
 #include <moat/deadline.hpp>
 #include <moat/exec.hpp>
 #include <moat/result.hpp>
@@ -50,23 +52,16 @@
 
 namespace moat::serve {
 
-// What a process was started with, as List reports it (envd's ProcessConfig).
-struct process_config {
-    std::string cmd;
-    std::vector<std::string> args;
-    std::map<std::string, std::string> envs;
-    std::string cwd;
-};
+// What a process was started with (envd's ProcessConfig), and which process a call means: by
+// pid, or by the tag it was started with.
+using e2b_protocol::process_config;
+using e2b_protocol::process_selector;
 
 // How a process ended, in the values of Go's os.ProcessState (envd's EndEvent): killed by a
 // signal means exit_code -1, exited false, status "signal: killed"; an exit means exited true and
 // status "exit status N". `error` is what Go's cmd.Wait() returns: set for a non-zero exit or a
 // signal, absent for exit status 0.
-struct process_end {
-    int exit_code = 0;
-    bool exited = true;
-    std::string status;
-    std::optional<std::string> error;
+struct process_end : e2b_protocol::end_event {
     // Its wall limit (the Start call's Connect-Timeout-Ms) killed it.
     bool timed_out = false;
 };
@@ -74,16 +69,8 @@ struct process_end {
 // The end as envd would report it for this exec_result.
 process_end end_from_result(const exec_result& r);
 
-// Which process a call means: by pid, or by the tag it was started with.
-struct process_selector {
-    std::optional<std::uint32_t> pid;
-    std::optional<std::string> tag;
-};
-
-struct process_info {
-    std::uint32_t pid = 0;
-    process_config config;
-    std::optional<std::string> tag;
+// A process as List reports it (pid, config, tag), and what the table knows of it beside.
+struct process_info : e2b_protocol::listed_process {
     std::size_t buffered_bytes = 0;   // output in its buffer now (at most output_buffer_bytes)
     std::uint64_t dropped_bytes = 0;  // output dropped from a full buffer before anyone read it
     std::optional<process_end> end;   // once it has finished

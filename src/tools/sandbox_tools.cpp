@@ -4,6 +4,7 @@
 // and hint for what went wrong; only the caller's own stop stays an error (tool_session_state.hpp).
 #include "tools/tool_session_state.hpp"
 
+#include "core/base64.hpp"
 #include "core/output_capture.hpp"
 #include "tools/tool_arguments.hpp"
 

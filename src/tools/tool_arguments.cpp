@@ -1,5 +1,7 @@
 #include "tools/tool_arguments.hpp"
 
+#include "core/base64.hpp"
+
 #include <simdjson.h>
 
 #include <cstdint>
@@ -172,79 +174,6 @@ result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_v
     }
     if (failed) return std::move(*failed);
     return args;
-}
-
-std::string base64_encode(std::string_view bytes) {
-    static constexpr char digits[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((bytes.size() + 2) / 3 * 4);
-    std::size_t i = 0;
-    for (; i + 2 < bytes.size(); i += 3) {
-        const auto n = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-        out += digits[(n >> 18) & 63];
-        out += digits[(n >> 12) & 63];
-        out += digits[(n >> 6) & 63];
-        out += digits[n & 63];
-    }
-    if (i < bytes.size()) {
-        auto n = static_cast<unsigned char>(bytes[i]) << 16;
-        if (i + 1 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-        out += digits[(n >> 18) & 63];
-        out += digits[(n >> 12) & 63];
-        out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
-        out += '=';
-    }
-    return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view text) {
-    std::string out;
-    out.reserve(text.size() / 4 * 3 + 3);
-    std::uint32_t bits = 0;
-    int count = 0;  // sextets in `bits`
-    std::size_t padding = 0;
-    for (const char c : text) {
-        int value = -1;
-        if (c >= 'A' && c <= 'Z') {
-            value = c - 'A';
-        } else if (c >= 'a' && c <= 'z') {
-            value = c - 'a' + 26;
-        } else if (c >= '0' && c <= '9') {
-            value = c - '0' + 52;
-        } else if (c == '+') {
-            value = 62;
-        } else if (c == '/') {
-            value = 63;
-        } else if (c == '=') {
-            ++padding;
-            continue;
-        } else if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
-            continue;
-        } else {
-            return std::nullopt;
-        }
-        if (padding != 0) return std::nullopt;  // data after padding
-        bits = (bits << 6) | static_cast<std::uint32_t>(value);
-        if (++count == 4) {
-            out += static_cast<char>((bits >> 16) & 0xff);
-            out += static_cast<char>((bits >> 8) & 0xff);
-            out += static_cast<char>(bits & 0xff);
-            bits = 0;
-            count = 0;
-        }
-    }
-    if (count == 1 || padding > 2) return std::nullopt;
-    if (padding != 0 && (count + padding) % 4 != 0) return std::nullopt;
-    if (count == 2) {
-        out += static_cast<char>((bits >> 4) & 0xff);
-    } else if (count == 3) {
-        out += static_cast<char>((bits >> 10) & 0xff);
-        out += static_cast<char>((bits >> 2) & 0xff);
-    }
-    return out;
 }
 
 }  // namespace moat

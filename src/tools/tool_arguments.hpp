@@ -41,10 +41,4 @@ struct tool_arguments {
 result<tool_arguments> parse_tool_arguments(std::string_view tool, std::string_view json,
                                             double max_timeout_seconds = 600);
 
-// Standard base64 (RFC 4648, with padding).
-std::string base64_encode(std::string_view bytes);
-// The bytes of standard base64 text (padding optional, ASCII whitespace ignored); nullopt if it is
-// not base64.
-std::optional<std::string> base64_decode(std::string_view text);
-
 }  // namespace moat
