@@ -85,12 +85,15 @@ asio::awaitable<result<std::shared_ptr<Stream>>> open_stream(asio::thread_pool& 
 
 }  // namespace
 
-template <class T, class Operation>
-result<T> local_backend::on_file_root(const std::string& id, const Operation& operation) {
+template <class T, class... Arguments>
+result<T> local_backend::on_file_root(const std::string& id,
+                                      result<T> (*operation)(const sandbox_root&,
+                                                             const Arguments&...),
+                                      const Arguments&... arguments) {
     try {
         auto root = file_root(id);
         if (!root) return std::move(root).error();
-        return operation(*root);
+        return operation(*root, arguments...);
     } catch (...) {
         return error_from_exception(std::current_exception());
     }
@@ -98,20 +101,14 @@ result<T> local_backend::on_file_root(const std::string& id, const Operation& op
 
 asio::awaitable<result<std::vector<file_write_result>>> local_backend::async_write_files(
     std::string id, std::vector<file_write> files) {
-    const auto write = [&files](const sandbox_root& root) {
-        const file_limits limits;
-        return write_files(root, files, limits);
-    };
-    co_return on_file_root<std::vector<file_write_result>>(id, write);
+    const file_limits limits;
+    co_return on_file_root(id, &write_files, files, limits);
 }
 
 asio::awaitable<result<std::vector<file_read_result>>> local_backend::async_read_files(
     std::string id, std::vector<std::string> paths) {
-    const auto read = [&paths](const sandbox_root& root) {
-        const file_limits limits;
-        return read_files(root, paths, limits);
-    };
-    co_return on_file_root<std::vector<file_read_result>>(id, read);
+    const file_limits limits;
+    co_return on_file_root(id, &read_files, paths, limits);
 }
 
 asio::awaitable<result<file_write_result>> local_backend::async_write_file_stream(
@@ -125,26 +122,19 @@ asio::awaitable<result<file_read_stream>> local_backend::async_read_file_stream(
 }
 
 asio::awaitable<result<file_stat>> local_backend::async_stat(std::string id, std::string path) {
-    const auto stat = [&path](const sandbox_root& root) { return stat_path(root, path); };
-    co_return on_file_root<file_stat>(id, stat);
+    co_return on_file_root(id, &stat_path, path);
 }
 
 asio::awaitable<result<std::vector<file_metadata_result>>> local_backend::async_read_metadata(
     std::string id, std::vector<std::string> paths) {
-    const auto read = [&paths](const sandbox_root& root) {
-        const file_limits limits;
-        return read_metadata(root, paths, limits);
-    };
-    co_return on_file_root<std::vector<file_metadata_result>>(id, read);
+    const file_limits limits;
+    co_return on_file_root(id, &read_metadata, paths, limits);
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> local_backend::async_list_dir(std::string id,
                                                                               std::string path) {
-    const auto list = [&path](const sandbox_root& root) {
-        const file_limits limits;
-        return list_dir(root, path, limits);
-    };
-    co_return on_file_root<std::vector<dir_entry>>(id, list);
+    const file_limits limits;
+    co_return on_file_root(id, &list_dir, path, limits);
 }
 
 asio::awaitable<result<file_write_result>> local_backend::write_stream(std::string id,

@@ -198,9 +198,12 @@ class local_backend final : public backend {
     result<sandbox_root> file_root(const std::string& id);
     // file_root() with a descriptor of the job's own.
     result<std::shared_ptr<pinned_root>> pin_root(const std::string& id);
-    // file_root(), then `operation` on it; an exception becomes an error (the inline calls).
-    template <class T, class Operation>
-    result<T> on_file_root(const std::string& id, const Operation& operation);
+    // file_root(), then `operation` on it with `arguments`; an exception becomes an error (the
+    // inline calls).
+    template <class T, class... Arguments>
+    result<T> on_file_root(const std::string& id,
+                           result<T> (*operation)(const sandbox_root&, const Arguments&...),
+                           const Arguments&... arguments);
     // Each step of a streamed write (open, every chunk, the rename or the removal) is one job on
     // the file threads; the source is pulled on the executor between them. The caller's
     // cancellation is looked at before every step (a step itself is not interrupted).

@@ -6,39 +6,18 @@
 #include "sandboxd/agent_impl.hpp"
 
 #include <fcntl.h>
-#include <grp.h>
 #include <linux/capability.h>
-#include <linux/filter.h>
-#include <linux/sched.h>
-#include <linux/seccomp.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sched.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <climits>
 #include <csignal>
-#include <cstddef>
-#include <cstdio>
-#include <cstring>
-#include <ctime>
-#include <new>
-#include <string>
-#include <string_view>
-#include <vector>
 
-#include "sandboxd/raw_syscall.hpp"
-#include "sandboxd/seccomp_filter.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
 
