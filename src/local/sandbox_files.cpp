@@ -1,3 +1,7 @@
+// Host-side file operations on a live sandbox (the contract is sandbox_files.hpp): paths resolved
+// under the sandbox's root and the errors they give, the batch calls, the streamed writer and
+// reader, the metadata attributes and directory listings. The thread's switch to the sandbox
+// user's identity around each of them is sandbox_identity.cpp.
 #include "local/sandbox_files.hpp"
 
 #include "core/file_metadata.hpp"
