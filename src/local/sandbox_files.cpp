@@ -1,16 +1,17 @@
+// Host-side file operations on a live sandbox (the contract is sandbox_files.hpp): paths resolved
+// under the sandbox's root and the errors they give, the batch calls, the streamed writer and
+// reader, the metadata attributes and directory listings. The thread's switch to the sandbox
+// user's identity around each of them is sandbox_identity.cpp.
 #include "local/sandbox_files.hpp"
 
 #include "core/file_metadata.hpp"
-
-#include <moat/log.hpp>
+#include "local/sandbox_identity.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <linux/limits.h>
 #include <linux/openat2.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -22,7 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <mutex>
 
 namespace moat {
 namespace {
@@ -99,148 +99,6 @@ file_type type_of(mode_t mode) noexcept {
     return file_type::other;
 }
 
-// The process's dumpable flag belongs to its memory map, shared by every thread, and the kernel
-// resets it (to fs.suid_dumpable, usually 0) whenever any thread changes its fsuid: left reset, the
-// application would lose its core dumps and its /proc files would turn root-owned. Threads that
-// switch identity at the same time therefore share one saved value: the first to switch saves it,
-// the last to switch back restores it, both under one lock. (Restoring per thread raced: a second
-// thread could save the already-reset flag and restore that last.)
-class dumpable_keeper {
-  public:
-    // Before this thread's first credential change; false if the flag cannot be read.
-    bool enter() {
-        const std::lock_guard lock(mutex_);
-        if (holders_ == 0) {
-            saved_ = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
-            if (saved_ < 0) return false;
-        }
-        ++holders_;
-        return true;
-    }
-
-    // After this thread has its credentials back; false if the flag could not be restored.
-    bool leave() {
-        const std::lock_guard lock(mutex_);
-        if (--holders_ != 0) return true;
-        return ::prctl(PR_SET_DUMPABLE, saved_, 0, 0, 0) == 0;
-    }
-
-  private:
-    std::mutex mutex_;
-    int holders_ = 0;
-    int saved_ = 1;
-};
-
-dumpable_keeper& process_dumpable() {
-    static dumpable_keeper keeper;
-    return keeper;
-}
-
-// The calling thread takes the sandbox user's filesystem identity for its lifetime: fsuid and
-// fsgid, no supplementary groups (the application's, root's group 0 included, would grant group
-// access), and an empty effective capability set (CAP_SYS_PTRACE, for one, would open the /proc
-// files of the sandbox's root-owned agent). Raw system calls: credentials are per thread in the
-// kernel, and glibc's set*id wrappers would apply them to every thread of the application.
-// The destructor restores everything; a thread that cannot get its identity back aborts, since
-// the application's next file access would run with the wrong one.
-class sandbox_identity {
-  public:
-    sandbox_identity(uid_t uid, gid_t gid) { switched_ = switch_to(uid, gid); }
-
-    ~sandbox_identity() {
-        if (!changed_) {
-            if (entered_ && !process_dumpable().leave()) abort_unrestored();
-            return;
-        }
-        // The capabilities first (setgroups needs CAP_SETGID), and again last: going back to fsuid
-        // 0 makes the kernel add the filesystem capabilities of the permitted set, which the
-        // application may have kept out of its effective set.
-        bool restored = ::syscall(SYS_capset, &header_, saved_caps_) == 0;
-        restored =
-            restored && ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data()) == 0;
-        ::syscall(SYS_setfsgid, saved_gid_);
-        ::syscall(SYS_setfsuid, saved_uid_);
-        restored = restored && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == saved_uid_ &&
-                   static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == saved_gid_;
-        restored = restored && ::syscall(SYS_capset, &header_, saved_caps_) == 0;
-        // A change of fsuid also resets state the application may rely on: this thread's
-        // parent-death signal, and the process's dumpable flag (see dumpable_keeper).
-        restored = restored && ::prctl(PR_SET_PDEATHSIG, saved_pdeath_signal_, 0, 0, 0) == 0;
-        restored = process_dumpable().leave() && restored;
-        if (!restored) abort_unrestored();
-    }
-
-    sandbox_identity(const sandbox_identity&) = delete;
-    sandbox_identity& operator=(const sandbox_identity&) = delete;
-
-    // Empty once the identity is the sandbox user's.
-    result<void> status() const {
-        if (switched_) return {};
-        return make_error(errc::backend_failure,
-                          "cannot take the sandbox user's identity for file access (" + failed_ +
-                              ": " + std::strerror(errno_) + ")");
-    }
-
-  private:
-    [[noreturn]] static void abort_unrestored() {
-        detail::log(log_level::error, "local",
-                    "cannot restore the thread's credentials after a sandbox file operation");
-        std::abort();
-    }
-
-    bool switch_to(uid_t uid, gid_t gid) {
-        saved_uid_ = static_cast<uid_t>(::syscall(SYS_setfsuid, -1));
-        saved_gid_ = static_cast<gid_t>(::syscall(SYS_setfsgid, -1));
-        const long groups = ::syscall(SYS_getgroups, 0, nullptr);
-        if (groups < 0) return fail("getgroups");
-        saved_groups_.resize(static_cast<std::size_t>(groups));
-        if (::syscall(SYS_getgroups, groups, saved_groups_.data()) != groups)
-            return fail("getgroups");
-        header_.version = _LINUX_CAPABILITY_VERSION_3;
-        if (::syscall(SYS_capget, &header_, saved_caps_) != 0) return fail("capget");
-        if (::prctl(PR_GET_PDEATHSIG, &saved_pdeath_signal_, 0, 0, 0) != 0) {
-            return fail("PR_GET_PDEATHSIG");
-        }
-        if (!process_dumpable().enter()) return fail("PR_GET_DUMPABLE");
-        entered_ = true;
-
-        // Nothing has changed until setgroups succeeds: a failure here needs no undoing.
-        if (::syscall(SYS_setgroups, 0, nullptr) != 0) return fail("setgroups");
-        changed_ = true;
-        ::syscall(SYS_setfsgid, gid);
-        ::syscall(SYS_setfsuid, uid);
-        // setfs*id reports no errors: read the ids back.
-        if (static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) != uid ||
-            static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) != gid) {
-            errno = EPERM;
-            return fail("setfsuid");
-        }
-        __user_cap_data_struct none[2];
-        std::memcpy(none, saved_caps_, sizeof none);
-        none[0].effective = none[1].effective = 0;
-        if (::syscall(SYS_capset, &header_, none) != 0) return fail("capset");
-        return true;
-    }
-
-    bool fail(const char* step) {
-        failed_ = step;
-        errno_ = errno;
-        return false;
-    }
-
-    uid_t saved_uid_ = 0;
-    gid_t saved_gid_ = 0;
-    int saved_pdeath_signal_ = 0;
-    std::vector<gid_t> saved_groups_;
-    __user_cap_header_struct header_{};
-    __user_cap_data_struct saved_caps_[2]{};
-    bool entered_ = false;  // holds a share of process_dumpable()
-    bool changed_ = false;
-    bool switched_ = false;
-    std::string failed_;
-    int errno_ = 0;
-};
-
 std::string random_temp_name() {
     // Uniqueness matters, not secrecy: O_EXCL refuses a name the sandbox took first, and the
     // caller tries again. One call, no loop; if getrandom fails, the time and a process-wide
@@ -274,6 +132,53 @@ result<void> write_all(int fd, std::string_view data, std::string_view path) {
     return {};
 }
 
+// A regular file under the root, opened for reading, and its stat. Looked at before it is opened:
+// opening a device (the sandbox's /dev nodes are the host's) or a FIFO can have effects of its
+// own. The O_PATH descriptor is then reopened through /proc/self/fd, which names that same inode,
+// so nothing can be swapped in between.
+result<unique_fd> open_regular_file(int root_fd, const std::string& path, struct stat& st) {
+    const unique_fd located(resolve(root_fd, path, O_PATH));
+    if (!located.is_open()) return errno_error(errno, path);
+    if (::fstat(located.get(), &st) != 0) return errno_error(errno, path);
+    if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
+    if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
+    const std::string reopen = "/proc/self/fd/" + std::to_string(located.get());
+    unique_fd in(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!in.is_open()) return errno_error(errno, path);
+    return in;
+}
+
+// A directory (not a link to one) named `name` in `dir`.
+bool is_directory_at(int dir, const std::string& name) {
+    struct stat existing {};
+    return ::fstatat(dir, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+           S_ISDIR(existing.st_mode);
+}
+
+// A new temporary file (mode 0600) in `dir`, its name in `temp`; -1 with errno on failure.
+int create_temp_file(int dir, std::string& temp) {
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        std::string name = random_temp_name();
+        const int fd =
+            ::openat(dir, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd >= 0) {
+            temp = std::move(name);
+            return fd;
+        }
+        if (errno != EEXIST) break;
+    }
+    return -1;
+}
+
+// Renames the temporary file over the target, both in `dir`.
+result<void> rename_over(int dir, const std::string& temp, const std::string& target,
+                         std::string_view path) {
+    if (::renameat(dir, temp.c_str(), dir, target.c_str()) == 0) return {};
+    // A directory appeared at the target since it was looked at.
+    const int err = errno;
+    return (err == ENOTEMPTY || err == EEXIST) ? errno_error(EISDIR, path) : errno_error(err, path);
+}
+
 result<void> write_one(int root_fd, const file_write& file, const file_limits& limits) {
     const std::string& path = file.path;
     if (auto invalid = validate_path(path); !invalid) return invalid;
@@ -289,31 +194,18 @@ result<void> write_one(int root_fd, const file_write& file, const file_limits& l
     const unique_fd dir(resolve(root_fd, std::string(parent), O_PATH | O_DIRECTORY));
     if (!dir.is_open()) return errno_error(errno, path);
     const std::string target(name);
-    struct stat existing {};
-    if (::fstatat(dir.get(), target.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISDIR(existing.st_mode)) {
+    if (is_directory_at(dir.get(), target)) {
         return path_error(errc::is_directory, path, "is a directory");
     }
 
     std::string temp;
-    unique_fd out;
-    for (int attempt = 0; attempt < 4 && !out.is_open(); ++attempt) {
-        temp = random_temp_name();
-        out.reset(::openat(dir.get(), temp.c_str(),
-                           O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600));
-        if (!out.is_open() && errno != EEXIST) break;
-    }
+    unique_fd out(create_temp_file(dir.get(), temp));
     if (!out.is_open()) return errno_error(errno, path);
 
     result<void> done = write_all(out.get(), file.content, path);
     if (done && ::fchmod(out.get(), file.mode & 0777) != 0) done = errno_error(errno, path);
     if (done && ::close(out.release()) != 0) done = errno_error(errno, path);
-    if (done && ::renameat(dir.get(), temp.c_str(), dir.get(), target.c_str()) != 0) {
-        // A directory appeared at the target since the check above.
-        const int err = errno;
-        done = (err == ENOTEMPTY || err == EEXIST) ? errno_error(EISDIR, path)
-                                                   : errno_error(err, path);
-    }
+    if (done) done = rename_over(dir.get(), temp, target, path);
     if (!done) ::unlinkat(dir.get(), temp.c_str(), 0);
     return done;
 }
@@ -321,18 +213,10 @@ result<void> write_one(int root_fd, const file_write& file, const file_limits& l
 // Reads at most limits.max_file_bytes; the file may grow while it is read.
 result<std::string> read_one(int root_fd, const std::string& path, const file_limits& limits) {
     if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
-    // Look before opening: opening a device (the sandbox's /dev nodes are the host's) or a FIFO can
-    // have effects of its own. The O_PATH descriptor is then reopened through /proc/self/fd,
-    // which names that same inode, so nothing can be swapped in between.
-    const unique_fd located(resolve(root_fd, path, O_PATH));
-    if (!located.is_open()) return errno_error(errno, path);
     struct stat st {};
-    if (::fstat(located.get(), &st) != 0) return errno_error(errno, path);
-    if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
-    if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
-    const std::string reopen = "/proc/self/fd/" + std::to_string(located.get());
-    const unique_fd in(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!in.is_open()) return errno_error(errno, path);
+    auto opened = open_regular_file(root_fd, path, st);
+    if (!opened) return std::move(opened).error();
+    const unique_fd in = std::move(*opened);
     const std::uint64_t limit = limits.max_file_bytes;
     const auto too_large = [&] {
         return path_error(errc::too_large, path,
@@ -593,18 +477,10 @@ result<std::unique_ptr<stream_writer>> stream_writer::open(const sandbox_root& r
     int err = 0;
     writer->dir_.reset(open_parent(root.root_fd, parent, target.create_parents, err));
     if (!writer->dir_.is_open()) return errno_error(err, path);
-    struct stat existing {};
-    if (::fstatat(writer->dir_.get(), writer->name_.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISDIR(existing.st_mode)) {
+    if (is_directory_at(writer->dir_.get(), writer->name_)) {
         return path_error(errc::is_directory, path, "is a directory");
     }
-    for (int attempt = 0; attempt < 4 && !writer->out_.is_open(); ++attempt) {
-        std::string temp = random_temp_name();
-        writer->out_.reset(::openat(writer->dir_.get(), temp.c_str(),
-                                    O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600));
-        if (writer->out_.is_open()) writer->temp_ = std::move(temp);
-        if (!writer->out_.is_open() && errno != EEXIST) break;
-    }
+    writer->out_.reset(create_temp_file(writer->dir_.get(), writer->temp_));
     if (!writer->out_.is_open()) return errno_error(errno, path);
     return writer;
 }
@@ -632,12 +508,7 @@ result<void> stream_writer::commit() {
         if (done) done = set_metadata(out_.get(), metadata_, path_);
         if (done && ::fchmod(out_.get(), mode_) != 0) done = errno_error(errno, path_);
         if (done && ::close(out_.release()) != 0) done = errno_error(errno, path_);
-        if (done && ::renameat(dir_.get(), temp_.c_str(), dir_.get(), name_.c_str()) != 0) {
-            // A directory appeared at the target since open().
-            const int err = errno;
-            done = (err == ENOTEMPTY || err == EEXIST) ? errno_error(EISDIR, path_)
-                                                       : errno_error(err, path_);
-        }
+        if (done) done = rename_over(dir_.get(), temp_, name_, path_);
         if (done) temp_.clear();
     }
     if (!done) abandon();
@@ -657,17 +528,11 @@ result<std::unique_ptr<stream_reader>> stream_reader::open(const sandbox_root& r
     if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
     const sandbox_identity identity(root.uid, root.gid);
     if (auto switched = identity.status(); !switched) return switched.error();
-    // As read_one: look through O_PATH first, then reopen that same inode.
-    const unique_fd located(resolve(root.root_fd, path, O_PATH));
-    if (!located.is_open()) return errno_error(errno, path);
     struct stat st {};
-    if (::fstat(located.get(), &st) != 0) return errno_error(errno, path);
-    if (S_ISDIR(st.st_mode)) return path_error(errc::is_directory, path, "is a directory");
-    if (!S_ISREG(st.st_mode)) return path_error(errc::invalid_path, path, "not a regular file");
-    const std::string reopen = "/proc/self/fd/" + std::to_string(located.get());
+    auto opened = open_regular_file(root.root_fd, path, st);
+    if (!opened) return std::move(opened).error();
     std::unique_ptr<stream_reader> reader(new stream_reader());
-    reader->in_.reset(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-    if (!reader->in_.is_open()) return errno_error(errno, path);
+    reader->in_ = std::move(*opened);
     reader->stat_.path = path;
     reader->stat_.type = file_type::regular;
     reader->stat_.size = static_cast<std::uint64_t>(st.st_size);

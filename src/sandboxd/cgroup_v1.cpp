@@ -98,9 +98,9 @@ int remove_dirs(sandbox_cgroups& group) {
     return first;
 }
 
-class v1_hierarchy_impl final : public cgroup_hierarchy {
+class v1_hierarchy_impl final : public controller_hierarchy {
   public:
-    explicit v1_hierarchy_impl(const cgroup_layout& layout) : kind_(layout.kind) {
+    explicit v1_hierarchy_impl(const cgroup_layout& layout) : controller_hierarchy(layout.kind) {
         for (std::size_t i = 0; i < controller_count; ++i) {
             const std::string label = std::string(controller_names[i]) + " cgroup: ";
             const v1_hierarchy& h = layout.v1[i];
@@ -121,11 +121,6 @@ class v1_hierarchy_impl final : public cgroup_hierarchy {
             }
             parents_[i] = std::move(parent);
         }
-    }
-
-    cgroup_layout_kind layout() const override { return kind_; }
-    const std::string& unavailable_reason(controller c) const override {
-        return why_[static_cast<std::size_t>(c)];
     }
 
     int create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
@@ -211,9 +206,7 @@ class v1_hierarchy_impl final : public cgroup_hierarchy {
     int try_remove(sandbox_cgroups& group) const override { return remove_dirs(group); }
 
   private:
-    cgroup_layout_kind kind_;
     std::array<std::string, controller_count> parents_;
-    std::array<std::string, controller_count> why_;
 };
 
 }  // namespace

@@ -116,10 +116,12 @@ int remove_tree(sandbox_cgroups& group, bool is_ours) {
     return 0;
 }
 
-class v2_hierarchy_impl final : public cgroup_hierarchy {
+class v2_hierarchy_impl final : public controller_hierarchy {
   public:
     v2_hierarchy_impl(const cgroup_layout& layout, bool tracking_only)
-        : kind_(layout.kind), tracking_only_(tracking_only), nsdelegate_(layout.v2_nsdelegate) {
+        : controller_hierarchy(layout.kind),
+          tracking_only_(tracking_only),
+          nsdelegate_(layout.v2_nsdelegate) {
         std::string detail;
         const int err =
             tracking_only ? find_tracking_parent(layout, detail) : find_parent(layout, detail);
@@ -128,11 +130,6 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
             for (auto& why : why_) why = "memory, pids and cpu cgroups: v2: " + detail;
             parent_.clear();
         }
-    }
-
-    cgroup_layout_kind layout() const override { return kind_; }
-    const std::string& unavailable_reason(controller c) const override {
-        return why_[static_cast<std::size_t>(c)];
     }
 
     int create(std::string_view sandbox_id, const cgroup_limits& limits, sandbox_cgroups& out,
@@ -423,11 +420,9 @@ class v2_hierarchy_impl final : public cgroup_hierarchy {
         group = {};
     }
 
-    cgroup_layout_kind kind_;
     bool tracking_only_;
     bool nsdelegate_;
     std::string parent_;
-    std::array<std::string, controller_count> why_;
 };
 
 }  // namespace

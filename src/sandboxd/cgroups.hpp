@@ -163,6 +163,22 @@ class cgroup_hierarchy {
     virtual int try_remove(sandbox_cgroups& group) const = 0;
 };
 
+// What the v1 and v2 implementations keep alike: the host's layout, and per controller why it
+// is unavailable ("" where it is available).
+class controller_hierarchy : public cgroup_hierarchy {
+  public:
+    cgroup_layout_kind layout() const final { return kind_; }
+    const std::string& unavailable_reason(controller c) const final {
+        return why_[static_cast<std::size_t>(c)];
+    }
+
+  protected:
+    explicit controller_hierarchy(cgroup_layout_kind kind) : kind_(kind) {}
+
+    cgroup_layout_kind kind_;
+    std::array<std::string, controller_count> why_;
+};
+
 std::unique_ptr<cgroup_hierarchy> make_v1_hierarchy(const cgroup_layout& layout);
 std::unique_ptr<cgroup_hierarchy> make_v2_hierarchy(const cgroup_layout& layout);
 // The unified hierarchy of a hybrid host, for per-command tracking only: no controllers, no

@@ -63,6 +63,14 @@ void raise_descriptor_limit() {
     }
 }
 
+// A whole decimal number that fits `out`, and nothing after it.
+template <class Number>
+bool parse_number(const char* text, Number& out) {
+    const char* end = text + std::strlen(text);
+    const auto [ptr, ec] = std::from_chars(text, end, out);
+    return ec == std::errc() && ptr == end;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,25 +99,13 @@ int main(int argc, char** argv) {
         for (int i = 2; i < argc; ++i) {
             const std::string_view arg = argv[i];
             if (arg == "--ttl-ms" && i + 1 < argc) {
-                const char* text = argv[++i];
-                const char* end = text + std::strlen(text);
-                const auto [ptr, ec] = std::from_chars(text, end, ttl_ms);
-                if (ec != std::errc() || ptr != end) return usage();
+                if (!parse_number(argv[++i], ttl_ms)) return usage();
             } else if (arg == "--max-processes" && i + 1 < argc) {
-                const char* text = argv[++i];
-                const char* end = text + std::strlen(text);
-                const auto [ptr, ec] = std::from_chars(text, end, max_processes);
-                if (ec != std::errc() || ptr != end) return usage();
+                if (!parse_number(argv[++i], max_processes)) return usage();
             } else if (arg == "--open-files" && i + 1 < argc) {
-                const char* text = argv[++i];
-                const char* end = text + std::strlen(text);
-                const auto [ptr, ec] = std::from_chars(text, end, open_files);
-                if (ec != std::errc() || ptr != end) return usage();
+                if (!parse_number(argv[++i], open_files)) return usage();
             } else if (arg == "--egress-port" && i + 1 < argc) {
-                const char* text = argv[++i];
-                const char* end = text + std::strlen(text);
-                const auto [ptr, ec] = std::from_chars(text, end, egress_port);
-                if (ec != std::errc() || ptr != end || egress_port == 0) return usage();
+                if (!parse_number(argv[++i], egress_port) || egress_port == 0) return usage();
             } else if (arg == "--survive-owner") {
                 survive_owner = true;
             } else {

@@ -1,6 +1,7 @@
 // System calls for a child that shares its parent's memory (CLONE_VM without CLONE_VFORK, or
 // before the parent resumes): no errno, no libc state. Used by the helper's sandbox child
-// (spawn_sandbox.cpp) and by pid 1's command children (agent.cpp).
+// (sandbox_child.cpp, cloned by spawn_sandbox.cpp) and by pid 1's command children
+// (command_child.cpp, cloned by agent_commands.cpp).
 #pragma once
 
 #include <linux/sched.h>

@@ -1,0 +1,265 @@
+// Commands in the local backend's sandboxes (local_backend_impl.hpp is the contract between its
+// files): exec, spawn and signal. A command is one `exec` record to the sandbox's agent with its
+// stdio (stdin a socket, stdout and stderr pipes) and environment; its output stream owns it from
+// the moment the record is sent.
+#include "local/local_backend_impl.hpp"
+
+#include "core/asio_compat.hpp"
+#include "core/cancellation.hpp"
+#include "core/exception_boundary.hpp"
+#include "egress/network_policy.hpp"
+#include "local/agent_channel.hpp"
+#include "local/local_exec_stream.hpp"
+#include "local/local_process.hpp"
+#include "local/spec_validation.hpp"
+#include "wire/protocol.hpp"
+
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+namespace moat {
+namespace {
+
+constexpr auto start_timeout = std::chrono::seconds(10);
+// How long past its wall limit a command may run before moat concludes the agent failed to kill it.
+constexpr auto wall_limit_slack = std::chrono::seconds(5);
+
+// Writes the stdin bytes, then closes. Ends early (EPIPE, never SIGPIPE) if the program exits.
+asio::awaitable<void> feed_stdin(std::shared_ptr<asio::posix::stream_descriptor> socket,
+                                 std::string data) {
+    auto token = as_tuple(asio::use_awaitable);
+    std::size_t offset = 0;
+    while (offset < data.size()) {
+        auto [ec] = co_await socket->async_wait(asio::posix::descriptor_base::wait_write, token);
+        if (ec) break;
+        const ssize_t n = ::send(socket->native_handle(), data.data() + offset,
+                                 data.size() - offset, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) break;
+        if (n > 0) offset += static_cast<std::size_t>(n);
+    }
+    std::error_code ignored;
+    socket->close(ignored);
+}
+
+}  // namespace
+
+// A command the agent has started: its output stream (which owns it: dropping the stream
+// kills it) and, for spawn, our end of its stdin.
+struct local_backend::started_command {
+    std::unique_ptr<local_exec_stream> stream;
+    unique_fd stdin_socket;
+    std::shared_ptr<agent_channel> agent;
+    std::uint64_t exec_id = 0;
+    int pid = 0;
+};
+
+struct local_backend::stdio_set {
+    unique_fd stdin_ours, stdin_theirs, out_ours, out_theirs, err_ours, err_theirs;
+};
+
+asio::awaitable<result<exec_stream>> local_backend::async_exec_stream(std::string id,
+                                                                      exec_request request) {
+    return guarded(start_exec(std::move(id), std::move(request)));
+}
+
+asio::awaitable<result<process>> local_backend::async_spawn(std::string id, exec_request request) {
+    return guarded(spawn(std::move(id), std::move(request)));
+}
+
+asio::awaitable<result<void>> local_backend::async_signal(std::string id, std::uint64_t process_id,
+                                                          int signal) {
+    auto found = find(id);
+    if (!found) co_return std::move(found).error();
+    if ((*found)->gone_reason)
+        co_return make_error(errc::sandbox_unavailable, *(*found)->gone_reason);
+    if (!(*found)->agent) co_return make_error(errc::sandbox_unavailable, "the sandbox has ended");
+    if (signal <= 0 || signal >= 65) {
+        co_return make_error(errc::invalid_argument,
+                             "signal must be between 1 and 64, got " + std::to_string(signal));
+    }
+    co_return (*found)->agent->kill(process_id, signal);
+}
+
+asio::awaitable<result<exec_stream>> local_backend::start_exec(std::string id,
+                                                               exec_request request) {
+    std::string stdin_data = std::move(request.stdin_data);
+    // An exec's processes end with it (its own cgroup, where the sandbox has them).
+    const auto ceiling = exec_request::max_wall_limit;
+    auto started =
+        co_await start_command(std::move(id), std::move(request), ceiling, wire::exec_own_cgroup);
+    if (!started) co_return std::move(started).error();
+    if (!stdin_data.empty()) {
+        auto socket = std::make_shared<asio::posix::stream_descriptor>(
+            executor_, started->stdin_socket.release());
+        tasks_.spawn(feed_stdin(std::move(socket), std::move(stdin_data)));
+    }
+    co_return exec_stream(std::move(started->stream));
+}
+
+asio::awaitable<result<process>> local_backend::spawn(std::string id, exec_request request) {
+    if (!request.stdin_data.empty()) {
+        co_return make_error(errc::invalid_argument,
+                             "spawn keeps stdin open: write it with process::async_write_stdin "
+                             "instead of exec_request::stdin_data");
+    }
+    const auto ceiling = exec_request::max_spawn_wall_limit;
+    // A resident is a sandbox service: its own cgroup, and it outlives this connection.
+    const std::uint32_t flags =
+        request.resident ? wire::exec_resident | wire::exec_own_cgroup : wire::exec_none;
+    auto started = co_await start_command(std::move(id), std::move(request), ceiling, flags);
+    if (!started) co_return std::move(started).error();
+    auto handle = std::make_unique<local_process>(
+        executor_, std::move(started->stream), std::move(started->stdin_socket),
+        std::move(started->agent), started->exec_id, started->pid);
+    co_return process(std::move(handle));
+}
+
+asio::awaitable<result<local_backend::started_command>> local_backend::start_command(
+    std::string id, exec_request request, std::chrono::milliseconds ceiling,
+    std::uint32_t exec_flags) {
+    auto found = find(id);
+    if (!found) co_return std::move(found).error();
+    auto sandbox = *found;
+    if (sandbox->gone_reason)
+        co_return make_error(errc::sandbox_unavailable, *sandbox->gone_reason);
+    if (auto invalid = validate_exec(request, ceiling); !invalid)
+        co_return std::move(invalid).error();
+
+    std::vector<std::string> argv = std::move(request.argv);
+    if (argv.empty()) argv = {"/bin/sh", "-c", request.shell};
+    std::map<std::string, std::string> env = base_environment(sandbox->record.layout);
+    for (const auto& [k, v] : sandbox->record.env) env[k] = v;
+    for (const auto& [k, v] : request.env) env[k] = v;
+    // Forced: the sandbox's code cannot point them elsewhere (there is nowhere else anyway).
+    for (auto& [k, v] :
+         egress::proxy_environment(sandbox->record.network.mode, sandbox_network::proxy_port))
+        env[k] = std::move(v);
+    std::vector<std::string> env_list;
+    for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
+    const std::string cwd = request.cwd.empty() ? sandbox->record.layout.workdir : request.cwd;
+
+    const std::uint64_t exec_id = next_exec_id_++;
+    std::vector<std::byte> record;
+    if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()), argv,
+                           env_list, cwd, record, exec_flags)) {
+        co_return make_error(errc::invalid_argument,
+                             "command, environment and cwd exceed " +
+                                 std::to_string(wire::max_message_bytes / 1024) + " KiB");
+    }
+
+    auto stdio = make_stdio();
+    if (!stdio) co_return std::move(stdio).error();
+    auto& pipes = *stdio;
+    local_command command;
+    command.agent = sandbox->agent;
+    command.exec_id = exec_id;
+    command.program = argv.front();
+    command.oom = sandbox->oom;
+    command.kill_grace = options_.kill_grace;
+    command.backstop = deadline::after(request.wall_limit + wall_limit_slack);
+    command.resident = request.resident;
+
+    const int child_ends[3] = {pipes.stdin_theirs.get(), pipes.out_theirs.get(),
+                               pipes.err_theirs.get()};
+    const auto start_limit = deadline::after(start_timeout);
+    auto state = co_await sandbox->agent->async_exec(exec_id, record, child_ends, start_limit);
+    pipes.stdin_theirs.reset();
+    pipes.out_theirs.reset();
+    pipes.err_theirs.reset();
+    if (!state) {
+        // A send that failed because pid 1 is gone (destroyed by another process, TTL) says
+        // so, even before the helper's report arrives.
+        if (sandbox->pidfd.is_open() && has_exited(sandbox->pidfd.get())) {
+            co_return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
+        }
+        co_return std::move(state).error();
+    }
+    command.state = *state;
+
+    started_command started;
+    started.agent = sandbox->agent;
+    started.exec_id = exec_id;
+    started.stdin_socket = std::move(pipes.stdin_ours);
+    // The stream owns the command from here: dropping it (cancellation included) kills it.
+    started.stream = std::make_unique<local_exec_stream>(
+        executor_, std::move(command), std::move(pipes.out_ours), std::move(pipes.err_ours));
+    // The record is sent: the command runs whatever the caller does. A cancellation already
+    // pending would make the wait below throw (and drop the stream unconfirmed), so it is
+    // taken here, and one that races the start is honoured too.
+    std::optional<async_event::wait_outcome> outcome;
+    if (!is_cancelled(co_await asio::this_coro::cancellation_state)) {
+        outcome = co_await (*state)->started.async_wait(start_limit);
+    }
+    const bool raced = is_cancelled(co_await asio::this_coro::cancellation_state);
+    if (raced) co_await asio::this_coro::reset_cancellation_state();
+    if (!outcome || *outcome == async_event::wait_outcome::cancelled || raced) {
+        // As exec_stream's own cancellation: kill, then wait (not cancellably, bounded by the
+        // kill grace) for the agent to confirm the end before completing.
+        if (!(*state)->exit) (void)sandbox->agent->kill(exec_id, SIGKILL);
+        const auto grace = deadline::after(options_.kill_grace);
+        co_await (*state)->exited.async_wait(grace);
+        if (!(*state)->exit) {
+            co_return make_error(errc::backend_failure,
+                                 "exec was cancelled as the command started, and its end was "
+                                 "not confirmed within " +
+                                     std::to_string(options_.kill_grace.count()) + " ms");
+        }
+        co_return make_error(errc::cancelled, "exec was cancelled before the command started");
+    }
+    if (!(*state)->start && !(*state)->exit) {
+        if (auto broken = sandbox->agent->broken()) {
+            co_return make_error(errc::sandbox_unavailable, *broken);
+        }
+        co_return make_error(errc::backend_failure, "the sandbox agent did not start the command");
+    }
+    if ((*state)->start) started.pid = (*state)->start->pid;
+    co_return started;
+}
+
+error local_backend::stdio_error(const char* call) {
+    const int err = errno;
+    if (err == EMFILE || err == ENFILE) {
+        return make_error(errc::limit_exceeded,
+                          "the application is out of file descriptors (RLIMIT_NOFILE): each "
+                          "running command needs 3");
+    }
+    return make_error(errc::backend_failure, std::string(call) + ": " + std::strerror(err));
+}
+
+result<local_backend::stdio_set> local_backend::make_stdio() {
+    stdio_set s;
+    int pair[2];
+    // stdin is a socket so that writing to an exited program is EPIPE (MSG_NOSIGNAL), never
+    // SIGPIPE in the application.
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        return stdio_error("socketpair");
+    }
+    s.stdin_ours.reset(pair[0]);
+    s.stdin_theirs.reset(pair[1]);
+    ::shutdown(pair[1], SHUT_WR);
+    if (::pipe2(pair, O_CLOEXEC) != 0) return stdio_error("pipe");
+    s.out_ours.reset(pair[0]);
+    s.out_theirs.reset(pair[1]);
+    if (::pipe2(pair, O_CLOEXEC) != 0) return stdio_error("pipe");
+    s.err_ours.reset(pair[0]);
+    s.err_theirs.reset(pair[1]);
+    ::fcntl(s.out_ours.get(), F_SETPIPE_SZ, 256 * 1024);
+    ::fcntl(s.out_ours.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(s.err_ours.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(s.stdin_ours.get(), F_SETFL, O_NONBLOCK);
+    return s;
+}
+
+std::map<std::string, std::string> local_backend::base_environment(const sandbox_layout& layout) {
+    return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", layout.home}, {"LANG", "C.UTF-8"}};
+}
+
+}  // namespace moat

@@ -1,0 +1,155 @@
+// pid 1 of a sandbox (the contract of agent.hpp), shared by the files that define it:
+//
+//   agent.cpp           setup, the poll loop, connections (the owner's and attached ones) and
+//                       their control messages, the TTL and wall-limit deadlines
+//   agent_commands.cpp  commands: the start of each (a command child, command_child.hpp), its
+//                       `started` and `exited` reports, reaping, and the per-command cgroups
+//
+// Single-threaded: everything runs on pid 1's one loop (agent::run).
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+#include <span>
+#include <vector>
+
+#include "sandboxd/command_child.hpp"
+#include "wire/fd_passing.hpp"
+#include "wire/protocol.hpp"
+
+namespace moat::sandboxd {
+
+inline std::uint64_t now_us() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000 +
+           static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+}
+
+// Signals a command: its process group, or the child itself while it has not made that group
+// yet (it is still on its way to exec).
+inline void signal_command(pid_t pid, int signal) {
+    if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+class agent {
+  public:
+    agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
+          bool survive_owner, std::uint16_t egress_port)
+        : survive_owner_(survive_owner),
+          egress_port_(egress_port),
+          max_processes_(max_processes),
+          open_files_(open_files),
+          ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
+
+    int run();
+
+  private:
+    // A per-command cgroup below the commands' one: "c<number>".
+    struct cgroup_slot {
+        int dir = -1;  // O_PATH descriptor of the directory
+        std::uint64_t number = 0;
+        std::uint64_t killed_us = 0;  // while draining: when its leftovers were killed
+    };
+
+    struct command {
+        std::uint64_t exec_id;
+        pid_t pid;
+        std::uint64_t start_us;
+        std::uint64_t deadline_us;  // 0 = none
+        int connection;             // the control connection that started it, or -1 once gone
+        int status_pipe;            // read end: errno if the child failed before exec
+        cgroup_slot cgroup;         // its own cgroup (exec_own_cgroup), or dir -1
+        bool timed_out = false;
+        bool resident = false;  // exec_resident: outlives its connection, spared by the sweep
+        bool started = false;   // `started` sent: the child has exec'd (its status pipe hit EOF)
+        int spawn_errno = 0;    // what the child reported before it could exec
+        // Its start block (start_blocks), released once the child has exec'd or died.
+        void* block = nullptr;
+        std::size_t block_bytes = 0;
+    };
+
+    struct connection {
+        int fd;
+        bool owner;  // fd 3, from the helper: its end means the owner is gone
+        bool closing = false;
+    };
+
+    bool setup();
+    bool limit_open_files();
+    // The egress endpoint: a TCP socket listening on 127.0.0.1:egress_port_ in this sandbox's
+    // network namespace. pid 1 never accepts on it; every connected library gets a dup with its
+    // `ready` and accepts there (see agent.hpp).
+    bool listen_egress();
+    void send_ready(int fd);
+    int poll_timeout_ms() const;
+    void enforce_deadlines();
+    void accept_connection();
+    // False when the connection is gone.
+    bool handle_control(int fd);
+    void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
+                     bool descriptors_lost);
+    void handle_kill(int fd, const wire::kill_message& m);
+    // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
+    // out), an errno that it failed (reported when it is reaped).
+    void check_starts();
+    // Closes connections marked `closing`; false if the owner's went and the sandbox must end.
+    bool close_connections();
+    void reap();
+    // A cgroup of its own for a command: an idle one, or a new one; dir -1 if there is none.
+    cgroup_slot acquire_cgroup();
+    // After the command's main process exited: kills what is left in its cgroup (true if
+    // anything was) and keeps the cgroup for reuse once it is empty.
+    bool release_cgroup(cgroup_slot slot);
+    // Moves killed cgroups that have emptied back to the idle list.
+    void check_draining();
+    void drop_cgroup(const cgroup_slot& slot);
+    // SIGKILLs the processes that are members of `cgroup_dir` itself (not of cgroups below it).
+    void kill_members(int cgroup_dir);
+    pid_t start_child(const start_block& block, int cgroup_dir);
+    void send_exited(int fd, std::uint64_t exec_id, int status, std::uint32_t flags,
+                     int spawn_errno, std::uint64_t start_us);
+
+    // Sends without blocking: a peer that stops reading is dropped rather than allowed to stall
+    // pid 1 (and every other connection) on a full socket buffer.
+    template <class Message>
+    void send(int fd, const Message& m) {
+        if (fd < 0) return;
+        const auto bytes = std::as_bytes(std::span(&m, 1));
+        if (wire::send_record(fd, bytes, {}, MSG_DONTWAIT) < 0) mark_closing(fd);
+    }
+    void mark_closing(int fd) {
+        for (auto& c : connections_) {
+            if (c.fd == fd) c.closing = true;
+        }
+    }
+
+    bool survive_owner_;
+    std::uint16_t egress_port_;  // 0: no egress endpoint
+    int egress_fd_ = -1;
+    std::uint32_t max_processes_;
+    std::uint32_t open_files_;
+    std::uint64_t ttl_deadline_us_;
+    int listen_fd_ = -1;
+    int command_cgroup_ = -1;           // see command_cgroup_fd
+    int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
+    bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_
+    bool clone3_usable_ = true;         // false once the kernel refused CLONE_INTO_CGROUP
+    std::uint64_t next_cgroup_ = 1;
+    std::vector<cgroup_slot> idle_cgroups_;
+    std::vector<cgroup_slot> draining_cgroups_;
+    int signal_fd_ = -1;
+    std::vector<connection> connections_;
+    std::vector<command> commands_;
+    start_blocks blocks_;
+    std::vector<pollfd> poll_fds_;
+    std::vector<std::byte> buffer_ = std::vector<std::byte>(wire::max_message_bytes);
+};
+
+}  // namespace moat::sandboxd

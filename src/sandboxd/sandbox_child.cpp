@@ -1,0 +1,376 @@
+// The sandbox's clone child (its contract with the parent is sandbox_child.hpp): from the release
+// byte to execveat of the agent, every step of spawn_sandbox.hpp's list in order, each a raw
+// system call whose failure is recorded as (step, errno) for the parent to report.
+#include "sandboxd/sandbox_child.hpp"
+
+#include <fcntl.h>
+#include <linux/keyctl.h>
+#include <linux/sched.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <csignal>
+#include <iterator>
+
+#include "sandboxd/raw_syscall.hpp"
+#include "wire/protocol.hpp"
+
+namespace moat::sandboxd {
+namespace {
+
+enum class step : int {
+    none,
+    wait_release,
+    cgroup_attach,
+    cgroup_namespace,
+    setgroups,
+    setresgid,
+    bind_template,
+    chdir_template,
+    setresuid,
+    session_keyring,
+    setsid,
+    pdeathsig,
+    owner_gone,
+    mount_proc,
+    mount_tmp,
+    mount_shm,
+    mount_workspace,
+    layout_etc,
+    mount_home,
+    layout_dirs,
+    pivot_root,
+    umount_old_root,
+    chdir_root,
+    mask_proc,
+    sethostname,
+    loopback,
+    socket_buffers,
+    proc_sys_read_only,
+    rlimit_core,
+    arrange_fds,
+    open_dev_null,
+    close_range,
+    no_new_privs,
+    seccomp,
+    execveat,
+};
+
+constexpr const char* step_names[] = {
+    "none",
+    "waiting for release",
+    "join cgroups",
+    "unshare(CLONE_NEWCGROUP)",
+    "setgroups",
+    "setresgid",
+    "bind template root",
+    "chdir template root",
+    "setresuid",
+    "keyctl(KEYCTL_JOIN_SESSION_KEYRING)",
+    "setsid",
+    "PR_SET_PDEATHSIG",
+    "helper exited during create",
+    "mount /proc",
+    "mount /tmp",
+    "mount /dev/shm",
+    "mount /workspace",
+    "layout: bind /etc/passwd and /etc/group",
+    "mount /home",
+    "layout: make directories",
+    "pivot_root",
+    "umount old root",
+    "chdir /",
+    "mask /proc entries",
+    "sethostname",
+    "loopback up",
+    "net.ipv4.tcp_rmem / tcp_wmem",
+    "read-only /proc/sys",
+    "RLIMIT_CORE",
+    "arrange fds",
+    "open /dev/null",
+    "close_range",
+    "PR_SET_NO_NEW_PRIVS",
+    "seccomp",
+    "execveat agent",
+};
+static_assert(std::size(step_names) == static_cast<std::size_t>(step::execveat) + 1);
+
+[[noreturn]] void child_fail(child_args& args, step failed, long result) {
+    __atomic_store_n(&args.failed_errno, static_cast<int>(-result), __ATOMIC_RELAXED);
+    __atomic_store_n(&args.failed_step, static_cast<int>(failed), __ATOMIC_RELEASE);
+    raw(SYS_exit_group, 1);
+    __builtin_unreachable();
+}
+
+// Runs `number(args...)` and records `failed` if it returns a negative errno.
+template <class... Args>
+long checked(child_args& a, step failed, long number, Args... args) {
+    const long result = raw(number, args...);
+    if (result < 0) child_fail(a, failed, result);
+    return result;
+}
+
+long mount_tmpfs(child_args& a, step failed, const char* target, const char* options) {
+    return checked(a, failed, SYS_mount, "tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options);
+}
+
+// The layout's own /etc/passwd and /etc/group: written to a scratch tmpfs on the /tmp mount point
+// (before /tmp's own tmpfs), each bound read-only over the template's file, then the scratch
+// mount is detached (the binds keep it alive). No file of it is writable from inside.
+void bind_layout_etc(child_args& a) {
+    mount_tmpfs(a, step::layout_etc, "tmp", "size=64k,mode=0755");
+    const struct {
+        const char* scratch;
+        const char* target;
+        const char* text;
+        std::size_t length;
+    } files[] = {{"tmp/passwd", "etc/passwd", a.passwd_text, a.passwd_length},
+                 {"tmp/group", "etc/group", a.group_text, a.group_length}};
+    for (const auto& f : files) {
+        const long fd = checked(a, step::layout_etc, SYS_openat, AT_FDCWD, f.scratch,
+                                O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        const long written = checked(a, step::layout_etc, SYS_write, fd, f.text, f.length);
+        raw(SYS_close, fd);
+        if (static_cast<std::size_t>(written) != f.length) child_fail(a, step::layout_etc, -EIO);
+        checked(a, step::layout_etc, SYS_mount, f.scratch, f.target, nullptr, MS_BIND, nullptr);
+        checked(a, step::layout_etc, SYS_mount, nullptr, f.target, nullptr,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    }
+    checked(a, step::layout_etc, SYS_umount2, "tmp", MNT_DETACH);
+}
+
+// The layout's directories outside /workspace (home, workdir, artifacts_dir and their parents
+// below /tmp or /home), owned by the sandbox user. Nothing in the sandbox has run yet, so
+// nothing can have planted a link on the way.
+void make_layout_dirs(child_args& a) {
+    const char* path = a.layout_dirs;
+    for (int i = 0; i < a.layout_dir_count; ++i) {
+        const long made = raw(SYS_mkdirat, AT_FDCWD, path, 0755);
+        if (made < 0 && made != -EEXIST) child_fail(a, step::layout_dirs, made);
+        checked(a, step::layout_dirs, SYS_fchownat, AT_FDCWD, path, wire::sandbox_user_id,
+                wire::sandbox_group_id, AT_SYMLINK_NOFOLLOW);
+        while (*path != '\0') ++path;
+        ++path;
+    }
+}
+
+void bring_up_loopback(child_args& a) {
+    const long fd = checked(a, step::loopback, SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ifreq request{};
+    request.ifr_name[0] = 'l';
+    request.ifr_name[1] = 'o';
+    checked(a, step::loopback, SYS_ioctl, fd, SIOCGIFFLAGS, &request);
+    request.ifr_flags = static_cast<short>(request.ifr_flags | IFF_UP | IFF_RUNNING);
+    checked(a, step::loopback, SYS_ioctl, fd, SIOCSIFFLAGS, &request);
+    raw(SYS_close, fd);
+}
+
+// The sandbox's own network namespace gets small TCP buffers (the sysctls are per namespace; the
+// pool, net.ipv4.tcp_mem, is the host's). The memory cgroup charges socket buffers, but the kernel
+// lets every socket past a full charge for one packet on each side; with the host defaults
+// (initial buffers 128 KiB to receive, sender autotuning to 4 MiB) that floor was ~64 KiB per
+// connection: ~4x the memory limit of a sandbox with thousands of idle connections. With these,
+// ~11 KiB. Written through the fresh /proc (relative to the template root), before anything makes
+// /proc/sys read-only.
+void limit_socket_buffers(child_args& a) {
+    static constexpr char sizes[] = "4096 16384 1048576";  // min, initial, autotuning max
+    for (const char* file : {"proc/sys/net/ipv4/tcp_rmem", "proc/sys/net/ipv4/tcp_wmem"}) {
+        const long fd =
+            checked(a, step::socket_buffers, SYS_openat, AT_FDCWD, file, O_WRONLY | O_CLOEXEC);
+        checked(a, step::socket_buffers, SYS_write, fd, sizes, sizeof sizes - 1);
+        raw(SYS_close, fd);
+    }
+}
+
+// A fresh, empty session keyring: the inherited one is the embedding process's (often the login
+// session's), whose keys a possessor may read. Before seccomp, which denies keyctl. A kernel built
+// without keys has nothing to inherit.
+void join_session_keyring(child_args& a) {
+    const long result = raw(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, nullptr);
+    if (result < 0 && result != -ENOSYS) child_fail(a, step::session_keyring, result);
+}
+
+// pid 1 leads its own session, without a controlling terminal, instead of staying in the
+// embedding application's session.
+void lead_own_session(child_args& a) {
+    checked(a, step::setsid, SYS_setsid);
+}
+
+// What containers mask in /proc (runc's default masked and read-only paths): host-wide kernel
+// state that is not the sandbox's. Files are covered by /dev/null, directories by an empty
+// read-only tmpfs, and the rest is made read-only; entries this kernel lacks are skipped.
+constexpr const char* masked_proc_files[] = {
+    "/proc/kcore",      "/proc/keys",        "/proc/key-users",   "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+};
+constexpr const char* masked_proc_dirs[] = {"/proc/acpi", "/proc/asound", "/proc/scsi"};
+constexpr const char* read_only_proc[] = {"/proc/bus", "/proc/fs", "/proc/irq",
+                                          "/proc/sysrq-trigger"};
+constexpr unsigned long proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+
+void bind_read_only(child_args& a, step failed, const char* path) {
+    const long bound = raw(SYS_mount, path, path, nullptr, MS_BIND | MS_REC, nullptr);
+    if (bound == -ENOENT) return;
+    if (bound < 0) child_fail(a, failed, bound);
+    checked(a, failed, SYS_mount, nullptr, path, nullptr,
+            MS_BIND | MS_REMOUNT | MS_RDONLY | proc_flags, nullptr);
+}
+
+void mask_proc(child_args& a) {
+    for (const char* file : masked_proc_files) {
+        const long result = raw(SYS_mount, "/dev/null", file, nullptr, MS_BIND, nullptr);
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* dir : masked_proc_dirs) {
+        const long result =
+            raw(SYS_mount, "tmpfs", dir, "tmpfs", MS_RDONLY | proc_flags, "size=0,mode=0555");
+        if (result < 0 && result != -ENOENT) child_fail(a, step::mask_proc, result);
+    }
+    for (const char* path : read_only_proc) bind_read_only(a, step::mask_proc, path);
+}
+
+// Last of the mount steps: a sysctl the child writes for its own namespaces (net.*) must be
+// written before this.
+void make_proc_sys_read_only(child_args& a) {
+    bind_read_only(a, step::proc_sys_read_only, "/proc/sys");
+}
+
+// Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
+// 6 exec pipe (close-on-exec), 7 the attach socket (survivors only), 8 and 9 the commands'
+// cgroup directory and cgroup.kill (v2, or the hybrid tracking tree). Sources may sit on any of the
+// target numbers, so first move them all above the targets.
+long move_above(child_args& a, int fd, int first_free) {
+    if (fd < 0) return -1;
+    return checked(a, step::arrange_fds, SYS_fcntl, fd, F_DUPFD_CLOEXEC, first_free);
+}
+
+void arrange_fds(child_args& a) {
+    constexpr int first_free = 10;
+    const long control =
+        checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
+    const long lock =
+        checked(a, step::arrange_fds, SYS_fcntl, a.slot_lock, F_DUPFD_CLOEXEC, first_free);
+    const long exe =
+        checked(a, step::arrange_fds, SYS_fcntl, a.agent_exe, F_DUPFD_CLOEXEC, first_free);
+    const long exec_pipe =
+        checked(a, step::arrange_fds, SYS_fcntl, a.exec_pipe_write, F_DUPFD_CLOEXEC, first_free);
+    const long listen = a.listen_socket < 0 ? -1
+                                            : checked(a, step::arrange_fds, SYS_fcntl,
+                                                      a.listen_socket, F_DUPFD_CLOEXEC, first_free);
+    const long command_cgroup = move_above(a, a.command_cgroup, first_free);
+    const long command_cgroup_kill = move_above(a, a.command_cgroup_kill, first_free);
+    checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
+    checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
+    checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
+    checked(a, step::arrange_fds, SYS_dup3, exec_pipe, 6, O_CLOEXEC);
+    if (listen >= 0) checked(a, step::arrange_fds, SYS_dup3, listen, 7, 0);
+    if (command_cgroup >= 0) checked(a, step::arrange_fds, SYS_dup3, command_cgroup, 8, 0);
+    if (command_cgroup_kill >= 0)
+        checked(a, step::arrange_fds, SYS_dup3, command_cgroup_kill, 9, 0);
+    const long null = checked(a, step::open_dev_null, SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
+    for (long fd = 0; fd < 3; ++fd) {
+        if (fd != null) checked(a, step::arrange_fds, SYS_dup3, null, fd, 0);
+    }
+    if (null > 2) raw(SYS_close, null);  // it may have landed on 7, 8 or 9
+    // The agent looks for 8 and 9: an unused number must be closed, whatever held it before.
+    for (const long fd : {7L, 8L, 9L}) {
+        const bool used = (fd == 7 && listen >= 0) || (fd == 8 && command_cgroup >= 0) ||
+                          (fd == 9 && command_cgroup_kill >= 0);
+        if (!used) raw(SYS_close, fd);
+    }
+    checked(a, step::close_range, SYS_close_range, first_free, ~0u, 0);
+}
+
+}  // namespace
+
+int child_main(void* opaque) {
+    auto& a = *static_cast<child_args*>(opaque);
+    raw(SYS_close, a.release_write);
+    char byte = 0;
+    long got;
+    do {
+        got = raw(SYS_read, a.release_read, &byte, 1);
+    } while (got == -EINTR);
+    if (got != 1) child_fail(a, step::wait_release, got == 0 ? -ECANCELED : got);
+    // The parent may have cloned with a root file system uid (CLONE_INTO_CGROUP): from here on
+    // files are reached as the sandbox's root, its mapped uid 0 (the maps are written now).
+    raw(SYS_setfsuid, 0);
+    raw(SYS_setfsgid, 0);
+    // Join the sandbox's cgroups by moving itself (see cgroups::open_join), before the
+    // cgroup namespace is made so that its root is the sandbox's cgroup.
+    for (const int fd : a.attach_fds) {
+        if (fd >= 0) checked(a, step::cgroup_attach, SYS_write, fd, "0", 1);
+    }
+    if (a.unified_before_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_before_namespace, "0", 1);
+    checked(a, step::cgroup_namespace, SYS_unshare, CLONE_NEWCGROUP);
+    // Under nsdelegate the namespace's root is the sandbox's own v2 cgroup; pid 1 lives in init.
+    if (a.unified_after_namespace >= 0)
+        checked(a, step::cgroup_attach, SYS_write, a.unified_after_namespace, "0", 1);
+
+    // Without setgroups the child would keep host gid 0 as a supplementary group. pid 1 takes the
+    // sandbox's group (its uid stays 0 in the namespace), so that commands, which inherit it,
+    // change only their uid; and before the parent-death signal, which a gid change would clear.
+    const gid_t group = wire::sandbox_group_id;
+    checked(a, step::setgroups, SYS_setgroups, 1, &group);
+    checked(a, step::setresgid, SYS_setresgid, group, group, group);
+    // Copied mounts are locked in a user namespace and cannot be pivot_root targets, hence the
+    // fresh recursive bind of the template (reachable through the 0711 state directory).
+    checked(a, step::bind_template, SYS_mount, a.template_path, a.template_path, nullptr,
+            MS_BIND | MS_REC, nullptr);
+    checked(a, step::chdir_template, SYS_chdir, a.template_path);
+    checked(a, step::setresuid, SYS_setresuid, 0, 0, 0);
+    join_session_keyring(a);
+    lead_own_session(a);
+
+    // After setresuid: changing the euid clears the parent-death signal. The helper keeps the
+    // release pipe's write end open until exec, so a hang-up means it already died.
+    if (!a.survive_owner) {
+        checked(a, step::pdeathsig, SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        pollfd owner{a.release_read, POLLIN, 0};
+        timespec zero{};
+        checked(a, step::owner_gone, SYS_ppoll, &owner, 1, &zero, nullptr, 0);
+        if ((owner.revents & (POLLHUP | POLLERR)) != 0) child_fail(a, step::owner_gone, -ESRCH);
+    }
+
+    // A fresh /proc may only be mounted while a full one is visible: before pivot_root.
+    checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
+            MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+    limit_socket_buffers(a);
+    if (a.has_layout_etc) bind_layout_etc(a);
+    mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
+    mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
+    mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
+    if (a.mount_home) mount_tmpfs(a, step::mount_home, "home", a.home_options);
+    make_layout_dirs(a);
+    checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
+    checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);
+    checked(a, step::chdir_root, SYS_chdir, "/");
+    mask_proc(a);
+
+    checked(a, step::sethostname, SYS_sethostname, "sandbox", 7);
+    bring_up_loopback(a);
+    make_proc_sys_read_only(a);
+    const rlimit no_core{0, 0};
+    checked(a, step::rlimit_core, SYS_prlimit64, 0, RLIMIT_CORE, &no_core, nullptr);
+    arrange_fds(a);
+
+    checked(a, step::no_new_privs, SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    checked(a, step::seccomp, SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &a.filter);
+    const long result = raw(SYS_execveat, 5, "", a.argv, a.envp, AT_EMPTY_PATH);
+    child_fail(a, step::execveat, result);
+}
+
+const char* step_name(int failed_step) {
+    return step_names[failed_step];
+}
+
+}  // namespace moat::sandboxd

@@ -1,0 +1,64 @@
+// The sandbox's clone child, as the parent (spawn_sandbox.cpp) prepares and starts it: what it
+// reads (child_args, filled before clone) and what it runs (child_main, sandbox_child.cpp). The
+// child shares the helper's memory, so it makes raw system calls only and writes nothing but its
+// failure record, which the parent reads once the exec pipe reaches EOF.
+#pragma once
+
+#include <linux/filter.h>
+#include <cstddef>
+
+#include "sandboxd/cgroups.hpp"
+
+namespace moat::sandboxd {
+
+// Everything the child needs, prepared by the parent before clone; the child only reads it,
+// except for the failure record, which the parent reads after the exec pipe reaches EOF.
+struct child_args {
+    int attach_fds[controller_count];  // v1 cgroup files pid 1 joins through, or -1
+    int unified_before_namespace;      // v2 cgroup.procs pid 1 joins before / after it makes its
+    int unified_after_namespace;       // cgroup namespace, or -1 (see cgroup_join_fds); the first
+                                       // is -1 when pid 1 was cloned into that cgroup
+    int command_cgroup;                // v2: the commands' directory (fd 8), or -1
+    int command_cgroup_kill;           // v2: the commands' cgroup.kill (fd 9), or -1
+    int release_read;
+    int release_write;
+    int exec_pipe_write;
+    int control;
+    int slot_lock;
+    int agent_exe;
+    int listen_socket;  // survivors: the attach socket, else -1
+    bool survive_owner;
+    const char* template_path;
+    char tmp_options[64];
+    char workspace_options[96];
+    // The layout: /etc/passwd and /etc/group texts to bind over the template's (when
+    // has_layout_etc), whether /home gets a tmpfs (home_options), and the directories to make
+    // (relative to the template root, parents first), each NUL-terminated, `layout_dir_count`.
+    bool has_layout_etc;
+    bool mount_home;
+    char home_options[96];
+    char passwd_text[512];
+    char group_text[128];
+    std::size_t passwd_length;
+    std::size_t group_length;
+    char layout_dirs[4096];
+    int layout_dir_count;
+    sock_fprog filter;
+    char ttl_text[24];
+    char max_processes_text[24];
+    char open_files_text[24];
+    char egress_port_text[8];
+    const char* argv[12];
+    const char* envp[2];
+    int failed_step;
+    int failed_errno;
+};
+
+// The child's entry point (`opaque` is its child_args): it never returns. Its steps are listed in
+// the opening comment of spawn_sandbox.hpp.
+int child_main(void* opaque);
+
+// The name of a failed step (child_args::failed_step), as a create's error detail gives it.
+const char* step_name(int failed_step);
+
+}  // namespace moat::sandboxd
