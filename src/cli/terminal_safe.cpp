@@ -1,5 +1,7 @@
 #include "cli/terminal_safe.hpp"
 
+#include "core/ascii.hpp"
+
 #include <unistd.h>
 
 namespace moat::cli {
@@ -7,10 +9,8 @@ namespace moat::cli {
 namespace {
 
 void render_c1(std::string& out, unsigned char byte) {
-    constexpr char hex[] = "0123456789abcdef";
     out += "\\x";
-    out += hex[byte >> 4];
-    out += hex[byte & 0xf];
+    detail::append_hex(out, std::span(&byte, 1));
 }
 
 // Continuation bytes a UTF-8 lead byte announces; 0 for ASCII, -1 for a byte that is no lead.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -86,6 +87,25 @@ constexpr std::optional<std::uint16_t> parse_port(std::string_view digits) noexc
     }
     if (value == 0 || value > 65535) return std::nullopt;
     return static_cast<std::uint16_t>(value);
+}
+
+// Appends `bytes` as lower-case hexadecimal, two digits a byte.
+inline void append_hex(std::string& out, std::span<const unsigned char> bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    for (const unsigned char b : bytes) {
+        out += digits[b >> 4];
+        out += digits[b & 15];
+    }
+}
+inline std::string hex_encoded(std::span<const unsigned char> bytes) {
+    std::string out;
+    out.reserve(bytes.size() * 2);
+    append_hex(out, bytes);
+    return out;
+}
+inline std::string hex_encoded(std::string_view bytes) {
+    return hex_encoded(
+        std::span(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()));
 }
 
 inline std::string ascii_lowered(std::string_view s) {

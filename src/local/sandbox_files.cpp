@@ -4,6 +4,7 @@
 // user's identity around each of them is sandbox_identity.cpp.
 #include "local/sandbox_files.hpp"
 
+#include "core/ascii.hpp"
 #include "core/file_metadata.hpp"
 #include "local/sandbox_identity.hpp"
 
@@ -110,12 +111,8 @@ std::string random_temp_name() {
                                        counter.fetch_add(1, std::memory_order_relaxed) + 1;
         std::memcpy(bytes, &fallback, sizeof bytes);
     }
-    static constexpr char hex[] = "0123456789abcdef";
     std::string name = ".moat-";
-    for (const unsigned char b : bytes) {
-        name += hex[b >> 4];
-        name += hex[b & 0xf];
-    }
+    detail::append_hex(name, bytes);
     return name + ".tmp";
 }
 

@@ -1,5 +1,7 @@
 #include "local/sandbox_id.hpp"
 
+#include "core/ascii.hpp"
+
 #include <sys/random.h>
 #include <array>
 #include <cerrno>
@@ -29,12 +31,8 @@ result<std::string> make_sandbox_id() {
                                       "(getrandom: ") +
                               (name != nullptr ? name : "E?") + ")");
     }
-    static constexpr char digits[] = "0123456789abcdef";
     std::string id = "sb-";
-    for (const auto b : bytes) {
-        id += digits[b >> 4];
-        id += digits[b & 15];
-    }
+    detail::append_hex(id, bytes);
     return id;
 }
 

@@ -4,6 +4,7 @@
 // rename, so a process killed at any point leaves either the old entry or the new one.
 #include <moat/session_store.hpp>
 
+#include "core/ascii.hpp"
 #include "core/unique_fd.hpp"
 #include "manager/store_entry.hpp"
 
@@ -45,14 +46,7 @@ std::string default_directory() {
 }
 
 std::string hex(std::string_view bytes) {
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(bytes.size() * 2);
-    for (unsigned char c : bytes) {
-        out += digits[c >> 4];
-        out += digits[c & 15];
-    }
-    return out;
+    return detail::hex_encoded(bytes);
 }
 
 // The key a file name spells (hex, as hex() writes it); none for a name that is not.

@@ -1,5 +1,7 @@
 #include "serve/server_secret.hpp"
 
+#include "core/ascii.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -19,14 +21,7 @@ namespace {
 constexpr std::size_t secret_bytes = 32;
 
 std::string hex(const unsigned char* data, std::size_t size) {
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(size * 2);
-    for (std::size_t i = 0; i < size; ++i) {
-        out.push_back(digits[data[i] >> 4]);
-        out.push_back(digits[data[i] & 0x0f]);
-    }
-    return out;
+    return detail::hex_encoded(std::span(data, size));
 }
 
 std::string hmac_hex(const std::string& key, std::string_view message) {

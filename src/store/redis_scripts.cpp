@@ -1,5 +1,7 @@
 #include "store/redis_scripts.hpp"
 
+#include "core/ascii.hpp"
+
 #include <openssl/sha.h>
 
 namespace moat::store {
@@ -31,11 +33,7 @@ redis_script make(std::string_view body) {
     unsigned char digest[SHA_DIGEST_LENGTH];
     SHA1(reinterpret_cast<const unsigned char*>(script.source.data()), script.source.size(),
          digest);
-    static constexpr char hex[] = "0123456789abcdef";
-    for (const auto byte : digest) {
-        script.sha1 += hex[byte >> 4];
-        script.sha1 += hex[byte & 0xf];
-    }
+    detail::append_hex(script.sha1, digest);
     return script;
 }
 

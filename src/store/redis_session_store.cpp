@@ -2,6 +2,7 @@
 // NOSCRIPT) per step, over redis_client.
 #include <moat/redis_session_store.hpp>
 
+#include "core/ascii.hpp"
 #include "core/exception_boundary.hpp"
 #include "http/tls.hpp"
 #include "store/redis_client.hpp"
@@ -43,12 +44,8 @@ std::string new_token() {
             bytes[i] = static_cast<unsigned char>((now >> (8 * (i % 8))) ^ (i * 131));
         }
     }
-    static constexpr char hex[] = "0123456789abcdef";
     std::string token = "r";
-    for (const auto byte : bytes) {
-        token += hex[byte >> 4];
-        token += hex[byte & 0xf];
-    }
+    detail::append_hex(token, bytes);
     return token;
 }
 
