@@ -12,6 +12,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <tuple>
 #include <type_traits>
 
 namespace moat {
@@ -504,14 +505,20 @@ std::size_t sandbox::running_beside() const noexcept {
 
 namespace {
 
-// impl::run of one backend call under the exception boundary: `call(backend, id)` makes the
-// backend's awaitable (a plain lambda owning the operation's arguments, called at most once).
-template <class T, class Call>
-asio::awaitable<result<T>> run_call(std::shared_ptr<sandbox::impl> state, const char* what,
-                                    deadline limit, lane in, Call call) {
-    std::function<asio::awaitable<result<T>>()> start = [state, call]() mutable {
-        return call(state->sandboxes, state->info.id);
-    };
+// impl::run of one backend call under the exception boundary: `call` is the backend's member
+// function, called (at most once) with the sandbox's id and `args`, which the call owns.
+template <class T, class... Params, class... Args>
+asio::awaitable<result<T>> run_call(
+    std::shared_ptr<sandbox::impl> state, const char* what, deadline limit, lane in,
+    asio::awaitable<result<T>> (backend::*call)(std::string, Params...), Args&&... args) {
+    std::function<asio::awaitable<result<T>>()> start =
+        [state, call, owned = std::make_tuple(std::forward<Args>(args)...)]() mutable {
+            return std::apply(
+                [&](auto&... a) {
+                    return (state->sandboxes.*call)(state->info.id, std::move(a)...);
+                },
+                owned);
+        };
     return guarded(sandbox::impl::run<T>(std::move(state), what, limit, in, std::move(start)));
 }
 
@@ -519,75 +526,45 @@ asio::awaitable<result<T>> run_call(std::shared_ptr<sandbox::impl> state, const 
 
 asio::awaitable<result<exec_result>> sandbox::async_exec(exec_request request, deadline limit,
                                                          lane in) {
-    return run_call<exec_result>(
-        impl_, "exec", limit, in,
-        [request = std::move(request)](backend& b, const std::string& id) mutable {
-            return b.async_exec(id, std::move(request));
-        });
+    return run_call(impl_, "exec", limit, in, &backend::async_exec, std::move(request));
 }
 
 asio::awaitable<result<std::vector<file_write_result>>> sandbox::async_write_files(
     std::vector<file_write> files, deadline limit, lane in) {
-    return run_call<std::vector<file_write_result>>(
-        impl_, "write_files", limit, in,
-        [files = std::move(files)](backend& b, const std::string& id) mutable {
-            return b.async_write_files(id, std::move(files));
-        });
+    return run_call(impl_, "write_files", limit, in, &backend::async_write_files, std::move(files));
 }
 
 asio::awaitable<result<std::vector<file_read_result>>> sandbox::async_read_files(
     std::vector<std::string> paths, deadline limit, lane in) {
-    return run_call<std::vector<file_read_result>>(
-        impl_, "read_files", limit, in,
-        [paths = std::move(paths)](backend& b, const std::string& id) mutable {
-            return b.async_read_files(id, std::move(paths));
-        });
+    return run_call(impl_, "read_files", limit, in, &backend::async_read_files, std::move(paths));
 }
 
 asio::awaitable<result<file_write_result>> sandbox::async_write_file_stream(
     file_write_target target, byte_source given, deadline limit, lane in) {
     byte_source source =
         stall_bounded_source{std::move(given), impl_->options.transfer_stall_limit};
-    return run_call<file_write_result>(impl_, "write_file_stream", limit, in,
-                                       [target = std::move(target), source = std::move(source)](
-                                           backend& b, const std::string& id) mutable {
-                                           return b.async_write_file_stream(id, std::move(target),
-                                                                            std::move(source));
-                                       });
+    return run_call(impl_, "write_file_stream", limit, in, &backend::async_write_file_stream,
+                    std::move(target), std::move(source));
 }
 
 asio::awaitable<result<std::vector<file_metadata_result>>> sandbox::async_read_metadata(
     std::vector<std::string> paths, deadline limit, lane in) {
-    return run_call<std::vector<file_metadata_result>>(
-        impl_, "read_metadata", limit, in,
-        [paths = std::move(paths)](backend& b, const std::string& id) mutable {
-            return b.async_read_metadata(id, std::move(paths));
-        });
+    return run_call(impl_, "read_metadata", limit, in, &backend::async_read_metadata,
+                    std::move(paths));
 }
 
 asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadline limit, lane in) {
-    return run_call<file_stat>(impl_, "stat", limit, in,
-                               [path = std::move(path)](backend& b, const std::string& id) mutable {
-                                   return b.async_stat(id, std::move(path));
-                               });
+    return run_call(impl_, "stat", limit, in, &backend::async_stat, std::move(path));
 }
 
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
                                                                         deadline limit, lane in) {
-    return run_call<std::vector<dir_entry>>(
-        impl_, "list_dir", limit, in,
-        [path = std::move(path)](backend& b, const std::string& id) mutable {
-            return b.async_list_dir(id, std::move(path));
-        });
+    return run_call(impl_, "list_dir", limit, in, &backend::async_list_dir, std::move(path));
 }
 
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
-    return run_call<sandbox_info>(
-        impl_, "extend_ttl", limit, lane::ordered,
-        [ttl = std::move(ttl)](backend& b, const std::string& id) mutable {
-            return b.async_extend_ttl(id, ttl);
-        });
+    return run_call(impl_, "extend_ttl", limit, lane::ordered, &backend::async_extend_ttl, ttl);
 }
 
 namespace {
@@ -660,11 +637,7 @@ asio::awaitable<result<file_read_stream>> sandbox::async_read_file_stream(std::s
 
 asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, deadline limit,
                                                       lane in) {
-    return run_call<process>(
-        impl_, "spawn", limit, in,
-        [request = std::move(request)](backend& b, const std::string& id) mutable {
-            return b.async_spawn(id, std::move(request));
-        });
+    return run_call(impl_, "spawn", limit, in, &backend::async_spawn, std::move(request));
 }
 
 asio::awaitable<result<void>> sandbox::async_destroy() {
