@@ -440,7 +440,9 @@ asio::awaitable<result<connection_pool::lease>> connection_pool::async_acquire(
         }
         // Wait for a release. The node unlinks itself whatever ends the wait (a cancellation, or
         // the frame destroyed while suspended); a wake it got but did not use is passed on.
-        asio::steady_timer timer(p->executor, request.limit.when());
+        // On the waiting coroutine's executor: its frame owns the wait.
+        auto on = co_await asio::this_coro::executor;
+        asio::steady_timer timer(on, request.limit.when());
         struct registration {
             std::shared_ptr<pooled_origin> at;
             pool_waiter node;
