@@ -21,6 +21,8 @@ namespace {
 
 constexpr auto use_tuple = as_tuple(asio::use_awaitable);
 
+}  // namespace
+
 std::string describe_socket_error(const std::error_code& ec) {
     if (ec == asio::error::connection_refused) return "connection refused";
     if (ec == asio::error::connection_reset) return "connection reset";
@@ -30,8 +32,6 @@ std::string describe_socket_error(const std::error_code& ec) {
     }
     return ec.message();
 }
-
-}  // namespace
 
 std::string origin::to_string() const {
     std::string out = is_tls ? "https://" : "http://";
@@ -296,12 +296,16 @@ struct connection_pool::impl : std::enable_shared_from_this<impl> {
         return s.calls + s.idle.size() < options.max_per_origin;
     }
 
-    // Closes the key's idle connections that are past idle_timeout (or no longer reusable).
+    // Past idle_timeout, or no longer reusable (the peer closed it, or sent something).
+    bool is_stale(const pooled_connection& c, std::chrono::steady_clock::time_point now) const {
+        const bool is_fresh = !has_idle_timeout() || now - c.idle_since_ < options.idle_timeout;
+        return !is_fresh || !c.is_reusable();
+    }
+
+    // Closes the key's stale idle connections.
     void close_stale(pooled_origin& s, std::chrono::steady_clock::time_point now) {
         const auto stale = [&](const std::shared_ptr<pooled_connection>& c) {
-            const bool is_fresh =
-                !has_idle_timeout() || now - c->idle_since_ < options.idle_timeout;
-            if (is_fresh && c->is_reusable()) return false;
+            if (!is_stale(*c, now)) return false;
             c->close();
             return true;
         };
@@ -407,12 +411,15 @@ asio::awaitable<result<connection_pool::lease>> connection_pool::async_acquire(
     const auto p = impl_;
     for (;;) {
         const auto s = p->slot(request.key);
-        const auto now = std::chrono::steady_clock::now();
-        p->close_stale(*s, now);
         auto& budget = request.kind == lease_kind::call ? s->calls : s->streams;
-        if (!s->idle.empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        while (!s->idle.empty()) {
             auto taken = std::move(s->idle.back());
             s->idle.pop_back();
+            if (p->is_stale(*taken, now)) {
+                taken->close();
+                continue;
+            }
             taken->kind_ = request.kind;
             ++budget;
             // A stream taking an idle connection leaves room in the call budget.

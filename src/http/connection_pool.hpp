@@ -64,6 +64,10 @@ struct origin {
     friend bool operator==(const origin&, const origin&) = default;
 };
 
+// A socket error in a few words ("connection refused", "connection reset", "the peer closed the
+// connection", "unreachable", else the system's message), for error details.
+std::string describe_socket_error(const std::error_code& ec);
+
 // A short call (counted against max_per_origin) or a long-lived stream (its own budget).
 enum class lease_kind { call, stream };
 

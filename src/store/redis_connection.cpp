@@ -16,17 +16,13 @@ namespace {
 
 constexpr auto use_tuple = as_tuple(asio::use_awaitable);
 
+// The HTTP client's words, but for Redis's own close and a missing unix socket.
 std::string describe_socket_error(const std::error_code& ec) {
-    if (ec == asio::error::connection_refused) return "connection refused";
-    if (ec == asio::error::connection_reset) return "connection reset";
     if (ec == asio::error::eof) return "Redis closed the connection";
     if (ec == asio::error::not_found || ec == std::errc::no_such_file_or_directory) {
         return "no such socket";
     }
-    if (ec == asio::error::host_unreachable || ec == asio::error::network_unreachable) {
-        return "unreachable";
-    }
-    return ec.message();
+    return http::describe_socket_error(ec);
 }
 
 // The first word of an error reply ("WRONGPASS", "NOAUTH", "ERR"): what AUTH failures report, so
