@@ -3,6 +3,8 @@
 // tests/http/make_test_ca.sh (a test CA, and certificates for the right name, a wrong name, an
 // unknown CA and an expired one). Every failure is a typed error, and the process holds the same
 // descriptors afterwards.
+#include "core/asio_compat.hpp"
+#include "core/loopback.hpp"
 #include "http/client.hpp"
 #include "http/connect_envelope.hpp"
 #include "http/server.hpp"
@@ -13,6 +15,7 @@
 
 #include "support/async_test.hpp"
 #include "support/build_paths.hpp"
+#include "support/loopback_peer.hpp"
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
@@ -849,4 +852,113 @@ TEST_CASE("a failing status becomes a typed error, and 429 carries the server's 
     CHECK(http::error_for_status(400, none, "x").error.code == moat::errc::invalid_argument);
     CHECK(http::error_for_status(503, none, "x").error.code == moat::errc::backend_failure);
     CHECK(!http::error_for_status(503, headers, "x").retry_after);  // only a 429's is read
+}
+
+// --- the pool's idle sweep (connection_pool.hpp) and the one loopback rule ---
+
+namespace {
+
+using moat::as_tuple;
+
+struct served {
+    int answered = 0;
+    int saw_close = 0;
+};
+
+// One keep-alive exchange on the first connection accepted, then waits for the client to close.
+asio::awaitable<void> serve_once(asio::ip::tcp::acceptor& acceptor, served& counts) {
+    auto [accept_error, peer] = co_await acceptor.async_accept(as_tuple(asio::use_awaitable));
+    if (accept_error) co_return;
+    std::string request;
+    auto [read_error, n] = co_await asio::async_read_until(
+        peer, asio::dynamic_buffer(request), "\r\n\r\n", as_tuple(asio::use_awaitable));
+    if (read_error) co_return;
+    const std::string reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    auto [write_error, written] =
+        co_await asio::async_write(peer, asio::buffer(reply), as_tuple(asio::use_awaitable));
+    if (write_error) co_return;
+    ++counts.answered;
+    char byte = 0;
+    auto [eof, got] =
+        co_await peer.async_read_some(asio::buffer(&byte, 1), as_tuple(asio::use_awaitable));
+    if (eof) ++counts.saw_close;
+}
+
+struct ignore_outcome {
+    void operator()(std::exception_ptr) const {}
+};
+
+asio::awaitable<void> use_each_origin(http::client& client, std::vector<std::string> urls) {
+    for (const auto& url : urls) {
+        http::request req;
+        req.url = url;
+        req.limit = moat::deadline::after(10s);
+        auto got = co_await client.async_fetch(std::move(req), 1024);
+        REQUIRE_MESSAGE(got, got.error().to_string());
+        CHECK(got->body == "ok");
+    }
+}
+
+asio::awaitable<void> wait_until_closed(const served& counts, int expected, http::client& client) {
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    const auto limit = moat::deadline::after(20s);
+    while (counts.saw_close < expected && !limit.has_expired()) {
+        pause.expires_after(50ms);
+        co_await pause.async_wait(asio::use_awaitable);
+    }
+    CHECK(counts.saw_close == expected);
+    CHECK(client.idle_connections() == 0);
+    CHECK(client.origins_held() == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "idle connections to origins never used again are closed by the pool's sweep, and the "
+    "origins are forgotten") {
+    moat::test::raise_open_files(4096);
+    asio::io_context io;
+    constexpr int origins = 40;
+    std::vector<std::unique_ptr<asio::ip::tcp::acceptor>> acceptors;
+    std::vector<std::string> urls;
+    served counts;
+    for (int i = 0; i < origins; ++i) {
+        const auto address = asio::ip::make_address("127.0.0." + std::to_string(10 + i));
+        acceptors.push_back(
+            std::make_unique<asio::ip::tcp::acceptor>(io, asio::ip::tcp::endpoint(address, 0)));
+        urls.push_back("http://" + address.to_string() + ":" +
+                       std::to_string(acceptors.back()->local_endpoint().port()) + "/");
+        asio::co_spawn(io, serve_once(*acceptors.back(), counts), ignore_outcome{});
+    }
+    http::client_options options;
+    options.idle_timeout = 300ms;
+    http::client client(io.get_executor(), options);
+    const auto before = open_descriptors();
+    moat::test::run_async(io, use_each_origin(client, urls));
+    CHECK(counts.answered == origins);
+    CHECK(client.connections_opened() == origins);
+    // Each origin's connection is idle in the pool and holds a descriptor on both sides.
+    CHECK(client.idle_connections() == origins);
+    CHECK(open_descriptors() >= before + 2 * origins);
+    // No further request to any of them: the sweep alone closes them.
+    moat::test::run_async(io, wait_until_closed(counts, origins, client));
+    CHECK(open_descriptors() <= before + origins);  // what is left: the servers' ends, closing
+}
+
+TEST_CASE("one loopback rule: IP literals in 127.0.0.0/8 and ::1, and the name localhost") {
+    using moat::detail::is_loopback_authority;
+    using moat::detail::is_loopback_host;
+    for (const char* yes : {"localhost", "LocalHost", "127.0.0.1", "127.1.2.3", "::1"}) {
+        CHECK_MESSAGE(is_loopback_host(yes), yes);
+    }
+    for (const char* no : {"", "128.0.0.1", "127.1", "::ffff:127.0.0.1", "a.localhost",
+                           "localhost.", "10.0.0.1", "::2", "example.com"}) {
+        CHECK_FALSE_MESSAGE(is_loopback_host(no), no);
+    }
+    for (const char* yes : {"localhost:8080", "127.0.0.2:1", "[::1]:49983", "[::1]", "::1"}) {
+        CHECK_MESSAGE(is_loopback_authority(yes), yes);
+    }
+    for (const char* no : {"[::1", "example.com:80", "[::2]:80"}) {
+        CHECK_FALSE_MESSAGE(is_loopback_authority(no), no);
+    }
 }

@@ -37,6 +37,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -922,4 +923,73 @@ TEST_CASE(
         CHECK(finish(ender) == 0);
     }
     CHECK(running_with(f, {{"test", "redis-poison"}}) == 0);
+}
+
+// --- the pool's wait list (http::connection_pool, which the Redis client uses) ---
+
+namespace {
+
+struct outcome_flag {
+    bool* done;
+    void operator()(std::exception_ptr, moat::result<moat::store::redis_reply>) const {
+        *done = true;
+    }
+};
+
+asio::awaitable<moat::result<moat::store::redis_reply>> run_command(
+    std::shared_ptr<moat::store::redis_client> client, moat::store::redis_command command) {
+    auto limit = moat::deadline::after(30s);
+    co_return co_await client->async_command(std::move(command), limit);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a Redis waiter whose coroutine frame is destroyed leaves the wait list, and the next "
+    "release wakes a live waiter") {
+    moat::test::redis_server redis;
+    asio::io_context io;
+    auto config = redis.unix_config();
+    config.max_connections = 1;
+    config.command_timeout = 10s;
+    auto client = std::make_shared<moat::store::redis_client>(io.get_executor(), config, nullptr);
+
+    // The only connection is busy for about a second.
+    bool busy_done = false;
+    asio::co_spawn(io, run_command(client, {"BLPOP", "moat-pool-test-nothing", "1"}),
+                   outcome_flag{&busy_done});
+    io.run_for(200ms);
+    REQUIRE_FALSE(busy_done);
+
+    // A waiter on its own io_context: destroying that context destroys the waiter's frame while
+    // it is in the wait list.
+    {
+        asio::io_context other;
+        bool abandoned_done = false;
+        asio::co_spawn(other, run_command(client, {"PING"}), outcome_flag{&abandoned_done});
+        other.run_for(200ms);
+        REQUIRE_FALSE(abandoned_done);
+    }
+
+    // A live waiter, then the busy command ends: its release must wake the live one (the
+    // destroyed waiter is no longer listed, and nothing touches its freed timer).
+    bool waiter_done = false;
+    std::optional<moat::result<moat::store::redis_reply>> waited;
+    struct keep {
+        std::optional<moat::result<moat::store::redis_reply>>* into;
+        bool* done;
+        void operator()(std::exception_ptr e, moat::result<moat::store::redis_reply> r) const {
+            if (!e) into->emplace(std::move(r));
+            *done = true;
+        }
+    };
+    asio::co_spawn(io, run_command(client, {"PING"}), keep{&waited, &waiter_done});
+    const auto limit = moat::deadline::after(20s);
+    while ((!busy_done || !waiter_done) && !limit.has_expired()) io.run_one_for(100ms);
+    CHECK(busy_done);
+    REQUIRE(waiter_done);
+    REQUIRE(waited);
+    REQUIRE_MESSAGE(*waited, waited->error().to_string());
+    CHECK((*waited)->text == "PONG");
+    CHECK(client->connections_opened() == 1);
 }

@@ -6,20 +6,14 @@
 #include "core/exception_boundary.hpp"
 #include "e2b/control_plane_client.hpp"
 #include "e2b/envd_client.hpp"
-#include "e2b_protocol/network_names.hpp"
-#include "egress/address_policy.hpp"
+#include "e2b/sandbox_mapping.hpp"
 #include "http/client.hpp"
 #include "local/spec_validation.hpp"
 
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
-#include <sys/random.h>
-#include <unistd.h>
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
-#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <map>
@@ -28,66 +22,16 @@ namespace moat {
 namespace {
 
 using system_clock = std::chrono::system_clock;
+using e2b::e2b_layout;
+using e2b::owner_label;
+using e2b::seconds_up;
+using e2b::survive_label;
 using std::chrono::milliseconds;
-
-// Labels this backend adds as metadata (and strips from sandbox_info::labels).
-constexpr std::string_view owner_label = "moat.owner";
-constexpr std::string_view survive_label = "moat.survive_owner";
-
-bool is_reserved_label(std::string_view key) {
-    return key == owner_label || key == survive_label;
-}
-
-std::string this_host_name() {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    return host;
-}
-
-std::string default_owner_instance() {
-    std::uint32_t random = 0;
-    if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) {
-        random =
-            static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    }
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%06x", static_cast<unsigned>(random & 0xffffff));
-    return this_host_name() + "/" + std::to_string(::getpid()) + "/" + hex;
-}
 
 std::string env_or(const char* name, std::string fallback) {
     const char* value = std::getenv(name);
     if (value != nullptr && *value != '\0') return value;
     return fallback;
-}
-
-// Whole seconds for E2B, rounded up, at least 1.
-std::int64_t seconds_up(milliseconds d) {
-    return std::max<std::int64_t>(1, (d.count() + 999) / 1000);
-}
-
-sandbox_layout e2b_layout() {
-    sandbox_layout l;
-    l.user = "user";
-    l.home = "/home/user";
-    l.workdir = "/home/user";
-    l.artifacts_dir = "/home/user/out";
-    return l;
-}
-
-// An explicit limit E2B cannot express (templates fix a sandbox's resources), or "".
-std::string inexpressible_limit(const resource_limits& l) {
-    if (l.memory_bytes) return "memory_bytes";
-    if (l.pids) return "pids";
-    if (l.cpu_millicores) return "cpu_millicores";
-    if (l.workspace_bytes) return "workspace_bytes";
-    if (l.tmp_bytes) return "tmp_bytes";
-    if (l.open_files) return "open_files";
-    return "";
-}
-
-bool is_printable(std::string_view s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
 struct held_sandbox {
@@ -110,27 +54,6 @@ struct backend_state {
     bool heartbeat_running = false;
     bool stopping = false;
 };
-
-// The egress a SandboxDetail reports, in moat's terms. The switch off, or every address denied
-// (denyOut 0.0.0.0/0), leaves what allowOut lets past: its names (allow_hosts) and its address
-// entries (allow_addresses), an allow-list, or none when it lists nothing. The switch on (or
-// absent: E2B's default) without that deny is all; moat has no "all but some ranges", and the
-// wider answer is the one a caller may rely on.
-sandbox_network network_from(const e2b::sandbox_detail& d) {
-    sandbox_network n;
-    const bool denies_all =
-        d.allow_internet_access == false ||
-        std::find(d.deny_out.begin(), d.deny_out.end(), "0.0.0.0/0") != d.deny_out.end();
-    if (!denies_all) {
-        n.mode = network_mode::all;
-        return n;
-    }
-    for (const auto& entry : d.allow_out) {
-        (egress::is_address_entry(entry) ? n.allow_addresses : n.allow_hosts).push_back(entry);
-    }
-    if (!n.allow_hosts.empty() || !n.allow_addresses.empty()) n.mode = network_mode::allow_list;
-    return n;
-}
 
 sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
     sandbox_info info;
@@ -159,7 +82,7 @@ sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
     // A SandboxDetail tells the provider's view of the egress; a list entry tells none, and
     // then a sandbox this backend holds keeps what it was created or attached with.
     if (d.network_reported) {
-        info.network = network_from(d);
+        info.network = e2b::network_from(d);
     } else if (held != s.held.end()) {
         info.network = held->second->info.network;
     }
@@ -194,6 +117,23 @@ error gone_error(const std::string& id, const held_sandbox& h) {
     return make_error(errc::sandbox_unavailable, "sandbox " + id + ": " + *h.gone_reason);
 }
 
+// The sandbox's envd is gone for good: its client goes, and so does the HTTP client's state for
+// its own origin (49983-<id>.<domain>), idle connections included. A shared E2B_SANDBOX_URL
+// stays: other sandboxes use it.
+void forget_envd(backend_state& s, held_sandbox& h) {
+    if (!h.envd) return;
+    if (const auto& url = h.envd->endpoint().base_url; url != s.config.sandbox_url) {
+        s.http->drop_origin(url);
+    }
+    h.envd.reset();
+}
+
+void mark_gone(backend_state& s, held_sandbox& h, std::string reason) {
+    h.gone_reason = std::move(reason);
+    h.info.state = sandbox_state::exited;
+    forget_envd(s, h);
+}
+
 // The timeout to send now for a heartbeat sandbox: heartbeat_timeout, cut to what is left of its
 // TTL (rounded down: never past it); 0 when less than a second is left.
 std::int64_t heartbeat_seconds(const backend_state& s, const held_sandbox& h) {
@@ -224,8 +164,7 @@ asio::awaitable<void> heartbeat_loop(std::shared_ptr<backend_state> s) {
             if (s->stopping) break;
             if (renewed) continue;
             if (renewed.error().code == errc::sandbox_not_found) {
-                h->gone_reason = "it ended (its heartbeat found it gone)";
-                h->info.state = sandbox_state::exited;
+                mark_gone(*s, *h, "it ended (its heartbeat found it gone)");
                 detail::log(log_level::warning, "e2b", "heartbeat: the sandbox is gone", id);
             } else {
                 detail::log(log_level::warning, "e2b", "heartbeat: " + renewed.error().to_string(),
@@ -243,7 +182,7 @@ class e2b_backend final : public backend {
         : state_(std::make_shared<backend_state>()), tasks_(executor, "e2b") {
         auto& s = *state_;
         s.executor = executor;
-        if (config.owner_instance.empty()) config.owner_instance = default_owner_instance();
+        if (config.owner_instance.empty()) config.owner_instance = e2b::default_owner_instance();
         s.config = e2b_config_from_environment(std::move(config));
         auto parsed = http::parse_url(s.config.api_url);
         if (!parsed) s.config_error = "E2B_API_URL (e2b_config::api_url): " + parsed.error().detail;
@@ -354,71 +293,6 @@ class e2b_backend final : public backend {
         return {};
     }
 
-    static result<void> validate(const sandbox_spec& spec) {
-        if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
-        if (auto limits = validate_limits(spec.limits); !limits) return limits;
-        const auto limit = inexpressible_limit(spec.limits);
-        if (!limit.empty() && !spec.best_effort) {
-            return make_error(
-                errc::layer_unavailable,
-                "limits." + limit +
-                    ": the e2b backend cannot set it per sandbox (the template "
-                    "fixes a sandbox's resources); leave it unset or set best_effort");
-        }
-        if (spec.layout != sandbox_layout{} && spec.layout != e2b_layout()) {
-            return make_error(errc::invalid_argument,
-                              "layout: the e2b backend's sandboxes run as 'user' with home and "
-                              "workdir /home/user and artifacts in /home/user/out");
-        }
-        for (const auto& [key, value] : spec.labels) {
-            if (key.empty() || !is_printable(key) || !is_printable(value)) {
-                return make_error(errc::invalid_argument,
-                                  "labels: keys and values must be printable");
-            }
-            if (is_reserved_label(key)) {
-                return make_error(errc::invalid_argument,
-                                  "labels: '" + key + "' is the e2b backend's own label");
-            }
-        }
-        for (const auto& [key, value] : spec.env) {
-            if (key.empty() || key.find('=') != std::string::npos ||
-                key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
-                return make_error(errc::invalid_argument, "env: a name is empty or has '=' or NUL");
-            }
-        }
-        if (auto ok = validate_network(spec.network); !ok) return ok;
-        return {};
-    }
-
-    // E2B filters egress by domain name (exact names and "*." wildcards, HTTP and HTTPS only)
-    // and by CIDR: a port, a fixed name-to-address entry or an unlocked range has no E2B form.
-    static result<void> validate_network(const sandbox_network& n) {
-        if (n.mode == network_mode::all && !n.allow_hosts.empty()) {
-            return make_error(errc::invalid_argument, "network all with an allow-list: choose one");
-        }
-        if (n.mode == network_mode::allow_list && n.allow_hosts.empty()) {
-            return make_error(errc::invalid_argument, "network allow-list: the list is empty");
-        }
-        for (const auto& host : n.allow_hosts) {
-            if (auto valid = e2b_protocol::check_allow_out_name(host); !valid) {
-                auto e = std::move(valid).error();
-                e.detail = "network allow-list " + e.detail;
-                return e;
-            }
-        }
-        if (!n.resolve.empty()) {
-            return make_error(errc::not_supported,
-                              "network resolve '" + n.resolve.front() +
-                                  "': the e2b backend cannot pin a name to an address");
-        }
-        if (!n.allow_addresses.empty()) {
-            return make_error(errc::not_supported,
-                              "network allow_address '" + n.allow_addresses.front() +
-                                  "': the e2b backend cannot unlock an address range");
-        }
-        return {};
-    }
-
     // none: E2B's internet switch off; all: on; an allow-list: on, everything denied but the
     // listed names (E2B allows the names in allowOut, HTTP and HTTPS, past the denyOut range).
     static void map_network(const sandbox_network& n, e2b::create_body& body) {
@@ -432,7 +306,7 @@ class e2b_backend final : public backend {
     static asio::awaitable<result<sandbox_info>> create(std::shared_ptr<backend_state> s,
                                                         sandbox_spec spec, e2b_backend* self) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
-        if (auto ok = validate(spec); !ok) co_return std::move(ok).error();
+        if (auto ok = e2b::validate_spec(spec); !ok) co_return std::move(ok).error();
         e2b::create_body body;
         body.template_id =
             spec.template_name.empty() ? s->config.default_template : spec.template_name;
@@ -513,8 +387,7 @@ class e2b_backend final : public backend {
         if (!detail) {
             it = s->held.find(id);
             if (detail.error().code == errc::sandbox_not_found && it != s->held.end()) {
-                it->second->gone_reason = "it has ended";
-                it->second->info.state = sandbox_state::exited;
+                mark_gone(*s, *it->second, "it has ended");
                 co_return it->second->info;
             }
             co_return std::move(detail).error();
@@ -557,8 +430,7 @@ class e2b_backend final : public backend {
         auto set = co_await s->control->async_set_timeout(id, seconds_up(timeout));
         if (!set) {
             if (h && set.error().code == errc::sandbox_not_found) {
-                h->gone_reason = "it has ended";
-                h->info.state = sandbox_state::exited;
+                mark_gone(*s, *h, "it has ended");
                 co_return gone_error(id, *h);
             }
             co_return std::move(set).error();
@@ -604,7 +476,10 @@ class e2b_backend final : public backend {
             if (ec) co_return make_error(errc::cancelled, "destroy: cancelled");
             pause = std::min(pause * 2, milliseconds(1000));
         }
-        s->held.erase(id);
+        if (const auto it = s->held.find(id); it != s->held.end()) {
+            forget_envd(*s, *it->second);
+            s->held.erase(it);
+        }
         detail::log(log_level::debug, "e2b", "destroyed", id);
         co_return result<void>();
     }
@@ -623,28 +498,13 @@ class e2b_backend final : public backend {
         co_return r;
     }
 
-    // The owner named by a moat.owner label ("<host>/<pid>/<hex>") is gone when it is on this
-    // host and no process has its pid. Elsewhere it cannot be known from here: its heartbeat
-    // ends the sandbox within heartbeat_timeout of the owner's end.
-    static bool owner_is_gone(std::string_view owner, const std::string& host) {
-        const auto slash = owner.find('/');
-        if (slash == std::string_view::npos || owner.substr(0, slash) != host) return false;
-        const auto rest = owner.substr(slash + 1);
-        const auto end = rest.find('/');
-        const auto digits = rest.substr(0, end);
-        int pid = 0;
-        const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-        if (ec != std::errc() || ptr != digits.data() + digits.size() || pid <= 0) return false;
-        return ::kill(pid, 0) != 0 && errno == ESRCH;
-    }
-
     static asio::awaitable<result<std::vector<janitor_action>>> janitor(
         std::shared_ptr<backend_state> s, bool dry_run) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
         e2b::list_query q;
         auto listed = co_await s->control->async_list(std::move(q));
         if (!listed) co_return std::move(listed).error();
-        const std::string host = this_host_name();
+        const std::string host = e2b::this_host_name();
         std::vector<janitor_action> actions;
         for (const auto& d : *listed) {
             const auto owner = d.metadata.find(std::string(owner_label));
@@ -654,7 +514,7 @@ class e2b_backend final : public backend {
             }
             const auto survive = d.metadata.find(std::string(survive_label));
             if (survive != d.metadata.end() && survive->second == "true") continue;
-            if (!owner_is_gone(owner->second, host)) continue;
+            if (!e2b::owner_is_gone(owner->second, host)) continue;
             janitor_action a;
             a.action = "destroy";
             a.target = d.sandbox_id;

@@ -175,6 +175,7 @@ asio::awaitable<result<void>> upload(state_ptr s, std::string tmp,
     request.headers.add("Content-Type", "application/octet-stream");
     for (const auto& [key, value] : u->metadata) request.headers.add("X-Metadata-" + key, value);
     request.body_stream = [u]() { return pull(u); };
+    request.is_stream = true;  // paced by the caller's source: the stream budget
     const auto per_mib = std::chrono::seconds(u->max_bytes / (1024 * 1024) + 1);
     request.limit = deadline::after(s->options.request_timeout + per_mib);
     auto sent = co_await s->http->async_send(std::move(request));
@@ -413,6 +414,7 @@ asio::awaitable<result<file_read_stream>> async_envd_read_stream(state_ptr s, st
     auto entry = co_await regular_file(s, path);
     if (!entry) co_return std::move(entry).error();
     auto request = envd_request(*s, "GET", files_target(*s, path));
+    request.is_stream = true;  // read at the caller's pace: the stream budget
     const auto head_limit = deadline::after(s->options.request_timeout);
     auto sent = co_await async_send_within(s, std::move(request), head_limit);
     if (!sent) co_return path_error(std::move(sent).error(), path);

@@ -406,6 +406,9 @@ asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_r
     start.stdin_open = stdin_open;
     auto body = protocol::encode_start_request(start);
     auto http_request = envd_request(*s, "POST", "/process.Process/Start");
+    // Open as long as the command runs: the stream budget, so that its kill and the Process/List
+    // that confirms it (short calls) never wait behind running commands.
+    http_request.is_stream = true;
     http_request.headers.add("Content-Type", "application/connect+json");
     http_request.headers.add("Connect-Protocol-Version", "1");
     http_request.headers.add("Connect-Timeout-Ms", std::to_string(request.wall_limit.count()));

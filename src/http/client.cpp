@@ -3,6 +3,7 @@
 #include <moat/log.hpp>
 
 #include "core/exception_boundary.hpp"
+#include "core/loopback.hpp"
 #include "http/connection_pool.hpp"
 #include "http/message_parser.hpp"
 #include "http/tls.hpp"
@@ -182,8 +183,12 @@ struct exchange {
           parser(message_parser::mode::response, limits) {}
     exchange(const exchange&) = delete;
     exchange& operator=(const exchange&) = delete;
-    ~exchange() {
-        if (connection) pool->release(std::move(connection), ended && reusable);
+    ~exchange() { give_back(ended && reusable); }
+
+    void give_back(bool is_reusable) {
+        if (!connection) return;
+        connection->disarm();
+        pool->release(std::move(connection), is_reusable);
     }
 
     error failure(errc code, std::string_view step, std::string_view why) const {
@@ -277,7 +282,7 @@ struct exchange {
         if (next->what == parse_event::kind::end) {
             ended = true;
             reusable = parser.keep_alive() && begin == end && !saw_eof;
-            if (connection) pool->release(std::move(connection), reusable);
+            give_back(reusable);
             co_return std::string_view();
         }
         if (next->what != parse_event::kind::body) {
@@ -354,6 +359,7 @@ client::client(asio::any_io_executor executor, client_options options)
     state_->executor = executor;
     pool_options pool;
     pool.max_per_origin = options.max_connections_per_origin;
+    pool.max_streams_per_origin = options.max_streams_per_origin;
     pool.idle_timeout = options.idle_timeout;
     state_->pool = std::make_shared<connection_pool>(executor, pool);
     state_->options = std::move(options);
@@ -368,6 +374,16 @@ std::uint64_t client::connections_opened() const noexcept {
 }
 std::size_t client::idle_connections() const noexcept {
     return state_->pool->idle_count();
+}
+std::size_t client::origins_held() const noexcept {
+    return state_->pool->origin_count();
+}
+
+void client::drop_origin(std::string_view url) noexcept {
+    auto parsed = parse_url(url);
+    if (!parsed) return;
+    const origin where{parsed->is_tls, parsed->host, parsed->port};
+    state_->pool->drop_origin(where.to_string());
 }
 
 asio::awaitable<result<response>> client::async_send(request req) {
@@ -398,7 +414,7 @@ asio::awaitable<result<response>> client::send(request req) {
         std::find(state_->options.plain_http_hosts.begin(), state_->options.plain_http_hosts.end(),
                   url->host) != state_->options.plain_http_hosts.end();
     const bool loopback_only = !where.is_tls && !opted_in;
-    if (loopback_only && !is_loopback_host(where.host)) {
+    if (loopback_only && !moat::detail::is_loopback_host(where.host)) {
         co_return make_error(errc::invalid_argument,
                              "plain http:// to " + where.host +
                                  " is refused: only loopback, or a host the client options "
@@ -454,9 +470,18 @@ asio::awaitable<result<response>> client::send(request req) {
     const bool may_retry = is_idempotent(req.method) && !is_streamed;
 
     for (int attempt = 0;; ++attempt) {
-        auto leased = co_await state_->pool->async_acquire(where, tls, req.limit);
+        connection_pool::acquire_request wanted;
+        wanted.key = where.to_string();
+        if (req.is_stream) wanted.kind = lease_kind::stream;
+        wanted.make = [executor = state_->executor, where, tls] {
+            return std::make_shared<client_connection>(executor, where, tls);
+        };
+        wanted.limit = req.limit;
+        wanted.what = "a connection to " + wanted.key;
+        auto leased = co_await state_->pool->async_acquire(std::move(wanted));
         if (!leased) co_return std::move(leased).error();
-        auto x = std::make_unique<detail::exchange>(state_->pool, leased->connection, limits);
+        auto x = std::make_unique<detail::exchange>(
+            state_->pool, std::static_pointer_cast<client_connection>(leased->connection), limits);
         x->what = what;
         if (req.method == "HEAD") x->parser.expect_no_body();
         x->connection->arm(req.limit);

@@ -37,6 +37,9 @@
 //   Details name the origin, the method and the path, never a query string or a header value:
 //   no credential (Authorization, X-API-Key, X-Access-Token, a token in a query) reaches an error
 //   or a log line.
+// - Connections are pooled per origin by http::connection_pool (connection_pool.hpp): short calls
+//   and streams (request::is_stream) have separate budgets, idle connections are closed after
+//   idle_timeout by a sweep, and an origin with nothing busy, idle or waiting keeps no state.
 // - A pooled connection the server closed while idle is detected before reuse; a request that
 //   fails on a reused connection before any response byte arrived is retried once on a new one
 //   when it is idempotent (GET, HEAD, PUT, DELETE, OPTIONS) and its body is not streamed.
@@ -74,7 +77,11 @@ struct client_options {
     // Live connections (busy or idle) per origin; a request past it waits for one (its deadline
     // bounds the wait).
     std::size_t max_connections_per_origin = 16;
-    // An idle connection older than this is closed instead of reused.
+    // Busy streams (requests with request::is_stream) per origin: their own budget, so streams
+    // never hold a connection a short call needs.
+    std::size_t max_streams_per_origin = 256;
+    // An idle connection older than this is closed: before reuse, and by the pool's sweep even
+    // when its origin is not used again.
     std::chrono::milliseconds idle_timeout{30'000};
     // The response's status line and headers.
     std::size_t max_head_bytes = 64 * 1024;
@@ -97,6 +104,9 @@ struct request {
     std::string body;           // sent with Content-Length (when body_stream is empty)
     body_producer body_stream;  // when set: the body, sent chunked
     deadline limit;             // bounds the whole exchange, body reads included
+    // A long-lived exchange (a command's output stream, a file read or written at the caller's
+    // pace): its connection counts against max_streams_per_origin, not the short-call cap.
+    bool is_stream = false;
 };
 
 struct parsed_url {
@@ -175,9 +185,16 @@ class client {
     // async_send, then the whole body (at most max_body_bytes).
     asio::awaitable<result<full_response>> async_fetch(request req, std::size_t max_body_bytes);
 
-    // Connections opened so far and connections idle in the pool now (tests, benchmarks).
+    // Closes the idle connections to the origin of `url` (http(s)://host[:port], any path) and
+    // forgets it: its busy connections close when their exchange ends. For an origin that is
+    // gone for good (a destroyed sandbox's envd). A bad URL is ignored.
+    void drop_origin(std::string_view url) noexcept;
+
+    // Connections opened so far, connections idle in the pool now, and origins the pool holds
+    // state for (something busy, idle or waiting) (tests, benchmarks).
     std::uint64_t connections_opened() const noexcept;
     std::size_t idle_connections() const noexcept;
+    std::size_t origins_held() const noexcept;
 
   private:
     asio::awaitable<result<response>> send(request req);

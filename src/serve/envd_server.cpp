@@ -3,6 +3,8 @@
 #include <moat/log.hpp>
 
 #include "e2b_protocol/error_body.hpp"
+#include "core/json_writer.hpp"
+#include "core/loopback.hpp"
 #include "serve/server_secret.hpp"
 
 #include <chrono>
@@ -89,18 +91,6 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
     co_await route.handler(call);
 }
 
-bool is_loopback_host(std::string_view host) {
-    auto name = host;
-    if (name.starts_with('[')) {
-        const auto close = name.find(']');
-        if (close == std::string_view::npos) return false;
-        name = name.substr(1, close - 1);
-    } else if (const auto colon = name.rfind(':'); colon != std::string_view::npos) {
-        name = name.substr(0, colon);
-    }
-    return http::iequals(name, "localhost") || name == "127.0.0.1" || name == "::1";
-}
-
 }  // namespace
 
 void envd_routes::add(std::string method, std::string path, envd_handler handler,
@@ -149,7 +139,8 @@ envd_server::envd_server(serve_context& context, http::server_options options) {
     const bool loopback = options.listen.address().is_loopback();
     if (loopback && options.allowed_hosts.empty()) {
         options.accept_host = [domain = context.options.domain](std::string_view host) {
-            return is_loopback_host(host) || !sandbox_id_in_host(host, domain).empty();
+            return moat::detail::is_loopback_authority(host) ||
+                   !sandbox_id_in_host(host, domain).empty();
         };
         // Set a list so that accept_host is consulted (an empty list serves the loopback names).
         options.allowed_hosts = {"localhost"};

@@ -7,7 +7,6 @@
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <span>
 
 namespace moat::store {
@@ -27,40 +26,38 @@ bounded_limit bound(deadline callers, std::chrono::milliseconds timeout) {
     return {own, false};
 }
 
-// Gives a connection back to the client when the exchange ends, whatever way it ends (an
-// exception included): a connection that failed is closed and its slot freed.
-struct connection_guard {
-    std::function<void(std::shared_ptr<redis_connection>)> give_back;
-    std::shared_ptr<redis_connection> connection;
-    ~connection_guard() {
-        if (connection) give_back(std::move(connection));
+// Gives a leased connection back to the pool whatever way the exchange ends (an exception, or
+// the frame destroyed, included): kept when `reusable` and still usable, else closed and its slot
+// freed.
+struct lease_guard {
+    http::connection_pool& pool;
+    std::shared_ptr<redis_connection>& connection;
+    bool reusable = false;
+    ~lease_guard() {
+        if (connection) pool.release(std::move(connection), reusable);
     }
 };
+
+http::pool_options pool_options_for(const redis_config& config) {
+    http::pool_options o;
+    o.max_per_origin = config.max_connections;
+    o.idle_timeout = std::chrono::milliseconds(0);  // checked before reuse only, as ever
+    return o;
+}
 
 }  // namespace
 
 redis_client::redis_client(asio::any_io_executor executor, redis_config config,
                            std::shared_ptr<asio::ssl::context> tls)
-    : executor_(std::move(executor)), config_(std::move(config)), tls_(std::move(tls)) {}
+    : executor_(executor),
+      config_(std::move(config)),
+      tls_(std::move(tls)),
+      pool_(executor, pool_options_for(config_)) {}
 
-redis_client::~redis_client() {
-    for (auto& connection : idle_) connection->close();
-}
+redis_client::~redis_client() = default;
 
-void redis_client::give_back(connection_ptr connection) {
-    if (connection->is_reusable() && idle_.size() < config_.max_connections) {
-        idle_.push_back(std::move(connection));
-    } else {
-        connection->close();
-        --open_;
-    }
-    if (!waiters_.empty()) {
-        waiters_.front()->cancel();
-        waiters_.erase(waiters_.begin());
-    }
-}
-
-asio::awaitable<result<redis_client::connection_ptr>> redis_client::async_open_new(deadline limit) {
+asio::awaitable<result<void>> redis_client::async_open_new(connection_ptr& connection,
+                                                           deadline limit) {
     for (int attempt = 1;; ++attempt) {
         const auto now = std::chrono::steady_clock::now();
         if (now < next_connect_at_) {
@@ -79,7 +76,11 @@ asio::awaitable<result<redis_client::connection_ptr>> redis_client::async_open_n
                 co_return make_error(errc::cancelled, "cancelled waiting to reconnect to Redis");
             }
         }
-        auto connection = std::make_shared<redis_connection>(executor_, config_, tls_);
+        if (attempt > 1) {
+            auto fresh = std::make_shared<redis_connection>(executor_, config_, tls_);
+            http::connection_pool::hand_over(*connection, *fresh);
+            connection = std::move(fresh);
+        }
         const auto bounded = bound(limit, config_.connect_timeout);
         auto opened = co_await connection->async_open(bounded.limit, bounded.is_callers);
         if (opened) {
@@ -91,7 +92,7 @@ asio::awaitable<result<redis_client::connection_ptr>> redis_client::async_open_n
             backoff_ = std::chrono::milliseconds(0);
             next_connect_at_ = {};
             last_failure_.clear();
-            co_return connection;
+            co_return result<void>{};
         }
         const auto code = opened.error().code;
         if (code != unavailable_code) co_return std::move(opened).error();
@@ -111,52 +112,31 @@ asio::awaitable<result<redis_client::connection_ptr>> redis_client::async_open_n
 }
 
 asio::awaitable<result<redis_client::connection_ptr>> redis_client::async_take(deadline limit) {
-    for (;;) {
-        while (!idle_.empty()) {
-            auto candidate = std::move(idle_.back());
-            idle_.pop_back();
-            if (candidate->is_reusable()) co_return candidate;
-            candidate->close();
-            --open_;
-        }
-        if (open_ < config_.max_connections) {
-            ++open_;
-            auto opened = co_await async_open_new(limit);
-            if (!opened) {
-                --open_;
-                // Another caller may be waiting for a slot: this one is free again.
-                if (!waiters_.empty()) {
-                    waiters_.front()->cancel();
-                    waiters_.erase(waiters_.begin());
-                }
-            }
-            co_return opened;
-        }
-        if (limit.has_expired()) {
-            co_return make_error(errc::deadline_exceeded,
-                                 "the deadline passed waiting for a Redis connection");
-        }
-        asio::steady_timer wake(executor_, limit.when());
-        waiters_.push_back(&wake);
-        auto waited = co_await wake.async_wait(use_tuple);
-        // give_back() removes the waiter it wakes: one still listed was woken by something else.
-        const bool was_listed = std::erase(waiters_, &wake) != 0;
-        if (was_listed && std::get<0>(waited) == asio::error::operation_aborted) {
-            co_return make_error(errc::cancelled, "cancelled waiting for a Redis connection");
-        }
-    }
+    http::connection_pool::acquire_request wanted;
+    wanted.key = "redis";
+    wanted.make = [this] { return std::make_shared<redis_connection>(executor_, config_, tls_); };
+    wanted.limit = limit;
+    wanted.what = "a Redis connection";
+    auto leased = co_await pool_.async_acquire(std::move(wanted));
+    if (!leased) co_return std::move(leased).error();
+    auto connection = std::static_pointer_cast<redis_connection>(std::move(leased->connection));
+    if (leased->is_reused) co_return connection;
+    // A failed (or abandoned) open frees the slot for the next caller.
+    lease_guard guard{pool_, connection};
+    auto opened = co_await async_open_new(connection, limit);
+    if (!opened) co_return std::move(opened).error();
+    co_return std::move(connection);
 }
 
 asio::awaitable<result<std::vector<redis_reply>>> redis_client::async_run(
     std::vector<redis_command> commands, deadline limit) {
     auto taken = co_await async_take(limit);
     if (!taken) co_return std::move(taken).error();
-    connection_guard guard{[this](connection_ptr c) { give_back(std::move(c)); },
-                           std::move(*taken)};
+    auto connection = std::move(*taken);
+    lease_guard guard{pool_, connection, true};
     const auto bounded = bound(limit, config_.command_timeout);
     const std::span<const redis_command> batch(commands);
-    auto replies =
-        co_await guard.connection->async_exchange(batch, bounded.limit, bounded.is_callers);
+    auto replies = co_await connection->async_exchange(batch, bounded.limit, bounded.is_callers);
     co_return replies;
 }
 

@@ -3,10 +3,12 @@
 //
 // async_run sends a batch of commands on one connection (pipelined, replies in order). It takes
 // an idle connection (checked before reuse), or opens one while fewer than max_connections are
-// open, or waits for one to be given back. Opening is retried up to connect_attempts times per
-// call, with exponential backoff shared by all callers (after a failed connect nobody dials again
-// before the backoff has passed; a caller whose deadline ends earlier fails at once). Success
-// resets the backoff.
+// open, or waits for one to be given back: the connections are held by http::connection_pool
+// (one key, max_connections short-call connections, no idle timeout: an idle connection is
+// checked before reuse), whose wait list is cancellation-safe. Opening is retried up to
+// connect_attempts times per call, with exponential backoff shared by all callers (after a failed
+// connect nobody dials again before the backoff has passed; a caller whose deadline ends earlier
+// fails at once). Success resets the backoff.
 //
 // Errors: unavailable_code (Redis unreachable, silent past command_timeout, the connection lost
 // mid-exchange: whether Redis ran the commands is then unknown), deadline_exceeded (the caller's
@@ -18,11 +20,11 @@
 #include <moat/redis_session_store.hpp>
 #include <moat/result.hpp>
 
+#include "http/connection_pool.hpp"
 #include "store/redis_connection.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
-#include <asio/steady_timer.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -47,6 +49,7 @@ class redis_client {
 
     const redis_config& config() const noexcept { return config_; }
     std::uint64_t connections_opened() const noexcept { return opened_; }
+    std::size_t idle_connections() const noexcept { return pool_.idle_count(); }
 
     // Connect attempts per call at most.
     static constexpr int connect_attempts = 3;
@@ -54,15 +57,14 @@ class redis_client {
   private:
     using connection_ptr = std::shared_ptr<redis_connection>;
     asio::awaitable<result<connection_ptr>> async_take(deadline limit);
-    asio::awaitable<result<connection_ptr>> async_open_new(deadline limit);
-    void give_back(connection_ptr connection);
+    // Opens `connection` (a new lease), retrying with backoff: a retry replaces it with a fresh
+    // connection under the same lease.
+    asio::awaitable<result<void>> async_open_new(connection_ptr& connection, deadline limit);
 
     asio::any_io_executor executor_;
     redis_config config_;
     std::shared_ptr<asio::ssl::context> tls_;
-    std::vector<connection_ptr> idle_;
-    std::size_t open_ = 0;  // idle, busy or being opened
-    std::vector<asio::steady_timer*> waiters_;
+    http::connection_pool pool_;
     std::chrono::steady_clock::time_point next_connect_at_{};
     std::chrono::milliseconds backoff_{0};
     std::string last_failure_;

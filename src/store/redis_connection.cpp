@@ -16,17 +16,13 @@ namespace {
 
 constexpr auto use_tuple = as_tuple(asio::use_awaitable);
 
+// The HTTP client's words, but for Redis's own close and a missing unix socket.
 std::string describe_socket_error(const std::error_code& ec) {
-    if (ec == asio::error::connection_refused) return "connection refused";
-    if (ec == asio::error::connection_reset) return "connection reset";
     if (ec == asio::error::eof) return "Redis closed the connection";
     if (ec == asio::error::not_found || ec == std::errc::no_such_file_or_directory) {
         return "no such socket";
     }
-    if (ec == asio::error::host_unreachable || ec == asio::error::network_unreachable) {
-        return "unreachable";
-    }
-    return ec.message();
+    return http::describe_socket_error(ec);
 }
 
 // The first word of an error reply ("WRONGPASS", "NOAUTH", "ERR"): what AUTH failures report, so
@@ -58,10 +54,10 @@ redis_connection::redis_connection(asio::any_io_executor executor, const redis_c
       resolver_(executor),
       plain_(executor),
       unix_(executor),
-      watchdog_(executor),
       reader_(
           reply_limits{config.max_reply_bytes, config.max_reply_elements, config.max_reply_depth}),
-      buffer_(16 * 1024) {
+      buffer_(16 * 1024),
+      watchdog_(executor_) {
     if (tls_context_) tls_ = std::make_unique<http::tls_stream>(executor, *tls_context_);
 }
 
@@ -70,27 +66,11 @@ redis_connection::~redis_connection() {
 }
 
 void redis_connection::arm(deadline limit) {
-    ++generation_;
-    if (limit.is_never()) {
-        watchdog_.cancel();
-        return;
-    }
-    watchdog_.expires_at(limit.when());
-    // A completion handler, not a coroutine: it holds the connection weakly and ignores a wait
-    // that was replaced or cancelled.
-    watchdog_.async_wait(
-        [weak = weak_from_this(), generation = generation_](const std::error_code& ec) {
-            if (ec) return;
-            const auto self = weak.lock();
-            if (!self || self->generation_ != generation) return;
-            self->timed_out_ = true;
-            self->close();
-        });
+    watchdog_.arm(limit, weak_from_this());
 }
 
 void redis_connection::disarm() {
-    ++generation_;
-    watchdog_.cancel();
+    watchdog_.disarm();
 }
 
 void redis_connection::close() noexcept {
@@ -112,7 +92,7 @@ int redis_connection::native_handle() const noexcept {
 }
 
 bool redis_connection::is_reusable() const noexcept {
-    if (failed_ || timed_out_) return false;
+    if (failed_ || watchdog_.timed_out()) return false;
     const int fd = native_handle();
     if (fd < 0) return false;
     char byte = 0;
@@ -125,7 +105,7 @@ error redis_connection::failure(const std::string& step, const std::error_code& 
                                 bool limit_is_callers) {
     failed_ = true;
     close();
-    if (timed_out_) {
+    if (watchdog_.timed_out()) {
         if (limit_is_callers) {
             return make_error(errc::deadline_exceeded,
                               "the deadline passed " + step + " Redis at " + where_);
@@ -167,19 +147,19 @@ asio::awaitable<result<void>> redis_connection::async_open(deadline limit, bool 
     if (config_.kind == redis_config::transport::unix_socket) {
         const asio::local::stream_protocol::endpoint endpoint(config_.socket_path);
         auto connected = co_await unix_.async_connect(endpoint, use_tuple);
-        if (const auto ec = std::get<0>(connected); ec || timed_out_) {
+        if (const auto ec = std::get<0>(connected); ec || watchdog_.timed_out()) {
             co_return failure("connecting to", ec, limit_is_callers);
         }
     } else {
         const auto port = std::to_string(config_.port);
         auto resolved = co_await resolver_.async_resolve(config_.host, port, use_tuple);
         auto& [resolve_error, endpoints] = resolved;
-        if (resolve_error || timed_out_) {
+        if (resolve_error || watchdog_.timed_out()) {
             co_return failure("resolving the host of", resolve_error, limit_is_callers);
         }
         auto& socket = tls_ ? tls_->next_layer() : plain_;
         auto connected = co_await asio::async_connect(socket, endpoints, use_tuple);
-        if (const auto ec = std::get<0>(connected); ec || timed_out_) {
+        if (const auto ec = std::get<0>(connected); ec || watchdog_.timed_out()) {
             co_return failure("connecting to", ec, limit_is_callers);
         }
         std::error_code ignored;
@@ -192,7 +172,8 @@ asio::awaitable<result<void>> redis_connection::async_open(deadline limit, bool 
             }
             auto shaken = co_await tls_->async_handshake(asio::ssl::stream_base::client, use_tuple);
             const auto ec = std::get<0>(shaken);
-            if (timed_out_) co_return failure("in the TLS handshake with", ec, limit_is_callers);
+            if (watchdog_.timed_out())
+                co_return failure("in the TLS handshake with", ec, limit_is_callers);
             if (ec) {
                 const auto why = http::describe_handshake_failure(*tls_, ec);
                 failed_ = true;
@@ -242,14 +223,15 @@ asio::awaitable<result<void>> redis_connection::async_open(deadline limit, bool 
 
 asio::awaitable<result<std::vector<redis_reply>>> redis_connection::async_exchange(
     std::span<const redis_command> commands, deadline limit, bool limit_is_callers) {
-    if (failed_ || timed_out_) {
+    if (failed_ || watchdog_.timed_out()) {
         co_return make_error(unavailable_code, "Redis at " + where_ + ": the connection is closed");
     }
     std::string out;
     for (const auto& command : commands) append_command(out, command);
     arm(limit);
     const auto write_error = co_await async_write_all(out);
-    if (write_error || timed_out_) co_return failure("writing to", write_error, limit_is_callers);
+    if (write_error || watchdog_.timed_out())
+        co_return failure("writing to", write_error, limit_is_callers);
     std::vector<redis_reply> replies;
     replies.reserve(commands.size());
     while (replies.size() < commands.size()) {
@@ -272,7 +254,7 @@ asio::awaitable<result<std::vector<redis_reply>>> redis_connection::async_exchan
         }
         auto read = co_await async_read_some(asio::buffer(buffer_));
         auto& [read_error, n] = read;
-        if (read_error || timed_out_)
+        if (read_error || watchdog_.timed_out())
             co_return failure("reading from", read_error, limit_is_callers);
         auto fed = reader_.feed(std::string_view(buffer_.data(), n));
         if (!fed) {

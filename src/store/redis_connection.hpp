@@ -12,6 +12,7 @@
 #include <moat/redis_session_store.hpp>
 #include <moat/result.hpp>
 
+#include "http/connection_pool.hpp"
 #include "http/tls.hpp"
 #include "store/redis_reply.hpp"
 
@@ -33,7 +34,8 @@ inline constexpr errc unavailable_code = errc::store_unavailable;
 
 using redis_command = std::vector<std::string>;
 
-class redis_connection : public std::enable_shared_from_this<redis_connection> {
+class redis_connection : public http::pooled_connection,
+                         public std::enable_shared_from_this<redis_connection> {
   public:
     // `tls` is the client context for rediss://, null otherwise.
     redis_connection(asio::any_io_executor executor, const redis_config& config,
@@ -54,8 +56,8 @@ class redis_connection : public std::enable_shared_from_this<redis_connection> {
 
     // Open, not failed, and (checked without blocking) not closed by the peer, nothing unasked
     // waiting.
-    bool is_reusable() const noexcept;
-    void close() noexcept;
+    bool is_reusable() const noexcept override;
+    void close() noexcept override;
 
   private:
     void arm(deadline limit);
@@ -74,12 +76,10 @@ class redis_connection : public std::enable_shared_from_this<redis_connection> {
     asio::ip::tcp::socket plain_;
     std::unique_ptr<http::tls_stream> tls_;
     asio::local::stream_protocol::socket unix_;
-    asio::steady_timer watchdog_;
     reply_reader reader_;
     std::vector<char> buffer_;
-    std::uint64_t generation_ = 0;
-    bool timed_out_ = false;
     bool failed_ = false;
+    http::connection_watchdog watchdog_;
 };
 
 }  // namespace moat::store

@@ -153,9 +153,14 @@ asio::awaitable<void> unary_worker(worker_state w) {
     }
 }
 
+// Stops the io_context when the last worker ends: the client's pool keeps it busy while it has
+// idle connections (its idle sweep).
 struct count_down {
     std::size_t* left;
-    void operator()(std::exception_ptr) const { --*left; }
+    asio::io_context* io;
+    void operator()(std::exception_ptr) const {
+        if (--*left == 0) io->stop();
+    }
 };
 
 asio::awaitable<void> stream_once(http::client& client, std::string url, client_run& run) {
@@ -193,7 +198,8 @@ client_run run_moat_client(const http_bench_options& o, const std::string& base)
 
     latency_samples warmup{"warmup", {}, 0};
     std::size_t left = 1;
-    asio::co_spawn(io, unary_worker({&client, small, warmup_requests, &warmup}), count_down{&left});
+    asio::co_spawn(io, unary_worker({&client, small, warmup_requests, &warmup}),
+                   count_down{&left, &io});
     io.run();
     io.restart();
 
@@ -201,14 +207,16 @@ client_run run_moat_client(const http_bench_options& o, const std::string& base)
     const auto t0 = clock_type::now();
     for (std::size_t w = 0; w < o.concurrency; ++w) {
         const std::size_t count = o.n / o.concurrency + (w < o.n % o.concurrency ? 1 : 0);
-        asio::co_spawn(io, unary_worker({&client, small, count, &run.unary}), count_down{&left});
+        asio::co_spawn(io, unary_worker({&client, small, count, &run.unary}),
+                       count_down{&left, &io});
     }
     io.run();
     io.restart();
     run.elapsed_s = std::chrono::duration<double>(clock_type::now() - t0).count();
 
     const auto stream_url = base + "/stream?bytes=" + std::to_string(o.stream_mib << 20);
-    asio::co_spawn(io, stream_once(client, stream_url, run), count_down{&left});
+    left = 1;
+    asio::co_spawn(io, stream_once(client, stream_url, run), count_down{&left, &io});
     io.run();
     run.ok = run.why.empty() && run.unary.failures == 0;
     return run;
