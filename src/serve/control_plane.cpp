@@ -666,9 +666,9 @@ constexpr route_spec routes[] = {
 
 }  // namespace
 
-control_plane::control_plane(serve_context& context, http::server_options options)
-    : state_(std::make_shared<state>(context, std::move(options))) {
-    auto* s = state_.get();  // the server (and its handlers) live inside the state
+control_plane::control_plane(serve_context& context, http::server_options options) {
+    auto owned = std::make_shared<state>(context, std::move(options));
+    auto* s = owned.get();  // the server (and its handlers) live inside the state
     http::route_options body_cap;
     body_cap.max_body_bytes = protocol::max_request_body_bytes;
     const auto add = [&](const char* method, const char* path, control_handler run,
@@ -682,17 +682,7 @@ control_plane::control_plane(serve_context& context, http::server_options option
     };
     add("GET", "/health", health, false);
     for (const auto& r : routes) add(r.method, r.path, r.run, true);
-}
-
-control_plane::~control_plane() = default;
-
-result<asio::ip::tcp::endpoint> control_plane::start() {
-    return state_->server.start();
-}
-
-asio::awaitable<void> control_plane::async_stop(std::chrono::milliseconds grace) {
-    auto s = state_;
-    co_await s->server.async_stop(grace);
+    hold(std::move(owned));
 }
 
 }  // namespace moat::serve
