@@ -230,18 +230,36 @@ follow_options stream_options(const envd_call& call) {
     return options;
 }
 
-// A streaming call's body, parsed by `parse`; nullopt once the stream is ended with why not.
+// Answers a process call with an error: the end of its stream (Start, Connect: `stream` set) or
+// the unary error.
+asio::awaitable<void> refuse(envd_call& call, connect_stream* stream, code c,
+                             std::string_view message) {
+    if (stream) {
+        (void)co_await stream->async_end(c, message);
+    } else {
+        (void)co_await async_send_unary_error(call.response, c, message);
+    }
+}
+
+// A call's request message (the unary body, or with `stream` the stream's one message), parsed
+// by `parse`; nullopt once the call is answered with why not.
 template <class T, class Parse>
-asio::awaitable<std::optional<T>> read_stream(envd_call& call, connect_stream& stream,
-                                              Parse parse) {
-    auto body = co_await async_read_stream_request(call.request);
+asio::awaitable<std::optional<T>> read_request(envd_call& call, connect_stream* stream,
+                                               Parse parse) {
+    result<std::string> body;
+    if (stream) {
+        body = co_await async_read_stream_request(call.request);
+    } else {
+        body = co_await async_read_unary_request(call.request);
+    }
     if (!body) {
-        co_await end_with(stream, body.error());
+        const auto c = code_of(body.error());
+        co_await refuse(call, stream, c, body.error().detail);
         co_return std::nullopt;
     }
     auto parsed = parse(*body);
     if (!parsed) {
-        (void)co_await stream.async_end(code::invalid_argument, parsed.error().detail);
+        co_await refuse(call, stream, code::invalid_argument, parsed.error().detail);
         co_return std::nullopt;
     }
     co_return std::move(*parsed);
@@ -279,8 +297,8 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
     auto options = stream_options(call);
     options.is_start = true;
-    auto parsed =
-        co_await read_stream<protocol::start_request>(call, stream, protocol::parse_start_request);
+    auto parsed = co_await read_request<protocol::start_request>(call, &stream,
+                                                                 protocol::parse_start_request);
     if (!parsed) co_return;
     if (parsed->has_pty) {
         const std::string message =
@@ -355,7 +373,7 @@ asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
     const auto options = stream_options(call);
     auto selector =
-        co_await read_stream<process_selector>(call, stream, protocol::parse_selector_request);
+        co_await read_request<process_selector>(call, &stream, protocol::parse_selector_request);
     if (!selector) co_return;
     auto table = existing_table(service, call.sandbox);
     result<process_table::subscription> subscription = not_found(*selector);
@@ -368,27 +386,10 @@ asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
     co_await start_and_follow(stream, *subscription, pid, options);
 }
 
-// Answers a unary call with a moat error, as the Connect code it maps to.
-asio::awaitable<void> send_unary_error(envd_call& call, const error& e) {
-    const auto c = code_of(e);
-    (void)co_await async_send_unary_error(call.response, c, e.detail);
-}
-
-// The unary calls: the body, parsed; an error already answered when it fails.
+// The unary calls' request message, parsed; nullopt once the error is answered.
 template <class T, class Parse>
 asio::awaitable<std::optional<T>> read_unary(envd_call& call, Parse parse) {
-    auto body = co_await async_read_unary_request(call.request);
-    if (!body) {
-        co_await send_unary_error(call, body.error());
-        co_return std::nullopt;
-    }
-    auto parsed = parse(*body);
-    if (!parsed) {
-        (void)co_await async_send_unary_error(call.response, code::invalid_argument,
-                                              parsed.error().detail);
-        co_return std::nullopt;
-    }
-    co_return std::move(*parsed);
+    return read_request<T>(call, nullptr, parse);
 }
 
 deadline unary_deadline(const envd_call& call) {
@@ -402,7 +403,8 @@ asio::awaitable<void> answer(envd_call& call, const result<void>& outcome) {
         (void)co_await async_send_unary(call.response, "{}");
         co_return;
     }
-    co_await send_unary_error(call, outcome.error());
+    const auto c = code_of(outcome.error());
+    co_await refuse(call, nullptr, c, outcome.error().detail);
 }
 
 result<std::string> parse_list(std::string_view json) {
