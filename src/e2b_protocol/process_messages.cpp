@@ -61,6 +61,17 @@ result<process_selector> selected(std::string_view json, std::string_view messag
     return selector_of(doc.root);
 }
 
+// The same, as a Request (SendInput, SendSignal, Update) whose `process` is that selector.
+template <class Request>
+result<Request> selected_request(std::string_view json, std::string_view message,
+                                 detail::document& doc) {
+    auto selector = selected(json, message, doc);
+    if (!selector) return std::move(selector).error();
+    Request out;
+    out.process = std::move(*selector);
+    return out;
+}
+
 bool has_object(const object& o, std::string_view name) {
     auto e = field(o, name);
     object inner;
@@ -357,12 +368,9 @@ std::string encode_send_input_request(const send_input_request& r) {
 
 result<send_input_request> parse_send_input_request(std::string_view json) {
     detail::document doc;
-    auto selector = selected(json, "SendInput", doc);
-    if (!selector) return std::move(selector).error();
-    const object& request = doc.root;
-    send_input_request out;
-    out.process = std::move(*selector);
-    auto in = field(request, "input");
+    auto out = selected_request<send_input_request>(json, "SendInput", doc);
+    if (!out) return out;
+    auto in = field(doc.root, "input");
     object input;
     if (!in || in->get_object().get(input) != simdjson::SUCCESS) {
         return invalid("the SendInput request has no \"input\" object");
@@ -374,14 +382,14 @@ result<send_input_request> parse_send_input_request(std::string_view json) {
     } else if (auto p = field(input, "pty")) {
         if (p->get_string().get(text) != simdjson::SUCCESS)
             return invalid("input.pty must be base64");
-        out.is_pty = true;
+        out->is_pty = true;
     } else {
         return invalid("input names neither stdin nor pty");
     }
     auto bytes = base64_decode(text);
     if (!bytes)
-        return invalid(out.is_pty ? "input.pty is not base64" : "input.stdin is not base64");
-    out.bytes = std::move(*bytes);
+        return invalid(out->is_pty ? "input.pty is not base64" : "input.stdin is not base64");
+    out->bytes = std::move(*bytes);
     return out;
 }
 
@@ -398,36 +406,30 @@ std::optional<std::string> encode_send_signal_request(const send_signal_request&
 
 result<send_signal_request> parse_send_signal_request(std::string_view json) {
     detail::document doc;
-    auto selector = selected(json, "SendSignal", doc);
-    if (!selector) return std::move(selector).error();
-    const object& request = doc.root;
-    send_signal_request out;
-    out.process = std::move(*selector);
-    out.name = "SIGNAL_UNSPECIFIED";
-    if (auto e = field(request, "signal")) {
+    auto out = selected_request<send_signal_request>(json, "SendSignal", doc);
+    if (!out) return out;
+    out->name = "SIGNAL_UNSPECIFIED";
+    if (auto e = field(doc.root, "signal")) {
         std::string_view name;
         std::int64_t number = 0;
         if (e->get_string().get(name) == simdjson::SUCCESS) {
-            out.name = std::string(name);
+            out->name = std::string(name);
         } else if (e->get_int64().get(number) == simdjson::SUCCESS) {
-            out.name = std::to_string(number);
+            out->name = std::to_string(number);
         } else {
             return invalid("signal must be a Signal name or number");
         }
-        if (out.name == "SIGNAL_SIGKILL" || number == SIGKILL) out.signal = SIGKILL;
-        if (out.name == "SIGNAL_SIGTERM" || number == SIGTERM) out.signal = SIGTERM;
+        if (out->name == "SIGNAL_SIGKILL" || number == SIGKILL) out->signal = SIGKILL;
+        if (out->name == "SIGNAL_SIGTERM" || number == SIGTERM) out->signal = SIGTERM;
     }
     return out;
 }
 
 result<update_request> parse_update_request(std::string_view json) {
     detail::document doc;
-    auto selector = selected(json, "Update", doc);
-    if (!selector) return std::move(selector).error();
-    const object& request = doc.root;
-    update_request out;
-    out.process = std::move(*selector);
-    out.has_pty = has_object(request, "pty");
+    auto out = selected_request<update_request>(json, "Update", doc);
+    if (!out) return out;
+    out->has_pty = has_object(doc.root, "pty");
     return out;
 }
 

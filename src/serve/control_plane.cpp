@@ -224,19 +224,29 @@ result<sandbox_network> narrow_network(const sandbox_network& operator_network,
 
 namespace {
 
-// The whole request body; on failure the 400 is sent and nothing is returned.
-asio::awaitable<std::optional<std::string>> read_body_or_400(control_call& call) {
-    auto body = co_await call.request.async_read_body();
-    if (body) co_return std::move(*body);
-    std::string message = "cannot read the request: " + body.error().detail;
-    co_await send_error(call.response, 400, std::move(message));
-    co_return std::nullopt;
-}
-
 // A request the parser refused: 400 with the parser's detail.
 asio::awaitable<void> send_bad_request(http::server_response& response, const error& e) {
     std::string message = e.detail;
     co_await send_error(response, 400, std::move(message));
+}
+
+// The whole request body, parsed by `parse`; when either fails the 400 is sent and nothing is
+// returned.
+template <class Parsed>
+asio::awaitable<std::optional<Parsed>> parsed_body_or_400(
+    control_call& call, result<Parsed> (*parse)(std::string_view)) {
+    auto body = co_await call.request.async_read_body();
+    if (!body) {
+        std::string message = "cannot read the request: " + body.error().detail;
+        co_await send_error(call.response, 400, std::move(message));
+        co_return std::nullopt;
+    }
+    auto parsed = parse(*body);
+    if (!parsed) {
+        co_await send_bad_request(call.response, parsed.error());
+        co_return std::nullopt;
+    }
+    co_return std::move(*parsed);
 }
 
 // A moat error as the status E2B would answer, its text as the message.
@@ -279,13 +289,8 @@ struct creating_guard {
 
 asio::awaitable<void> create(control_call& call, api_version version) {
     auto& context = call.s.context;
-    auto body = co_await read_body_or_400(call);
-    if (!body) co_return;
-    auto parsed = protocol::parse_create_request(*body);
-    if (!parsed) {
-        co_await send_bad_request(call.response, parsed.error());
-        co_return;
-    }
+    auto parsed = co_await parsed_body_or_400(call, protocol::parse_create_request);
+    if (!parsed) co_return;
     if (parsed->template_id.empty()) parsed->template_id = "base";
     if (parsed->template_id != "base") {
         std::string message = "template '" + parsed->template_id +
@@ -419,53 +424,53 @@ asio::awaitable<bool> move_end_or_fail(control_call& call, registry_entry& e,
     co_return false;
 }
 
-asio::awaitable<void> set_timeout(control_call& call) {
+// The sandbox the path names (else 404), the body parsed (else 400) and the sandbox's end moved
+// (set: to `ttl_of` the body from now; otherwise only ever later) (else the failure, answered):
+// the entry once moved, null once answered. setTimeout, refreshes and connect.
+template <class Parsed>
+asio::awaitable<std::shared_ptr<registry_entry>> move_end_by_body(
+    control_call& call, result<Parsed> (*parse)(std::string_view),
+    std::chrono::seconds (*ttl_of)(const Parsed&), bool set) {
     auto entry = co_await find_or_404(call);
-    if (!entry) co_return;
-    auto body = co_await read_body_or_400(call);
-    if (!body) co_return;
-    auto timeout = protocol::parse_timeout_request(*body);
-    if (!timeout) {
-        co_await send_bad_request(call.response, timeout.error());
-        co_return;
-    }
-    const std::chrono::milliseconds ttl = std::chrono::seconds(*timeout);
-    const bool moved = co_await move_end_or_fail(call, *entry, ttl, true);
-    if (!moved) co_return;
-    co_await send_no_content(call.response);
+    if (!entry) co_return nullptr;
+    auto parsed = co_await parsed_body_or_400(call, parse);
+    if (!parsed) co_return nullptr;
+    const std::chrono::milliseconds ttl = ttl_of(*parsed);
+    const bool moved = co_await move_end_or_fail(call, *entry, ttl, set);
+    if (!moved) co_return nullptr;
+    co_return entry;
+}
+
+std::chrono::seconds timeout_ttl(const std::int64_t& seconds) {
+    return std::chrono::seconds(seconds);
+}
+
+// Refreshes: 15 s when the duration is absent, and never less.
+std::chrono::seconds refresh_ttl(const std::optional<std::int64_t>& duration) {
+    return std::chrono::seconds(std::max<std::int64_t>(15, duration.value_or(15)));
+}
+
+// Connect: 300 s when the timeout is absent.
+std::chrono::seconds connect_ttl(const std::optional<std::int64_t>& timeout) {
+    return std::chrono::seconds(timeout.value_or(300));
+}
+
+asio::awaitable<void> set_timeout(control_call& call) {
+    auto entry =
+        co_await move_end_by_body(call, protocol::parse_timeout_request, timeout_ttl, true);
+    if (entry) co_await send_no_content(call.response);
 }
 
 asio::awaitable<void> refresh(control_call& call) {
-    auto entry = co_await find_or_404(call);
-    if (!entry) co_return;
-    auto body = co_await read_body_or_400(call);
-    if (!body) co_return;
-    auto duration = protocol::parse_refresh_request(*body);
-    if (!duration) {
-        co_await send_bad_request(call.response, duration.error());
-        co_return;
-    }
-    const std::int64_t seconds = std::max<std::int64_t>(15, duration->value_or(15));
-    const std::chrono::seconds ttl(seconds);
-    const bool extended = co_await move_end_or_fail(call, *entry, ttl, false);
-    if (!extended) co_return;
-    co_await send_no_content(call.response);
+    auto entry =
+        co_await move_end_by_body(call, protocol::parse_refresh_request, refresh_ttl, false);
+    if (entry) co_await send_no_content(call.response);
 }
 
 asio::awaitable<void> connect(control_call& call) {
-    auto entry = co_await find_or_404(call);
+    auto entry =
+        co_await move_end_by_body(call, protocol::parse_connect_request, connect_ttl, false);
     if (!entry) co_return;
-    auto body = co_await read_body_or_400(call);
-    if (!body) co_return;
-    auto timeout = protocol::parse_connect_request(*body);
-    if (!timeout) {
-        co_await send_bad_request(call.response, timeout.error());
-        co_return;
-    }
-    const std::int64_t seconds = timeout->value_or(300);
-    const std::chrono::seconds ttl(seconds);
-    const bool extended = co_await move_end_or_fail(call, *entry, ttl, false);
-    if (!extended) co_return;
     std::string reply = sandbox_reply_of(*entry);
     co_await send_json(call.response, 200, std::move(reply));
 }
@@ -661,9 +666,9 @@ constexpr route_spec routes[] = {
 
 }  // namespace
 
-control_plane::control_plane(serve_context& context, http::server_options options)
-    : state_(std::make_shared<state>(context, std::move(options))) {
-    auto* s = state_.get();  // the server (and its handlers) live inside the state
+control_plane::control_plane(serve_context& context, http::server_options options) {
+    auto owned = std::make_shared<state>(context, std::move(options));
+    auto* s = owned.get();  // the server (and its handlers) live inside the state
     http::route_options body_cap;
     body_cap.max_body_bytes = protocol::max_request_body_bytes;
     const auto add = [&](const char* method, const char* path, control_handler run,
@@ -677,17 +682,7 @@ control_plane::control_plane(serve_context& context, http::server_options option
     };
     add("GET", "/health", health, false);
     for (const auto& r : routes) add(r.method, r.path, r.run, true);
-}
-
-control_plane::~control_plane() = default;
-
-result<asio::ip::tcp::endpoint> control_plane::start() {
-    return state_->server.start();
-}
-
-asio::awaitable<void> control_plane::async_stop(std::chrono::milliseconds grace) {
-    auto s = state_;
-    co_await s->server.async_stop(grace);
+    hold(std::move(owned));
 }
 
 }  // namespace moat::serve

@@ -24,6 +24,7 @@
 
 #include "e2b_protocol/sandbox_requests.hpp"
 #include "http/server.hpp"
+#include "serve/http_listener.hpp"
 #include "serve/serve_context.hpp"
 
 #include <moat/result.hpp>
@@ -53,18 +54,11 @@ inline constexpr std::string_view reported_envd_version = "0.6.4";
 result<sandbox_network> narrow_network(const sandbox_network& operator_network,
                                        const e2b_protocol::create_request& request);
 
-class control_plane {
+class control_plane : public http_listener {
   public:
     control_plane(serve_context& context, http::server_options options);
-    ~control_plane();
-
-    result<asio::ip::tcp::endpoint> start();
-    asio::awaitable<void> async_stop(std::chrono::milliseconds grace);
 
     struct state;
-
-  private:
-    std::shared_ptr<state> state_;
 };
 
 }  // namespace moat::serve

@@ -178,8 +178,7 @@ struct checked_request {
     std::string path;  // resolved
 };
 
-std::optional<std::pair<int, std::string>> check_request(envd_call& call, checked_request& out,
-                                                         bool path_required) {
+std::optional<std::pair<int, std::string>> check_request(envd_call& call, checked_request& out) {
     auto parsed = parse_file_request(call.request);
     if (!parsed) return std::pair(400, parsed.error().detail);
     out.query = std::move(*parsed);
@@ -187,8 +186,6 @@ std::optional<std::pair<int, std::string>> check_request(envd_call& call, checke
         *out.query.username != sandbox_user(*call.sandbox))
         return std::pair(401, "error looking up user '" + out.query.username->substr(0, 64) +
                                   "': no such user in this sandbox");
-    if (path_required && !out.query.path)
-        return std::pair(400, std::string("the path query parameter is required"));
     if (out.query.path) {
         auto resolved = resolve_envd_path(*out.query.path, sandbox_home(*call.sandbox));
         if (!resolved) return std::pair(400, resolved.error().detail);
@@ -197,14 +194,27 @@ std::optional<std::pair<int, std::string>> check_request(envd_call& call, checke
     return std::nullopt;
 }
 
+// check_request, with its refusal answered: false then.
+asio::awaitable<bool> check_or_refuse(envd_call& call, checked_request& out) {
+    auto refused = check_request(call, out);
+    if (!refused) co_return true;
+    const int status = refused->first;
+    auto message = std::move(refused->second);
+    co_await send_json_error(call, status, message);
+    co_return false;
+}
+
+// Answers a per-path file error: its status (status_of) and its detail.
+asio::awaitable<void> send_file_error(envd_call& call, const error& e) {
+    const int status = status_of(e);
+    const std::string message = e.detail;
+    co_await send_json_error(call, status, message);
+}
+
 asio::awaitable<void> get_file(envd_call& call) {
     checked_request checked;
-    if (auto refused = check_request(call, checked, false)) {
-        const int status = refused->first;
-        auto message = std::move(refused->second);
-        co_await send_json_error(call, status, message);
-        co_return;
-    }
+    const bool accepted = co_await check_or_refuse(call, checked);
+    if (!accepted) co_return;
     if (!checked.query.path) checked.path = sandbox_home(*call.sandbox);
     auto path = checked.path;
     auto opened =
@@ -394,12 +404,8 @@ asio::awaitable<result<void>> async_write_one(envd_call& call, const std::string
 
 asio::awaitable<void> post_file(envd_call& call) {
     checked_request checked;
-    if (auto refused = check_request(call, checked, false)) {
-        const int status = refused->first;
-        auto message = std::move(refused->second);
-        co_await send_json_error(call, status, message);
-        co_return;
-    }
+    const bool accepted = co_await check_or_refuse(call, checked);
+    if (!accepted) co_return;
     // envd's encodings: none, identity or gzip, for the whole body.
     bool gzip = false;
     if (auto encoding = call.request.headers().find("content-encoding"); encoding) {
@@ -430,9 +436,7 @@ asio::awaitable<void> post_file(envd_call& call) {
         auto path = checked.path;
         auto done = co_await async_write_one(call, path, *metadata, std::move(source));
         if (!done) {
-            const int status = status_of(done.error());
-            auto message = done.error().detail;
-            co_await send_json_error(call, status, message);
+            co_await send_file_error(call, done.error());
             co_return;
         }
         written.push_back(checked.path);
@@ -447,9 +451,7 @@ asio::awaitable<void> post_file(envd_call& call) {
         while (true) {
             auto next = co_await reader.async_next();
             if (!next) {
-                const int status = status_of(next.error());
-                auto message = next.error().detail;
-                co_await send_json_error(call, status, message);
+                co_await send_file_error(call, next.error());
                 co_return;
             }
             if (!*next) break;
@@ -488,9 +490,7 @@ asio::awaitable<void> post_file(envd_call& call) {
             byte_source source = part_source{&reader};
             auto done = co_await async_write_one(call, path, *metadata, std::move(source));
             if (!done) {
-                const int status = status_of(done.error());
-                auto message = done.error().detail;
-                co_await send_json_error(call, status, message);
+                co_await send_file_error(call, done.error());
                 co_return;
             }
             written.push_back(std::move(path));
@@ -506,9 +506,7 @@ asio::awaitable<void> post_file(envd_call& call) {
         files[i].name = base_name(written[i]);
     }
     if (auto filled = co_await async_fill_metadata(*call.sandbox, files); !filled) {
-        const int status = status_of(filled.error());
-        auto message = filled.error().detail;
-        co_await send_json_error(call, status, message);
+        co_await send_file_error(call, filled.error());
         co_return;
     }
     http::header_list headers;

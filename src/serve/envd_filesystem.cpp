@@ -129,107 +129,112 @@ outcome entry_response(const entry_info& entry) {
     return ok(protocol::encode_entry_response(entry));
 }
 
-// The common start of every handler: the user check and the request, parsed by `parse` into
-// `out`; the refusal when either fails.
+// Each request's paths, resolved in place against the user's home.
+result<void> resolve_paths(std::string& path, const registry_entry& sandbox) {
+    auto resolved = resolve(path, sandbox);
+    if (!resolved) return resolved.error();
+    path = std::move(*resolved);
+    return {};
+}
+result<void> resolve_paths(protocol::list_dir_request& request, const registry_entry& sandbox) {
+    return resolve_paths(request.path, sandbox);
+}
+result<void> resolve_paths(protocol::move_request& request, const registry_entry& sandbox) {
+    if (auto source = resolve_paths(request.source, sandbox); !source) return source;
+    return resolve_paths(request.destination, sandbox);
+}
+
+// One filesystem RPC: its request's parser, the command its (resolved) request runs, at most
+// how much that may print, and the answer to what it ran.
 template <class Request>
-asio::awaitable<std::optional<outcome>> async_read(envd_call& call,
-                                                   result<Request> (*parse)(std::string_view),
-                                                   Request& out) {
+struct command_rpc {
+    result<Request> (*parse)(std::string_view);
+    std::vector<std::string> (*command)(const Request&);
+    std::size_t output_cap;
+    outcome (*answer)(const Request&, const command_outcome&);
+};
+
+// Every command RPC: the user check, the request read, parsed and its paths resolved, the command
+// run; a refusal (invalid_argument, unauthenticated) or the command's error when one fails.
+template <class Request, const command_rpc<Request>& Rpc>
+asio::awaitable<outcome> run_rpc(envd_call& call) {
     if (auto refused = check_rpc_user(call))
         co_return fail(connect::code::unauthenticated, *refused);
     auto body = co_await async_read_unary_request(call.request);
     if (!body) co_return fail(connect::code::invalid_argument, body.error().detail);
-    auto parsed = parse(*body);
-    if (!parsed) co_return fail(connect::code::invalid_argument, parsed.error().detail);
-    out = std::move(*parsed);
-    co_return std::nullopt;
-}
-
-asio::awaitable<outcome> stat(envd_call& call) {
-    std::string sent;
-    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
-        co_return std::move(*refused);
-    auto path = resolve(sent, *call.sandbox);
-    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
-    auto argv = stat_command(*path);
-    auto ran = co_await async_run(call, std::move(argv));
+    auto sent = Rpc.parse(*body);
+    if (!sent) co_return fail(connect::code::invalid_argument, sent.error().detail);
+    if (auto resolved = resolve_paths(*sent, *call.sandbox); !resolved)
+        co_return fail(connect::code::invalid_argument, resolved.error().detail);
+    auto argv = Rpc.command(*sent);
+    auto ran = co_await async_run(call, std::move(argv), Rpc.output_cap);
     if (!ran) co_return from_error(ran.error());
-    if (ran->exit_code == exit_not_found || ran->entries.size() != 1)
-        co_return fail(connect::code::not_found, "file not found: '" + *path + "'");
-    co_return entry_response(ran->entries[0]);
+    co_return Rpc.answer(*sent, *ran);
 }
 
-asio::awaitable<outcome> list_dir(envd_call& call) {
-    protocol::list_dir_request sent;
-    if (auto refused = co_await async_read(call, protocol::parse_list_dir_request, sent))
-        co_return std::move(*refused);
-    auto path = resolve(sent.path, *call.sandbox);
-    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
+outcome stat_answer(const std::string& path, const command_outcome& ran) {
+    if (ran.exit_code == exit_not_found || ran.entries.size() != 1)
+        return fail(connect::code::not_found, "file not found: '" + path + "'");
+    return entry_response(ran.entries[0]);
+}
+
+std::vector<std::string> list_dir_command(const protocol::list_dir_request& request) {
     // envd: 0 (unset) means the directory's own entries.
-    const std::uint32_t depth = sent.depth == 0 ? 1 : sent.depth;
-    auto argv = list_command(*path, depth);
-    auto ran = co_await async_run(call, std::move(argv), max_listing_bytes);
-    if (!ran) co_return from_error(ran.error());
-    if (ran->exit_code == exit_not_found)
-        co_return fail(connect::code::not_found, "directory not found: '" + *path + "'");
-    if (ran->exit_code == exit_not_directory)
-        co_return fail(connect::code::invalid_argument, "path is not a directory: '" + *path + "'");
-    co_return ok(protocol::encode_list_dir_response(ran->entries));
+    const std::uint32_t depth = request.depth == 0 ? 1 : request.depth;
+    return list_command(request.path, depth);
 }
 
-asio::awaitable<outcome> make_dir(envd_call& call) {
-    std::string sent;
-    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
-        co_return std::move(*refused);
-    auto path = resolve(sent, *call.sandbox);
-    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
-    auto argv = make_dir_command(*path);
-    auto ran = co_await async_run(call, std::move(argv));
-    if (!ran) co_return from_error(ran.error());
-    if (ran->exit_code == exit_already_exists)
-        co_return fail(connect::code::already_exists, "directory already exists: '" + *path + "'");
-    if (ran->exit_code == exit_not_directory)
-        co_return fail(connect::code::invalid_argument,
-                       "path already exists but it is not a directory: '" + *path + "'");
-    if (ran->entries.size() != 1)
-        co_return fail(connect::code::internal, "directory vanished once made: '" + *path + "'");
-    co_return entry_response(ran->entries[0]);
+outcome list_dir_answer(const protocol::list_dir_request& request, const command_outcome& ran) {
+    if (ran.exit_code == exit_not_found)
+        return fail(connect::code::not_found, "directory not found: '" + request.path + "'");
+    if (ran.exit_code == exit_not_directory)
+        return fail(connect::code::invalid_argument,
+                    "path is not a directory: '" + request.path + "'");
+    return ok(protocol::encode_list_dir_response(ran.entries));
 }
 
-asio::awaitable<outcome> move(envd_call& call) {
-    protocol::move_request sent;
-    if (auto refused = co_await async_read(call, protocol::parse_move_request, sent))
-        co_return std::move(*refused);
-    auto source = resolve(sent.source, *call.sandbox);
-    if (!source) co_return fail(connect::code::invalid_argument, source.error().detail);
-    auto destination = resolve(sent.destination, *call.sandbox);
-    if (!destination) co_return fail(connect::code::invalid_argument, destination.error().detail);
-    auto argv = move_command(*source, *destination);
-    auto ran = co_await async_run(call, std::move(argv));
-    if (!ran) co_return from_error(ran.error());
-    if (ran->exit_code == exit_not_found)
-        co_return fail(connect::code::not_found, "source file not found: '" + *source + "'");
-    if (ran->entries.size() != 1)
-        co_return fail(connect::code::internal, "moved entry vanished: '" + *destination + "'");
-    co_return entry_response(ran->entries[0]);
+outcome make_dir_answer(const std::string& path, const command_outcome& ran) {
+    if (ran.exit_code == exit_already_exists)
+        return fail(connect::code::already_exists, "directory already exists: '" + path + "'");
+    if (ran.exit_code == exit_not_directory)
+        return fail(connect::code::invalid_argument,
+                    "path already exists but it is not a directory: '" + path + "'");
+    if (ran.entries.size() != 1)
+        return fail(connect::code::internal, "directory vanished once made: '" + path + "'");
+    return entry_response(ran.entries[0]);
 }
 
-asio::awaitable<outcome> remove(envd_call& call) {
-    std::string sent;
-    if (auto refused = co_await async_read(call, protocol::parse_path_request, sent))
-        co_return std::move(*refused);
-    auto path = resolve(sent, *call.sandbox);
-    if (!path) co_return fail(connect::code::invalid_argument, path.error().detail);
-    auto argv = remove_command(*path);
-    auto ran = co_await async_run(call, std::move(argv));
-    if (!ran) co_return from_error(ran.error());
-    co_return ok("{}");
+std::vector<std::string> move_request_command(const protocol::move_request& request) {
+    return move_command(request.source, request.destination);
 }
 
-// Runs a handler and sends what it answered.
-template <asio::awaitable<outcome> (*Handler)(envd_call&)>
+outcome move_answer(const protocol::move_request& request, const command_outcome& ran) {
+    if (ran.exit_code == exit_not_found)
+        return fail(connect::code::not_found, "source file not found: '" + request.source + "'");
+    if (ran.entries.size() != 1)
+        return fail(connect::code::internal, "moved entry vanished: '" + request.destination + "'");
+    return entry_response(ran.entries[0]);
+}
+
+outcome remove_answer(const std::string&, const command_outcome&) {
+    return ok("{}");
+}
+
+constexpr command_rpc<std::string> stat_rpc{protocol::parse_path_request, stat_command,
+                                            max_entry_bytes, stat_answer};
+constexpr command_rpc<protocol::list_dir_request> list_dir_rpc{
+    protocol::parse_list_dir_request, list_dir_command, max_listing_bytes, list_dir_answer};
+constexpr command_rpc<std::string> make_dir_rpc{protocol::parse_path_request, make_dir_command,
+                                                max_entry_bytes, make_dir_answer};
+constexpr command_rpc<protocol::move_request> move_rpc{
+    protocol::parse_move_request, move_request_command, max_entry_bytes, move_answer};
+constexpr command_rpc<std::string> remove_rpc{protocol::parse_path_request, remove_command,
+                                              max_entry_bytes, remove_answer};
+
+// Runs a command RPC and sends what it answered.
+template <class Request, const command_rpc<Request>& Rpc>
 asio::awaitable<void> unary(envd_call& call) {
-    auto answer = co_await Handler(call);
+    auto answer = co_await run_rpc<Request, Rpc>(call);
     if (answer.code) {
         const auto code = *answer.code;
         (void)co_await async_send_unary_error(call.response, code, answer.text);
@@ -255,11 +260,12 @@ asio::awaitable<void> unimplemented_unary(envd_call& call) {
 }  // namespace
 
 void add_filesystem_service(envd_routes& routes, serve_context&) {
-    routes.add("POST", "/filesystem.Filesystem/Stat", unary<stat>);
-    routes.add("POST", "/filesystem.Filesystem/ListDir", unary<list_dir>);
-    routes.add("POST", "/filesystem.Filesystem/MakeDir", unary<make_dir>);
-    routes.add("POST", "/filesystem.Filesystem/Move", unary<move>);
-    routes.add("POST", "/filesystem.Filesystem/Remove", unary<remove>);
+    routes.add("POST", "/filesystem.Filesystem/Stat", unary<std::string, stat_rpc>);
+    routes.add("POST", "/filesystem.Filesystem/ListDir",
+               unary<protocol::list_dir_request, list_dir_rpc>);
+    routes.add("POST", "/filesystem.Filesystem/MakeDir", unary<std::string, make_dir_rpc>);
+    routes.add("POST", "/filesystem.Filesystem/Move", unary<protocol::move_request, move_rpc>);
+    routes.add("POST", "/filesystem.Filesystem/Remove", unary<std::string, remove_rpc>);
     routes.add("POST", "/filesystem.Filesystem/WatchDir", unimplemented_stream);
     for (const char* method : {"CreateWatcher", "GetWatcherEvents", "RemoveWatcher"})
         routes.add("POST", std::string("/filesystem.Filesystem/") + method, unimplemented_unary);

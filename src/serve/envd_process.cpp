@@ -158,6 +158,12 @@ std::string deadline_message(std::chrono::milliseconds timeout) {
            " ms (Connect-Timeout-Ms) and was killed";
 }
 
+// Ends the stream with a moat error, as the Connect code it maps to.
+asio::awaitable<void> end_with(connect_stream& stream, const error& e) {
+    const auto c = code_of(e);
+    (void)co_await stream.async_end(c, e.detail);
+}
+
 struct follow_options {
     std::chrono::seconds keepalive = default_keepalive;
     deadline stream_end;                               // the stream's Connect-Timeout-Ms
@@ -175,8 +181,7 @@ asio::awaitable<void> follow(connect_stream& stream, process_table::subscription
         const auto wake = earlier(keepalive_due, options.stream_end);
         auto next = co_await subscription.async_next(wake);
         if (!next) {
-            const auto c = code_of(next.error());
-            (void)co_await stream.async_end(c, next.error().detail);
+            co_await end_with(stream, next.error());
             co_return;
         }
         if (next->type == process_event::kind::output) {
@@ -214,6 +219,62 @@ asio::awaitable<void> follow(connect_stream& stream, process_table::subscription
     }
 }
 
+// A streaming call's (Start, Connect) options from its headers: the keep-alive period and the
+// stream's end by its Connect-Timeout-Ms.
+follow_options stream_options(const envd_call& call) {
+    follow_options options;
+    options.timeout = connect_timeout(call.request);
+    if (options.timeout && options.timeout->count() > 0)
+        options.stream_end = deadline::after(*options.timeout);
+    options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
+    return options;
+}
+
+// Answers a process call with an error: the end of its stream (Start, Connect: `stream` set) or
+// the unary error.
+asio::awaitable<void> refuse(envd_call& call, connect_stream* stream, code c,
+                             std::string_view message) {
+    if (stream) {
+        (void)co_await stream->async_end(c, message);
+    } else {
+        (void)co_await async_send_unary_error(call.response, c, message);
+    }
+}
+
+// A call's request message (the unary body, or with `stream` the stream's one message), parsed
+// by `parse`; nullopt once the call is answered with why not.
+template <class T, class Parse>
+asio::awaitable<std::optional<T>> read_request(envd_call& call, connect_stream* stream,
+                                               Parse parse) {
+    result<std::string> body;
+    if (stream) {
+        body = co_await async_read_stream_request(call.request);
+    } else {
+        body = co_await async_read_unary_request(call.request);
+    }
+    if (!body) {
+        const auto c = code_of(body.error());
+        co_await refuse(call, stream, c, body.error().detail);
+        co_return std::nullopt;
+    }
+    auto parsed = parse(*body);
+    if (!parsed) {
+        co_await refuse(call, stream, code::invalid_argument, parsed.error().detail);
+        co_return std::nullopt;
+    }
+    co_return std::move(*parsed);
+}
+
+// Sends the start event for `pid`, then follows the subscription.
+asio::awaitable<void> start_and_follow(connect_stream& stream,
+                                       process_table::subscription& subscription, std::uint32_t pid,
+                                       follow_options options) {
+    const auto started = encode_start_event(pid);
+    auto sent = co_await stream.async_send(started);
+    if (!sent) co_return;
+    co_await follow(stream, subscription, options);
+}
+
 // The reason a process that never started gives (its stderr, at most a line), read to its end
 // within `limit`.
 asio::awaitable<std::string> start_failure_reason(process& p, deadline limit) {
@@ -234,20 +295,11 @@ asio::awaitable<std::string> start_failure_reason(process& p, deadline limit) {
 
 asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
-    const auto timeout = connect_timeout(call.request);
-    deadline stream_end;
-    if (timeout && timeout->count() > 0) stream_end = deadline::after(*timeout);
-    auto body = co_await async_read_stream_request(call.request);
-    if (!body) {
-        const auto c = code_of(body.error());
-        (void)co_await stream.async_end(c, body.error().detail);
-        co_return;
-    }
-    auto parsed = protocol::parse_start_request(*body);
-    if (!parsed) {
-        (void)co_await stream.async_end(code::invalid_argument, parsed.error().detail);
-        co_return;
-    }
+    auto options = stream_options(call);
+    options.is_start = true;
+    auto parsed = co_await read_request<protocol::start_request>(call, &stream,
+                                                                 protocol::parse_start_request);
+    if (!parsed) co_return;
     if (parsed->has_pty) {
         const std::string message =
             "moat serve has no pty: run the command without one (commands.run) and write its "
@@ -257,8 +309,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     }
     auto table = table_for(service, call.sandbox);
     if (auto room = table->check_capacity(); !room) {
-        const auto c = code_of(room.error());
-        (void)co_await stream.async_end(c, room.error().detail);
+        co_await end_with(stream, room.error());
         co_return;
     }
     const auto user = user_of(*call.sandbox);
@@ -272,8 +323,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
             co_return;
         }
         if (!stat) {
-            const auto c = code_of(stat.error());
-            (void)co_await stream.async_end(c, stat.error().detail);
+            co_await end_with(stream, stat.error());
             co_return;
         }
     }
@@ -284,14 +334,13 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     request.env = process_environment(*call.sandbox, user, parsed->process.envs);
     request.cwd = cwd;
     request.wall_limit = exec_request::max_spawn_wall_limit;
-    if (timeout && timeout->count() > 0) {
-        request.wall_limit = std::min(*timeout, exec_request::max_spawn_wall_limit);
+    if (options.timeout && options.timeout->count() > 0) {
+        request.wall_limit = std::min(*options.timeout, exec_request::max_spawn_wall_limit);
     }
     auto spawned =
         co_await call.sandbox->handle->async_spawn(std::move(request), start_limit, lane::side);
     if (!spawned) {
-        const auto c = code_of(spawned.error());
-        (void)co_await stream.async_end(c, spawned.error().detail);
+        co_await end_with(stream, spawned.error());
         co_return;
     }
     if (spawned->pid() == 0) {
@@ -305,8 +354,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     }
     auto pid = table->add(std::move(*spawned), parsed->process, parsed->tag);
     if (!pid) {
-        const auto c = code_of(pid.error());
-        (void)co_await stream.async_end(c, pid.error().detail);
+        co_await end_with(stream, pid.error());
         co_return;
     }
     const auto selector = by_pid(*pid);
@@ -314,72 +362,34 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     // backpressure into the bounded buffer, and a fast printer would overrun it unread.
     auto subscription = table->subscribe(selector);
     if (!subscription) {
-        const auto c = code_of(subscription.error());
-        (void)co_await stream.async_end(c, subscription.error().detail);
+        co_await end_with(stream, subscription.error());
         co_return;
     }
     if (!parsed->stdin_open) (void)co_await table->async_close_stdin(selector);
-    const auto started = encode_start_event(*pid);
-    auto sent = co_await stream.async_send(started);
-    if (!sent) co_return;
-    follow_options options;
-    options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
-    options.stream_end = stream_end;
-    options.timeout = timeout;
-    options.is_start = true;
-    co_await follow(stream, *subscription, options);
+    co_await start_and_follow(stream, *subscription, *pid, options);
 }
 
 asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
-    const auto timeout = connect_timeout(call.request);
-    deadline stream_end;
-    if (timeout && timeout->count() > 0) stream_end = deadline::after(*timeout);
-    auto body = co_await async_read_stream_request(call.request);
-    if (!body) {
-        const auto c = code_of(body.error());
-        (void)co_await stream.async_end(c, body.error().detail);
-        co_return;
-    }
-    auto selector = protocol::parse_selector_request(*body);
-    if (!selector) {
-        (void)co_await stream.async_end(code::invalid_argument, selector.error().detail);
-        co_return;
-    }
+    const auto options = stream_options(call);
+    auto selector =
+        co_await read_request<process_selector>(call, &stream, protocol::parse_selector_request);
+    if (!selector) co_return;
     auto table = existing_table(service, call.sandbox);
     result<process_table::subscription> subscription = not_found(*selector);
     if (table) subscription = table->subscribe(*selector);
     if (!subscription) {
-        const auto c = code_of(subscription.error());
-        (void)co_await stream.async_end(c, subscription.error().detail);
+        co_await end_with(stream, subscription.error());
         co_return;
     }
-    const auto started = encode_start_event(subscription->pid());
-    auto sent = co_await stream.async_send(started);
-    if (!sent) co_return;
-    follow_options options;
-    options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
-    options.stream_end = stream_end;
-    options.timeout = timeout;
-    co_await follow(stream, *subscription, options);
+    const auto pid = subscription->pid();
+    co_await start_and_follow(stream, *subscription, pid, options);
 }
 
-// The unary calls: the body, parsed; an error already answered when it fails.
+// The unary calls' request message, parsed; nullopt once the error is answered.
 template <class T, class Parse>
 asio::awaitable<std::optional<T>> read_unary(envd_call& call, Parse parse) {
-    auto body = co_await async_read_unary_request(call.request);
-    if (!body) {
-        const auto c = code_of(body.error());
-        (void)co_await async_send_unary_error(call.response, c, body.error().detail);
-        co_return std::nullopt;
-    }
-    auto parsed = parse(*body);
-    if (!parsed) {
-        (void)co_await async_send_unary_error(call.response, code::invalid_argument,
-                                              parsed.error().detail);
-        co_return std::nullopt;
-    }
-    co_return std::move(*parsed);
+    return read_request<T>(call, nullptr, parse);
 }
 
 deadline unary_deadline(const envd_call& call) {
@@ -394,7 +404,7 @@ asio::awaitable<void> answer(envd_call& call, const result<void>& outcome) {
         co_return;
     }
     const auto c = code_of(outcome.error());
-    (void)co_await async_send_unary_error(call.response, c, outcome.error().detail);
+    co_await refuse(call, nullptr, c, outcome.error().detail);
 }
 
 result<std::string> parse_list(std::string_view json) {

@@ -145,35 +145,25 @@ envd_server::envd_server(serve_context& context, http::server_options options) {
         // Set a list so that accept_host is consulted (an empty list serves the loopback names).
         options.allowed_hosts = {"localhost"};
     }
-    state_ = std::make_shared<state>(context, std::move(options));
-    state_->routes.add("GET", "/health", serve_health);
-    add_process_service(state_->routes, context);
-    add_filesystem_service(state_->routes, context);
-    add_file_routes(state_->routes, context);
-    const auto& routes = state_->routes.routes();
+    auto owned = std::make_shared<state>(context, std::move(options));
+    owned->routes.add("GET", "/health", serve_health);
+    add_process_service(owned->routes, context);
+    add_filesystem_service(owned->routes, context);
+    add_file_routes(owned->routes, context);
+    const auto& routes = owned->routes.routes();
     for (std::size_t i = 0; i < routes.size(); ++i) {
         // The server (and so this handler) lives inside the state: a raw pointer, not a cycle.
-        auto* s = state_.get();
+        auto* s = owned.get();
         http::handler h = [s, i](http::server_request& request, http::server_response& response) {
             return handle_envd(s, i, request, response);
         };
         auto added =
-            state_->server.route(routes[i].method, routes[i].path, std::move(h), routes[i].options);
+            owned->server.route(routes[i].method, routes[i].path, std::move(h), routes[i].options);
         if (!added) {
             detail::log(log_level::error, "serve", "envd route: " + added.error().to_string());
         }
     }
-}
-
-envd_server::~envd_server() = default;
-
-result<asio::ip::tcp::endpoint> envd_server::start() {
-    return state_->server.start();
-}
-
-asio::awaitable<void> envd_server::async_stop(std::chrono::milliseconds grace) {
-    auto s = state_;
-    co_await s->server.async_stop(grace);
+    hold(std::move(owned));
 }
 
 }  // namespace moat::serve

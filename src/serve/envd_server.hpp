@@ -21,6 +21,7 @@
 
 #include "http/server.hpp"
 #include "serve/envd_service.hpp"
+#include "serve/http_listener.hpp"
 #include "serve/serve_context.hpp"
 
 #include <moat/result.hpp>
@@ -45,20 +46,13 @@ std::string_view sandbox_id_in_host(std::string_view host, std::string_view doma
 std::optional<std::string> requested_sandbox_id(const http::request_head& head,
                                                 std::string_view domain);
 
-class envd_server {
+class envd_server : public http_listener {
   public:
     // Registers every service's routes (add_process_service, add_filesystem_service,
     // add_file_routes) behind the demultiplexer. `options` is the listener's (TLS included).
     envd_server(serve_context& context, http::server_options options);
-    ~envd_server();
-
-    result<asio::ip::tcp::endpoint> start();
-    asio::awaitable<void> async_stop(std::chrono::milliseconds grace);
 
     struct state;
-
-  private:
-    std::shared_ptr<state> state_;
 };
 
 }  // namespace moat::serve
