@@ -331,10 +331,7 @@ int bench_command(int argc, char** argv) {
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
     if (what == "advise") return bench_advise(argc - 1, argv + 1);
-    if (what == "sweep") return bench_sweep(argc - 1, argv + 1);
-    if (what == "memory") return bench_memory(argc - 1, argv + 1);
-    if (what == "pool") return bench_pool(argc - 1, argv + 1);
-    if (what == "hostsize") return bench_hostsize(argc - 1, argv + 1);
+    if (auto code = bench_fleet(what, argc - 1, argv + 1)) return *code;
     if (what == "http") return bench_http(argc - 1, argv + 1);
     if (what == "serve") return bench_serve(argc - 1, argv + 1);
     if (what == "e2b") return bench_e2b(argc - 1, argv + 1);

@@ -159,6 +159,12 @@ std::optional<int> read_stdin_into(std::string_view command, exec_request& reque
     return std::nullopt;
 }
 
+int finish_command(std::string_view command, const std::string& id,
+                   const result<exec_result>& outcome, const command_flags& flags) {
+    if (flags.json) print_exec_json(id, outcome);
+    return exec_exit_code(command, outcome, flags.json, flags.request.wall_limit);
+}
+
 int run_command_with_backend(std::string_view command, command_flags& flags,
                              const std::function<asio::awaitable<int>(backend&)>& body) {
     if (flags.read_stdin) {

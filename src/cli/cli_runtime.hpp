@@ -59,6 +59,11 @@ bool write_for_terminal(int fd, std::string_view data, terminal_safe& safe, bool
 // (the error was printed) if it cannot.
 std::optional<int> read_stdin_into(std::string_view command, exec_request& request);
 
+// The end of run and exec: the JSON result on stdout when --json asked for it, then the exit code
+// (exec_exit_code).
+int finish_command(std::string_view command, const std::string& id,
+                   const result<exec_result>& outcome, const command_flags& flags);
+
 // run_with_backend(body) for a command that takes command_flags: stdin is read into the request
 // first when --stdin asked for it (read_stdin_into; its exit code when that fails).
 int run_command_with_backend(std::string_view command, command_flags& flags,

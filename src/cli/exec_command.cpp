@@ -45,8 +45,7 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
     auto box = std::move(*attached);
     const command_flags& c = o.command;
     auto outcome = co_await exec_for_terminal(box, c.request, c.json, c.raw);
-    if (c.json) print_exec_json(o.id, outcome);
-    co_return exec_exit_code("exec", outcome, c.json, c.request.wall_limit);
+    co_return finish_command("exec", o.id, outcome, c);
 }
 
 }  // namespace

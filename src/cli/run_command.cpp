@@ -70,8 +70,7 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await box->async_destroy();
 
-    if (c.json) print_exec_json(box->id(), outcome);
-    int code = exec_exit_code("run", outcome, c.json, c.request.wall_limit);
+    int code = finish_command("run", box->id(), outcome, c);
     if (!destroyed) {
         std::fprintf(stderr, "moat run: destroy of %s failed: %s\n", box->id().c_str(),
                      destroyed.error().to_string().c_str());

@@ -147,13 +147,26 @@ bool is_success(int status) {
     return status >= 200 && status < 300;
 }
 
-asio::awaitable<result<sandbox_reply>> post_sandbox(std::shared_ptr<state> s, call_spec c) {
+bool is_ok(int status) {
+    return status == 200;
+}
+
+// Sends `c`; a reply whose status `accepted` takes is parsed with `parse` (its error redacted),
+// any other is the control plane's error for it.
+template <class T>
+asio::awaitable<result<T>> send_parsed(std::shared_ptr<state> s, call_spec c,
+                                       bool (*accepted)(int status),
+                                       result<T> (*parse)(std::string_view body)) {
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
-    if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
-    auto parsed = protocol::parse_sandbox_reply(reply->body);
+    if (!accepted(reply->status())) co_return error_for(*s, c, *reply);
+    auto parsed = parse(reply->body);
     if (!parsed) co_return s->redacted(std::move(parsed).error());
     co_return std::move(*parsed);
+}
+
+asio::awaitable<result<sandbox_reply>> post_sandbox(std::shared_ptr<state> s, call_spec c) {
+    return send_parsed(std::move(s), std::move(c), is_success, protocol::parse_sandbox_reply);
 }
 
 asio::awaitable<result<sandbox_reply>> create(std::shared_ptr<state> s, create_body body) {
@@ -202,12 +215,7 @@ asio::awaitable<result<sandbox_detail>> get(std::shared_ptr<state> s, std::strin
     c.method = "GET";
     c.path = "/sandboxes/" + id;
     c.retries = retry_policy::idempotent;
-    auto reply = co_await send(s, c);
-    if (!reply) co_return std::move(reply).error();
-    if (reply->status() != 200) co_return error_for(*s, c, *reply);
-    auto parsed = protocol::parse_sandbox_detail(reply->body);
-    if (!parsed) co_return s->redacted(std::move(parsed).error());
-    co_return std::move(*parsed);
+    co_return co_await send_parsed(s, c, is_ok, protocol::parse_sandbox_detail);
 }
 
 asio::awaitable<result<std::vector<sandbox_detail>>> list(std::shared_ptr<state> s, list_query q) {
@@ -282,11 +290,8 @@ asio::awaitable<result<void>> check(std::shared_ptr<state> s) {
     c.query = "limit=1";
     c.retries = retry_policy::idempotent;
     c.max_body_bytes = protocol::max_list_body_bytes;
-    auto reply = co_await send(s, c);
-    if (!reply) co_return std::move(reply).error();
-    if (reply->status() != 200) co_return error_for(*s, c, *reply);
-    auto parsed = protocol::parse_sandbox_list(reply->body);
-    if (!parsed) co_return s->redacted(std::move(parsed).error());
+    auto listed = co_await send_parsed(s, c, is_ok, protocol::parse_sandbox_list);
+    if (!listed) co_return std::move(listed).error();
     co_return result<void>();
 }
 

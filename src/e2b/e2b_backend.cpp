@@ -238,46 +238,56 @@ class e2b_backend final : public backend {
     }
     asio::awaitable<result<exec_stream>> async_exec_stream(std::string id,
                                                            exec_request request) override {
-        return guarded(exec_stream_in(state_, std::move(id), std::move(request)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_exec_stream,
+                                    std::move(request)));
     }
     sandbox_layout layout_for(const sandbox_layout& requested) const override {
         return requested == sandbox_layout{} ? e2b_layout() : requested;
     }
 
     asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override {
-        return guarded(spawn_in(state_, std::move(id), std::move(request)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_spawn,
+                                    std::move(request)));
     }
     asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
                                                int signal) override {
-        return guarded(signal_in(state_, std::move(id), process_id, signal));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_signal,
+                                    process_id, signal));
     }
     asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
         std::string id, std::vector<file_write> files) override {
-        return guarded(write_files_in(state_, std::move(id), std::move(files)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_write_files,
+                                    std::move(files)));
     }
     asio::awaitable<result<std::vector<file_read_result>>> async_read_files(
         std::string id, std::vector<std::string> paths) override {
-        return guarded(read_files_in(state_, std::move(id), std::move(paths)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_read_files,
+                                    std::move(paths)));
     }
     asio::awaitable<result<file_write_result>> async_write_file_stream(
         std::string id, file_write_target target, byte_source source) override {
-        return guarded(
-            write_file_stream_in(state_, std::move(id), std::move(target), std::move(source)));
+        return guarded(through_envd(state_, std::move(id),
+                                    &e2b::envd_client::async_write_file_stream, std::move(target),
+                                    std::move(source)));
     }
     asio::awaitable<result<file_read_stream>> async_read_file_stream(std::string id,
                                                                      std::string path) override {
-        return guarded(read_file_stream_in(state_, std::move(id), std::move(path)));
+        return guarded(through_envd(state_, std::move(id),
+                                    &e2b::envd_client::async_read_file_stream, std::move(path)));
     }
     asio::awaitable<result<std::vector<file_metadata_result>>> async_read_metadata(
         std::string id, std::vector<std::string> paths) override {
-        return guarded(read_metadata_in(state_, std::move(id), std::move(paths)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_read_metadata,
+                                    std::move(paths)));
     }
     asio::awaitable<result<file_stat>> async_stat(std::string id, std::string path) override {
-        return guarded(stat_in(state_, std::move(id), std::move(path)));
+        return guarded(
+            through_envd(state_, std::move(id), &e2b::envd_client::async_stat, std::move(path)));
     }
     asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
                                                                    std::string path) override {
-        return guarded(list_dir_in(state_, std::move(id), std::move(path)));
+        return guarded(through_envd(state_, std::move(id), &e2b::envd_client::async_list_dir,
+                                    std::move(path)));
     }
 
     // The heartbeat task, started with the first sandbox that needs one.
@@ -545,77 +555,16 @@ class e2b_backend final : public backend {
         return it->second->envd;
     }
 
-    static asio::awaitable<result<exec_stream>> exec_stream_in(std::shared_ptr<backend_state> s,
-                                                               std::string id,
-                                                               exec_request request) {
+    // One of the envd client's calls on a held sandbox's client (sandbox_not_found when it is
+    // not held, the gone error when it is gone), with the call's own arguments.
+    template <class T, class... Params, class... Args>
+    static asio::awaitable<result<T>> through_envd(
+        std::shared_ptr<backend_state> s, std::string id,
+        asio::awaitable<result<T>> (e2b::envd_client::*call)(Params...), Args... args) {
         auto envd = envd_of(*s, id);
         if (!envd) co_return std::move(envd).error();
         auto client = *envd;
-        co_return co_await client->async_exec_stream(std::move(request));
-    }
-    static asio::awaitable<result<process>> spawn_in(std::shared_ptr<backend_state> s,
-                                                     std::string id, exec_request request) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_spawn(std::move(request));
-    }
-    static asio::awaitable<result<void>> signal_in(std::shared_ptr<backend_state> s, std::string id,
-                                                   std::uint64_t process_id, int signal) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_signal(process_id, signal);
-    }
-    static asio::awaitable<result<std::vector<file_write_result>>> write_files_in(
-        std::shared_ptr<backend_state> s, std::string id, std::vector<file_write> files) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_write_files(std::move(files));
-    }
-    static asio::awaitable<result<std::vector<file_read_result>>> read_files_in(
-        std::shared_ptr<backend_state> s, std::string id, std::vector<std::string> paths) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_read_files(std::move(paths));
-    }
-    static asio::awaitable<result<file_write_result>> write_file_stream_in(
-        std::shared_ptr<backend_state> s, std::string id, file_write_target target,
-        byte_source source) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_write_file_stream(std::move(target), std::move(source));
-    }
-    static asio::awaitable<result<file_read_stream>> read_file_stream_in(
-        std::shared_ptr<backend_state> s, std::string id, std::string path) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_read_file_stream(std::move(path));
-    }
-    static asio::awaitable<result<std::vector<file_metadata_result>>> read_metadata_in(
-        std::shared_ptr<backend_state> s, std::string id, std::vector<std::string> paths) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_read_metadata(std::move(paths));
-    }
-    static asio::awaitable<result<file_stat>> stat_in(std::shared_ptr<backend_state> s,
-                                                      std::string id, std::string path) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_stat(std::move(path));
-    }
-    static asio::awaitable<result<std::vector<dir_entry>>> list_dir_in(
-        std::shared_ptr<backend_state> s, std::string id, std::string path) {
-        auto envd = envd_of(*s, id);
-        if (!envd) co_return std::move(envd).error();
-        auto client = *envd;
-        co_return co_await client->async_list_dir(std::move(path));
+        co_return co_await ((*client).*call)(std::move(args)...);
     }
 
     std::shared_ptr<backend_state> state_;

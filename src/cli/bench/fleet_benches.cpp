@@ -291,24 +291,23 @@ asio::awaitable<int> host_size(backend& b, std::size_t n) {
 
 }  // namespace
 
-int bench_sweep(int argc, char** argv) {
-    const std::size_t per_level = counted("--n", argc, argv, 128);
-    return run_with_backend([per_level](backend& b) { return sweep(b, per_level); });
-}
-
-int bench_memory(int argc, char** argv) {
-    const std::size_t count = counted("--count", argc, argv, 1000);
-    return run_with_backend([count](backend& b) { return hold_idle(b, count); });
-}
-
-int bench_pool(int argc, char** argv) {
-    const std::size_t n = counted("--n", argc, argv, 500);
-    return run_with_backend([n](backend& b) { return pool_handout(b, n); });
-}
-
-int bench_hostsize(int argc, char** argv) {
-    const std::size_t n = counted("--n", argc, argv, 300);
-    return run_with_backend([n](backend& b) { return host_size(b, n); });
+std::optional<int> bench_fleet(std::string_view what, int argc, char** argv) {
+    struct fleet_bench {
+        std::string_view name;
+        const char* flag;
+        std::size_t fallback;
+        asio::awaitable<int> (*run)(backend&, std::size_t);
+    };
+    static constexpr fleet_bench benches[] = {{"sweep", "--n", 128, sweep},
+                                              {"memory", "--count", 1000, hold_idle},
+                                              {"pool", "--n", 500, pool_handout},
+                                              {"hostsize", "--n", 300, host_size}};
+    for (const auto& bench : benches) {
+        if (bench.name != what) continue;
+        const std::size_t count = counted(bench.flag, argc, argv, bench.fallback);
+        return run_with_backend([&bench, count](backend& b) { return bench.run(b, count); });
+    }
+    return std::nullopt;
 }
 
 }  // namespace moat::cli

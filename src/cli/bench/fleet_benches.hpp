@@ -7,14 +7,16 @@
 //   hostsize  create latency while this process holds 2 GiB resident and 8 extra threads,
 //             against the same run without them
 //
-// Each takes the arguments after its name and returns the exit code.
+// Each takes one count flag (--n, or --count for memory) among the arguments after its name.
 #pragma once
+
+#include <optional>
+#include <string_view>
 
 namespace moat::cli {
 
-int bench_sweep(int argc, char** argv);
-int bench_memory(int argc, char** argv);
-int bench_pool(int argc, char** argv);
-int bench_hostsize(int argc, char** argv);
+// Runs the fleet bench named `what` with the arguments after its name: its exit code, or
+// nullopt when `what` names none of them.
+std::optional<int> bench_fleet(std::string_view what, int argc, char** argv);
 
 }  // namespace moat::cli
