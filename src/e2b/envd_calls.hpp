@@ -61,6 +61,11 @@ asio::awaitable<result<std::string>> async_unary(state_ptr s, std::string rpc, s
 // "<what>: <envd's message> (HTTP <status>)".
 error envd_http_error(int status, std::string_view body, std::string_view what);
 
+// Process/SendSignal of `number` to `pid`, within the request timeout: invalid_argument for a
+// signal outside 1 to 64, not_supported for one envd cannot send (it names only SIGKILL and
+// SIGTERM), file_not_found when no such process runs (envd's not_found).
+asio::awaitable<result<void>> async_send_signal(state_ptr s, std::uint32_t pid, int number);
+
 // Sends SIGKILL to the command tagged `tag` (one already gone is fine) and polls Process/List
 // until no process carries the tag, sending SIGKILL again to one that still does. True once
 // confirmed, false when `limit` passed first. Not cancellable: call it after resetting the

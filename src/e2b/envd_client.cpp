@@ -146,6 +146,26 @@ asio::awaitable<result<std::string>> async_unary(state_ptr s, std::string rpc, s
     co_return std::move(reply->body);
 }
 
+asio::awaitable<result<void>> async_send_signal(state_ptr s, std::uint32_t pid, int number) {
+    if (number <= 0 || number >= 65) {
+        co_return make_error(errc::invalid_argument,
+                             "signal must be between 1 and 64, got " + std::to_string(number));
+    }
+    protocol::send_signal_request request;
+    request.process.pid = pid;
+    request.signal = number;
+    auto json = protocol::encode_send_signal_request(request);
+    if (!json) {
+        co_return make_error(
+            errc::not_supported,
+            "envd sends only SIGKILL and SIGTERM, not signal " + std::to_string(number));
+    }
+    const auto limit = deadline::after(s->options.request_timeout);
+    auto sent = co_await async_unary(s, "process.Process/SendSignal", std::move(*json), limit);
+    if (!sent) co_return std::move(sent).error();
+    co_return result<void>{};
+}
+
 asio::awaitable<bool> async_kill_and_confirm(state_ptr s, std::string tag, deadline limit) {
     auto executor = co_await asio::this_coro::executor;
     protocol::send_signal_request by_tag;
@@ -215,17 +235,7 @@ asio::awaitable<result<void>> send_signal_to(state_ptr s, std::uint64_t process_
                              "no process " + std::to_string(process_id) + " in this sandbox");
     }
     const auto pid = static_cast<std::uint32_t>(process_id);
-    protocol::send_signal_request signal;
-    signal.process.pid = pid;
-    signal.signal = number;
-    auto json = protocol::encode_send_signal_request(signal);
-    if (!json) {
-        co_return make_error(
-            errc::not_supported,
-            "envd sends only SIGKILL and SIGTERM, not signal " + std::to_string(number));
-    }
-    const auto limit = deadline::after(s->options.request_timeout);
-    auto sent = co_await async_unary(s, "process.Process/SendSignal", std::move(*json), limit);
+    auto sent = co_await async_send_signal(s, pid, number);
     if (!sent && sent.error().code == errc::file_not_found) {
         co_return make_error(errc::invalid_argument,
                              "process " + std::to_string(pid) + " is not running");

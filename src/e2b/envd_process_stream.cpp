@@ -329,21 +329,7 @@ asio::awaitable<result<void>> envd_command::async_close_stdin() {
 }
 
 asio::awaitable<result<void>> envd_command::async_signal(int signal) {
-    if (signal <= 0 || signal >= 65) {
-        co_return make_error(errc::invalid_argument,
-                             "signal must be between 1 and 64, got " + std::to_string(signal));
-    }
-    protocol::send_signal_request request;
-    request.process.pid = pid_;
-    request.signal = signal;
-    auto json = protocol::encode_send_signal_request(request);
-    if (!json) {
-        co_return make_error(
-            errc::not_supported,
-            "envd sends only SIGKILL and SIGTERM, not signal " + std::to_string(signal));
-    }
-    const auto limit = deadline::after(s_->options.request_timeout);
-    auto sent = co_await async_unary(s_, "process.Process/SendSignal", std::move(*json), limit);
+    auto sent = co_await async_send_signal(s_, pid_, signal);
     if (!sent && sent.error().code == errc::file_not_found) co_return result<void>{};  // ended
     if (!sent) co_return std::move(sent).error();
     co_return result<void>{};
