@@ -199,20 +199,12 @@ result<network_policy> make_network_policy(const sandbox_network& network) {
                                                           " entries in one list");
         }
     }
-    network_request request;
-    switch (network.mode) {
-        case moat::network_mode::none:
-            request.mode = network_mode::none;
-            break;
-        case moat::network_mode::allow_list:
-            request.mode = network_mode::allow_list;
-            break;
-        case moat::network_mode::all:
-            request.mode = network_mode::all;
-            break;
-        default:
-            return make_error(errc::invalid_argument, "network: unknown mode");
+    if (network.mode != network_mode::none && network.mode != network_mode::allow_list &&
+        network.mode != network_mode::all) {
+        return make_error(errc::invalid_argument, "network: unknown mode");
     }
+    network_request request;
+    request.mode = network.mode;
     request.allow_hosts = network.allow_hosts;
     request.resolve = network.resolve;
     request.allow_addresses = network.allow_addresses;

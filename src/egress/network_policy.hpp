@@ -31,7 +31,8 @@
 
 namespace moat::egress {
 
-enum class network_mode { none, allow_list, all };
+// The spec's mode (moat/sandbox_spec.hpp), one enumeration for both.
+using moat::network_mode;
 
 // What a caller asks for: the text of the flags (or of the spec's fields), unvalidated.
 struct network_request {

@@ -2,9 +2,9 @@
 
 #include <moat/log.hpp>
 
-#include "e2b_protocol/error_body.hpp"
 #include "core/json_writer.hpp"
 #include "core/loopback.hpp"
+#include "e2b_protocol/error_body.hpp"
 #include "serve/server_secret.hpp"
 
 #include <chrono>

@@ -36,12 +36,10 @@ namespace moat::store {
 
 class redis_client {
   public:
-    // `tls` is the client context for rediss://, null otherwise.
+    // `tls` is the client context for rediss://, null otherwise. Not copyable (its pool is not).
     redis_client(asio::any_io_executor executor, redis_config config,
                  std::shared_ptr<asio::ssl::context> tls);
     ~redis_client();
-    redis_client(const redis_client&) = delete;
-    redis_client& operator=(const redis_client&) = delete;
 
     asio::awaitable<result<std::vector<redis_reply>>> async_run(std::vector<redis_command> commands,
                                                                 deadline limit);
