@@ -198,6 +198,18 @@ TEST_CASE("addresses outside public unicast are classified and refused") {
         {"169.254.169.254", address_class::metadata},
         {"fd00:ec2::254", address_class::metadata},
         {"100.100.100.200", address_class::metadata},
+        {"169.254.0.23", address_class::metadata},
+        {"192.0.0.192", address_class::metadata},
+        {"168.63.129.16", address_class::cloud_host},
+        {"169.254.170.2", address_class::cloud_host},
+        {"169.254.170.23", address_class::cloud_host},
+        {"169.254.169.253", address_class::cloud_host},
+        {"169.254.169.123", address_class::cloud_host},
+        {"fd00:ec2::23", address_class::cloud_host},
+        {"fd00:ec2::253", address_class::cloud_host},
+        {"fd00:ec2::123", address_class::cloud_host},
+        {"fd00:ec2::1", address_class::private_use},
+        {"168.63.129.17", address_class::public_unicast},
         // IPv6 forms that carry an IPv4 address are judged by it.
         {"::ffff:127.0.0.1", address_class::loopback},
         {"::ffff:10.0.0.1", address_class::private_use},
@@ -207,6 +219,7 @@ TEST_CASE("addresses outside public unicast are classified and refused") {
         {"64:ff9b::a9fe:a9fe", address_class::metadata},
         {"2002:7f00:1::", address_class::loopback},
         {"::ffff:93.184.216.34", address_class::public_unicast},
+        {"::ffff:168.63.129.16", address_class::cloud_host},
     };
     for (const auto& c : cases) {
         CAPTURE(std::string(c.address));
@@ -230,6 +243,34 @@ TEST_CASE("--allow-address unlocks a refused range but never the metadata addres
     CHECK(refusal_for(addr("::ffff:169.254.169.254"), ranges) == address_class::metadata);
     CHECK(refusal_for(addr("fd00:ec2::254"), ranges) == address_class::metadata);
     CHECK(refusal_for(addr("::1"), ranges) == address_class::loopback);
+}
+
+TEST_CASE(
+    "a cloud host endpoint is refused under a wider --allow-address and allowed only when "
+    "named exactly") {
+    std::string why;
+    const std::vector<address_range> wide = {*parse_address_range("169.254.0.0/16", why),
+                                             *parse_address_range("168.63.0.0/16", why),
+                                             *parse_address_range("fd00::/8", why)};
+    // Under `network all` (no range) Azure's WireServer, a public address, is refused.
+    CHECK(refusal_for(addr("168.63.129.16"), {}) == address_class::cloud_host);
+    CHECK(refusal_for(addr("168.63.129.16"), wide) == address_class::cloud_host);
+    CHECK(refusal_for(addr("169.254.170.2"), wide) == address_class::cloud_host);
+    CHECK(refusal_for(addr("::ffff:169.254.170.2"), wide) == address_class::cloud_host);
+    CHECK(refusal_for(addr("fd00:ec2::23"), wide) == address_class::cloud_host);
+    CHECK_FALSE(refusal_for(addr("169.254.170.3"), wide));  // the range still unlocks its others
+    const std::vector<address_range> exact = {*parse_address_range("169.254.170.2", why),
+                                              *parse_address_range("168.63.129.16/32", why),
+                                              *parse_address_range("fd00:ec2::23/128", why)};
+    CHECK_FALSE(refusal_for(addr("169.254.170.2"), exact));
+    CHECK_FALSE(refusal_for(addr("::ffff:169.254.170.2"), exact));
+    CHECK_FALSE(refusal_for(addr("168.63.129.16"), exact));
+    CHECK_FALSE(refusal_for(addr("fd00:ec2::23"), exact));
+    CHECK(refusal_for(addr("169.254.170.23"), exact) == address_class::cloud_host);
+    // Naming the metadata address exactly still does not unlock it.
+    const std::vector<address_range> metadata = {*parse_address_range("169.254.169.254", why)};
+    CHECK(refusal_for(addr("169.254.169.254"), metadata) == address_class::metadata);
+    CHECK(std::string(describe(address_class::cloud_host)) == "a cloud host endpoint");
 }
 
 TEST_CASE(

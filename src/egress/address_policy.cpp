@@ -14,8 +14,17 @@ bool in_v4(std::uint32_t address, std::uint32_t network, unsigned prefix) {
 
 address_class classify_v4(const asio::ip::address_v4& a) {
     const std::uint32_t v = a.to_uint();
-    // 169.254.169.254 (AWS, GCP, Azure, OpenStack) and 100.100.100.200 (Alibaba).
-    if (v == 0xA9FEA9FEu || v == 0x646464C8u) return address_class::metadata;
+    // 169.254.169.254 (most clouds), 100.100.100.200 (Alibaba), 169.254.0.23 (Tencent),
+    // 192.0.0.192 (Oracle's legacy metadata).
+    if (v == 0xA9FEA9FEu || v == 0x646464C8u || v == 0xA9FE0017u || v == 0xC00000C0u) {
+        return address_class::metadata;
+    }
+    // 168.63.129.16 (Azure WireServer), 169.254.170.2 (ECS task credentials), 169.254.170.23
+    // (EKS Pod Identity), 169.254.169.253 (Route 53 Resolver), 169.254.169.123 (Time Sync).
+    if (v == 0xA83F8110u || v == 0xA9FEAA02u || v == 0xA9FEAA17u || v == 0xA9FEA9FDu ||
+        v == 0xA9FEA97Bu) {
+        return address_class::cloud_host;
+    }
     if (in_v4(v, 0x00000000u, 8)) return address_class::unspecified;
     if (in_v4(v, 0x7F000000u, 8)) return address_class::loopback;
     if (in_v4(v, 0x0A000000u, 8) || in_v4(v, 0xAC100000u, 12) || in_v4(v, 0xC0A80000u, 16)) {
@@ -115,6 +124,8 @@ const char* describe(address_class c) noexcept {
             return "a reserved address";
         case address_class::metadata:
             return "a cloud metadata address";
+        case address_class::cloud_host:
+            return "a cloud host endpoint";
     }
     return "an address";
 }
@@ -144,8 +155,15 @@ address_class classify_address(const asio::ip::address& address) {
     const auto v6 = address.to_v6();
     if (auto v4 = embedded_ipv4(v6)) return classify_v4(*v4);
     const auto b = v6.to_bytes();
-    static const asio::ip::address_v6 ec2_metadata = asio::ip::make_address_v6("fd00:ec2::254");
-    if (v6.to_bytes() == ec2_metadata.to_bytes()) return address_class::metadata;
+    // AWS's IPv6 endpoints share fd00:ec2::/64: ::254 metadata, ::23 EKS Pod Identity, ::253
+    // the Route 53 Resolver, ::123 Time Sync.
+    static const asio::ip::address_v6 ec2_base = asio::ip::make_address_v6("fd00:ec2::");
+    const auto base = ec2_base.to_bytes();
+    if (std::equal(b.begin(), b.begin() + 14, base.begin())) {
+        const unsigned last = static_cast<unsigned>(b[14]) << 8 | b[15];
+        if (last == 0x254) return address_class::metadata;
+        if (last == 0x23 || last == 0x253 || last == 0x123) return address_class::cloud_host;
+    }
     if (v6.is_unspecified()) return address_class::unspecified;
     if (v6.is_loopback()) return address_class::loopback;
     if (v6_prefix(b, {0xFC}, 7) || v6_prefix(b, {0xFE, 0xC0}, 10)) {
@@ -234,6 +252,8 @@ std::optional<address_class> refusal_for(const asio::ip::address& address,
     if (c == address_class::public_unicast) return std::nullopt;
     if (c == address_class::metadata) return c;
     for (const auto& range : allowed) {
+        const unsigned whole = range.network.is_v4() ? 32 : 128;
+        if (c == address_class::cloud_host && range.prefix_length != whole) continue;
         if (range.contains(address)) return std::nullopt;
     }
     return c;

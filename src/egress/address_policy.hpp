@@ -34,7 +34,16 @@ enum class address_class {
     multicast,    // 224/4, ff00::/8
     broadcast,    // 255.255.255.255
     reserved,     // 240/4, 192.0.0.0/24, 198.18/15, documentation ranges, discard 100::/64
-    metadata,     // 169.254.169.254, fd00:ec2::254, 100.100.100.200: never allowed
+    // Instance metadata services: 169.254.169.254 (AWS, GCP, Azure, OpenStack, DigitalOcean,
+    // ...), fd00:ec2::254, 100.100.100.200 (Alibaba), 169.254.0.23 (Tencent), 192.0.0.192
+    // (Oracle's legacy one). Never allowed.
+    metadata,
+    // The clouds' other host endpoints a guest can reach: Azure's WireServer 168.63.129.16 (a
+    // public address: refused even under `network all`), AWS's ECS task credentials 169.254.170.2,
+    // the EKS Pod Identity agent 169.254.170.23 and fd00:ec2::23, the Route 53 Resolver
+    // 169.254.169.253 and fd00:ec2::253, Time Sync 169.254.169.123 and fd00:ec2::123. Allowed only
+    // when an --allow-address names that exact address (a /32 or /128), never by a wider range.
+    cloud_host,
 };
 
 // "a loopback address", "a private address", ...: for refusal lines.
@@ -68,7 +77,8 @@ bool refuses_whole_range(const address_range& range, const std::vector<address_r
 bool is_address_entry(std::string_view entry);
 
 // The verdict on one address: nullopt when the proxy may connect to it, else its class.
-// `allowed` are the operator's --allow-address ranges; they never unlock metadata.
+// `allowed` are the operator's --allow-address ranges; they never unlock metadata, and unlock a
+// cloud host endpoint only when one of them is exactly that address.
 std::optional<address_class> refusal_for(const asio::ip::address& address,
                                          const std::vector<address_range>& allowed);
 
