@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <list>
 #include <memory>
 #include <optional>
@@ -931,6 +932,61 @@ TEST_CASE(
     "a sandbox past its concurrent connection limit gets 429 until one of its connections ends") {
     proxy_fixture f;
     moat::test::run_async(f.io, connection_limit_case(&f));
+}
+
+namespace {
+
+std::size_t open_descriptors() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& entry :
+         std::filesystem::directory_iterator("/proc/self/fd")) {
+        ++n;
+    }
+    return n;
+}
+
+asio::awaitable<void> refusal_flood_case(proxy_fixture* f) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto target = "echo.test:" + std::to_string(echo.port());
+    egress_limits limits;
+    limits.max_connections = 2;
+    limits.max_refusing = 4;
+    const auto port =
+        f->add_sandbox("sb-1", allow({target}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"}), limits);
+    auto first = co_await open_tunnel(port, target);
+    auto second = co_await open_tunnel(port, target);
+    const std::size_t before = open_descriptors();
+    // 200 more connections that never send a byte (a sandbox flooding its proxy).
+    constexpr std::size_t flood = 200;
+    std::vector<tcp::socket> clients;
+    for (std::size_t i = 0; i < flood; ++i) clients.push_back(co_await connect_to(port));
+    // Every one of them has reached the proxy once each has its refused event.
+    const auto refused = [f] { return f->count(egress_outcome::refused); };
+    for (int i = 0; i < 2000 && refused() < flood; ++i) {
+        asio::steady_timer tick(f->io, std::chrono::milliseconds(5));
+        co_await tick.async_wait(asio::use_awaitable);
+    }
+    REQUIRE(refused() == flood);
+    // The test holds its 200 client sockets; the proxy holds at most max_refusing of theirs.
+    const std::size_t held_by_proxy = open_descriptors() - before - flood;
+    MESSAGE("descriptors the proxy holds for 200 refused connections: " << held_by_proxy);
+    CHECK(held_by_proxy <= limits.max_refusing);
+    CHECK(f->proxy.stats("sb-1")->refusing_connections <= limits.max_refusing);
+    CHECK(f->proxy.stats("sb-1")->active_connections == 2);
+    // The answered ones got their 429; the tunnels still relay.
+    std::size_t answered = 0;
+    for (const auto& e : f->events) answered += e.status == 429 ? 1 : 0;
+    CHECK(answered >= 1);
+    CHECK(answered <= flood);
+    CHECK(co_await echo_through(first, "still here") == "still here");
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("connections past the limit hold at most max_refusing of the host's descriptors") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, refusal_flood_case(&f));
 }
 
 namespace {

@@ -16,9 +16,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -39,6 +41,7 @@ struct sandbox_entry {
     std::uint64_t bytes_used = 0;
     bool is_closed = false;
     std::set<struct connection*> connections;
+    std::size_t refusing = 0;  // door refusals in flight (not in `connections`)
 };
 
 enum class phase { head, connect, relay, reply };
@@ -160,9 +163,12 @@ void emit_to(const std::weak_ptr<egress_proxy::impl>& proxy, const egress_event&
     if (auto live = proxy.lock()) live->emit(event);
 }
 
+// The reply and the lingering close that follows it end within `linger` (the head timeout
+// unless the caller gives a shorter one).
 asio::awaitable<void> send_refusal(std::shared_ptr<connection> c,
                                    std::weak_ptr<egress_proxy::impl> proxy, std::string host,
-                                   std::uint16_t port, int status, std::string line) {
+                                   std::uint16_t port, int status, std::string line,
+                                   std::optional<std::chrono::milliseconds> linger = {}) {
     egress_event event;
     event.sandbox_id = c->sandbox->id;
     event.host = std::move(host);
@@ -173,7 +179,7 @@ asio::awaitable<void> send_refusal(std::shared_ptr<connection> c,
     emit_to(proxy, event);
     if (c->is_closed) co_return;
     c->current = phase::reply;
-    c->arm(clock::now() + c->sandbox->limits.head_timeout);
+    c->arm(clock::now() + linger.value_or(c->sandbox->limits.head_timeout));
     const std::string text = reply_text(status, line);
     auto buffer = asio::buffer(text);
     auto [ec, n] = co_await asio::async_write(c->client, buffer, use_tuple);
@@ -532,9 +538,17 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
     emit_to(proxy, closed);
 }
 
+// A refusal past max_connections, counted in its sandbox's `refusing` while it runs (the count
+// drops when the task ends or is destroyed).
 asio::awaitable<void> refuse_at_door(std::shared_ptr<connection> c,
                                      std::weak_ptr<egress_proxy::impl> proxy, std::string line) {
-    co_await send_refusal(c, proxy, "", 0, 429, std::move(line));
+    struct counted {
+        std::shared_ptr<sandbox_entry> sandbox;
+        ~counted() { --sandbox->refusing; }
+    } count{c->sandbox};
+    const auto& limits = c->sandbox->limits;
+    const auto linger = std::min(limits.refusal_linger, limits.head_timeout);
+    co_await send_refusal(c, proxy, "", 0, 429, std::move(line), linger);
 }
 
 }  // namespace
@@ -594,6 +608,17 @@ void egress_proxy::serve(std::string_view sandbox_id,
     if (sandbox.connections.size() >= sandbox.limits.max_connections) {
         std::string line = "this sandbox has " + std::to_string(sandbox.connections.size()) +
                            " proxied connections open, its limit";
+        if (sandbox.refusing >= sandbox.limits.max_refusing) {
+            // Already answering as many refusals as it may: this one is closed unanswered.
+            c->close("refused");
+            egress_event event;
+            event.sandbox_id = sandbox.id;
+            event.outcome = egress_outcome::refused;
+            event.reason = line + "; closed unanswered";
+            impl_->emit(event);
+            return;
+        }
+        ++it->second->refusing;
         impl_->tasks.spawn(refuse_at_door(std::move(c), impl_, std::move(line)));
         return;
     }
@@ -616,7 +641,8 @@ std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {
 std::optional<egress_sandbox_stats> egress_proxy::stats(std::string_view sandbox_id) const {
     auto it = impl_->sandboxes.find(sandbox_id);
     if (it == impl_->sandboxes.end()) return std::nullopt;
-    return egress_sandbox_stats{it->second->connections.size(), it->second->bytes_used};
+    return egress_sandbox_stats{it->second->connections.size(), it->second->bytes_used,
+                                it->second->refusing};
 }
 
 asio::awaitable<void> egress_proxy::async_shutdown() {

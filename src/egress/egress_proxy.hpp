@@ -47,6 +47,12 @@ struct egress_limits {
     std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
     std::chrono::milliseconds head_timeout{std::chrono::seconds(10)};
     std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};  // resolve + connect
+    // A connection past max_connections gets its 429 within refusal_linger (the reply, then a
+    // short lingering close), and at most max_refusing of them are answered at once: past that
+    // one is closed at once, unanswered, so a sandbox that floods the proxy holds at most
+    // max_connections + max_refusing of the host's descriptors.
+    std::size_t max_refusing = 8;
+    std::chrono::milliseconds refusal_linger{std::chrono::seconds(1)};
     request_caps caps;
 };
 
@@ -72,6 +78,7 @@ struct egress_event {
 struct egress_sandbox_stats {
     std::size_t active_connections = 0;
     std::uint64_t bytes_used = 0;
+    std::size_t refusing_connections = 0;  // past max_connections, being answered 429
 };
 
 class egress_proxy {
