@@ -402,6 +402,34 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connec
     CHECK(logged());
 }
 
+TEST_CASE_FIXTURE(local_fixture,
+                  "a backend destroyed with a tunnel open, its executor still running, closes it "
+                  "safely") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server silent({"silent"});
+    moat::sandbox_spec spec;
+    spec.network.mode = moat::network_mode::allow_list;
+    spec.network.allow_hosts = {"hang.test:" + std::to_string(silent.port())};
+    spec.network.resolve = {"hang.test=127.0.0.1"};
+    spec.network.allow_addresses = {"127.0.0.1/32"};
+    const auto box = create(spec);
+    moat::exec_request tunnel;
+    tunnel.shell =
+        "python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', "
+        "3128)); s.sendall(b'CONNECT hang.test:" +
+        std::to_string(silent.port()) +
+        " HTTP/1.1\\r\\nHost: hang.test\\r\\n\\r\\n'); print(s.recv(100).split(b' ')[1]"
+        ".decode(), flush=True); time.sleep(600)\"";
+    auto started = run(local->async_spawn(box.id, tunnel));
+    REQUIRE(started);
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    // The backend goes (as when the application drops it) while the relay's task is still queued
+    // on the executor, which keeps running: the task must end without touching the freed proxy
+    // (ASan watches this), and the upstream side of the tunnel must be closed.
+    shut_down();
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+}
+
 TEST_CASE_FIXTURE(local_fixture, "a backend that attaches to a survivor serves its proxy") {
     MOAT_REQUIRE_NAMESPACES();
     mirror_files files;
