@@ -361,24 +361,39 @@ TEST_CASE_FIXTURE(local_fixture, "a bad network entry fails the create naming it
     CHECK(made.error().code == moat::errc::invalid_argument);
 }
 
-TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
-    MOAT_REQUIRE_NAMESPACES();
-    host_server silent({"silent"});
+namespace {
+
+// A sandbox that may reach only hang.test, a silent server on this host's loopback at `port`.
+moat::sandbox_spec hang_spec(std::uint16_t port) {
     moat::sandbox_spec spec;
     spec.network.mode = moat::network_mode::allow_list;
-    spec.network.allow_hosts = {"hang.test:" + std::to_string(silent.port())};
+    spec.network.allow_hosts = {"hang.test:" + std::to_string(port)};
     spec.network.resolve = {"hang.test=127.0.0.1"};
     spec.network.allow_addresses = {"127.0.0.1/32"};
-    const auto box = create(spec);
-    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
+    return spec;
+}
+
+// A process that opens a CONNECT tunnel to hang.test through the sandbox's proxy, prints the
+// reply's status code, and holds the tunnel open.
+moat::exec_request hang_tunnel(std::uint16_t port) {
     moat::exec_request tunnel;
     tunnel.shell =
         "python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', "
         "3128)); s.sendall(b'CONNECT hang.test:" +
-        std::to_string(silent.port()) +
+        std::to_string(port) +
         " HTTP/1.1\\r\\nHost: hang.test\\r\\n\\r\\n'); print(s.recv(100).split(b' ')[1]"
         ".decode(), flush=True); time.sleep(600)\"";
-    auto started = run(local->async_spawn(box.id, tunnel));
+    return tunnel;
+}
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server silent({"silent"});
+    const auto box = create(hang_spec(silent.port()));
+    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
+    auto started = run(local->async_spawn(box.id, hang_tunnel(silent.port())));
     REQUIRE(started);
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
     // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
@@ -407,20 +422,9 @@ TEST_CASE_FIXTURE(local_fixture,
                   "safely") {
     MOAT_REQUIRE_NAMESPACES();
     host_server silent({"silent"});
-    moat::sandbox_spec spec;
-    spec.network.mode = moat::network_mode::allow_list;
-    spec.network.allow_hosts = {"hang.test:" + std::to_string(silent.port())};
-    spec.network.resolve = {"hang.test=127.0.0.1"};
-    spec.network.allow_addresses = {"127.0.0.1/32"};
-    const auto box = create(spec);
-    moat::exec_request tunnel;
-    tunnel.shell =
-        "python3 -c \"import socket, time; s = socket.create_connection(('127.0.0.1', "
-        "3128)); s.sendall(b'CONNECT hang.test:" +
-        std::to_string(silent.port()) +
-        " HTTP/1.1\\r\\nHost: hang.test\\r\\n\\r\\n'); print(s.recv(100).split(b' ')[1]"
-        ".decode(), flush=True); time.sleep(600)\"";
-    auto started = run(local->async_spawn(box.id, tunnel));
+    const auto box = create(hang_spec(silent.port()));
+    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
+    auto started = run(local->async_spawn(box.id, hang_tunnel(silent.port())));
     REQUIRE(started);
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
     // The backend goes (as when the application drops it) while the relay's task is still queued
