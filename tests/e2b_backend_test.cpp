@@ -12,6 +12,7 @@
 #include "e2b_protocol/sandbox_replies.hpp"
 #include "http/client.hpp"
 #include "support/async_test.hpp"
+#include "support/host_inspect.hpp"
 #include "support/host_sharing.hpp"
 #include "support/loopback_peer.hpp"
 #include "support/moat_cli.hpp"
@@ -979,11 +980,7 @@ TEST_CASE(
 
 namespace {
 
-std::size_t open_descriptors() {
-    return static_cast<std::size_t>(
-        std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
-                      std::filesystem::directory_iterator()));
-}
+using moat::test::open_descriptors;
 
 asio::awaitable<void> streams_then_cancel(moat::backend* b) {
     std::vector<std::string> ids;

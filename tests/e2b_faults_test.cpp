@@ -53,16 +53,7 @@ std::string descriptor_list() {
     return out;
 }
 
-std::size_t open_descriptors() {
-    std::size_t n = 0;
-    DIR* dir = ::opendir("/proc/self/fd");
-    REQUIRE(dir != nullptr);
-    while (const auto* entry = ::readdir(dir)) {
-        if (entry->d_name[0] != '.') ++n;
-    }
-    ::closedir(dir);
-    return n - 1;  // the directory stream itself
-}
+using moat::test::open_descriptors;
 
 moat::test::test_ca& suite_ca() {
     static moat::test::test_ca ca;

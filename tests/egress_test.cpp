@@ -6,6 +6,7 @@
 #include "egress/proxy_request.hpp"
 
 #include "support/async_test.hpp"
+#include "support/host_inspect.hpp"
 #include "support/host_sharing.hpp"
 
 #include <moat/task_group.hpp>
@@ -936,14 +937,7 @@ TEST_CASE(
 
 namespace {
 
-std::size_t open_descriptors() {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& entry :
-         std::filesystem::directory_iterator("/proc/self/fd")) {
-        ++n;
-    }
-    return n;
-}
+using moat::test::open_descriptors;
 
 asio::awaitable<void> refusal_flood_case(proxy_fixture* f) {
     auto& echo = f->start_upstream(server_kind::echo);

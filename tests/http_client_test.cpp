@@ -15,6 +15,7 @@
 
 #include "support/async_test.hpp"
 #include "support/build_paths.hpp"
+#include "support/host_inspect.hpp"
 #include "support/loopback_peer.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -50,16 +51,7 @@ namespace {
 
 const std::string source_dir = moat::test::source_dir();
 
-std::size_t open_descriptors() {
-    std::size_t n = 0;
-    DIR* dir = ::opendir("/proc/self/fd");
-    REQUIRE(dir != nullptr);
-    while (const auto* entry = ::readdir(dir)) {
-        if (entry->d_name[0] != '.') ++n;
-    }
-    ::closedir(dir);
-    return n - 1;  // the directory stream itself
-}
+using moat::test::open_descriptors;
 
 // The test certificates, made once per test run in a temporary directory that is removed when
 // the test program exits (no key outlives the run).

@@ -7,6 +7,7 @@
 
 #include "core/asio_compat.hpp"
 #include "support/build_paths.hpp"
+#include "support/host_inspect.hpp"
 
 #include <moat/log.hpp>
 
@@ -43,14 +44,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::size_t open_descriptors() {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& entry :
-         std::filesystem::directory_iterator("/proc/self/fd")) {
-        ++n;
-    }
-    return n;
-}
+using moat::test::open_descriptors;
 
 // Shared by the test handlers; touched only on the server's executor.
 struct gate_state {

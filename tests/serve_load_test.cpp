@@ -5,6 +5,7 @@
 // arrived; serve's RSS sampled throughout and bounded; then every sandbox killed, serve stopped
 // with SIGTERM, and nothing of theirs left on the host. Dev build only (ctest label "load").
 #include "core/base64.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
 #include "http/client.hpp"
 #include "http/connect_envelope.hpp"
 #include "support/async_test.hpp"
@@ -288,20 +289,14 @@ asio::awaitable<moat::result<sandbox>> create_sandbox(load_state* s) {
             moat::errc::backend_failure,
             "POST /v2/sandboxes: HTTP " + std::to_string(fetched->status()) + ": " + fetched->body);
     }
-    simdjson::dom::parser parser;
-    const simdjson::padded_string padded(fetched->body);
-    simdjson::dom::element doc;
-    std::string_view id;
-    std::string_view token;
-    if (parser.parse(padded).get(doc) != simdjson::SUCCESS ||
-        doc["sandboxID"].get_string().get(id) != simdjson::SUCCESS ||
-        doc["envdAccessToken"].get_string().get(token) != simdjson::SUCCESS) {
+    auto parsed = moat::e2b_protocol::parse_sandbox_reply(fetched->body);
+    if (!parsed || parsed->envd_access_token.empty()) {
         co_return moat::make_error(moat::errc::protocol_error,
                                    "POST /v2/sandboxes: no sandboxID and envdAccessToken");
     }
     sandbox box;
-    box.id = std::string(id);
-    box.token = std::string(token);
+    box.id = std::move(parsed->sandbox_id);
+    box.token = std::move(parsed->envd_access_token);
     co_return box;
 }
 

@@ -8,6 +8,7 @@
 #include <moat/errc.hpp>
 
 #include "support/async_test.hpp"
+#include "support/host_inspect.hpp"
 #include "support/tcp_fault_proxy.hpp"
 
 #include <asio/io_context.hpp>
@@ -28,16 +29,7 @@ using moat::test::tcp_fault_proxy;
 
 namespace {
 
-std::size_t open_descriptors() {
-    std::size_t n = 0;
-    DIR* dir = ::opendir("/proc/self/fd");
-    REQUIRE(dir != nullptr);
-    while (const auto* entry = ::readdir(dir)) {
-        if (entry->d_name[0] != '.') ++n;
-    }
-    ::closedir(dir);
-    return n - 1;  // the directory stream itself
-}
+using moat::test::open_descriptors;
 
 const std::string big_body = [] {
     std::string s;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -131,6 +132,15 @@ long resident_bytes(pid_t pid) {
     long size = 0, resident = 0;
     in >> size >> resident;
     return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+std::size_t open_descriptors() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& entry :
+         std::filesystem::directory_iterator("/proc/self/fd")) {
+        ++n;
+    }
+    return n - 1;  // the iterator's own descriptor
 }
 
 }  // namespace moat::test

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,5 +42,8 @@ std::string read_file(const std::string& path);
 
 // Resident set size in bytes of `pid` (0: this process).
 long resident_bytes(pid_t pid = 0);
+
+// This process's open descriptors (/proc/self/fd), not counting the one that reads them.
+std::size_t open_descriptors();
 
 }  // namespace moat::test

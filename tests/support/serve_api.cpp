@@ -1,6 +1,6 @@
 #include "support/serve_api.hpp"
 
-#include <simdjson.h>
+#include "e2b_protocol/sandbox_replies.hpp"
 
 #include <chrono>
 
@@ -21,18 +21,12 @@ asio::awaitable<result<serve_sandbox>> async_create_serve_sandbox(http::client& 
         co_return make_error(errc::backend_failure, "create answered " +
                                                         std::to_string(reply->status()) + ": " +
                                                         reply->body.substr(0, 200));
-    simdjson::dom::parser parser;
-    const simdjson::padded_string text(reply->body);
-    simdjson::dom::element root;
-    std::string_view id;
-    std::string_view token;
-    if (parser.parse(text).get(root) != simdjson::SUCCESS ||
-        root["sandboxID"].get_string().get(id) != simdjson::SUCCESS ||
-        root["envdAccessToken"].get_string().get(token) != simdjson::SUCCESS)
+    auto parsed = e2b_protocol::parse_sandbox_reply(reply->body);
+    if (!parsed || parsed->envd_access_token.empty())
         co_return make_error(errc::protocol_error, "the create reply has no sandboxID or token");
     serve_sandbox made;
-    made.id = std::string(id);
-    made.token = std::string(token);
+    made.id = std::move(parsed->sandbox_id);
+    made.token = std::move(parsed->envd_access_token);
     co_return made;
 }
 

@@ -9,6 +9,7 @@
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 #include "core/json_writer.hpp"
+#include "e2b_protocol/sandbox_replies.hpp"
 #include "http/client.hpp"
 #include "http/connect_envelope.hpp"
 #include "serve/serve_host.hpp"
@@ -136,20 +137,14 @@ asio::awaitable<result<created_sandbox>> api_create(api_target t) {
     auto fetched = co_await api_call(
         t, "POST", "/sandboxes", R"({"templateID":"base","timeout":120})", 201, "POST /sandboxes");
     if (!fetched) co_return std::move(fetched).error();
-    simdjson::dom::parser parser;
-    const simdjson::padded_string padded(fetched->body);
-    simdjson::dom::element doc;
-    std::string_view id;
-    std::string_view token;
-    if (parser.parse(padded).get(doc) != simdjson::SUCCESS ||
-        doc["sandboxID"].get_string().get(id) != simdjson::SUCCESS ||
-        doc["envdAccessToken"].get_string().get(token) != simdjson::SUCCESS) {
+    auto reply = e2b_protocol::parse_sandbox_reply(fetched->body);
+    if (!reply || reply->envd_access_token.empty()) {
         co_return make_error(errc::protocol_error,
                              "POST /sandboxes: no sandboxID and envdAccessToken in the 201 body");
     }
     created_sandbox box;
-    box.id = std::string(id);
-    box.token = std::string(token);
+    box.id = std::move(reply->sandbox_id);
+    box.token = std::move(reply->envd_access_token);
     co_return box;
 }
 
