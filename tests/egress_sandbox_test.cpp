@@ -43,13 +43,31 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// One script, three servers: `http ROOT` and `https ROOT CERT KEY` serve ROOT's files;
-// `silent` accepts one connection, says "accepted", reads until EOF, says "eof". Each prints its
-// port first.
+// One script, four servers: `http ROOT` and `https ROOT CERT KEY` serve ROOT's files;
+// `silent` accepts one connection, says "accepted", reads until EOF, says "eof"; `source` says
+// "accepted" for every connection and writes zeros to it for as long as it takes them (its own
+// send buffer 64 KiB). Each prints its port first.
 constexpr const char* server_script = R"PY(
-import functools, http.server, socket, ssl, sys, time
+import functools, http.server, socket, ssl, sys, threading, time
 mode = sys.argv[1]
-if mode in ('http', 'https'):
+if mode == 'source':
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(64)
+    print(listener.getsockname()[1], flush=True)
+    def pour(connection):
+        zeros = bytes(65536)
+        try:
+            while True:
+                connection.sendall(zeros)
+        except OSError:
+            pass
+    while True:
+        connection, _ = listener.accept()
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        print('accepted', flush=True)
+        threading.Thread(target=pour, args=(connection,), daemon=True).start()
+elif mode in ('http', 'https'):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
     if mode == 'https':
@@ -677,4 +695,120 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE_FALSE(bad);
     CHECK(bad.error().code == moat::errc::invalid_argument);
     CHECK(bad.error().detail.find("py*pi.org") != std::string::npos);
+}
+
+namespace {
+
+// Host-wide TCP memory (/proc/net/sockstat's "mem", pages), in bytes.
+std::uint64_t tcp_memory_bytes() {
+    std::ifstream in("/proc/net/sockstat");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (!line.starts_with("TCP:")) continue;
+        const auto at = line.find(" mem ");
+        if (at == std::string::npos) return 0;
+        return std::stoull(line.substr(at + 5)) *
+               static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    }
+    return 0;
+}
+
+// A process in the sandbox that opens `count` CONNECT tunnels to hang.test:PORT and never reads
+// from them.
+moat::exec_request stalled_tunnels(std::uint16_t port, int count) {
+    moat::exec_request stall;
+    stall.shell =
+        "python3 -c \"import socket, time\nheld = []\nfor i in range(" + std::to_string(count) +
+        "):\n s = socket.create_connection(('127.0.0.1', 3128))\n s.sendall(b'CONNECT "
+        "hang.test:" +
+        std::to_string(port) + " HTTP/1.1\\r\\n\\r\\n')\n held.append(s)\ntime.sleep(600)\"";
+    return stall;
+}
+
+}  // namespace
+
+// The dev stage only (not under the sanitizers): a measurement that prints what it found.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+TEST_CASE_FIXTURE(local_fixture,
+                  "a sandbox with 32 stalled downloads pins a bounded amount of host memory, "
+                  "shown by moat inventory") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server source({"source"});
+    auto spec = hang_spec(static_cast<std::uint16_t>(source.port()));
+    spec.labels["test"] = "stalled-tunnels";
+    const auto box = create(spec);
+    const std::uint64_t tcp_before = tcp_memory_bytes();
+    auto started = run(
+        local->async_spawn(box.id, stalled_tunnels(static_cast<std::uint16_t>(source.port()), 32)));
+    REQUIRE(started);
+    for (int i = 0; i < 32; ++i)
+        REQUIRE(source.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    // Until what the proxy holds stops growing (bounded: 10 s).
+    std::uint64_t held = 0;
+    std::uint64_t last = 0;
+    for (int i = 0; i < 50; ++i) {
+        run(moat::test::pause(200ms));
+        const auto listed = run(local->async_list({{"test", "stalled-tunnels"}}));
+        REQUIRE(listed);
+        REQUIRE(listed->size() == 1);
+        REQUIRE(listed->front().egress_buffered_bytes);
+        held = *listed->front().egress_buffered_bytes;
+        if (held > 0 && held == last) break;
+        last = held;
+    }
+    const std::uint64_t tcp_after = tcp_memory_bytes();
+    MESSAGE("32 stalled downloads: the proxy holds "
+            << held / 1024 << " KiB of host memory ("
+            << "counted per sandbox, cap 16384 KiB); host-wide TCP memory grew by "
+            << (tcp_after > tcp_before ? (tcp_after - tcp_before) / 1024 : 0)
+            << " KiB (including the sandbox's own sockets and the test server's 32 x 64 KiB send "
+               "buffers)");
+    CHECK(held > 0);
+    CHECK(held <= moat::local_egress_limits{}.max_buffered_bytes);
+    // Another process sees it too.
+    const auto inventory = moat::test::moat_cli("inventory --json --label test=stalled-tunnels");
+    CHECK(inventory.exit_code == 0);
+    CHECK(inventory.output.find("\"egress_buffered_bytes\":0") == std::string::npos);
+    CHECK(inventory.output.find("\"egress_buffered_bytes\":") != std::string::npos);
+    destroy(box.id);
+}
+#endif
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "the egress byte budget is the sandbox's, whichever process serves it") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    std::ofstream(files.dir + "/www/big.bin") << std::string(600 * 1024, 'z');
+    host_server mirror({"http", files.dir + "/www"});
+    moat::local_options options;
+    options.egress.max_bytes = 1 << 20;
+    local = moat::make_local_backend(io.get_executor(), options);
+    moat::sandbox_spec spec;
+    spec.network = mirror_network({mirror.port()});
+    spec.survive_owner = true;
+    const auto box = create(spec);
+    const std::string fetch =
+        "curl -sS --max-time 20 -o /dev/null -w '%{size_download}' http://pypi.test:" +
+        std::to_string(mirror.port()) + "/big.bin";
+    CHECK(sh(box.id, fetch).out.text() == "614400");  // 600 KiB of the 1 MiB
+    // The creator goes; a process that attaches later (its own default of 4 GiB) serves the
+    // sandbox's proxy under the budget the sandbox was created with, and what is left of it.
+    local.reset();
+    io.run_for(200ms);
+    local = moat::make_local_backend(io.get_executor());
+    REQUIRE(run(local->async_attach(box.id)));
+    const auto second = sh(box.id, fetch);
+    CHECK(second.out.text() != "614400");  // cut off at the budget
+    const auto third = sh(box.id,
+                          "curl -sS --max-time 20 -o /dev/null -w '%{http_code}' "
+                          "http://pypi.test:" +
+                              std::to_string(mirror.port()) + "/hello.txt");
+    CHECK(third.out.text() == "403");  // the budget is used up
+    const auto listed = run(local->async_list({}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) {
+        if (info.id == box.id)
+            CHECK(info.egress_bytes_used == std::optional<std::uint64_t>(1 << 20));
+    }
+    destroy(box.id);
 }

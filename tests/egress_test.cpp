@@ -1,6 +1,7 @@
 // The egress proxy's host side (src/egress): the policy, address classification and request
 // parsing as pure functions, then the proxy itself over real loopback sockets.
 #include "egress/address_policy.hpp"
+#include "egress/byte_meter.hpp"
 #include "egress/egress_proxy.hpp"
 #include "egress/network_policy.hpp"
 #include "egress/proxy_request.hpp"
@@ -19,9 +20,14 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <list>
 #include <memory>
@@ -545,10 +551,11 @@ struct proxy_fixture {
 
     // Registers `id` with the proxy and returns the loopback port its connections arrive on.
     std::uint16_t add_sandbox(const std::string& id, network_request request,
-                              egress_limits limits = {}) {
+                              egress_limits limits = {},
+                              std::shared_ptr<byte_meter> meter = nullptr) {
         auto policy = make_network_policy(request);
         REQUIRE(policy);
-        REQUIRE(proxy.add_sandbox(id, std::move(*policy), limits));
+        REQUIRE(proxy.add_sandbox(id, std::move(*policy), limits, std::move(meter)));
         tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
         auto& door = doors.emplace_back(front_door{std::move(acceptor), id});
         tasks.spawn(front_loop(&door, &proxy));
@@ -1266,4 +1273,256 @@ asio::awaitable<void> pipelined_case(proxy_fixture* f) {
 TEST_CASE("bytes a client sends right behind its request head reach the upstream in order") {
     proxy_fixture f;
     moat::test::run_async(f.io, pipelined_case(&f));
+}
+
+// ---- Host memory, the byte budget across processes, the host's own addresses (issue 30) ------
+
+namespace {
+
+// Waits until the sandbox's buffered bytes stop growing (two equal readings 100 ms apart), and
+// returns them. Bounded: at most 5 s.
+asio::awaitable<std::uint64_t> settled_buffers(proxy_fixture* f, std::string id) {
+    asio::steady_timer tick(f->io);
+    std::uint64_t last = 0;
+    for (int i = 0; i < 50; ++i) {
+        tick.expires_after(std::chrono::milliseconds(100));
+        co_await tick.async_wait(asio::use_awaitable);
+        const std::uint64_t now = f->proxy.stats(id)->buffered_bytes;
+        if (now == last && now > 0) break;
+        last = now;
+    }
+    co_return f->proxy.stats(id)->buffered_bytes;
+}
+
+asio::awaitable<void> stalled_tunnels_case(proxy_fixture* f) {
+    auto& source = f->start_upstream(server_kind::source, std::size_t{256} << 20);
+    const auto target = "download.test:" + std::to_string(source.port());
+    const auto request = allow({target}, {"download.test=127.0.0.1"}, {"127.0.0.0/8"});
+    const egress_limits defaults;
+    const auto port = f->add_sandbox("sb-1", request, defaults);
+    // 32 downloads whose reader never reads (a sandbox that stalls its tunnels).
+    std::vector<tcp::socket> stalled;
+    for (int i = 0; i < 32; ++i) stalled.push_back(co_await open_tunnel(port, target));
+    const std::uint64_t held = co_await settled_buffers(f, "sb-1");
+    MESSAGE("host memory held by the proxy for 32 stalled downloads: " << held / 1024 << " KiB");
+    CHECK(held > 0);
+    CHECK(held <= defaults.max_buffered_bytes);
+
+    // A sandbox whose cap is lower than what its stalled tunnels hold gets 429 for the next one.
+    egress_limits tight;
+    tight.max_buffered_bytes = 512 * 1024;
+    const auto tight_port = f->add_sandbox("sb-2", request, tight);
+    std::vector<tcp::socket> more;
+    std::string refused;
+    for (int i = 0; i < 16 && refused.empty(); ++i) {
+        auto socket = co_await connect_to(tight_port);
+        const std::string connect = "CONNECT " + target + " HTTP/1.1\r\n\r\n";
+        auto buffer = asio::buffer(connect);
+        co_await asio::async_write(socket, buffer, asio::use_awaitable);
+        const auto head = co_await read_head(socket);
+        if (head.starts_with("HTTP/1.1 429")) {
+            refused = body_of(head + co_await read_all(socket));
+            break;
+        }
+        CHECK(head == "HTTP/1.1 200 Connection established\r\n\r\n");
+        more.push_back(std::move(socket));
+        (void)co_await settled_buffers(f, "sb-2");
+    }
+    MESSAGE("tunnels admitted under a 512 KiB cap: " << more.size()
+                                                     << "; refused with: " << refused);
+    CHECK(refused.starts_with("this sandbox's proxied connections hold "));
+    CHECK(
+        refused.ends_with(" bytes of host buffers its programs have not read, past its limit "
+                          "of 524288\n"));
+    CHECK(more.size() < 16);
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "32 stalled downloads hold a bounded, counted amount of host memory, and past a sandbox's "
+    "cap its next connection gets 429") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, stalled_tunnels_case(&f));
+}
+
+namespace {
+
+// A temporary directory for meter files, removed at the end.
+struct meter_directory {
+    std::filesystem::path path;
+    meter_directory() {
+        char pattern[] = "/tmp/moat-meter-XXXXXX";
+        REQUIRE(::mkdtemp(pattern) != nullptr);
+        path = pattern;
+    }
+    ~meter_directory() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+// Two proxies (as two processes attached to one sandbox would have) charging one meter file.
+asio::awaitable<void> shared_budget_case(proxy_fixture* f, doomed_proxy* other,
+                                         std::string meter_path) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto target = "echo.test:" + std::to_string(echo.port());
+    const auto request = allow({target}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"});
+    egress_limits limits;
+    limits.max_bytes = 10000;
+    auto first_meter = byte_meter::open_file(meter_path);
+    REQUIRE(first_meter);
+    const auto port = f->add_sandbox("sb-1", request, limits, *first_meter);
+    auto tunnel = co_await open_tunnel(port, target);
+    CHECK(co_await echo_through(tunnel, std::string(4000, 'x')) == std::string(4000, 'x'));
+    tunnel.shutdown(tcp::socket::shutdown_send);
+    CHECK(co_await closed_by_peer(tunnel));
+
+    // The second process: its own proxy, the same sandbox, the same meter.
+    auto second_meter = byte_meter::open_file(meter_path);
+    REQUIRE(second_meter);
+    CHECK((*second_meter)->used() == 8000);
+    auto policy = make_network_policy(request);
+    REQUIRE(policy);
+    REQUIRE(other->proxy->add_sandbox("sb-1", std::move(*policy), limits, *second_meter));
+    tcp::acceptor acceptor(f->io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    other->door.emplace(front_door{std::move(acceptor), "sb-1"});
+    f->tasks.spawn(front_loop(&*other->door, other->proxy.get()));
+    auto second = co_await open_tunnel(other->door->port(), target);
+    const std::string more(4000, 'y');
+    auto buffer = asio::buffer(more);
+    co_await asio::async_write(second, buffer, asio::use_awaitable);
+    const auto rest = co_await read_all(second);
+    CHECK(rest.size() < more.size());  // closed at the sandbox's budget, not a fresh one
+    CHECK(other->proxy->stats("sb-1")->bytes_used == 10000);
+    CHECK(f->proxy.stats("sb-1")->bytes_used == 10000);
+    const auto reading = read_meter_file(meter_path);
+    REQUIRE(reading);
+    CHECK(reading->bytes_used == 10000);
+    const auto reply = co_await exchange(port, "CONNECT " + target + " HTTP/1.1\r\n\r\n");
+    CHECK(body_of(reply) == "this sandbox's egress byte budget (10000 bytes) is used up\n");
+    other->door->acceptor.close();
+    co_await other->proxy->async_shutdown();
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("two proxies serving one sandbox charge one byte budget kept in its meter file") {
+    meter_directory dir;
+    proxy_fixture f;
+    doomed_proxy other;
+    other.proxy = std::make_unique<egress_proxy>(f.io.get_executor(), nullptr);
+    moat::test::run_async(f.io,
+                          shared_budget_case(&f, &other, (dir.path / "sb-1.egress").string()));
+}
+
+TEST_CASE("a byte meter file of another size is refused, and a missing one reads as absent") {
+    meter_directory dir;
+    const auto path = (dir.path / "bad.egress").string();
+    CHECK_FALSE(read_meter_file(path));
+    {
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        REQUIRE(fd >= 0);
+        CHECK(::write(fd, "abc", 3) == 3);
+        ::close(fd);
+    }
+    const auto opened = byte_meter::open_file(path);
+    REQUIRE_FALSE(opened);
+    CHECK(opened.error().detail == "egress byte meter " + path + " is 3 bytes, not 16");
+    CHECK_FALSE(read_meter_file(path));
+    // A fresh one starts at zero, charges up to its limit and no further.
+    auto fresh = byte_meter::open_file((dir.path / "good.egress").string());
+    REQUIRE(fresh);
+    CHECK((*fresh)->try_charge(60, 100));
+    CHECK_FALSE((*fresh)->try_charge(50, 100));
+    CHECK((*fresh)->used() == 100);
+    (*fresh)->add_buffered(700);
+    (*fresh)->add_buffered(-1000);
+    CHECK((*fresh)->buffered() == 0);
+}
+
+namespace {
+
+// The test's own network namespace for this thread (network namespaces are per thread), left on
+// destruction; nothing else of the host's network changes.
+class own_network_namespace {
+  public:
+    own_network_namespace() {
+        original_ = ::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+        REQUIRE(original_ >= 0);
+        REQUIRE(::unshare(CLONE_NEWNET) == 0);
+    }
+    ~own_network_namespace() {
+        CHECK(::setns(original_, CLONE_NEWNET) == 0);
+        ::close(original_);
+    }
+    own_network_namespace(const own_network_namespace&) = delete;
+    own_network_namespace& operator=(const own_network_namespace&) = delete;
+
+    // Runs `ip ARGS` in this namespace (a child forked from this thread starts in it).
+    static void ip(const std::string& args) {
+        const std::string command = "ip " + args + " >/dev/null 2>&1";
+        REQUIRE_MESSAGE(std::system(command.c_str()) == 0, command);
+    }
+
+  private:
+    int original_ = -1;
+};
+
+asio::awaitable<std::string> refusal_body(std::uint16_t door, std::string target) {
+    const auto reply = co_await exchange(door, "CONNECT " + target + " HTTP/1.1\r\n\r\n");
+    co_return reply.starts_with("HTTP/1.1 200") ? std::string("(connected)") : body_of(reply);
+}
+
+asio::awaitable<void> host_address_case(proxy_fixture* f) {
+    // What the host serves on every address: an echo server on [::] (IPv4 too).
+    tcp::acceptor any(f->io, tcp::endpoint(asio::ip::address_v6::any(), 0));
+    auto& server = f->upstreams.emplace_back(upstream_server{std::move(any), server_kind::echo});
+    f->tasks.spawn(upstream_loop(&server, &f->tasks));
+    const std::string port = std::to_string(server.port());
+    network_request everything;
+    everything.mode = network_mode::all;
+    const auto door = f->add_sandbox("sb-all", everything);
+
+    CHECK(co_await refusal_body(door, "203.0.114.1:" + port) ==
+          "host 203.0.114.1 is an address of this host\n");
+    CHECK(co_await refusal_body(door, "[2001:db9::1]:" + port) ==
+          "host 2001:db9::1 is an address of this host\n");
+    // Kept current: the address moves, and the verdicts move with it.
+    own_network_namespace::ip("addr del 203.0.114.1/32 dev lo");
+    own_network_namespace::ip("addr add 203.0.114.2/32 dev lo");
+    CHECK(co_await refusal_body(door, "203.0.114.2:" + port) ==
+          "host 203.0.114.2 is an address of this host\n");
+    const auto gone = co_await refusal_body(door, "203.0.114.1:" + port);
+    CHECK(gone.starts_with("could not connect to 203.0.114.1:" + port));  // no route: not ours
+
+    // A name that resolves to one is refused as such; an operator's exact --allow-address opens it.
+    network_request pinned = everything;
+    pinned.resolve = {"mine.test=203.0.114.2"};
+    const auto pinned_door = f->add_sandbox("sb-pinned", pinned);
+    CHECK(co_await refusal_body(pinned_door, "mine.test:" + port) ==
+          "mine.test resolves to 203.0.114.2, an address of this host\n");
+    network_request opened = everything;
+    opened.allow_addresses = {"203.0.114.2/32"};
+    const auto opened_door = f->add_sandbox("sb-opened", opened);
+    auto tunnel = co_await open_tunnel(opened_door, "203.0.114.2:" + port);
+    CHECK(co_await echo_through(tunnel, "ours, by the operator's word") ==
+          "ours, by the operator's word");
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("the host's own addresses are refused like loopback, as the kernel sees them now") {
+    // Both addresses are public unicast to the policy: only the host check refuses them.
+    CHECK(classify_address(asio::ip::make_address("203.0.114.1")) == address_class::public_unicast);
+    CHECK(classify_address(asio::ip::make_address("2001:db9::1")) == address_class::public_unicast);
+    own_network_namespace netns;
+    own_network_namespace::ip("link set lo up");
+    own_network_namespace::ip("addr add 203.0.114.1/32 dev lo");
+    own_network_namespace::ip("addr add 2001:db9::1/128 dev lo nodad");
+    proxy_fixture f;
+    moat::test::run_async(f.io, host_address_case(&f));
 }

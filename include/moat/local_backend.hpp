@@ -58,6 +58,21 @@
 
 namespace moat {
 
+// What each sandbox's egress proxy allows (docs/network.md). A sandbox keeps the values it was
+// created with (in its record): a process that attaches to it later applies those, not its own.
+struct local_egress_limits {
+    // Bytes relayed both ways over the sandbox's life, counted in one meter every process that
+    // serves the sandbox charges (a connection that passes it is closed, later ones get 403).
+    std::uint64_t max_bytes = std::uint64_t{4} << 30;
+    // Proxied connections open at once, per serving process (the next one gets 429).
+    std::uint32_t max_connections = 32;
+    // Host memory the sandbox's proxied connections may hold in socket buffers and pipes, per
+    // serving process (past it, a new connection gets 429). Each connection's own buffers are
+    // fixed small, so 32 connections whose reader stalls hold a few MiB.
+    std::uint64_t max_buffered_bytes = std::uint64_t{16} << 20;
+    bool operator==(const local_egress_limits&) const = default;
+};
+
 struct local_options {
     // 0700 directory for the helper's state (template root, sandbox records); every moat process
     // on a host should share it, so that list() and the janitor see every sandbox. (Uid ranges are
@@ -79,6 +94,8 @@ struct local_options {
     // Threads doing streamed file I/O off the executor (at least 1), started by the first
     // stream. Streams beyond this many wait in the pool's queue, one job per stream.
     std::size_t file_threads = 2;
+    // Limits of the egress proxy of each sandbox this backend creates.
+    local_egress_limits egress;
 };
 
 std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,

@@ -193,6 +193,10 @@ struct sandbox_info {
     // backend::async_list (not by inspect, which stays cheap), as of the call.
     std::optional<std::uint64_t> memory_used_bytes;
     std::optional<std::uint64_t> pids_current;
+    // Local backend, a sandbox with a network: bytes its egress moved over its life, and the host
+    // memory its proxied connections hold now (as last measured by the processes serving it).
+    std::optional<std::uint64_t> egress_bytes_used;
+    std::optional<std::uint64_t> egress_buffered_bytes;
 };
 
 // "running" or "exited".

@@ -1,7 +1,8 @@
 // moat ls and moat inventory: every sandbox recorded on this host (the shared state directory),
 // whichever process created it: a table for people, or a JSON array with --json. A sandbox whose
 // pid 1 is gone but whose record remains (its creator died; the janitor removes it) shows as
-// `exited`. The inventory adds the owner instance and current memory and pids usage.
+// `exited`. The inventory adds the owner instance, current memory and pids usage, and for a
+// sandbox with a network the bytes its egress moved and the host memory its tunnels hold.
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -44,16 +45,19 @@ asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
     } else if (o.inventory) {
         const auto now = std::chrono::system_clock::now();
         char line[768];
-        std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-28s %s\n", "ID",
-                      "STATE", "AGE", "EXPIRES", "MEMORY", "PIDS", "OWNER", "LABELS");
+        std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-9s %-9s %-28s %s\n",
+                      "ID", "STATE", "AGE", "EXPIRES", "MEMORY", "PIDS", "EGRESS", "BUFFERED",
+                      "OWNER", "LABELS");
         out = line;
         for (const auto& info : *listed) {
             const std::string pids = info.pids_current ? std::to_string(*info.pids_current) : "-";
-            std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-28s %s\n",
+            std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-9s %-9s %-28s %s\n",
                           info.id.c_str(), to_string(info.state),
                           format_span(now - info.created_at).c_str(),
                           format_span(info.expires_at - now).c_str(),
                           megabytes(info.memory_used_bytes).c_str(), pids.c_str(),
+                          megabytes(info.egress_bytes_used).c_str(),
+                          megabytes(info.egress_buffered_bytes).c_str(),
                           info.owner_instance.c_str(), labels_text(info.labels).c_str());
             out += line;
         }

@@ -58,6 +58,18 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     } else {
         w.null();
     }
+    w.key("egress_bytes_used");
+    if (info.egress_bytes_used) {
+        w.value(*info.egress_bytes_used);
+    } else {
+        w.null();
+    }
+    w.key("egress_buffered_bytes");
+    if (info.egress_buffered_bytes) {
+        w.value(*info.egress_buffered_bytes);
+    } else {
+        w.null();
+    }
     w.key("layers").begin_array();
     for (const auto& layer : info.layers) w.value(layer);
     w.end_array();

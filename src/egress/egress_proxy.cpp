@@ -12,8 +12,12 @@
 #include <asio/write.hpp>
 
 #include "core/unique_fd.hpp"
+#include "egress/host_addresses.hpp"
 
 #include <fcntl.h>
+#include <linux/sock_diag.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,18 +37,27 @@ constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
 constexpr std::size_t relay_chunk_bytes = 1024 * 1024;
 constexpr std::size_t head_read_bytes = 4096;
 constexpr std::size_t lingering_close_bytes = 256 * 1024;
+// How often the buffered bytes of open connections are measured and published to the meter.
+constexpr auto buffer_sample_interval = std::chrono::seconds(1);
 
 struct sandbox_entry {
     std::string id;
     network_policy policy;
     egress_limits limits;
-    std::uint64_t bytes_used = 0;
+    std::shared_ptr<byte_meter> meter;
+    std::uint64_t published_buffered = 0;  // this proxy's share of meter->buffered()
     bool is_closed = false;
     std::set<struct connection*> connections;
     std::size_t refusing = 0;  // door refusals in flight (not in `connections`)
 };
 
 enum class phase { head, connect, relay, reply };
+
+// One direction's pipe for splice(2).
+struct relay_pipe {
+    unique_fd read_end;
+    unique_fd write_end;
+};
 
 struct connection : std::enable_shared_from_this<connection> {
     connection(std::shared_ptr<sandbox_entry> owner, asio::generic::stream_protocol::socket socket)
@@ -71,6 +84,8 @@ struct connection : std::enable_shared_from_this<connection> {
     std::string close_reason = "done";
     std::uint64_t bytes_out = 0;
     std::uint64_t bytes_in = 0;
+    relay_pipe to_upstream;
+    relay_pipe to_sandbox;
 
     void close(std::string reason) {
         if (is_closed) return;
@@ -126,6 +141,46 @@ std::string host_and_port(const std::string& host, std::uint16_t port) {
     return host + ":" + std::to_string(port);
 }
 
+// The host memory a socket holds: its receive queue and its send queue as the kernel counts them
+// (with their bookkeeping overhead), 0 for a closed one.
+std::uint64_t socket_memory(int fd) {
+    if (fd < 0) return 0;
+    std::uint32_t info[SK_MEMINFO_VARS] = {};
+    socklen_t length = sizeof info;
+    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, info, &length) != 0) return 0;
+    return std::uint64_t{info[SK_MEMINFO_RMEM_ALLOC]} + info[SK_MEMINFO_WMEM_QUEUED];
+}
+
+std::uint64_t pipe_bytes(const relay_pipe& pipe) {
+    int n = 0;
+    if (!pipe.read_end.is_open() || ::ioctl(pipe.read_end.get(), FIONREAD, &n) != 0 || n < 0)
+        return 0;
+    return static_cast<std::uint64_t>(n);
+}
+
+std::uint64_t buffered_bytes(connection& c) {
+    return socket_memory(c.client.native_handle()) + socket_memory(c.upstream.native_handle()) +
+           pipe_bytes(c.to_upstream) + pipe_bytes(c.to_sandbox);
+}
+
+// Measures what the sandbox's connections hold and publishes the change to its meter.
+std::uint64_t publish_buffered(sandbox_entry& sandbox) {
+    std::uint64_t total = 0;
+    for (auto* c : sandbox.connections) total += buffered_bytes(*c);
+    sandbox.meter->add_buffered(static_cast<std::int64_t>(total) -
+                                static_cast<std::int64_t>(sandbox.published_buffered));
+    sandbox.published_buffered = total;
+    return total;
+}
+
+// Fixed buffers for one of a connection's sockets (egress_limits): best effort, a socket the
+// kernel refuses them for keeps its defaults.
+void set_buffer_sizes(int fd, std::size_t bytes) {
+    const int size = static_cast<int>(bytes);
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
 // The addresses to check and connect to, or a refusal (status + line).
 struct resolution {
     std::vector<asio::ip::address> addresses;
@@ -137,12 +192,16 @@ struct resolution {
 
 struct egress_proxy::impl {
     impl(asio::any_io_executor ex, event_sink s)
-        : executor(ex), sink(std::move(s)), tasks(ex, "egress proxy") {}
+        : executor(ex), sink(std::move(s)), tasks(ex, "egress proxy"), sampler(ex) {}
 
     asio::any_io_executor executor;
     event_sink sink;
     task_group tasks;
     std::map<std::string, std::shared_ptr<sandbox_entry>, std::less<>> sandboxes;
+    // Measures every sandbox's buffered bytes once per buffer_sample_interval while any has
+    // connections open (publish_buffered), so the meters stay current for `moat inventory`.
+    asio::steady_timer sampler;
+    bool is_sampling = false;
 
     void emit(const egress_event& event) {
         if (!sink) return;
@@ -239,12 +298,10 @@ asio::awaitable<resolution> resolve(std::shared_ptr<connection> c, const std::st
 // would pass its byte budget.
 bool charge(connection& c, std::size_t n, std::uint64_t& counter) {
     auto& sandbox = *c.sandbox;
-    if (sandbox.bytes_used + n > sandbox.limits.max_bytes) {
-        sandbox.bytes_used = sandbox.limits.max_bytes;
+    if (!sandbox.meter->try_charge(n, sandbox.limits.max_bytes)) {
         c.close("byte budget");
         return false;
     }
-    sandbox.bytes_used += n;
     counter += n;
     c.last_activity = clock::now();
     return true;
@@ -256,16 +313,19 @@ bool charge(connection& c, std::size_t n, std::uint64_t& counter) {
 // the pipe: a direction forwards at most what is left of it, and one byte past it closes the
 // connection. A descriptor splice refuses closes the connection ("reset").
 template <class From, class To>
-asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
+asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to, relay_pipe& pipe,
                            std::uint64_t& counter) {
     int ends[2];
     if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
         c->close("reset");
         co_return;
     }
-    unique_fd pipe_out(ends[0]);
-    unique_fd pipe_in(ends[1]);
-    (void)::fcntl(pipe_in.get(), F_SETPIPE_SZ, static_cast<int>(relay_chunk_bytes));
+    pipe.read_end.reset(ends[0]);
+    pipe.write_end.reset(ends[1]);
+    const int pipe_out = ends[0];
+    const int pipe_in = ends[1];
+    // The kernel rounds up to a power of two pages; it never takes less than a page.
+    (void)::fcntl(pipe_in, F_SETPIPE_SZ, static_cast<int>(c->sandbox->limits.sandbox_buffer_bytes));
     std::error_code ec;
     from.native_non_blocking(true, ec);
     if (!ec) to.native_non_blocking(true, ec);
@@ -275,12 +335,14 @@ asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
     }
     while (!c->is_closed) {
         auto& sandbox = *c->sandbox;
-        const std::uint64_t left = sandbox.limits.max_bytes - sandbox.bytes_used;
+        const std::uint64_t used = sandbox.meter->used();
+        const std::uint64_t left =
+            used < sandbox.limits.max_bytes ? sandbox.limits.max_bytes - used : 0;
         // At the budget, one more byte in shows the connection would pass it.
         const std::size_t want =
             left == 0 ? 1
                       : static_cast<std::size_t>(std::min<std::uint64_t>(relay_chunk_bytes, left));
-        const ssize_t in = ::splice(from.native_handle(), nullptr, pipe_in.get(), nullptr, want,
+        const ssize_t in = ::splice(from.native_handle(), nullptr, pipe_in, nullptr, want,
                                     SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
         if (in < 0 && errno == EINTR) continue;
         if (in < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -303,8 +365,8 @@ asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
         if (!charge(*c, static_cast<std::size_t>(in), counter)) co_return;
         std::size_t pending = static_cast<std::size_t>(in);
         while (pending > 0 && !c->is_closed) {
-            const ssize_t out = ::splice(pipe_out.get(), nullptr, to.native_handle(), nullptr,
-                                         pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            const ssize_t out = ::splice(pipe_out, nullptr, to.native_handle(), nullptr, pending,
+                                         SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
             if (out < 0 && errno == EINTR) continue;
             if (out < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
                 auto [wait_error] =
@@ -329,8 +391,8 @@ asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to,
 
 asio::awaitable<void> relay(std::shared_ptr<connection> c) {
     using namespace asio::experimental::awaitable_operators;
-    auto up = pump(c, c->client, c->upstream, c->bytes_out);
-    auto down = pump(c, c->upstream, c->client, c->bytes_in);
+    auto up = pump(c, c->client, c->upstream, c->to_upstream, c->bytes_out);
+    auto down = pump(c, c->upstream, c->client, c->to_sandbox, c->bytes_in);
     auto both = std::move(up) && std::move(down);
     co_await std::move(both);
 }
@@ -376,6 +438,23 @@ host_reading read_host(const proxy_request& request) {
     }
     out.name = std::move(*name);
     return out;
+}
+
+// The refusal line when `address` is one of this host's own (host_addresses.hpp), as loopback is
+// refused: unless an operator's --allow-address range covers it.
+std::optional<std::string> host_address_refusal(const asio::ip::address& address,
+                                                const host_reading& host,
+                                                const network_policy& policy) {
+    for (const auto& range : policy.allowed_ranges()) {
+        if (range.contains(address)) return std::nullopt;
+    }
+    const auto verdict = check_host_address(address);
+    if (verdict == host_address_verdict::elsewhere) return std::nullopt;
+    const std::string what = verdict == host_address_verdict::this_host
+                                 ? "an address of this host"
+                                 : "an address this host could not check is not its own";
+    if (host.address) return "host " + host.name + " is " + what;
+    return host.name + " resolves to " + address.to_string() + ", " + what;
 }
 
 asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
@@ -439,7 +518,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
         co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
         co_return;
     }
-    if (c->sandbox->bytes_used >= limits.max_bytes) {
+    if (c->sandbox->meter->used() >= limits.max_bytes) {
         std::string line = "this sandbox's egress byte budget (" +
                            std::to_string(limits.max_bytes) + " bytes) is used up";
         co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
@@ -467,6 +546,10 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
             co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
             co_return;
         }
+        if (auto line = host_address_refusal(address, host, policy)) {
+            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(*line));
+            co_return;
+        }
     }
     std::error_code connect_error = asio::error::host_not_found;
     for (const auto& address : resolved.addresses) {
@@ -474,6 +557,14 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
         std::error_code ignored;
         c->upstream.close(ignored);
         const asio::ip::tcp::endpoint endpoint(address, request.port);
+        std::error_code opened;
+        c->upstream.open(endpoint.protocol(), opened);
+        if (opened) {
+            connect_error = opened;
+            continue;
+        }
+        // Before the connect, so the window it offers is sized by them.
+        set_buffer_sizes(c->upstream.native_handle(), limits.upstream_buffer_bytes);
         auto [ec] = co_await c->upstream.async_connect(endpoint, use_tuple);
         connect_error = ec;
         if (!ec) break;
@@ -516,9 +607,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
         first = request.upstream_head;
     }
     first.append(buffered, request.head_bytes);
-    if (!c->is_closed && !first.empty()) {
-        c->sandbox->bytes_used += first.size();
-        c->bytes_out += first.size();
+    if (!c->is_closed && !first.empty() && charge(*c, first.size(), c->bytes_out)) {
         auto buffer = asio::buffer(first);
         auto [ec, n] = co_await asio::async_write(c->upstream, buffer, use_tuple);
         (void)n;
@@ -536,6 +625,25 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
     closed.bytes_out = c->bytes_out;
     closed.bytes_in = c->bytes_in;
     emit_to(proxy, closed);
+}
+
+void sample_buffers_soon(const std::shared_ptr<egress_proxy::impl>& proxy) {
+    if (proxy->is_sampling) return;
+    proxy->is_sampling = true;
+    proxy->sampler.expires_after(buffer_sample_interval);
+    std::weak_ptr<egress_proxy::impl> weak = proxy;
+    proxy->sampler.async_wait([weak](std::error_code ec) {
+        auto live = weak.lock();
+        if (!live) return;
+        live->is_sampling = false;
+        if (ec) return;
+        bool any_open = false;
+        for (auto& [id, sandbox] : live->sandboxes) {
+            publish_buffered(*sandbox);
+            any_open = any_open || !sandbox->connections.empty();
+        }
+        if (any_open) sample_buffers_soon(live);
+    });
 }
 
 // A refusal past max_connections, counted in its sandbox's `refusing` while it runs (the count
@@ -574,11 +682,13 @@ egress_proxy::~egress_proxy() {
              std::vector<connection*>(sandbox->connections.begin(), sandbox->connections.end())) {
             c->close("proxy destroyed");
         }
+        // This process's connections are gone: its share of the meter goes with them.
+        sandbox->meter->add_buffered(-static_cast<std::int64_t>(sandbox->published_buffered));
     }
 }
 
 result<void> egress_proxy::add_sandbox(std::string sandbox_id, network_policy policy,
-                                       egress_limits limits) {
+                                       egress_limits limits, std::shared_ptr<byte_meter> meter) {
     if (impl_->sandboxes.contains(sandbox_id)) {
         return make_error(errc::invalid_argument,
                           "sandbox " + sandbox_id + " already has an egress policy");
@@ -587,6 +697,7 @@ result<void> egress_proxy::add_sandbox(std::string sandbox_id, network_policy po
     entry->id = sandbox_id;
     entry->policy = std::move(policy);
     entry->limits = limits;
+    entry->meter = meter ? std::move(meter) : std::make_shared<byte_meter>();
     impl_->sandboxes.emplace(std::move(sandbox_id), std::move(entry));
     return {};
 }
@@ -604,10 +715,17 @@ void egress_proxy::serve(std::string_view sandbox_id,
         return;
     }
     auto c = std::make_shared<connection>(it->second, std::move(socket));
-    const auto& sandbox = *it->second;
-    if (sandbox.connections.size() >= sandbox.limits.max_connections) {
-        std::string line = "this sandbox has " + std::to_string(sandbox.connections.size()) +
-                           " proxied connections open, its limit";
+    auto& sandbox = *it->second;
+    const bool at_connection_limit = sandbox.connections.size() >= sandbox.limits.max_connections;
+    const std::uint64_t buffered = at_connection_limit ? 0 : publish_buffered(sandbox);
+    if (at_connection_limit || buffered >= sandbox.limits.max_buffered_bytes) {
+        std::string line =
+            at_connection_limit
+                ? "this sandbox has " + std::to_string(sandbox.connections.size()) +
+                      " proxied connections open, its limit"
+                : "this sandbox's proxied connections hold " + std::to_string(buffered) +
+                      " bytes of host buffers its programs have not read, past its limit of " +
+                      std::to_string(sandbox.limits.max_buffered_bytes);
         if (sandbox.refusing >= sandbox.limits.max_refusing) {
             // Already answering as many refusals as it may: this one is closed unanswered.
             c->close("refused");
@@ -622,9 +740,11 @@ void egress_proxy::serve(std::string_view sandbox_id,
         impl_->tasks.spawn(refuse_at_door(std::move(c), impl_, std::move(line)));
         return;
     }
+    set_buffer_sizes(c->client.native_handle(), sandbox.limits.sandbox_buffer_bytes);
     // Registered now, not when the task first runs, so the limit counts it at once.
-    it->second->connections.insert(c.get());
+    sandbox.connections.insert(c.get());
     impl_->tasks.spawn(run_connection(std::move(c), impl_));
+    sample_buffers_soon(impl_);
 }
 
 std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {
@@ -635,20 +755,28 @@ std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {
     sandbox->is_closed = true;
     const std::vector<connection*> open(sandbox->connections.begin(), sandbox->connections.end());
     for (auto* c : open) c->close("sandbox closed");
+    sandbox->meter->add_buffered(-static_cast<std::int64_t>(sandbox->published_buffered));
+    sandbox->published_buffered = 0;
     return open.size();
 }
 
 std::optional<egress_sandbox_stats> egress_proxy::stats(std::string_view sandbox_id) const {
     auto it = impl_->sandboxes.find(sandbox_id);
     if (it == impl_->sandboxes.end()) return std::nullopt;
-    return egress_sandbox_stats{it->second->connections.size(), it->second->bytes_used,
-                                it->second->refusing};
+    auto& sandbox = *it->second;
+    egress_sandbox_stats out;
+    out.active_connections = sandbox.connections.size();
+    out.bytes_used = sandbox.meter->used();
+    out.refusing_connections = sandbox.refusing;
+    out.buffered_bytes = publish_buffered(sandbox);
+    return out;
 }
 
 asio::awaitable<void> egress_proxy::async_shutdown() {
     std::vector<std::string> ids;
     for (const auto& [id, sandbox] : impl_->sandboxes) ids.push_back(id);
     for (const auto& id : ids) close_sandbox(id);
+    impl_->sampler.cancel();
     co_await impl_->tasks.async_wait_all();
 }
 

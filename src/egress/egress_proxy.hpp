@@ -11,17 +11,19 @@
 // A refusal is an HTTP reply with one line saying why ("host example.com is not on this
 // sandbox's allow-list"), then the connection closes.
 //
-// Bounds per sandbox (egress_limits): concurrent connections (the next one gets 429), bytes
-// relayed in both directions over the sandbox's life (a connection that passes the budget is
-// closed, later ones get 403), idle time of a relayed connection, time to send the request head,
-// and time to resolve and connect (504). Every decision is an egress_event through the sink given
-// at construction: the sandbox id, host, port, outcome and byte counts, never request content.
+// Bounds per sandbox (egress_limits): concurrent connections and the host memory they buffer (the
+// next one gets 429), bytes relayed in both directions over the sandbox's life (a connection that
+// passes the budget is closed, later ones get 403), idle time of a relayed connection, time to send
+// the request head, and time to resolve and connect (504). Every decision is an egress_event
+// through the sink given at construction: the sandbox id, host, port, outcome and byte counts,
+// never request content.
 //
 // Confined to its executor: construct it, call every member, and run the sink there (give a
 // strand if the io_context runs on several threads). It never blocks the executor: every step
 // is asynchronous, name resolution included. Call async_shutdown() before destroying it.
 #pragma once
 
+#include "egress/byte_meter.hpp"
 #include "egress/network_policy.hpp"
 #include "egress/proxy_request.hpp"
 
@@ -53,6 +55,17 @@ struct egress_limits {
     // max_connections + max_refusing of the host's descriptors.
     std::size_t max_refusing = 8;
     std::chrono::milliseconds refusal_linger{std::chrono::seconds(1)};
+    // Host memory. Each proxied connection's two sockets get fixed buffers (SO_RCVBUF and
+    // SO_SNDBUF; the kernel doubles the number for its bookkeeping) instead of the kernel's
+    // autotuning, which lets one tunnel whose reader stalls hold several MiB; each direction's
+    // pipe holds at most sandbox_buffer_bytes, and a direction stops reading its source while its
+    // destination is full. The upstream socket's receive buffer bounds a download's speed over a
+    // long path (about upstream_buffer_bytes per round trip). A connection then holds at most a
+    // few hundred KiB while one direction stalls, and the sandbox's connections together hold
+    // what buffered_bytes() counts: past max_buffered_bytes, a new connection gets 429.
+    std::size_t upstream_buffer_bytes = 128 * 1024;
+    std::size_t sandbox_buffer_bytes = 64 * 1024;
+    std::uint64_t max_buffered_bytes = std::uint64_t{16} << 20;
     request_caps caps;
 };
 
@@ -77,8 +90,11 @@ struct egress_event {
 
 struct egress_sandbox_stats {
     std::size_t active_connections = 0;
-    std::uint64_t bytes_used = 0;
+    std::uint64_t bytes_used = 0;          // over the sandbox's life (its byte_meter)
     std::size_t refusing_connections = 0;  // past max_connections, being answered 429
+    // What its connections hold in host memory now: the proxy's sockets' receive and send
+    // queues as the kernel counts them (SO_MEMINFO) plus the bytes in their pipes.
+    std::uint64_t buffered_bytes = 0;
 };
 
 class egress_proxy {
@@ -90,8 +106,12 @@ class egress_proxy {
     egress_proxy& operator=(const egress_proxy&) = delete;
     ~egress_proxy();
 
-    // Registers a sandbox. invalid_argument if the id is already registered.
-    result<void> add_sandbox(std::string sandbox_id, network_policy policy, egress_limits limits);
+    // Registers a sandbox. invalid_argument if the id is already registered. `meter` counts its
+    // bytes against limits.max_bytes and publishes what its connections buffer (byte_meter.hpp:
+    // give the sandbox's shared one so that every process serving it charges one budget); none:
+    // a count of this proxy's own.
+    result<void> add_sandbox(std::string sandbox_id, network_policy policy, egress_limits limits,
+                             std::shared_ptr<byte_meter> meter = nullptr);
 
     // Serves one connection for `sandbox_id` (returns at once; the connection runs on the
     // proxy's executor). A connection for an unknown or closed sandbox is closed unanswered and

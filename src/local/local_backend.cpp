@@ -138,12 +138,17 @@ std::string default_owner_instance() {
 }
 
 // Current cgroup usage: read by list() only (the inventory), never on per-operation paths.
-void add_usage(sandbox_info& info, const sandbox_record& r) {
+void add_usage(sandbox_info& info, const sandbox_record& r, const sandbox_records& records) {
     info.memory_used_bytes.reset();
     info.pids_current.reset();
     if (info.state != sandbox_state::running) return;
     info.memory_used_bytes = read_memory_used(r.cgroups);
     info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
+    if (r.network.mode == network_mode::none) return;
+    if (auto meter = egress::read_meter_file(records.egress_meter_path(r.id))) {
+        info.egress_bytes_used = meter->bytes_used;
+        info.egress_buffered_bytes = meter->buffered_bytes;
+    }
 }
 
 // What a record says of its sandbox, without looking at the process (state running).
@@ -268,6 +273,7 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     if (record.layout.user.empty()) record.layout.user = default_user;
     record.limits = limits;
     record.network = spec.network;
+    record.egress = options_.egress;
     if (auto written = records_.write(record); !written) co_return std::move(written).error();
 
     const auto create_limit = deadline::after(create_timeout);
@@ -497,7 +503,9 @@ asio::awaitable<result<std::vector<sandbox_info>>> local_backend::async_list(lab
             refresh_state(*sandbox);
             if (!matches(sandbox->info)) continue;
             out.push_back(sandbox->info);
-            add_usage(out.back(), sandbox->record);
+            // Measured now for the sandboxes this process serves (published to the meter).
+            if (egress_) (void)egress_->stats(id);
+            add_usage(out.back(), sandbox->record, records_);
         }
         for (const auto& id : records_.ids()) {
             if (sandboxes_.contains(id)) continue;
@@ -506,7 +514,7 @@ asio::awaitable<result<std::vector<sandbox_info>>> local_backend::async_list(lab
             if (!record) continue;
             auto info = info_from_record(*record);
             if (!matches(info)) continue;
-            add_usage(info, *record);
+            add_usage(info, *record, records_);
             out.push_back(std::move(info));
         }
         co_return out;
@@ -559,7 +567,15 @@ result<void> local_backend::start_egress(local_sandbox& sandbox,
                           "sandbox " + id + ": its agent handed over no egress listener");
     }
     if (!egress_) egress_ = std::make_shared<egress::egress_proxy>(executor_, log_egress_event);
-    if (auto added = egress_->add_sandbox(id, policy, egress::egress_limits{}); !added)
+    // The byte budget is the sandbox's, whichever process serves it: one meter beside its record.
+    auto meter = egress::byte_meter::open_file(records_.egress_meter_path(id));
+    if (!meter)
+        return make_error(errc::backend_failure, "sandbox " + id + ": " + meter.error().detail);
+    egress::egress_limits limits;
+    limits.max_bytes = sandbox.record.egress.max_bytes;
+    limits.max_connections = sandbox.record.egress.max_connections;
+    limits.max_buffered_bytes = sandbox.record.egress.max_buffered_bytes;
+    if (auto added = egress_->add_sandbox(id, policy, limits, std::move(*meter)); !added)
         return added;
     auto acceptor = std::make_shared<egress_listener>(executor_);
     asio::error_code ec;

@@ -168,6 +168,11 @@ std::string to_json(const sandbox_record& r) {
     w.key("layers");
     write_string_list(w, r.layers);
     w.key("condemned").value(r.condemned);
+    w.key("egress").begin_object();
+    w.key("max_bytes").value(r.egress.max_bytes);
+    w.key("max_connections").value(static_cast<std::uint64_t>(r.egress.max_connections));
+    w.key("max_buffered_bytes").value(r.egress.max_buffered_bytes);
+    w.end_object();
     w.end_object();
     return w.take() + "\n";
 }
@@ -251,11 +256,24 @@ result<sandbox_record> record_from_json(std::string_view json) {
     if (!read_string_list(o, "layers", r.layers)) return bad_field("layers");
     if (o["condemned"].get_bool().get(r.condemned) != simdjson::SUCCESS)
         return bad_field("condemned");
+    // Records written before the egress limits: the defaults.
+    if (o["egress"].error() != simdjson::NO_SUCH_FIELD) {
+        simdjson::dom::object egress;
+        if (o["egress"].get_object().get(egress) != simdjson::SUCCESS ||
+            !read_uint64(egress, "max_bytes", r.egress.max_bytes) ||
+            !read_int(egress, "max_connections", r.egress.max_connections) ||
+            !read_uint64(egress, "max_buffered_bytes", r.egress.max_buffered_bytes))
+            return bad_field("egress");
+    }
     return r;
 }
 
 std::string sandbox_records::socket_path(std::string_view id) const {
     return wire::attach_socket_path(state_dir_, id);
+}
+
+std::string sandbox_records::egress_meter_path(std::string_view id) const {
+    return wire::egress_meter_path(state_dir_, id);
 }
 
 result<void> sandbox_records::write(const sandbox_record& record) const {
@@ -339,6 +357,7 @@ std::vector<std::string> sandbox_records::ids(std::size_t limit) const {
 void sandbox_records::remove(std::string_view id) const {
     if (!valid_record_id(id)) return;
     ::unlink(socket_path(id).c_str());
+    ::unlink(egress_meter_path(id).c_str());
     ::unlink(wire::record_path(state_dir_, id).c_str());
 }
 

@@ -15,6 +15,7 @@
 // reused pid is never mistaken for the sandbox.
 #pragma once
 
+#include <moat/local_backend.hpp>
 #include <moat/result.hpp>
 #include <moat/sandbox_spec.hpp>
 
@@ -47,6 +48,7 @@ struct sandbox_record {
     resource_limits limits;
     sandbox_network network;  // as asked for (validated at create)
     std::vector<std::string> layers;
+    local_egress_limits egress;  // its egress proxy's limits (records without them: defaults)
     // A destroy was asked for and not confirmed: the janitor finishes it.
     bool condemned = false;
 };
@@ -64,6 +66,7 @@ class sandbox_records {
 
     const std::string& state_dir() const noexcept { return state_dir_; }
     std::string socket_path(std::string_view id) const;
+    std::string egress_meter_path(std::string_view id) const;
 
     // Atomic replace. backend_failure naming the step if it cannot.
     result<void> write(const sandbox_record& record) const;
@@ -71,7 +74,7 @@ class sandbox_records {
     result<sandbox_record> read(std::string_view id) const;
     // Ids with a record, sorted; at most `limit`.
     std::vector<std::string> ids(std::size_t limit = 100'000) const;
-    // Removes the record and the attach socket (missing files are fine).
+    // Removes the record, the attach socket and the egress meter (missing files are fine).
     void remove(std::string_view id) const;
 
   private:

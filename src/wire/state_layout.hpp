@@ -24,6 +24,11 @@ inline std::string record_path(std::string_view state_dir, std::string_view id) 
     return sandboxes_dir(state_dir) + "/" + std::string(id) + ".json";
 }
 
+// The sandbox's egress byte meter (egress/byte_meter.hpp), shared by every process serving it.
+inline std::string egress_meter_path(std::string_view state_dir, std::string_view id) {
+    return sandboxes_dir(state_dir) + "/" + std::string(id) + ".egress";
+}
+
 inline std::string attach_socket_path(std::string_view state_dir, std::string_view id) {
     return sandboxes_dir(state_dir) + "/" + std::string(id) + ".sock";
 }
