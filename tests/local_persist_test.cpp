@@ -394,8 +394,12 @@ TEST_CASE("sandbox records round-trip through JSON and reject malformed fields b
     r.env = {{"A", "b"}};
     r.layout.workdir = "/workspace";
     r.layers = {"user_ns"};
+    r.egress.max_bytes = 12345;
+    r.egress.max_connections = 7;
+    r.egress.max_buffered_bytes = 1 << 20;
     auto back = moat::record_from_json(moat::to_json(r));
     REQUIRE(back);
+    CHECK(back->egress == r.egress);
     CHECK(back->id == r.id);
     CHECK(back->labels == r.labels);
     CHECK(back->created_at == r.created_at);
@@ -405,6 +409,14 @@ TEST_CASE("sandbox records round-trip through JSON and reject malformed fields b
     CHECK(back->cgroups == r.cgroups);
     CHECK(back->env == r.env);
     CHECK(back->limits.memory_bytes == r.limits.memory_bytes);
+
+    // A record written before the egress limits has the defaults.
+    std::string older = moat::to_json(r);
+    older.erase(older.find(",\"egress\":{"),
+                older.find("}", older.find(",\"egress\":{")) + 1 - older.find(",\"egress\":{"));
+    auto defaulted = moat::record_from_json(older);
+    REQUIRE(defaulted);
+    CHECK(defaulted->egress == moat::local_egress_limits{});
 
     CHECK_FALSE(moat::record_from_json("{"));
     CHECK_FALSE(moat::record_from_json("[]"));
