@@ -111,3 +111,47 @@ TEST_CASE("moat session rejects bad input with one line and exit code 2") {
         CHECK_MESSAGE(o.output.rfind("moat", 0) == 0, args);
     }
 }
+
+namespace {
+
+// One `moat mcp --session KEY` connection: initialize, one run_python call, and stdin closed once
+// its answer is out (bounded: 60 s). Returns moat mcp's exit status line and the call's answer.
+cli_outcome mcp_turn(const std::string& store, const std::string& key, const std::string& code) {
+    const std::string script = R"(moat=$1; store=$2; key=$3; code=$4; out=$(mktemp)
+{ printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}' \
+    '{"jsonrpc":"2.0","method":"notifications/initialized"}' \
+    "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"run_python\",\"arguments\":{\"code\":\"$code\"}}}"
+  i=0; while [ $i -lt 600 ] && ! grep -q '"id":2' "$out"; do sleep 0.1; i=$((i+1)); done
+} | "$moat" mcp --session "$key" --store "$store" > "$out" 2>/dev/null
+echo "exit $?"; grep '"id":2' "$out"; rm -f "$out")";
+    char path[] = "/tmp/moat-mcp-turn-XXXXXX";
+    const int fd = ::mkstemp(path);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size()));
+    ::close(fd);
+    auto outcome =
+        run_shell_line("sh " + std::string(path) + " " + std::string(moat::test::moat_cli_path()) +
+                       " " + store + " " + key + " '" + code + "'");
+    ::unlink(path);
+    return outcome;
+}
+
+}  // namespace
+
+TEST_CASE("moat mcp --session keeps its sandbox and Python state for the next connection") {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string store = "host:" + store_dir();
+    const std::string key = "mcp-session-" + std::to_string(::getpid());
+    const auto first = mcp_turn(store, key, "x = 41");
+    CHECK(first.output.starts_with("exit 0\n"));
+    CHECK(first.output.find(R"(\"status\":\"ok\")") != std::string::npos);
+    // Between the connections the session's sandbox is there.
+    CHECK(count_of(moat_cli("ls --label moat.session=" + key).output, "sb-") == 1);
+    const auto second = mcp_turn(store, key, "print(x + 1)");
+    CHECK(second.output.starts_with("exit 0\n"));
+    CHECK_MESSAGE(second.output.find(R"(\"stdout\":\"42\\n\")") != std::string::npos,
+                  second.output);
+    const auto ended = moat_cli("session end --store " + store + " " + key);
+    CHECK(ended.output == "ended " + key + "\n");
+    CHECK(count_of(moat_cli("ls --label moat.session=" + key).output, "sb-") == 0);
+}

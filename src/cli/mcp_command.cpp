@@ -118,7 +118,9 @@ asio::awaitable<int> serve(backend& b, mcp_options o) {
     {
         const std::string key = o.session.empty() ? "mcp-" + std::to_string(::getpid()) : o.session;
         tool_session tools(sessions, key, o.tools);
-        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO);
+        mcp::server_options server_options;
+        server_options.end_session_on_close = o.session.empty();
+        mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO, server_options);
         code = co_await server.async_run();
     }
     co_await asio::this_coro::reset_cancellation_state();

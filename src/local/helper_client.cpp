@@ -140,7 +140,11 @@ asio::awaitable<void> helper_client::read_loop() {
     while (channel_ && channel_->is_open()) {
         auto record = co_await channel_->async_receive();
         if (!record) {
-            lose("sandbox helper: " + record.error().to_string());
+            // A cancelled receive is this process stopping (the backend going away), not the
+            // helper lost: the same clean-up, without an error in the operator's log.
+            const bool stopping = record.error().code == errc::cancelled;
+            lose("sandbox helper: " + record.error().to_string(),
+                 stopping ? log_level::debug : log_level::error);
             break;
         }
         if (record->data.empty()) {
@@ -244,9 +248,9 @@ void helper_client::dispatch(received_record& record) {
     }
 }
 
-void helper_client::lose(const std::string& reason) {
+void helper_client::lose(const std::string& reason, log_level level) {
     if (phase_ == phase::stopped) return;
-    detail::log(log_level::error, "helper", reason);
+    detail::log(level, "helper", reason);
     if (phase_ == phase::starting) start_error_ = make_error(errc::backend_failure, reason);
     phase_ = phase::stopped;
     if (channel_) channel_->close();

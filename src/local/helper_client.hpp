@@ -5,6 +5,7 @@
 
 #include <moat/deadline.hpp>
 #include <moat/local_backend.hpp>
+#include <moat/log.hpp>
 #include <moat/result.hpp>
 #include <moat/task_group.hpp>
 
@@ -73,7 +74,7 @@ class helper_client : public std::enable_shared_from_this<helper_client> {
     friend asio::awaitable<void> run_helper_reader(std::shared_ptr<helper_client> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);
-    void lose(const std::string& reason);
+    void lose(const std::string& reason, log_level level = log_level::error);
 
     asio::any_io_executor executor_;
     task_group& tasks_;

@@ -469,11 +469,13 @@ asio::awaitable<int> server::async_run() {
         co_return 2;
     }
     co_await self->read_requests();
-    // The client is gone (or we were told to stop): stop its calls, then end the session.
+    // The client is gone (or we were told to stop): stop its calls, then end the session (a
+    // shared one stays for the next connection).
     co_await asio::this_coro::reset_cancellation_state();
     self->calls.cancel_all();
     co_await self->calls.async_wait_all();
-    auto ended = co_await self->tools.async_end();
+    result<void> ended;
+    if (self->options.end_session_on_close) ended = co_await self->tools.async_end();
     asio::steady_timer timer(self->helpers.get_executor());
     self->last_write = clock::now();
     while (self->writing && clock::now() - self->last_write < flush_stall) {

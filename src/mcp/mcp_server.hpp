@@ -27,6 +27,10 @@ struct server_options {
     std::size_t max_message_bytes = 64 << 20;  // a longer line is answered with an error, skipped
     // Responses not yet taken by the client; past this, requests are not read until it catches up.
     std::size_t max_pending_output_bytes = 16 << 20;
+    // When the client leaves: end the tool session (its sandbox destroyed, confirmed), or, for a
+    // shared session that outlives the connection (moat mcp --session KEY), leave it to the next
+    // connection, `moat session end KEY`, or its idle limit and TTL.
+    bool end_session_on_close = true;
 };
 
 class server {
@@ -38,8 +42,9 @@ class server {
     server(const server&) = delete;
     server& operator=(const server&) = delete;
 
-    // Serves until the client disconnects or this coroutine is cancelled; then ends the session.
-    // Returns 0, or 1 if the session's sandbox could not be confirmed destroyed.
+    // Serves until the client disconnects or this coroutine is cancelled; then stops its calls
+    // and ends the session (unless end_session_on_close is false). Returns 0, or 1 if the
+    // session's sandbox could not be confirmed destroyed.
     asio::awaitable<int> async_run();
 
     struct state;
