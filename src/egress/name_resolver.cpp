@@ -359,7 +359,7 @@ struct queue_place {
 
 error timed_out(const std::string& host, clock::time_point started, deadline limit) {
     const auto waited =
-        std::chrono::duration_cast<std::chrono::milliseconds>(limit.when() - started).count();
+        std::chrono::round<std::chrono::milliseconds>(limit.when() - started).count();
     return make_error(errc::deadline_exceeded,
                       "resolving " + host + " took longer than " +
                           std::to_string(std::max<std::int64_t>(0, waited)) + " ms");
