@@ -166,19 +166,7 @@ bool dnsmasq_server::start(const std::vector<std::string>& rules) {
 }
 
 void dnsmasq_server::stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    const auto limit = std::chrono::steady_clock::now() + 5s;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > limit) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, &status, 0);
-            break;
-        }
-        std::this_thread::sleep_for(10ms);
-    }
-    pid_ = -1;
+    stop_server_process(pid_);
 }
 
 }  // namespace moat::test
