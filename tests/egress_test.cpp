@@ -1628,3 +1628,47 @@ TEST_CASE(
         if (e.host == "slow.hang.test") CHECK(e.status == 504);
     }
 }
+
+namespace {
+
+// All keys together run at most max_in_flight lookups: another key waits for a slot, and gets it
+// when c-ares gives up on a query (here after one 300 ms attempt), not when its caller stopped
+// waiting.
+asio::awaitable<void> resolver_total_case(asio::io_context* io, name_resolver* resolver,
+                                          silent_dns_server* silent) {
+    lookup_probe first;
+    lookup_probe second;
+    start_lookup(*io, *resolver, "sb-a", "first.hang.test", moat::deadline::after(10s), &first);
+    std::function<bool()> asked = [silent] { return silent->names().contains("first.hang.test"); };
+    REQUIRE(co_await eventually(asked, 5s));
+    start_lookup(*io, *resolver, "sb-b", "second.hang.test", moat::deadline::after(10s), &second);
+    std::function<bool()> queued = [resolver] { return resolver->waiting("sb-b") == 1; };
+    REQUIRE(co_await eventually(queued, 2s));
+    std::function<bool()> first_done = [&first] { return first.outcome.has_value(); };
+    REQUIRE(co_await eventually(first_done, 5s));
+    CHECK(first.outcome->error().code == moat::errc::backend_failure);
+    CHECK(detail_of(first) == "could not resolve first.hang.test (no DNS server answered)");
+    std::function<bool()> second_done = [&second] { return second.outcome.has_value(); };
+    REQUIRE(co_await eventually(second_done, 5s));
+    CHECK(detail_of(second) == "could not resolve second.hang.test (no DNS server answered)");
+    CHECK(silent->names().contains("second.hang.test"));
+    CHECK(resolver->running("sb-a") == 0);
+    CHECK(resolver->running("sb-b") == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the resolver runs at most max_in_flight lookups over all keys, and c-ares' timeout frees a "
+    "slot") {
+    silent_dns_server silent;
+    asio::io_context io;
+    resolver_options options;
+    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    options.attempt_timeout = 300ms;
+    options.tries = 1;
+    options.max_in_flight = 1;
+    name_resolver resolver(io.get_executor(), options);
+    moat::test::run_async(io, resolver_total_case(&io, &resolver, &silent),
+                          std::chrono::seconds(30));
+}

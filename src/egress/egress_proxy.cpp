@@ -586,7 +586,12 @@ const char* to_string(egress_outcome outcome) noexcept {
 
 egress_proxy::egress_proxy(asio::any_io_executor executor, event_sink sink,
                            resolver_options resolver)
-    : impl_(std::make_shared<impl>(executor, std::move(sink), std::move(resolver))) {}
+    : impl_(std::make_shared<impl>(executor, std::move(sink), std::move(resolver))) {
+    if (const auto& why = impl_->resolver.startup_error(); !why.empty()) {
+        detail::log(log_level::warning, "egress",
+                    "the proxy's resolver did not start, every lookup will fail: " + why);
+    }
+}
 
 egress_proxy::~egress_proxy() {
     for (auto& [id, sandbox] : impl_->sandboxes) {

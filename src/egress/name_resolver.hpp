@@ -38,7 +38,8 @@ namespace moat::egress {
 
 struct resolver_options {
     // DNS servers as "ADDRESS" or "ADDRESS:PORT" ("127.0.0.1:5353", "[::1]:53"), tried in order;
-    // empty: the host's, from /etc/resolv.conf (read once, at construction).
+    // empty: the host's, from /etc/resolv.conf (read once, at construction: unlike glibc's
+    // getaddrinfo, a later change to the file is not seen until the resolver is made again).
     std::vector<std::string> servers;
     // Each query's first attempt waits this long for an answer; c-ares doubles it after every
     // round of the servers, up to `tries` attempts per server.
