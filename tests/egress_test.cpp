@@ -1332,6 +1332,22 @@ void start_lookup(asio::io_context& io, name_resolver& resolver, const std::stri
                    asio::bind_cancellation_slot(probe->cancel.slot(), store_lookup{probe}));
 }
 
+// Starts a lookup of `host` and waits until its query reached the silent server.
+asio::awaitable<void> start_asked(asio::io_context* io, name_resolver* resolver, std::string key,
+                                  std::string host, lookup_probe* probe,
+                                  silent_dns_server* silent) {
+    start_lookup(*io, *resolver, key, host, moat::deadline::after(std::chrono::seconds(30)), probe);
+    std::function<bool()> asked = [silent, host] { return silent->names().contains(host); };
+    REQUIRE(co_await eventually(asked, std::chrono::seconds(5)));
+}
+
+// A resolver asking only the silent server.
+resolver_options asking(silent_dns_server& silent) {
+    resolver_options options;
+    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    return options;
+}
+
 std::string detail_of(const lookup_probe& probe) {
     if (!probe.outcome || *probe.outcome) return "";
     return probe.outcome->error().detail;
@@ -1386,9 +1402,7 @@ asio::awaitable<void> resolver_limits_case(asio::io_context* io, name_resolver* 
     lookup_probe waiting;
     lookup_probe refused;
     lookup_probe other_key;
-    start_lookup(*io, *resolver, "sb-a", "one.hang.test", moat::deadline::after(30s), &running);
-    std::function<bool()> asked = [silent] { return silent->names().contains("one.hang.test"); };
-    REQUIRE(co_await eventually(asked, 5s));
+    co_await start_asked(io, resolver, "sb-a", "one.hang.test", &running, silent);
     start_lookup(*io, *resolver, "sb-a", "two.hang.test", moat::deadline::after(400ms), &waiting);
     start_lookup(*io, *resolver, "sb-a", "three.hang.test", moat::deadline::after(30s), &refused);
     start_lookup(*io, *resolver, "sb-b", "other.hang.test", moat::deadline::after(300ms),
@@ -1433,8 +1447,7 @@ TEST_CASE(
     "a lookup whose DNS never answers") {
     silent_dns_server silent;
     asio::io_context io;
-    resolver_options options;
-    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    auto options = asking(silent);
     options.attempt_timeout = std::chrono::seconds(10);
     options.max_in_flight_per_key = 1;
     options.max_waiting_per_key = 1;
@@ -1451,10 +1464,8 @@ asio::awaitable<void> resolver_destroyed_case(asio::io_context* io,
     lookup_probe running;
     lookup_probe waiting;
     lookup_probe abandoned;
-    start_lookup(*io, **resolver, "sb-a", "one.hang.test", moat::deadline::after(30s), &running);
-    start_lookup(*io, **resolver, "sb-b", "gone.hang.test", moat::deadline::after(30s), &abandoned);
-    std::function<bool()> asked = [silent] { return silent->names().size() == 2; };
-    REQUIRE(co_await eventually(asked, 5s));
+    co_await start_asked(io, resolver->get(), "sb-a", "one.hang.test", &running, silent);
+    co_await start_asked(io, resolver->get(), "sb-b", "gone.hang.test", &abandoned, silent);
     start_lookup(*io, **resolver, "sb-a", "two.hang.test", moat::deadline::after(30s), &waiting);
     abandoned.cancel.emit(asio::cancellation_type::terminal);  // its query lives on in c-ares
     std::function<bool()> gave_up = [&abandoned] { return abandoned.outcome.has_value(); };
@@ -1477,8 +1488,7 @@ TEST_CASE(
     "answers touch nothing freed") {
     silent_dns_server silent;
     asio::io_context io;
-    resolver_options options;
-    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    auto options = asking(silent);
     options.max_in_flight_per_key = 1;
     auto resolver = std::make_unique<name_resolver>(io.get_executor(), options);
     moat::test::run_async(io, resolver_destroyed_case(&io, &resolver, &silent),
@@ -1638,9 +1648,7 @@ asio::awaitable<void> resolver_total_case(asio::io_context* io, name_resolver* r
                                           silent_dns_server* silent) {
     lookup_probe first;
     lookup_probe second;
-    start_lookup(*io, *resolver, "sb-a", "first.hang.test", moat::deadline::after(10s), &first);
-    std::function<bool()> asked = [silent] { return silent->names().contains("first.hang.test"); };
-    REQUIRE(co_await eventually(asked, 5s));
+    co_await start_asked(io, resolver, "sb-a", "first.hang.test", &first, silent);
     start_lookup(*io, *resolver, "sb-b", "second.hang.test", moat::deadline::after(10s), &second);
     std::function<bool()> queued = [resolver] { return resolver->waiting("sb-b") == 1; };
     REQUIRE(co_await eventually(queued, 2s));
@@ -1663,8 +1671,7 @@ TEST_CASE(
     "slot") {
     silent_dns_server silent;
     asio::io_context io;
-    resolver_options options;
-    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    auto options = asking(silent);
     options.attempt_timeout = 300ms;
     options.tries = 1;
     options.max_in_flight = 1;
