@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -155,8 +156,8 @@ struct name_resolver::core : std::enable_shared_from_this<core> {
         int mask = ARES_OPT_SOCK_STATE_CB | ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES | ARES_OPT_DOMAINS;
         settings.sock_state_cb = &core::on_socket_state;
         settings.sock_state_cb_data = this;
-        settings.timeout =
-            static_cast<int>(std::max<std::int64_t>(1, options.attempt_timeout.count()));
+        settings.timeout = static_cast<int>(std::clamp<std::int64_t>(
+            options.attempt_timeout.count(), 1, std::numeric_limits<int>::max()));
         settings.tries = std::max(1, options.tries);
         // No search domains: the name resolved is exactly the name the caller checked.
         settings.domains = nullptr;
