@@ -24,4 +24,5 @@ install(FILES
     ${PROJECT_BINARY_DIR}/moatConfigVersion.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindAsio.cmake
     ${PROJECT_SOURCE_DIR}/cmake/FindHiredis.cmake
+    ${PROJECT_SOURCE_DIR}/cmake/Findc-ares.cmake
     DESTINATION ${MOAT_INSTALL_CMAKEDIR})

@@ -3,16 +3,21 @@
 #include "egress/address_policy.hpp"
 #include "egress/byte_meter.hpp"
 #include "egress/egress_proxy.hpp"
+#include "egress/name_resolver.hpp"
 #include "egress/network_policy.hpp"
 #include "egress/proxy_request.hpp"
 
 #include "support/async_test.hpp"
+#include "support/dns_servers.hpp"
 #include "support/host_inspect.hpp"
 #include "support/host_sharing.hpp"
 
 #include <moat/task_group.hpp>
 
 #include <doctest/doctest.h>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
@@ -29,9 +34,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -534,6 +541,12 @@ asio::awaitable<void> front_loop(front_door* door, egress_proxy* proxy) {
 }
 
 struct proxy_fixture {
+    proxy_fixture() = default;
+    explicit proxy_fixture(resolver_options resolver)
+        : proxy(
+              io.get_executor(), [this](const egress_event& e) { events.push_back(e); },
+              std::move(resolver)) {}
+
     asio::io_context io;
     std::vector<egress_event> events;
     egress_proxy proxy{io.get_executor(), [this](const egress_event& e) { events.push_back(e); }};
@@ -1273,6 +1286,405 @@ asio::awaitable<void> pipelined_case(proxy_fixture* f) {
 TEST_CASE("bytes a client sends right behind its request head reach the upstream in order") {
     proxy_fixture f;
     moat::test::run_async(f.io, pipelined_case(&f));
+}
+
+// ---- Name resolution: c-ares against real DNS servers on loopback ------------------------------
+
+namespace {
+
+using namespace std::chrono_literals;
+using moat::test::dnsmasq_server;
+using moat::test::silent_dns_server;
+using lookup_result = moat::result<std::vector<asio::ip::address>>;
+
+std::int64_t ms_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start)
+        .count();
+}
+
+// Polls `condition` every 10 ms; false if it is still not true after `limit`.
+asio::awaitable<bool> eventually(std::function<bool()> condition, std::chrono::milliseconds limit) {
+    auto executor = co_await asio::this_coro::executor;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!condition()) {
+        if (std::chrono::steady_clock::now() > until) co_return false;
+        asio::steady_timer pause(executor, 10ms);
+        co_await pause.async_wait(asio::use_awaitable);
+    }
+    co_return true;
+}
+
+// A lookup started with co_spawn, cancellable through `cancel`; `outcome` once it completed.
+struct lookup_probe {
+    std::optional<lookup_result> outcome;
+    asio::cancellation_signal cancel;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    std::int64_t took_ms = -1;
+};
+
+struct store_lookup {
+    lookup_probe* probe;
+    void operator()(std::exception_ptr failure, lookup_result answer) const {
+        if (failure) std::rethrow_exception(failure);
+        probe->took_ms = ms_since(probe->started);
+        probe->outcome.emplace(std::move(answer));
+    }
+};
+
+void start_lookup(asio::io_context& io, name_resolver& resolver, const std::string& key,
+                  const std::string& host, moat::deadline limit, lookup_probe* probe) {
+    auto lookup = resolver.async_resolve(key, host, limit);
+    asio::co_spawn(io, std::move(lookup),
+                   asio::bind_cancellation_slot(probe->cancel.slot(), store_lookup{probe}));
+}
+
+// Starts a lookup of `host` and waits until its query reached the silent server.
+asio::awaitable<void> start_asked(asio::io_context* io, name_resolver* resolver, std::string key,
+                                  std::string host, lookup_probe* probe,
+                                  silent_dns_server* silent) {
+    start_lookup(*io, *resolver, key, host, moat::deadline::after(std::chrono::seconds(30)), probe);
+    std::function<bool()> asked = [silent, host] { return silent->names().contains(host); };
+    REQUIRE(co_await eventually(asked, std::chrono::seconds(5)));
+}
+
+// A resolver asking only the silent server.
+resolver_options asking(silent_dns_server& silent) {
+    resolver_options options;
+    options.servers = {"127.0.0.1:" + std::to_string(silent.port())};
+    return options;
+}
+
+std::string detail_of(const lookup_probe& probe) {
+    if (!probe.outcome || *probe.outcome) return "";
+    return probe.outcome->error().detail;
+}
+
+asio::awaitable<void> resolver_answers_case(name_resolver* resolver, name_resolver* broken) {
+    lookup_result found = co_await resolver->async_resolve(
+        "sb-1", "victim.test", moat::deadline::after(std::chrono::seconds(5)));
+    REQUIRE(found);
+    CHECK(*found == std::vector<asio::ip::address>{addr("127.0.0.1")});
+    lookup_result gone = co_await resolver->async_resolve(
+        "sb-1", "www.gone.test", moat::deadline::after(std::chrono::seconds(5)));
+    REQUIRE_FALSE(gone);
+    CHECK(gone.error().code == moat::errc::backend_failure);
+    CHECK(gone.error().detail == "could not resolve www.gone.test (name not found)");
+    lookup_result too_long = co_await resolver->async_resolve(
+        "sb-1", std::string(254, 'a'), moat::deadline::after(std::chrono::seconds(5)));
+    REQUIRE_FALSE(too_long);
+    CHECK(too_long.error().code == moat::errc::invalid_argument);
+    CHECK(too_long.error().detail ==
+          "could not resolve a host name of 254 bytes (a name has 1 to 253)");
+    lookup_result not_started = co_await broken->async_resolve(
+        "sb-1", "victim.test", moat::deadline::after(std::chrono::seconds(5)));
+    REQUIRE_FALSE(not_started);
+    CHECK(not_started.error().code == moat::errc::backend_failure);
+    CHECK(not_started.error().detail.starts_with("could not resolve victim.test (the DNS servers"));
+}
+
+}  // namespace
+
+TEST_CASE("the resolver answers from DNS and says in one line why a name does not resolve") {
+    dnsmasq_server dns({"--address=/victim.test/127.0.0.1", "--address=/gone.test/"});
+    asio::io_context io;
+    resolver_options options;
+    options.servers = {dns.address()};
+    name_resolver resolver(io.get_executor(), options);
+    CHECK(resolver.startup_error().empty());
+    resolver_options bad;
+    bad.servers = {"not an address"};
+    name_resolver broken(io.get_executor(), bad);
+    CHECK(broken.startup_error().find("not an address") != std::string::npos);
+    moat::test::run_async(io, resolver_answers_case(&resolver, &broken), std::chrono::seconds(30));
+}
+
+namespace {
+
+// One key: a lookup runs, one waits, the next is refused at once; another key is not held up; a
+// deadline ends a wait, a cancellation ends a running lookup at once while its slot stays taken.
+asio::awaitable<void> resolver_limits_case(asio::io_context* io, name_resolver* resolver,
+                                           silent_dns_server* silent) {
+    lookup_probe running;
+    lookup_probe waiting;
+    lookup_probe refused;
+    lookup_probe other_key;
+    co_await start_asked(io, resolver, "sb-a", "one.hang.test", &running, silent);
+    start_lookup(*io, *resolver, "sb-a", "two.hang.test", moat::deadline::after(400ms), &waiting);
+    start_lookup(*io, *resolver, "sb-a", "three.hang.test", moat::deadline::after(30s), &refused);
+    start_lookup(*io, *resolver, "sb-b", "other.hang.test", moat::deadline::after(300ms),
+                 &other_key);
+    std::function<bool()> refused_now = [&refused] { return refused.outcome.has_value(); };
+    REQUIRE(co_await eventually(refused_now, 2s));
+    CHECK(refused.outcome->error().code == moat::errc::limit_exceeded);
+    CHECK(detail_of(refused) ==
+          "resolving three.hang.test: key sb-a has 1 lookups running and 1 waiting, its limit");
+    CHECK(resolver->running("sb-a") == 1);
+    CHECK(resolver->waiting("sb-a") == 1);
+    CHECK(resolver->running("sb-b") == 1);  // its own slot, at once
+
+    std::function<bool()> timed_out = [&] { return waiting.outcome && other_key.outcome; };
+    REQUIRE(co_await eventually(timed_out, 5s));
+    CHECK(waiting.outcome->error().code == moat::errc::deadline_exceeded);
+    // The time the lookup was given, from its start to the deadline (the test's clock started
+    // a moment earlier, so not exactly 400 ms).
+    CHECK(detail_of(waiting).starts_with("resolving two.hang.test took longer than "));
+    CHECK(other_key.outcome->error().code == moat::errc::deadline_exceeded);
+    CHECK(detail_of(other_key).starts_with("resolving other.hang.test took longer than "));
+    CHECK(silent->names() == std::set<std::string>{"one.hang.test", "other.hang.test"});
+    CHECK(resolver->waiting("sb-a") == 0);
+
+    const auto cancelled_at = std::chrono::steady_clock::now();
+    running.cancel.emit(asio::cancellation_type::terminal);
+    std::function<bool()> cancelled = [&running] { return running.outcome.has_value(); };
+    REQUIRE(co_await eventually(cancelled, 2s));
+    const auto cancel_took = ms_since(cancelled_at);
+    CHECK(running.outcome->error().code == moat::errc::cancelled);
+    CHECK(detail_of(running) == "resolving one.hang.test was cancelled");
+    // c-ares still waits for that query (it cannot be stopped): the key's slot stays taken.
+    CHECK(resolver->running("sb-a") == 1);
+    MESSAGE("a waiting lookup ended at its 400 ms deadline after "
+            << waiting.took_ms << " ms; a running one " << cancel_took << " ms after its cancel");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a key's lookups past its limits wait or fail at once, and a deadline or a cancellation ends "
+    "a lookup whose DNS never answers") {
+    silent_dns_server silent;
+    asio::io_context io;
+    auto options = asking(silent);
+    options.attempt_timeout = std::chrono::seconds(10);
+    options.max_in_flight_per_key = 1;
+    options.max_waiting_per_key = 1;
+    name_resolver resolver(io.get_executor(), options);
+    moat::test::run_async(io, resolver_limits_case(&io, &resolver, &silent),
+                          std::chrono::seconds(30));
+}
+
+namespace {
+
+asio::awaitable<void> resolver_destroyed_case(asio::io_context* io,
+                                              std::unique_ptr<name_resolver>* resolver,
+                                              silent_dns_server* silent) {
+    lookup_probe running;
+    lookup_probe waiting;
+    lookup_probe abandoned;
+    co_await start_asked(io, resolver->get(), "sb-a", "one.hang.test", &running, silent);
+    co_await start_asked(io, resolver->get(), "sb-b", "gone.hang.test", &abandoned, silent);
+    start_lookup(*io, **resolver, "sb-a", "two.hang.test", moat::deadline::after(30s), &waiting);
+    abandoned.cancel.emit(asio::cancellation_type::terminal);  // its query lives on in c-ares
+    std::function<bool()> gave_up = [&abandoned] { return abandoned.outcome.has_value(); };
+    REQUIRE(co_await eventually(gave_up, 2s));
+    CHECK((*resolver)->waiting("sb-a") == 1);
+    resolver->reset();  // c-ares ends every query now; the late answers land in shared state
+    std::function<bool()> ended = [&] { return running.outcome && waiting.outcome; };
+    REQUIRE(co_await eventually(ended, 2s));
+    CHECK(running.outcome->error().code == moat::errc::backend_failure);
+    CHECK(detail_of(running) == "could not resolve one.hang.test (the resolver was shut down)");
+    CHECK(waiting.outcome->error().code == moat::errc::shutting_down);
+    CHECK(detail_of(waiting) == "could not resolve two.hang.test (the resolver was shut down)");
+    CHECK(abandoned.outcome->error().code == moat::errc::cancelled);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a resolver destroyed with lookups running, waiting and abandoned ends them all, and its late "
+    "answers touch nothing freed") {
+    silent_dns_server silent;
+    asio::io_context io;
+    auto options = asking(silent);
+    options.max_in_flight_per_key = 1;
+    auto resolver = std::make_unique<name_resolver>(io.get_executor(), options);
+    moat::test::run_async(io, resolver_destroyed_case(&io, &resolver, &silent),
+                          std::chrono::seconds(30));
+}
+
+namespace {
+
+struct timed_reply {
+    std::string host;
+    std::string reply;
+    std::int64_t took_ms = -1;
+    bool is_done = false;
+};
+
+asio::awaitable<void> timed_exchange(std::uint16_t port, std::string request, timed_reply* out) {
+    const auto started = std::chrono::steady_clock::now();
+    out->reply = co_await exchange(port, std::move(request));
+    out->took_ms = ms_since(started);
+    out->is_done = true;
+}
+
+std::size_t done_count(const std::vector<timed_reply>& replies) {
+    return static_cast<std::size_t>(
+        std::count_if(replies.begin(), replies.end(), [](const auto& r) { return r.is_done; }));
+}
+
+// The red team's case: sandbox A opens 12 CONNECTs to names whose DNS never answers; sandbox B's
+// request, made while A's lookups hang, goes through.
+asio::awaitable<void> hung_lookups_case(proxy_fixture* f, silent_dns_server* silent) {
+    auto& web = f->start_upstream(server_kind::http);
+    const auto authority = "victim.test:" + std::to_string(web.port());
+    egress_limits hung_limits;
+    hung_limits.connect_timeout = 2000ms;
+    const auto hung_door = f->add_sandbox("sb-a", allow({"*.hang.test"}), hung_limits);
+    const auto victim_door = f->add_sandbox("sb-b", allow({authority}, {}, {"127.0.0.1/32"}));
+    std::vector<timed_reply> hung(12);
+    for (std::size_t i = 0; i < hung.size(); ++i) {
+        hung[i].host = "name-" + std::to_string(i) + ".hang.test";
+        std::string request = "CONNECT " + hung[i].host + ":443 HTTP/1.1\r\n\r\n";
+        f->tasks.spawn(timed_exchange(hung_door, std::move(request), &hung[i]));
+    }
+    // Four lookups run (their names reach the silent server), four wait for a slot, and the
+    // last four are refused at once.
+    std::function<bool()> settled = [&] {
+        return silent->names().size() == 4 && done_count(hung) == 4;
+    };
+    REQUIRE(co_await eventually(settled, 5s));
+
+    const auto started = std::chrono::steady_clock::now();
+    const auto reply = co_await exchange(
+        victim_door, "GET http://" + authority + "/ HTTP/1.1\r\nHost: " + authority + "\r\n\r\n");
+    const auto took = ms_since(started);
+    CHECK(reply.starts_with("HTTP/1.1 200 OK\r\n"));
+    CHECK(body_of(reply) == "hello");
+    CHECK(done_count(hung) == 4);  // A's other eight lookups are still pending
+    MESSAGE("sandbox B's request while sandbox A has 8 hung lookups: " << took << " ms");
+
+    std::function<bool()> all_done = [&hung] { return done_count(hung) == hung.size(); };
+    REQUIRE(co_await eventually(all_done, 10s));
+    std::size_t limited = 0;
+    std::size_t timed_out = 0;
+    for (const auto& r : hung) {
+        CAPTURE(r.host);
+        CAPTURE(r.reply);
+        if (r.reply.starts_with("HTTP/1.1 429 ")) {
+            ++limited;
+            CHECK(body_of(r.reply) == "resolving " + r.host +
+                                          ": this sandbox has 4 lookups waiting for one of its 4 "
+                                          "running ones, its limit\n");
+            CHECK(r.took_ms < 1500);
+        } else {
+            ++timed_out;
+            CHECK(r.reply.starts_with("HTTP/1.1 504 Gateway Timeout\r\n"));
+            CHECK(body_of(r.reply) == "resolving " + r.host + " took longer than 2000 ms\n");
+            CHECK(r.took_ms < 3500);  // the connection's deadline, not c-ares' 6 s
+        }
+    }
+    CHECK(limited == 4);
+    CHECK(timed_out == 8);
+    CHECK(silent->names().size() == 4);  // the waiting ones never reached DNS
+    co_await f->async_stop();
+}
+
+resolver_options via(const std::string& server) {
+    resolver_options options;
+    options.servers = {server};
+    options.max_waiting_per_key = 4;
+    return options;
+}
+
+}  // namespace
+
+TEST_CASE("one sandbox's lookups that never answer do not hold up another sandbox's request") {
+    silent_dns_server silent;
+    dnsmasq_server dns({"--address=/victim.test/127.0.0.1",
+                        "--server=/hang.test/127.0.0.1#" + std::to_string(silent.port())});
+    proxy_fixture f(via(dns.address()));
+    moat::test::run_async(f.io, hung_lookups_case(&f, &silent), std::chrono::seconds(60));
+}
+
+namespace {
+
+asio::awaitable<void> lookup_refusals_case(proxy_fixture* f, silent_dns_server* silent) {
+    const auto gone_door = f->add_sandbox("sb-gone", allow({"*.gone.test"}));
+    const auto gone = co_await exchange(gone_door, "CONNECT www.gone.test:443 HTTP/1.1\r\n\r\n");
+    CHECK(gone.starts_with("HTTP/1.1 502 Bad Gateway\r\n"));
+    CHECK(body_of(gone) == "could not resolve www.gone.test (name not found)\n");
+
+    // The connection's deadline ends a lookup c-ares is still waiting for.
+    egress_limits quick;
+    quick.connect_timeout = 300ms;
+    const auto quick_door = f->add_sandbox("sb-quick", allow({"*.hang.test"}), quick);
+    const auto started = std::chrono::steady_clock::now();
+    const auto late = co_await exchange(quick_door, "CONNECT slow.hang.test:443 HTTP/1.1\r\n\r\n");
+    const auto took = ms_since(started);
+    CHECK(late.starts_with("HTTP/1.1 504 Gateway Timeout\r\n"));
+    CHECK(body_of(late) == "resolving slow.hang.test took longer than 300 ms\n");
+    CHECK(took < 1500);  // c-ares' first attempt alone lasts 2 s
+
+    // Closing the sandbox ends its pending lookup's connection at once.
+    const auto closing_door = f->add_sandbox("sb-closing", allow({"*.hang.test"}));
+    auto socket = co_await connect_to(closing_door);
+    const std::string request = "CONNECT stuck.hang.test:443 HTTP/1.1\r\n\r\n";
+    auto buffer = asio::buffer(request);
+    co_await asio::async_write(socket, buffer, asio::use_awaitable);
+    std::function<bool()> asked = [silent] { return silent->names().contains("stuck.hang.test"); };
+    REQUIRE(co_await eventually(asked, 5s));
+    const auto closed_at = std::chrono::steady_clock::now();
+    CHECK(f->proxy.close_sandbox("sb-closing") == 1);
+    CHECK((co_await read_all(socket)).empty());
+    CHECK(ms_since(closed_at) < 1000);
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a name DNS does not know gets a 502, and a deadline or a closed sandbox ends a lookup that "
+    "never answers") {
+    silent_dns_server silent;
+    dnsmasq_server dns({"--address=/gone.test/",
+                        "--server=/hang.test/127.0.0.1#" + std::to_string(silent.port())});
+    proxy_fixture f(via(dns.address()));
+    moat::test::run_async(f.io, lookup_refusals_case(&f, &silent), std::chrono::seconds(60));
+    for (const auto& e : f.events) {
+        if (e.host == "slow.hang.test") CHECK(e.status == 504);
+    }
+}
+
+namespace {
+
+// All keys together run at most max_in_flight lookups: another key waits for a slot, and gets it
+// when c-ares gives up on a query (here after one 300 ms attempt), not when its caller stopped
+// waiting.
+asio::awaitable<void> resolver_total_case(asio::io_context* io, name_resolver* resolver,
+                                          silent_dns_server* silent) {
+    lookup_probe first;
+    lookup_probe second;
+    co_await start_asked(io, resolver, "sb-a", "first.hang.test", &first, silent);
+    start_lookup(*io, *resolver, "sb-b", "second.hang.test", moat::deadline::after(10s), &second);
+    std::function<bool()> queued = [resolver] { return resolver->waiting("sb-b") == 1; };
+    REQUIRE(co_await eventually(queued, 2s));
+    std::function<bool()> first_done = [&first] { return first.outcome.has_value(); };
+    REQUIRE(co_await eventually(first_done, 5s));
+    CHECK(first.outcome->error().code == moat::errc::backend_failure);
+    CHECK(detail_of(first) == "could not resolve first.hang.test (no DNS server answered)");
+    std::function<bool()> second_done = [&second] { return second.outcome.has_value(); };
+    REQUIRE(co_await eventually(second_done, 5s));
+    CHECK(detail_of(second) == "could not resolve second.hang.test (no DNS server answered)");
+    CHECK(silent->names().contains("second.hang.test"));
+    CHECK(resolver->running("sb-a") == 0);
+    CHECK(resolver->running("sb-b") == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the resolver runs at most max_in_flight lookups over all keys, and c-ares' timeout frees a "
+    "slot") {
+    silent_dns_server silent;
+    asio::io_context io;
+    auto options = asking(silent);
+    options.attempt_timeout = 300ms;
+    options.tries = 1;
+    options.max_in_flight = 1;
+    name_resolver resolver(io.get_executor(), options);
+    moat::test::run_async(io, resolver_total_case(&io, &resolver, &silent),
+                          std::chrono::seconds(30));
 }
 
 // ---- Host memory, the byte budget across processes, the host's own addresses (issue 30) ------

@@ -3,6 +3,9 @@
 #include <moat/log.hpp>
 #include <moat/task_group.hpp>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -64,7 +67,6 @@ struct connection : std::enable_shared_from_this<connection> {
         : sandbox(std::move(owner)),
           client(std::move(socket)),
           upstream(client.get_executor()),
-          resolver(client.get_executor()),
           timer(client.get_executor()) {}
     // Registered by serve() for close_sandbox() and the connection limit, for as long as it lives
     // (a task destroyed before it ran included).
@@ -75,7 +77,7 @@ struct connection : std::enable_shared_from_this<connection> {
     std::shared_ptr<sandbox_entry> sandbox;
     asio::generic::stream_protocol::socket client;
     asio::ip::tcp::socket upstream;
-    asio::ip::tcp::resolver resolver;
+    asio::cancellation_signal resolve_cancel;  // aborts a pending lookup (close, deadline)
     asio::steady_timer timer;
     phase current = phase::head;
     clock::time_point last_activity = clock::now();
@@ -94,7 +96,7 @@ struct connection : std::enable_shared_from_this<connection> {
         std::error_code ignored;
         client.close(ignored);
         upstream.close(ignored);
-        resolver.cancel();
+        resolve_cancel.emit(asio::cancellation_type::terminal);
         timer.cancel();
     }
 
@@ -114,7 +116,7 @@ struct connection : std::enable_shared_from_this<connection> {
         if (current == phase::connect) {
             connect_timed_out = true;
             std::error_code ignored;
-            resolver.cancel();
+            resolve_cancel.emit(asio::cancellation_type::terminal);
             upstream.close(ignored);
         } else if (current == phase::relay) {
             const auto idle_until = last_activity + sandbox->limits.idle_timeout;
@@ -191,8 +193,13 @@ struct resolution {
 }  // namespace
 
 struct egress_proxy::impl {
-    impl(asio::any_io_executor ex, event_sink s)
-        : executor(ex), sink(std::move(s)), tasks(ex, "egress proxy"), sampler(ex) {}
+    impl(asio::any_io_executor ex, event_sink s, resolver_options r)
+        : executor(ex),
+          sink(std::move(s)),
+          tasks(ex, "egress proxy"),
+          sampler(ex),
+          resolver_limits(r),
+          resolver(ex, std::move(r)) {}
 
     asio::any_io_executor executor;
     event_sink sink;
@@ -202,6 +209,8 @@ struct egress_proxy::impl {
     // connections open (publish_buffered), so the meters stay current for `moat inventory`.
     asio::steady_timer sampler;
     bool is_sampling = false;
+    resolver_options resolver_limits;
+    name_resolver resolver;  // every sandbox's lookups, each sandbox under its own limits
 
     void emit(const egress_event& event) {
         if (!sink) return;
@@ -260,36 +269,47 @@ asio::awaitable<void> send_refusal(std::shared_ptr<connection> c,
     c->close("refused");
 }
 
-asio::awaitable<resolution> resolve(std::shared_ptr<connection> c, const std::string& host,
-                                    std::uint16_t port) {
+// The sandbox's --resolve table, else the proxy's resolver under the connection's deadline (the
+// connect timer's expiry); close() and the deadline abort a pending lookup at once.
+asio::awaitable<resolution> resolve(std::shared_ptr<connection> c,
+                                    std::weak_ptr<egress_proxy::impl> proxy,
+                                    const std::string& host) {
     resolution out;
     if (const auto* pinned = c->sandbox->policy.pinned(host)) {
         out.addresses = *pinned;
         co_return out;
     }
-    const std::string service = std::to_string(port);
-    auto [ec, results] = co_await c->resolver.async_resolve(
-        host, service, asio::ip::resolver_base::numeric_service, use_tuple);
-    if (ec) {
-        if (c->connect_timed_out) {
-            out.status = 504;
-            out.line = "resolving " + host + " took longer than " +
-                       std::to_string(c->sandbox->limits.connect_timeout.count()) + " ms";
-        } else {
-            out.status = 502;
-            out.line = "could not resolve " + host + " (" + ec.message() + ")";
-        }
+    const auto& limits = c->sandbox->limits;
+    asio::awaitable<result<std::vector<asio::ip::address>>> lookup;
+    resolver_options settings;
+    if (auto live = proxy.lock()) {
+        settings = live->resolver_limits;
+        lookup =
+            live->resolver.async_resolve(c->sandbox->id, host, deadline::at(c->timer.expiry()));
+    } else {
+        out.status = 502;
+        out.line = "could not resolve " + host + " (the proxy is shutting down)";
         co_return out;
     }
-    for (const auto& entry : results) {
-        const auto address = entry.endpoint().address();
-        bool seen = false;
-        for (const auto& a : out.addresses) seen = seen || a == address;
-        if (!seen) out.addresses.push_back(address);
-    }
-    if (out.addresses.empty()) {
+    auto executor = c->client.get_executor();
+    auto token = asio::bind_cancellation_slot(c->resolve_cancel.slot(), asio::use_awaitable);
+    auto answer = co_await asio::co_spawn(executor, std::move(lookup), token);
+    c->resolve_cancel.slot().clear();
+    if (answer) {
+        out.addresses = std::move(*answer);
+    } else if (c->connect_timed_out || answer.error().code == errc::deadline_exceeded) {
+        out.status = 504;
+        out.line = "resolving " + host + " took longer than " +
+                   std::to_string(limits.connect_timeout.count()) + " ms";
+    } else if (answer.error().code == errc::limit_exceeded) {
+        out.status = 429;
+        out.line = "resolving " + host + ": this sandbox has " +
+                   std::to_string(settings.max_waiting_per_key) +
+                   " lookups waiting for one of its " +
+                   std::to_string(settings.max_in_flight_per_key) + " running ones, its limit";
+    } else {
         out.status = 502;
-        out.line = "could not resolve " + host + " (no addresses)";
+        out.line = answer.error().detail;  // "could not resolve HOST (why)"
     }
     co_return out;
 }
@@ -532,7 +552,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
     if (host.address) {
         resolved.addresses.push_back(*host.address);
     } else {
-        resolved = co_await resolve(c, host.name, request.port);
+        resolved = co_await resolve(c, proxy, host.name);
     }
     if (c->is_closed) co_return;
     if (resolved.status != 0) {
@@ -673,8 +693,14 @@ const char* to_string(egress_outcome outcome) noexcept {
     return "unknown";
 }
 
-egress_proxy::egress_proxy(asio::any_io_executor executor, event_sink sink)
-    : impl_(std::make_shared<impl>(executor, std::move(sink))) {}
+egress_proxy::egress_proxy(asio::any_io_executor executor, event_sink sink,
+                           resolver_options resolver)
+    : impl_(std::make_shared<impl>(executor, std::move(sink), std::move(resolver))) {
+    if (const auto& why = impl_->resolver.startup_error(); !why.empty()) {
+        detail::log(log_level::warning, "egress",
+                    "the proxy's resolver did not start, every lookup will fail: " + why);
+    }
+}
 
 egress_proxy::~egress_proxy() {
     for (auto& [id, sandbox] : impl_->sandboxes) {

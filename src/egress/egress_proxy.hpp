@@ -5,18 +5,21 @@
 // unix socket or socketpair bridged from inside the sandbox's network namespace later) and is
 // handed to serve() with the id of the sandbox it belongs to. The proxy reads one request
 // (proxy_request.hpp), checks the host against the sandbox's allow-list, resolves it itself (the
-// sandbox's --resolve table first, else asio's asynchronous resolver), checks every address the
-// name resolves to (address_policy.hpp: any refused address refuses the request), connects to
-// exactly the addresses it checked, and then relays bytes both ways until both sides are done.
+// sandbox's --resolve table first, else the proxy's one name_resolver: c-ares, every sandbox's
+// lookups concurrently, each sandbox under its own lookup limits, so one sandbox's hung lookups
+// never delay another's), checks every address the name resolves to (address_policy.hpp: any
+// refused address refuses the request), connects to exactly the addresses it checked, and then
+// relays bytes both ways until both sides are done.
 // A refusal is an HTTP reply with one line saying why ("host example.com is not on this
 // sandbox's allow-list"), then the connection closes.
 //
 // Bounds per sandbox (egress_limits): concurrent connections and the host memory they buffer (the
 // next one gets 429), bytes relayed in both directions over the sandbox's life (a connection that
 // passes the budget is closed, later ones get 403), idle time of a relayed connection, time to send
-// the request head, and time to resolve and connect (504). Every decision is an egress_event
-// through the sink given at construction: the sandbox id, host, port, outcome and byte counts,
-// never request content.
+// the request head, time to resolve and connect (504), and lookups at once (resolver_options: past
+// max_in_flight_per_key running and max_waiting_per_key waiting, the next request gets 429). Every
+// decision is an egress_event through the sink given at construction: the sandbox id, host, port,
+// outcome and byte counts, never request content.
 //
 // Confined to its executor: construct it, call every member, and run the sink there (give a
 // strand if the io_context runs on several threads). It never blocks the executor: every step
@@ -24,6 +27,7 @@
 #pragma once
 
 #include "egress/byte_meter.hpp"
+#include "egress/name_resolver.hpp"
 #include "egress/network_policy.hpp"
 #include "egress/proxy_request.hpp"
 
@@ -101,7 +105,8 @@ class egress_proxy {
   public:
     using event_sink = std::function<void(const egress_event&)>;
 
-    egress_proxy(asio::any_io_executor executor, event_sink sink);
+    // `resolver`: the DNS servers, timeouts and per-sandbox lookup limits (name_resolver.hpp).
+    egress_proxy(asio::any_io_executor executor, event_sink sink, resolver_options resolver = {});
     egress_proxy(const egress_proxy&) = delete;
     egress_proxy& operator=(const egress_proxy&) = delete;
     ~egress_proxy();

@@ -57,6 +57,22 @@ std::uint16_t free_loopback_port() {
     return ntohs(address.sin_port);
 }
 
+void stop_server_process(pid_t& pid) {
+    if (pid <= 0) return;
+    ::kill(pid, SIGTERM);
+    const auto limit = std::chrono::steady_clock::now() + 5s;
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > limit) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+            break;
+        }
+        std::this_thread::sleep_for(10ms);
+    }
+    pid = -1;
+}
+
 redis_server::redis_server(std::vector<std::string> extra) : extra_(std::move(extra)) {
     char pattern[] = "/tmp/moat-redis-XXXXXX";
     REQUIRE(::mkdtemp(pattern) != nullptr);
@@ -115,19 +131,7 @@ void redis_server::start() {
 }
 
 void redis_server::stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    const auto limit = std::chrono::steady_clock::now() + 5s;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > limit) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, &status, 0);
-            break;
-        }
-        std::this_thread::sleep_for(10ms);
-    }
-    pid_ = -1;
+    stop_server_process(pid_);
 }
 
 redis_config redis_server::unix_config() const {

@@ -17,6 +17,10 @@ namespace moat::test {
 // A loopback TCP port that was free a moment ago (bound to port 0, read back, closed).
 std::uint16_t free_loopback_port();
 
+// Stops a server the test started: SIGTERM, then SIGKILL after 5 s; reaps it and sets `pid` to
+// -1. Nothing when `pid` is not positive.
+void stop_server_process(pid_t& pid);
+
 class redis_server {
   public:
     // `extra`: more redis-server arguments (e.g. {"--requirepass", "..."}).
