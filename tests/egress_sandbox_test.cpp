@@ -697,6 +697,8 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK(bad.error().detail.find("py*pi.org") != std::string::npos);
 }
 
+// The dev stage only (not under the sanitizers): a measurement that prints what it found.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 namespace {
 
 // Host-wide TCP memory (/proc/net/sockstat's "mem", pages), in bytes.
@@ -727,8 +729,6 @@ moat::exec_request stalled_tunnels(std::uint16_t port, int count) {
 
 }  // namespace
 
-// The dev stage only (not under the sanitizers): a measurement that prints what it found.
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 TEST_CASE_FIXTURE(local_fixture,
                   "a sandbox with 32 stalled downloads pins a bounded amount of host memory, "
                   "shown by moat inventory") {
