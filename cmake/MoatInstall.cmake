@@ -12,6 +12,8 @@ set(MOAT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/moat)
 install(TARGETS moat EXPORT moatTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/moat DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.hpp")
+install(FILES ${PROJECT_BINARY_DIR}/include/moat/version.hpp
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/moat)
 install(EXPORT moatTargets NAMESPACE moat:: DESTINATION ${MOAT_INSTALL_CMAKEDIR})
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/moatConfig.cmake.in

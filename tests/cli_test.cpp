@@ -1,4 +1,6 @@
 // The moat CLI as a user runs it: exit codes, streaming, bad input.
+#include <moat/version.hpp>
+
 #include <doctest/doctest.h>
 
 #include "support/build_paths.hpp"
@@ -111,6 +113,32 @@ void write_host_file(const std::string& path, const std::string& data) {
 }
 
 }  // namespace
+
+TEST_CASE("every command answers --help with its usage, and moat --version names the versions") {
+    for (const std::string command :
+         {"run", "create", "exec", "session", "cp", "destroy", "ls", "inventory", "janitor",
+          "smoke", "doctor", "bench", "mcp", "demo", "serve"}) {
+        for (const std::string& ask : {command + " --help", command + " -h", "help " + command}) {
+            const auto o = moat_stdout(ask);
+            INFO(ask << ": " << o.output);
+            CHECK(o.exit_code == 0);
+            CHECK(o.output.starts_with("usage:\n  " + command));
+            CHECK(o.output.find("exit codes:") != std::string::npos);
+        }
+    }
+    // After a "--" a --help is the sandbox command's, not moat's.
+    const auto passed = moat_stdout("exec sb-00000000000000000000 -- ls --help");
+    CHECK(passed.exit_code == 4);
+    CHECK(passed.output.find("usage:") == std::string::npos);
+    const auto unknown = moat_cli("help frobnicate");
+    CHECK(unknown.exit_code == 2);
+    CHECK(unknown.output == "moat help: unknown command 'frobnicate' (see moat --help)\n");
+    const auto version = moat_stdout("--version");
+    CHECK(version.exit_code == 0);
+    CHECK(version.output.starts_with("moat " + std::string(moat::version) +
+                                     " (helper wire protocol "));
+    CHECK(version.output.ends_with(")\n"));
+}
 
 TEST_CASE("moat create, exec, cp and destroy work on one sandbox from separate processes") {
     MOAT_REQUIRE_NAMESPACES();
