@@ -195,6 +195,14 @@ TEST_CASE(
         auto committed = f.run(store->async_commit("k", *successor->token, "box-1", 0, 60s, limit));
         REQUIRE(committed);
         CHECK(*committed);
+        // A repeat of that commit (its answer was lost) is true and changes nothing; the same
+        // token naming another sandbox is not.
+        auto repeated = f.run(store->async_commit("k", *successor->token, "box-1", 0, 60s, limit));
+        REQUIRE(repeated);
+        CHECK(*repeated);
+        auto other_box = f.run(store->async_commit("k", *successor->token, "box-2", 0, 60s, limit));
+        REQUIRE(other_box);
+        CHECK_FALSE(*other_box);
         auto got = f.run(store->async_get("k", limit));
         REQUIRE(got);
         REQUIRE(*got);
@@ -744,5 +752,127 @@ TEST_CASE(
         CHECK(read_line(ender, "ended") == "ended");
         CHECK(finish(ender) == 0);
         CHECK(running_with(f, {{"test", "shared-proc-rebuild-" + kind}}) == 0);
+    }
+}
+
+namespace {
+
+// The real store, whose commit answers are lost on demand: the commit runs in the store, then
+// the caller gets the error a dropped connection gives (the outcome unknown to it).
+class lost_commit_answers final : public moat::session_store {
+  public:
+    lost_commit_answers(std::shared_ptr<moat::session_store> real, int lose)
+        : real_(std::move(real)), lose_(lose) {}
+    int commits = 0;
+
+    asio::awaitable<moat::result<std::optional<moat::session_record>>> async_get(
+        std::string key, moat::deadline limit) override {
+        return real_->async_get(std::move(key), limit);
+    }
+    asio::awaitable<moat::result<moat::session_claim>> async_claim(std::string key,
+                                                                   std::string expected,
+                                                                   std::chrono::milliseconds lease,
+                                                                   moat::deadline limit) override {
+        return real_->async_claim(std::move(key), std::move(expected), lease, limit);
+    }
+    asio::awaitable<moat::result<bool>> async_renew(std::string key, std::string token,
+                                                    std::chrono::milliseconds lease,
+                                                    moat::deadline limit) override {
+        return real_->async_renew(std::move(key), std::move(token), lease, limit);
+    }
+    asio::awaitable<moat::result<bool>> async_commit(std::string key, std::string token,
+                                                     std::string sandbox_id,
+                                                     std::uint64_t generation,
+                                                     std::chrono::milliseconds ttl,
+                                                     moat::deadline limit) override {
+        ++commits;
+        auto committing = real_->async_commit(std::move(key), std::move(token),
+                                              std::move(sandbox_id), generation, ttl, limit);
+        auto committed = co_await std::move(committing);
+        if (lose_ > 0) {
+            --lose_;
+            co_return moat::make_error(moat::errc::store_unavailable,
+                                       "the connection to the store dropped before its answer");
+        }
+        co_return committed;
+    }
+    asio::awaitable<moat::result<void>> async_release(std::string key, std::string token,
+                                                      moat::deadline limit) override {
+        return real_->async_release(std::move(key), std::move(token), limit);
+    }
+    asio::awaitable<moat::result<std::optional<moat::session_touch>>> async_touch(
+        std::string key, std::string sandbox_id, std::chrono::milliseconds ttl, bool take_notice,
+        moat::deadline limit) override {
+        return real_->async_touch(std::move(key), std::move(sandbox_id), ttl, take_notice, limit);
+    }
+    asio::awaitable<moat::result<bool>> async_erase(
+        std::string key, std::string sandbox_id,
+        std::optional<std::chrono::milliseconds> unused_at_least,
+        std::optional<std::chrono::milliseconds> remember_for, moat::deadline limit) override {
+        return real_->async_erase(std::move(key), std::move(sandbox_id), unused_at_least,
+                                  remember_for, limit);
+    }
+    bool is_shared() const noexcept override { return real_->is_shared(); }
+
+  private:
+    std::shared_ptr<moat::session_store> real_;
+    int lose_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a commit whose answer is lost is tried again with its token, and the sandbox the store "
+    "names is never destroyed, over the host and Redis stores") {
+    MOAT_REQUIRE_NAMESPACES();
+    for (const std::string kind : {"host", "redis"}) {
+        CAPTURE(kind);
+        local_fixture f;
+        store_maker maker;
+        maker.host = kind == "host";
+        maker.redis = kind == "redis";
+        event_log log;
+        const std::string label = "lost-commit-" + kind;
+        // One answer lost: the retry confirms the commit, the acquire succeeds.
+        auto once = std::make_shared<lost_commit_answers>(maker.make(f.io.get_executor()), 1);
+        worker first(f.io, once, log, label);
+        auto lease = f.run(first.manager->async_acquire("k"));
+        REQUIRE_MESSAGE(lease, lease.error().to_string());
+        const std::string id = lease->box->id();
+        CHECK(once->commits == 2);
+        auto seen = f.run(f.local->async_inspect(id));
+        REQUIRE(seen);
+        CHECK(seen->state == moat::sandbox_state::running);
+        auto store = maker.make(f.io.get_executor());
+        auto named = f.run(store->async_get("k", moat::deadline::after(10s)));
+        REQUIRE(named);
+        REQUIRE(*named);
+        CHECK((*named)->sandbox_id == id);
+        lease->reset();
+        REQUIRE(f.run(first.manager->async_end("k")));
+
+        // Every answer lost: the acquire fails, but the sandbox the store now names lives on,
+        // and the next acquire gets it.
+        auto always = std::make_shared<lost_commit_answers>(maker.make(f.io.get_executor()), 100);
+        worker second(f.io, always, log, label);
+        auto failed = f.run(second.manager->async_acquire("k2"));
+        REQUIRE_FALSE(failed);
+        CHECK(failed.error().code == moat::errc::store_unavailable);
+        CHECK(always->commits == 3);
+        auto entry = f.run(store->async_get("k2", moat::deadline::after(10s)));
+        REQUIRE(entry);
+        REQUIRE(*entry);
+        const std::string kept = (*entry)->sandbox_id;
+        worker third(f.io, maker.make(f.io.get_executor()), log, label);
+        auto again = f.run(third.manager->async_acquire("k2"));
+        REQUIRE_MESSAGE(again, again.error().to_string());
+        CHECK(again->box->id() == kept);
+        again->reset();
+        REQUIRE(f.run(third.manager->async_end("k2")));
+        CHECK(running_with(f, {{"test", label}}) == 0);
+        for (auto* w : {&first, &second, &third}) {
+            f.run(w->manager->async_shutdown());
+        }
+        f.shut_down();
     }
 }

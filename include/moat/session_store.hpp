@@ -104,7 +104,10 @@ class session_store {
     // Fenced commit: when `token` still holds the claim, sets the entry to `sandbox_id` with
     // `generation` (keeping `noticed` from the previous entry, 0 if there was none), resets its
     // last use, makes it expire after `ttl` (the sandbox's TTL) and releases the claim. False: the
-    // claim was lost and nothing was written (the caller destroys what it made).
+    // claim was lost and nothing was written (the caller destroys what it made). Idempotent for
+    // its token: repeating a commit that happened (the answer was lost: a dropped connection, a
+    // timeout) answers true and changes nothing, so a caller retries an error with the same token
+    // (the session manager does) and never destroys a sandbox the store names.
     virtual asio::awaitable<result<bool>> async_commit(std::string key, std::string token,
                                                        std::string sandbox_id,
                                                        std::uint64_t generation,

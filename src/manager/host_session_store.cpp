@@ -98,6 +98,7 @@ std::string serialize(const std::string& key, const store_detail::entry& e) {
     out += "expires " + std::to_string(ticks(e.expires)) + "\n";
     out += "token " + e.token + "\n";
     out += "lease_until " + std::to_string(ticks(e.lease_until)) + "\n";
+    out += "committed_by " + e.committed_by + "\n";
     return out;
 }
 
@@ -144,6 +145,8 @@ result<store_detail::entry> parse(const std::string& key, std::string_view text)
         } else if (name == "lease_until") {
             ok = parse_int(value, n);
             e.lease_until = from_ticks(n);
+        } else if (name == "committed_by") {
+            e.committed_by = std::string(value);
         }
         if (!ok) return unavailable("a session entry file is garbled");
     }

@@ -21,6 +21,33 @@ using manager_detail::store_failure;
 using manager_detail::store_step_limit;
 using manager_detail::usable;
 
+// Tries of a commit whose outcome stays unknown.
+constexpr int commit_attempts = 3;
+
+// The fenced commit. A commit that fails with an error has an unknown outcome (the store's
+// connection may have dropped after the store applied it, a reply may have timed out), so it is
+// tried again with the same token, each try under store_step_limit and the caller's deadline: a
+// commit is idempotent for its token (session_store.hpp), so a repeat of one that happened
+// confirms it. True or false is the store's known answer; an error, still unknown after every try.
+asio::awaitable<result<bool>> commit_until_known(std::shared_ptr<session_store> store,
+                                                 std::string key, std::string token,
+                                                 std::string sandbox_id, std::uint64_t generation,
+                                                 std::chrono::milliseconds ttl, deadline limit) {
+    result<bool> committed = make_error(errc::store_unavailable, "the commit was not tried");
+    for (int attempt = 1; attempt <= commit_attempts; ++attempt) {
+        const deadline step = earliest(limit, deadline::after(store_step_limit));
+        auto committing =
+            guarded(store->async_commit(key, token, sandbox_id, generation, ttl, step));
+        committed = co_await std::move(committing);
+        if (committed || committed.error().code == errc::cancelled || limit.has_expired()) break;
+        detail::log(log_level::warning, "manager",
+                    "committing session " + key + "'s sandbox " + sandbox_id + " (try " +
+                        std::to_string(attempt) + " of " + std::to_string(commit_attempts) +
+                        "): " + committed.error().to_string());
+    }
+    co_return committed;
+}
+
 // The claim holder's lease renewal, stopped when the create is over.
 struct session_manager::state::claim_keeper {
     explicit claim_keeper(const asio::any_io_executor& ex) : timer(ex) {}
@@ -263,15 +290,22 @@ session_manager::state::create_claimed(std::string key, std::string token, std::
     }
     auto box = std::move(*created);
     auto committing =
-        guarded(store->async_commit(key, token, box->id(), generation, options.spec.ttl, limit));
+        commit_until_known(store, key, token, box->id(), generation, options.spec.ttl, limit);
     auto committed = co_await std::move(committing);
-    if (!committed || !*committed) {
+    if (!committed) {
+        // Still unknown: the store may name this sandbox now, so it is not destroyed. Either the
+        // next acquire attaches to it (the commit happened), or the next claimer sweeps it as a
+        // stray (it carries moat.session=KEY and no entry names it); its TTL bounds it anyway.
+        // The handle goes without destroying a shared session's sandbox (survive_owner).
+        detail::log(log_level::warning, "manager",
+                    "session " + key + ": the commit of sandbox " + box->id() +
+                        " has an unknown outcome; the sandbox is kept for the store to decide");
+        auto releasing = release_claim(key, token);
+        co_await std::move(releasing);
+        co_return store_failure(std::move(committed).error());
+    }
+    if (!*committed) {
         (void)co_await box->async_destroy();
-        if (!committed) {
-            auto releasing = release_claim(key, token);
-            co_await std::move(releasing);
-            co_return store_failure(std::move(committed).error());
-        }
         detail::log(log_level::warning, "manager",
                     "lost the claim on session " + key + " before committing its sandbox");
         co_return std::optional<opened_session>();

@@ -24,6 +24,7 @@ struct entry {
     bool ended = false;    // ended for idleness, kept as a marker (session_record::ended)
     std::string token;     // the claim's ("" while none is held)
     time_point lease_until{};
+    std::string committed_by;  // the token of the commit that set sandbox_id (a retry's check)
 };
 
 // Drops what has run out: the claim after its lease, the committed part after its TTL.
@@ -31,6 +32,7 @@ inline void expire(entry& e, time_point now) {
     if (!e.token.empty() && now >= e.lease_until) e.token.clear();
     if ((!e.sandbox_id.empty() || e.ended) && now >= e.expires) {
         e.sandbox_id.clear();
+        e.committed_by.clear();
         e.ended = false;
         e.generation = 0;
         e.noticed = 0;
@@ -79,9 +81,14 @@ inline bool renew(entry& e, const std::string& token, std::chrono::milliseconds 
     return true;
 }
 
+// Idempotent for its token: a repeat of a commit that happened (a retry after a lost answer)
+// answers true and changes nothing.
 inline bool commit(entry& e, const std::string& token, std::string sandbox_id,
                    std::uint64_t generation, std::chrono::milliseconds ttl, time_point now) {
-    if (!holds(e, token, now)) return false;
+    if (!holds(e, token, now)) {
+        return !token.empty() && e.committed_by == token && e.sandbox_id == sandbox_id;
+    }
+    e.committed_by = token;
     if (e.sandbox_id.empty() && !e.ended) e.noticed = 0;
     e.ended = false;
     e.sandbox_id = std::move(sandbox_id);
@@ -119,6 +126,7 @@ inline bool erase(entry& e, const std::string& sandbox_id,
     if (e.sandbox_id.empty() || e.sandbox_id != sandbox_id) return false;
     if (unused_at_least && now - e.last_used < *unused_at_least) return false;
     e.sandbox_id.clear();
+    e.committed_by.clear();
     if (remember_for) {
         e.ended = true;
         e.expires = now + *remember_for;
