@@ -10,8 +10,9 @@
 # when every step passed, 1 when one failed, 2 when the guest could not be run.
 #
 # The guest runs as an unprivileged host user (nobody): as root it could remount the host's
-# filesystem writable. Its root is the host's / read-only; only WORK_DIR/out is writable. It runs
-# from WORK_DIR (not under /tmp, where the guest mounts its own tmpfs), with its memory file in
+# filesystem writable. Its root is the host's / read-only; only WORK_DIR/out is writable. The
+# guest mounts its own tmpfs on /run and /tmp and mounts a checkout, build or WORK_DIR that lies
+# below them again at its own path, so any location works. It runs with its memory file in
 # MOAT_GUEST_TMPDIR (default /dev/shm) and no core dumps. A stuck guest gets SIGTERM after
 # MOAT_GUEST_TIMEOUT seconds (default 600), then its whole process group SIGKILL.
 # MOAT_GUEST_BENCH_N sets the iterations of `moat bench create` in the guest (default 30).
