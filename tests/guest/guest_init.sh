@@ -82,6 +82,10 @@ step doctor "$build/moat" doctor
 # doctor passing is not enough: it must have found v2, not a v1 or no-cgroup fallback.
 step doctor_reports_v2 grep -E "^  cgroups +v2 \(unified\)" "$out/doctor.log"
 step bench "$build/moat" bench create --n "${MOAT_GUEST_BENCH_N:-30}"
+# The helper's TTL backstop under a wall clock stepped forward: a test that steps the clock, which
+# only a throwaway guest may do (it is skipped elsewhere and refuses to run without this variable).
+step wall_clock_step env MOAT_GUEST_CLOCK_STEPPABLE=1 "$build/tests/moat_sandboxd_tests" \
+    --no-skip --no-version -tc="a wall-clock step forward does not end a sandbox before its TTL"
 # Nothing of moat may be left in the cgroup tree but the empty parent, nor any process of a
 # sandbox or helper.
 find /sys/fs/cgroup -mindepth 1 -type d >"$out/cgroups.txt" 2>&1

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Boots a User-Mode Linux guest (Debian's user-mode-linux, cgroup v2 with memory, pids and cpu)
 # on the host's filesystem and runs tests/guest/guest_init.sh in it against the host's dev build:
-# the local backend's isolation and limit tests, `moat doctor` and `moat bench create`.
+# the local backend's isolation and limit tests, `moat doctor`, `moat bench create`, and the
+# helper's TTL backstop under a stepped wall clock (which only the guest may step).
 #
 #   tests/guest/run_guest.sh BUILD_DIR [WORK_DIR]
 #
@@ -25,7 +26,8 @@ if [ -z "$uml" ]; then
     echo "run_guest.sh: linux.uml not found (apt-get install user-mode-linux; scripts/install-deps)" >&2
     exit 2
 fi
-for f in "$build/tests/moat_tests" "$build/moat" "$here/guest_init.sh"; do
+for f in "$build/tests/moat_tests" "$build/tests/moat_sandboxd_tests" "$build/moat" \
+    "$here/guest_init.sh"; do
     [ -x "$f" ] || { echo "run_guest.sh: $f is missing" >&2; exit 2; }
 done
 case "$build$work$here" in
