@@ -20,6 +20,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -720,6 +721,48 @@ TEST_CASE("the TTL ends the sandbox") {
     const auto reaped = expect_reaped(helper, box.id());
     CHECK(WIFEXITED(reaped.wait_status));
     CHECK(process_gone(box.host_pid()));
+}
+
+// The wall clock stepped ahead while the helper waits for the TTL.
+class wall_clock_step {
+  public:
+    explicit wall_clock_step(std::chrono::seconds step) : step_(step) { REQUIRE(move(step_)); }
+    ~wall_clock_step() { move(-step_); }
+    wall_clock_step(const wall_clock_step&) = delete;
+    wall_clock_step& operator=(const wall_clock_step&) = delete;
+
+  private:
+    static bool move(std::chrono::seconds by) {
+        timespec now{};
+        ::clock_gettime(CLOCK_REALTIME, &now);
+        now.tv_sec += static_cast<time_t>(by.count());
+        return ::clock_settime(CLOCK_REALTIME, &now) == 0;
+    }
+    std::chrono::seconds step_;
+};
+
+// It steps the host's wall clock: skipped unless asked for (--no-skip), and refused outside the
+// guest kernel of tests/guest, whose guest_init.sh runs it (the unit tests in
+// sandboxd_units_test.cpp check the arithmetic everywhere).
+TEST_CASE("a wall-clock step forward does not end a sandbox before its TTL" * doctest::skip()) {
+    const char* guest = std::getenv("MOAT_GUEST_CLOCK_STEPPABLE");
+    REQUIRE_MESSAGE((guest != nullptr && std::string(guest) == "1"),
+                    "this test steps the wall clock: it runs in the guest kernel (tests/guest)");
+    helper_process helper;
+    sandbox_options options;
+    options.ttl_ms = 60'000;
+    sandbox box(helper, "clock-step", options);
+    {
+        const wall_clock_step step(std::chrono::hours(2));
+        // Any message wakes the helper, which then looks at its TTL backstops.
+        auto m = wire::make_message<wire::destroy_message>(wire::message_type::destroy);
+        wire::copy_field(m.sandbox_id, "wake-up");
+        send_message(helper.socket(), m);
+        CHECK(expect_reaped(helper, "wake-up").cleanup_errno == ESRCH);
+        CHECK_FALSE(box.wait_ended(1500));
+    }
+    box.destroy();
+    expect_reaped(helper, box.id());
 }
 
 TEST_CASE("a survive-owner sandbox outlives its control socket until destroyed") {

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "sandboxd/pid_lines.hpp"
 #include "sandboxd/raw_syscall.hpp"
 
 namespace moat::sandboxd {
@@ -348,17 +349,17 @@ void agent::kill_members(int cgroup_dir) {
     const int procs = ::openat(cgroup_dir, "cgroup.procs", O_RDONLY | O_CLOEXEC);
     if (procs < 0) return;
     char text[4096];
-    ssize_t n;
-    while ((n = ::read(procs, text, sizeof text)) > 0) {
-        std::string_view rest(text, static_cast<std::size_t>(n));
-        while (!rest.empty()) {
-            const auto newline = rest.find('\n');
-            int member = 0;
-            std::from_chars(rest.data(), rest.data() + rest.size(), member);
+    pid_lines lines;  // a pid may straddle two reads
+    std::vector<int> members;
+    for (;;) {
+        const ssize_t n = ::read(procs, text, sizeof text);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        lines.feed(std::string_view(text, static_cast<std::size_t>(n)), members);
+        for (const int member : members) {
             if (member > 1) ::kill(member, SIGKILL);
-            if (newline == std::string_view::npos) break;
-            rest.remove_prefix(newline + 1);
         }
+        members.clear();
     }
     ::close(procs);
 }

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "sandboxd/spawn_sandbox.hpp"
 #include "sandboxd/state_dir.hpp"
 #include "sandboxd/template_root.hpp"
+#include "sandboxd/ttl_backstop.hpp"
 #include "sandboxd/uid_slots.hpp"
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
@@ -123,9 +125,11 @@ class helper {
         // Its attach socket, when the library never learned of the sandbox (its `created` was
         // lost) and nobody else will remove it.
         std::string orphaned_socket;
-        // The TTL's backstop (wall clock, Unix ms; 0 = no TTL): pid 1 ends the sandbox at its
-        // TTL; if it is still alive this long after (stopped, stuck), the helper ends it.
+        // The TTL's backstop (CLOCK_BOOTTIME ms, ttl_backstop.hpp; 0 = no TTL): pid 1 ends the
+        // sandbox at its TTL; if it is still alive this long after (stopped, stuck), the helper
+        // ends it.
         std::uint64_t backstop_ms = 0;
+        backstop_anchor anchor;  // converts the expiry its record holds (ttl_backstop.hpp)
     };
 
     // A reaped sandbox whose cgroups still count a process (an exiting task, or one that has
@@ -143,9 +147,9 @@ class helper {
     };
 
     void fail_setup(moat::errc code, int err, const std::string& detail);
-    // Ends sandboxes whose TTL passed while pid 1 did not end them; returns the poll timeout
-    // until the next backstop (-1: none).
-    int enforce_backstops();
+    // Ends sandboxes whose TTL passed while pid 1 did not end them, and sets backstop_timer_ to
+    // the next backstop.
+    void enforce_backstops();
     // Removes `group` now if it can, or queues the removal; then (or later) sends `reaped`.
     void remove_cgroups(std::string id, sandbox_cgroups group, bool report, int wait_status,
                         int wait_errno);
@@ -183,6 +187,9 @@ class helper {
     std::uint32_t host_layers_ = 0;
     std::string layer_detail_;
     int agent_exe_fd_ = -1;
+    // A CLOCK_BOOTTIME timerfd at the next backstop: poll's own timeout counts CLOCK_MONOTONIC,
+    // which stands still while the host is suspended.
+    int backstop_timer_ = -1;
     cgroups cgroups_;
     uid_slots slots_;
     sandbox_spawner spawner_;
@@ -196,16 +203,6 @@ std::uint64_t monotonic_ms() {
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
            static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
 }
-
-std::uint64_t realtime_ms() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1000 +
-           static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
-}
-
-// How long after its TTL a sandbox's pid 1 has to end it before the helper does.
-constexpr std::uint64_t backstop_grace_ms = 1000;
 
 // The expiry the library last recorded for a sandbox (extend_ttl moves it: from any process,
 // through the agent, which the helper does not hear), or 0. The record is JSON the library wrote;
@@ -228,15 +225,17 @@ std::uint64_t recorded_expiry_ms(const std::string& state_dir, const std::string
     return value;
 }
 
-int helper::enforce_backstops() {
+void helper::enforce_backstops() {
     std::uint64_t next = 0;
-    const std::uint64_t now = realtime_ms();
+    const clock_reading now = read_clocks();
     for (auto& s : sandboxes_) {
         if (s.backstop_ms == 0) continue;
-        if (now >= s.backstop_ms) {
+        if (now.boot_ms >= s.backstop_ms) {
             const std::uint64_t recorded = recorded_expiry_ms(state_dir_, s.id);
-            if (recorded != 0 && recorded + backstop_grace_ms > now) {
-                s.backstop_ms = recorded + backstop_grace_ms;  // extended meanwhile
+            const std::uint64_t extended =
+                recorded == 0 ? 0 : recorded_backstop_at(recorded, s.anchor, now);
+            if (extended > now.boot_ms) {
+                s.backstop_ms = extended;  // extended meanwhile
             } else {
                 // Expired and pid 1 did not end it: end it from here. The reap follows from the
                 // pidfd as for a destroy; a stopped pid 1 dies of SIGKILL all the same.
@@ -248,8 +247,11 @@ int helper::enforce_backstops() {
         }
         if (next == 0 || s.backstop_ms < next) next = s.backstop_ms;
     }
-    if (next == 0) return -1;
-    return next > now ? static_cast<int>(std::min<std::uint64_t>(next - now, 3'600'000)) : 0;
+    // Absolute, so that it fires at the backstop however long the host slept; 0 disarms it.
+    itimerspec at{};
+    at.it_value.tv_sec = static_cast<time_t>(next / 1000);
+    at.it_value.tv_nsec = static_cast<long>(next % 1000) * 1'000'000;
+    ::timerfd_settime(backstop_timer_, TFD_TIMER_ABSTIME, &at, nullptr);
 }
 
 // Retries at 1, 2, 4, ... ms, then every 50 ms; EBUSY is reported after 5 s.
@@ -345,6 +347,11 @@ void helper::setup() {
     if (const int err = spawner_.init(template_path, std::move(filter), agent_exe_fd_, detail)) {
         return fail_setup(moat::errc::layer_unavailable, err, "helper: " + detail);
     }
+    backstop_timer_ = ::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (backstop_timer_ < 0) {
+        return fail_setup(moat::errc::layer_unavailable, errno,
+                          "helper: timerfd_create(CLOCK_BOOTTIME)");
+    }
     cgroups_.discover();
 
     static constexpr struct {
@@ -380,21 +387,23 @@ void helper::run() {
 
     std::vector<pollfd> fds;
     for (;;) {
-        int timeout_ms = retry_removals();
-        if (const int backstop = enforce_backstops();
-            backstop >= 0 && (timeout_ms < 0 || backstop < timeout_ms)) {
-            timeout_ms = backstop;
-        }
+        const int timeout_ms = retry_removals();
+        enforce_backstops();
         fds.clear();
         fds.push_back({control_fd, POLLIN, 0});
+        fds.push_back({backstop_timer_, POLLIN, 0});  // -1 (unusable helper): ignored
         for (const auto& s : sandboxes_) fds.push_back({s.pidfd, POLLIN, 0});
         if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
             if (errno == EINTR) continue;
             break;
         }
+        if (fds[1].revents != 0) {
+            std::uint64_t expirations = 0;  // read to clear it; the next pass rearms it
+            (void)::read(backstop_timer_, &expirations, sizeof expirations);
+        }
         // Reap first, walking backwards so erasing keeps the remaining indices valid.
         for (std::size_t i = sandboxes_.size(); i-- > 0;) {
-            if (fds[i + 1].revents != 0) try_reap(i, false);
+            if (fds[i + 2].revents != 0) try_reap(i, false);
         }
         if (fds[0].revents != 0 && !handle_control()) break;
     }
@@ -553,7 +562,13 @@ void helper::handle_create(const wire::create_message& m) {
     const int lost = send(created, passed);
     ::close(spawned.library_socket);
     s.pidfd = spawned.pidfd;
-    if (m.ttl_ms != 0) s.backstop_ms = realtime_ms() + m.ttl_ms + backstop_grace_ms;
+    if (m.ttl_ms != 0) {
+        const clock_reading now = read_clocks();
+        s.backstop_ms = backstop_at(now, m.ttl_ms);
+        // The library wrote the record before it asked for the sandbox.
+        const std::uint64_t recorded = recorded_expiry_ms(state_dir_, s.id);
+        s.anchor = {s.backstop_ms, recorded != 0 ? recorded : now.wall_ms + m.ttl_ms};
+    }
     if (lost != 0) {
         // Nobody knows this sandbox: a survivor would run to its TTL. Kill it (it is reaped and
         // its cgroups removed as usual) and tell the library, if a smaller record still gets

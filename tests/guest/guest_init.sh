@@ -8,6 +8,19 @@ PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 out=$MOAT_GUEST_OUT
 build=$MOAT_GUEST_BUILD
+# The checkout: the build's tests use paths of it (fixtures, scripts).
+source=$(cd "$(dirname "$0")/../.." && pwd)
+
+power_off() {
+    sync
+    echo o >/proc/sysrq-trigger
+    while :; do sleep 10; done
+}
+# One line on the console (run_guest.sh shows its tail), then off: pid 1 must never exit.
+give_up() {
+    echo "guest_init.sh: $*"
+    power_off
+}
 
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -15,7 +28,20 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 # As systemd mounts it: namespaces are delegation boundaries.
 mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
-mount -t hostfs -o "$out" hostfs "$out"
+# The guest's own /run and /tmp hide what the host has there: a checkout, build or work
+# directory under them is mounted again from the host at its own path (so that the paths compiled
+# into the build still hold), read-only like the rest of the root.
+show_again() {
+    [ -d "$1" ] && return 0
+    mkdir -p "$1" && mount -r -t hostfs -o "$1" hostfs "$1" ||
+        give_up "cannot mount the host's $1 into the guest"
+}
+show_again "$source"
+show_again "$build"
+# The one writable host directory.
+mkdir -p "$out" 2>/dev/null
+mount -t hostfs -o "$out" hostfs "$out" || give_up "cannot mount the host's $out writable"
+: >"$out/status" 2>/dev/null || give_up "cannot write $out/status"
 
 step() {
     name=$1
@@ -24,7 +50,6 @@ step() {
     echo "$name $?" >>"$out/status"
 }
 
-: >"$out/status"
 echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
 {
     uname -r
@@ -57,6 +82,10 @@ step doctor "$build/moat" doctor
 # doctor passing is not enough: it must have found v2, not a v1 or no-cgroup fallback.
 step doctor_reports_v2 grep -E "^  cgroups +v2 \(unified\)" "$out/doctor.log"
 step bench "$build/moat" bench create --n "${MOAT_GUEST_BENCH_N:-30}"
+# The helper's TTL backstop under a wall clock stepped forward: a test that steps the clock, which
+# only a throwaway guest may do (it is skipped elsewhere and refuses to run without this variable).
+step wall_clock_step env MOAT_GUEST_CLOCK_STEPPABLE=1 "$build/tests/moat_sandboxd_tests" \
+    --no-skip --no-version -tc="a wall-clock step forward does not end a sandbox before its TTL"
 # Nothing of moat may be left in the cgroup tree but the empty parent, nor any process of a
 # sandbox or helper.
 find /sys/fs/cgroup -mindepth 1 -type d >"$out/cgroups.txt" 2>&1
@@ -85,6 +114,4 @@ step delegated_leaf_and_parent sh -c '
     test -z "$(cat /sys/fs/cgroup/delegated/cgroup.procs)" &&
     test -z "$(find /sys/fs/cgroup/delegated/moat -mindepth 1 -type d)"'
 echo finished >>"$out/status"
-sync
-echo o >/proc/sysrq-trigger
-while :; do sleep 10; done
+power_off

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Boots a User-Mode Linux guest (Debian's user-mode-linux, cgroup v2 with memory, pids and cpu)
 # on the host's filesystem and runs tests/guest/guest_init.sh in it against the host's dev build:
-# the local backend's isolation and limit tests, `moat doctor` and `moat bench create`.
+# the local backend's isolation and limit tests, `moat doctor`, `moat bench create`, and the
+# helper's TTL backstop under a stepped wall clock (which only the guest may step).
 #
 #   tests/guest/run_guest.sh BUILD_DIR [WORK_DIR]
 #
@@ -10,8 +11,9 @@
 # when every step passed, 1 when one failed, 2 when the guest could not be run.
 #
 # The guest runs as an unprivileged host user (nobody): as root it could remount the host's
-# filesystem writable. Its root is the host's / read-only; only WORK_DIR/out is writable. It runs
-# from WORK_DIR (not under /tmp, where the guest mounts its own tmpfs), with its memory file in
+# filesystem writable. Its root is the host's / read-only; only WORK_DIR/out is writable. The
+# guest mounts its own tmpfs on /run and /tmp and mounts a checkout, build or WORK_DIR that lies
+# below them again at its own path, so any location works. It runs with its memory file in
 # MOAT_GUEST_TMPDIR (default /dev/shm) and no core dumps. A stuck guest gets SIGTERM after
 # MOAT_GUEST_TIMEOUT seconds (default 600), then its whole process group SIGKILL.
 # MOAT_GUEST_BENCH_N sets the iterations of `moat bench create` in the guest (default 30).
@@ -24,7 +26,8 @@ if [ -z "$uml" ]; then
     echo "run_guest.sh: linux.uml not found (apt-get install user-mode-linux; scripts/install-deps)" >&2
     exit 2
 fi
-for f in "$build/tests/moat_tests" "$build/moat" "$here/guest_init.sh"; do
+for f in "$build/tests/moat_tests" "$build/tests/moat_sandboxd_tests" "$build/moat" \
+    "$here/guest_init.sh"; do
     [ -x "$f" ] || { echo "run_guest.sh: $f is missing" >&2; exit 2; }
 done
 case "$build$work$here" in
