@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <map>
 #include <optional>
@@ -69,8 +70,8 @@ struct connection : std::enable_shared_from_this<connection> {
           upstream(client.get_executor()),
           timer(client.get_executor()) {}
     // Registered by serve() for close_sandbox() and the connection limit, for as long as it lives
-    // (a task destroyed before it ran included).
-    ~connection() { sandbox->connections.erase(this); }
+    // (a task destroyed before it ran included); the others' shares grow back when it goes.
+    ~connection();
     connection(const connection&) = delete;
     connection& operator=(const connection&) = delete;
 
@@ -88,6 +89,9 @@ struct connection : std::enable_shared_from_this<connection> {
     std::uint64_t bytes_in = 0;
     relay_pipe to_upstream;
     relay_pipe to_sandbox;
+    // Its share of the sandbox's max_buffered_bytes (see allot()): the most its sockets and pipes
+    // can hold, both directions stalled.
+    std::uint64_t allotment = 0;
 
     void close(std::string reason) {
         if (is_closed) return;
@@ -175,12 +179,92 @@ std::uint64_t publish_buffered(sandbox_entry& sandbox) {
     return total;
 }
 
-// Fixed buffers for one of a connection's sockets (egress_limits): best effort, a socket the
-// kernel refuses them for keeps its defaults.
-void set_buffer_sizes(int fd, std::size_t bytes) {
-    const int size = static_cast<int>(bytes);
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+// ---- Host memory: each connection's share of max_buffered_bytes --------------------------------
+//
+// A connection with allotment A gets: its upstream socket A/8 and its sandbox-side socket A/16
+// (SO_RCVBUF and SO_SNDBUF each; the kernel counts up to twice the number), and each pipe A/16
+// (rounded down to a power of two): with both directions stalled its queues hold at most
+// 2*2*A/8 + 2*2*A/16 + 2*A/16 = 7/8 A. The sandbox's allotments never add up to more than
+// max_buffered_bytes: a new connection's target is max_buffered_bytes / (connections open, it
+// included), within [min_connection_buffer_bytes, max_connection_buffer_bytes], and every open
+// one moves to that target too, but never below what it holds now (queued bytes cannot be taken
+// back, so a stalled connection keeps its share until it drains). When the total would pass the
+// cap the new connection gets 429. A lone download gets max_connection_buffer_bytes; 32
+// connections that keep reading get 512 KiB each; a sandbox whose tunnels stall is refused new
+// ones once they hold its cap.
+
+// SO_RCVBUF / SO_SNDBUF past net.core.rmem_max / wmem_max where the process may (the FORCE options
+// need CAP_NET_ADMIN), else up to them: best effort, a socket the kernel refuses keeps its own.
+void set_buffer_sizes(int fd, std::uint64_t bytes) {
+    if (fd < 0) return;
+    const int size = static_cast<int>(std::min<std::uint64_t>(bytes, 1u << 30));
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof size) != 0)
+        (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
+        (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+int pipe_size_for(std::uint64_t allotment) {
+    return static_cast<int>(std::bit_floor(std::max<std::uint64_t>(allotment / 16, 4096)));
+}
+
+// A pipe's capacity: best effort (a pipe holding more than the new size keeps its size).
+void set_pipe_size(const relay_pipe& pipe, std::uint64_t allotment) {
+    if (pipe.write_end.is_open())
+        (void)::fcntl(pipe.write_end.get(), F_SETPIPE_SZ, pipe_size_for(allotment));
+}
+
+void apply_allotment(connection& c, std::uint64_t allotment) {
+    c.allotment = allotment;
+    set_buffer_sizes(c.client.native_handle(), allotment / 16);
+    set_buffer_sizes(c.upstream.native_handle(), allotment / 8);
+    set_pipe_size(c.to_upstream, allotment);
+    set_pipe_size(c.to_sandbox, allotment);
+}
+
+// What each connection of `sandbox` should get with `open` of them (the new one included).
+std::uint64_t target_allotment(const egress_limits& limits, std::size_t open) {
+    const std::uint64_t even = limits.max_buffered_bytes / std::max<std::size_t>(open, 1);
+    return std::clamp(
+        even, limits.min_connection_buffer_bytes,
+        std::max(limits.min_connection_buffer_bytes, limits.max_connection_buffer_bytes));
+}
+
+// Admits a new connection's share: true (and every open connection moved to the new target, or
+// kept at what it holds) when the sandbox's allotments stay within max_buffered_bytes; false
+// (nothing changed) when they would not. `held_now` receives what the open ones hold.
+bool allot(sandbox_entry& sandbox, connection& incoming, std::uint64_t& held_now) {
+    const auto target = target_allotment(sandbox.limits, sandbox.connections.size() + 1);
+    std::uint64_t total = target;
+    held_now = 0;
+    std::vector<std::pair<connection*, std::uint64_t>> moved;
+    for (auto* c : sandbox.connections) {
+        const std::uint64_t held = buffered_bytes(*c);
+        held_now += held;
+        const std::uint64_t next = std::max(target, held);
+        total += next;
+        moved.emplace_back(c, next);
+    }
+    if (total > sandbox.limits.max_buffered_bytes) return false;
+    for (auto& [c, next] : moved) {
+        if (next != c->allotment) apply_allotment(*c, next);
+    }
+    apply_allotment(incoming, target);
+    return true;
+}
+
+// After a connection went: the others grow back to the even share.
+void regrow(sandbox_entry& sandbox) {
+    if (sandbox.connections.empty()) return;
+    const auto target = target_allotment(sandbox.limits, sandbox.connections.size());
+    for (auto* c : sandbox.connections) {
+        if (c->allotment < target) apply_allotment(*c, target);
+    }
+}
+
+connection::~connection() {
+    sandbox->connections.erase(this);
+    regrow(*sandbox);
 }
 
 // The addresses to check and connect to, or a refusal (status + line).
@@ -344,8 +428,7 @@ asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to, re
     pipe.write_end.reset(ends[1]);
     const int pipe_out = ends[0];
     const int pipe_in = ends[1];
-    // The kernel rounds up to a power of two pages; it never takes less than a page.
-    (void)::fcntl(pipe_in, F_SETPIPE_SZ, static_cast<int>(c->sandbox->limits.sandbox_buffer_bytes));
+    set_pipe_size(pipe, c->allotment);
     std::error_code ec;
     from.native_non_blocking(true, ec);
     if (!ec) to.native_non_blocking(true, ec);
@@ -584,7 +667,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
             continue;
         }
         // Before the connect, so the window it offers is sized by them.
-        set_buffer_sizes(c->upstream.native_handle(), limits.upstream_buffer_bytes);
+        set_buffer_sizes(c->upstream.native_handle(), c->allotment / 8);
         auto [ec] = co_await c->upstream.async_connect(endpoint, use_tuple);
         connect_error = ec;
         if (!ec) break;
@@ -743,14 +826,17 @@ void egress_proxy::serve(std::string_view sandbox_id,
     auto c = std::make_shared<connection>(it->second, std::move(socket));
     auto& sandbox = *it->second;
     const bool at_connection_limit = sandbox.connections.size() >= sandbox.limits.max_connections;
-    const std::uint64_t buffered = at_connection_limit ? 0 : publish_buffered(sandbox);
-    if (at_connection_limit || buffered >= sandbox.limits.max_buffered_bytes) {
+    std::uint64_t held = 0;
+    const bool admitted = !at_connection_limit && allot(sandbox, *c, held);
+    if (!admitted) {
         std::string line =
             at_connection_limit
                 ? "this sandbox has " + std::to_string(sandbox.connections.size()) +
                       " proxied connections open, its limit"
-                : "this sandbox's proxied connections hold " + std::to_string(buffered) +
-                      " bytes of host buffers its programs have not read, past its limit of " +
+                : "this sandbox's " + std::to_string(sandbox.connections.size()) +
+                      " proxied connections hold " + std::to_string(held) +
+                      " bytes of host buffers its programs have not read; another would pass "
+                      "its limit of " +
                       std::to_string(sandbox.limits.max_buffered_bytes);
         if (sandbox.refusing >= sandbox.limits.max_refusing) {
             // Already answering as many refusals as it may: this one is closed unanswered.
@@ -766,7 +852,6 @@ void egress_proxy::serve(std::string_view sandbox_id,
         impl_->tasks.spawn(refuse_at_door(std::move(c), impl_, std::move(line)));
         return;
     }
-    set_buffer_sizes(c->client.native_handle(), sandbox.limits.sandbox_buffer_bytes);
     // Registered now, not when the task first runs, so the limit counts it at once.
     sandbox.connections.insert(c.get());
     impl_->tasks.spawn(run_connection(std::move(c), impl_));

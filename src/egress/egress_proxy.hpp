@@ -59,17 +59,19 @@ struct egress_limits {
     // max_connections + max_refusing of the host's descriptors.
     std::size_t max_refusing = 8;
     std::chrono::milliseconds refusal_linger{std::chrono::seconds(1)};
-    // Host memory. Each proxied connection's two sockets get fixed buffers (SO_RCVBUF and
-    // SO_SNDBUF; the kernel doubles the number for its bookkeeping) instead of the kernel's
-    // autotuning, which lets one tunnel whose reader stalls hold several MiB; each direction's
-    // pipe holds at most sandbox_buffer_bytes, and a direction stops reading its source while its
-    // destination is full. The upstream socket's receive buffer bounds a download's speed over a
-    // long path (about upstream_buffer_bytes per round trip). A connection then holds at most a
-    // few hundred KiB while one direction stalls, and the sandbox's connections together hold
-    // what buffered_bytes() counts: past max_buffered_bytes, a new connection gets 429.
-    std::size_t upstream_buffer_bytes = 128 * 1024;
-    std::size_t sandbox_buffer_bytes = 64 * 1024;
+    // Host memory. The sandbox's connections share max_buffered_bytes: each gets an allotment,
+    // the most its socket buffers and pipes can hold with both directions stalled (fixed
+    // SO_RCVBUF / SO_SNDBUF instead of the kernel's autotuning, which let one stalled tunnel hold
+    // several MiB; a direction stops reading its source while its destination is full). A new
+    // connection's allotment is max_buffered_bytes over the connections open, within
+    // [min_connection_buffer_bytes, max_connection_buffer_bytes]; the open ones move to it too,
+    // never below what they hold. If the allotments would pass max_buffered_bytes (the sandbox's
+    // tunnels hold what it may), the new connection gets 429. A lone download gets
+    // max_connection_buffer_bytes (its upstream socket 1 MiB: about 1 MiB per round trip on a
+    // long path); 32 connections get 512 KiB each.
     std::uint64_t max_buffered_bytes = std::uint64_t{16} << 20;
+    std::uint64_t max_connection_buffer_bytes = std::uint64_t{8} << 20;
+    std::uint64_t min_connection_buffer_bytes = 256 * 1024;
     request_caps caps;
 };
 
