@@ -73,6 +73,11 @@ std::string hex(const std::string& text) {
 struct store_maker {
     bool host = false;
     bool redis = false;
+    // "memory", "host" or "redis".
+    void use(const std::string& kind) {
+        host = kind == "host";
+        redis = kind == "redis";
+    }
     std::shared_ptr<moat::session_store> memory = moat::make_memory_session_store();
     store_directory dir;
     std::unique_ptr<moat::test::redis_server> server;
@@ -167,8 +172,7 @@ TEST_CASE(
         CAPTURE(kind);
         local_fixture f;
         store_maker maker;
-        maker.host = kind == "host";
-        maker.redis = kind == "redis";
+        maker.use(kind);
         auto store = maker.make(f.io.get_executor());
         const auto limit = moat::deadline::after(10s);
         auto first = f.run(store->async_claim("k", "", 200ms, limit));
@@ -483,8 +487,7 @@ TEST_CASE(
         CAPTURE(kind);
         local_fixture f;
         store_maker maker;
-        maker.host = kind == "host";
-        maker.redis = kind == "redis";
+        maker.use(kind);
         event_log log;
         const std::string label = "shared-idle-" + kind;
         std::vector<std::unique_ptr<worker>> workers;
@@ -829,8 +832,7 @@ TEST_CASE(
         CAPTURE(kind);
         local_fixture f;
         store_maker maker;
-        maker.host = kind == "host";
-        maker.redis = kind == "redis";
+        maker.use(kind);
         event_log log;
         const std::string label = "lost-commit-" + kind;
         // One answer lost: the retry confirms the commit, the acquire succeeds.

@@ -28,6 +28,21 @@ std::string format_span(std::chrono::system_clock::duration d) {
     return (negative ? "-" : "") + std::string(text);
 }
 
+namespace {
+
+// The value, or null when there is none.
+template <class T>
+void write_optional(json_writer& w, const char* key, const std::optional<T>& value) {
+    w.key(key);
+    if (value) {
+        w.value(*value);
+    } else {
+        w.null();
+    }
+}
+
+}  // namespace
+
 void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.begin_object();
     w.key("id").value(info.id);
@@ -46,30 +61,10 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.key("labels").begin_object();
     for (const auto& [k, v] : info.labels) w.key(k).value(v);
     w.end_object();
-    w.key("memory_used_bytes");
-    if (info.memory_used_bytes) {
-        w.value(*info.memory_used_bytes);
-    } else {
-        w.null();
-    }
-    w.key("pids_current");
-    if (info.pids_current) {
-        w.value(*info.pids_current);
-    } else {
-        w.null();
-    }
-    w.key("egress_bytes_used");
-    if (info.egress_bytes_used) {
-        w.value(*info.egress_bytes_used);
-    } else {
-        w.null();
-    }
-    w.key("egress_buffered_bytes");
-    if (info.egress_buffered_bytes) {
-        w.value(*info.egress_buffered_bytes);
-    } else {
-        w.null();
-    }
+    write_optional(w, "memory_used_bytes", info.memory_used_bytes);
+    write_optional(w, "pids_current", info.pids_current);
+    write_optional(w, "egress_bytes_used", info.egress_bytes_used);
+    write_optional(w, "egress_buffered_bytes", info.egress_buffered_bytes);
     w.key("layers").begin_array();
     for (const auto& layer : info.layers) w.value(layer);
     w.end_array();
