@@ -31,6 +31,10 @@
 //   survivor, a sandbox this instance created or holds, or one owned on another host (that
 //   owner's heartbeat ends it within heartbeat_timeout of its death).
 // - host_report: checks that the endpoint answers and takes the key; facts, no layers.
+// - read_files and read_file_stream: a Stat, then a GET of the file. A file whose size changed
+//   in between (it grew, shrank or was replaced) fails with backend_failure "file <path> changed
+//   while it was read (...)" rather than being cut to the Stat's size; the local backend reads
+//   one open file and never sees this.
 // - A sandbox found gone (by the heartbeat, inspect or extend_ttl) makes later calls on it fail
 //   with sandbox_unavailable; inspect reports it exited until destroy releases it.
 //
