@@ -77,7 +77,9 @@ struct e2b_config {
     // heartbeat_interval (one task per backend, while such sandboxes are held), so a crashed
     // owner leaves it billed for about this long, not its whole TTL. A renewal never reaches past
     // the sandbox's own TTL end. Sandboxes created with survive_owner, and attached ones, keep
-    // their full TTL and get no heartbeat.
+    // their full TTL and get no heartbeat. A round renews 8 sandboxes at a time (half the
+    // per-origin connection budget) and the next starts heartbeat_interval after it ended; a
+    // round longer than heartbeat_timeout - heartbeat_interval is logged as a warning.
     std::chrono::milliseconds heartbeat_timeout = std::chrono::minutes(2);
     std::chrono::milliseconds heartbeat_interval = std::chrono::seconds(30);
     // Bounds of one control-plane request and of one envd unary call (a stream is bounded by its
