@@ -1062,6 +1062,12 @@ asio::awaitable<result<T>> read_while_replaced(asio::awaitable<result<T>> read,
     co_return std::move(value);
 }
 
+// The fixture's sandbox, also reached through a fault proxy in front of the server's envd.
+struct proxied_envd_fixture : envd_fixture {
+    tcp_fault_proxy proxy{"127.0.0.1", serve.envd_port()};
+    std::unique_ptr<envd_client> through = make_client({}, {}, proxy.url());
+};
+
 bool is_changed_error(const error& e, const std::string& path, const std::string& said) {
     return e.code == errc::backend_failure &&
            e.detail.find("file " + path + " changed while it was read (stat said " + said) == 0;
@@ -1070,17 +1076,15 @@ bool is_changed_error(const error& e, const std::string& path, const std::string
 TEST_CASE(
     "envd client: a file that grows, shrinks or is replaced between its Stat and its GET fails "
     "the read, never comes back cut to the Stat's size") {
-    envd_fixture f;
-    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
-    auto through = f.make_client({}, {}, proxy.url());
+    proxied_envd_fixture f;
     const std::string path = "/home/user/race.txt";
     run_async(f.io, [&]() -> asio::awaitable<void> {
         // Grown: the Stat said 5 bytes, the body has 26.
         co_await write_text(f.client.get(), path, "short");
         std::vector<std::string> paths{path};
         auto grown =
-            co_await read_while_replaced(through->async_read_files(paths), &proxy, f.client.get(),
-                                         path, "a much longer replacement!");
+            co_await read_while_replaced(f.through->async_read_files(paths), &f.proxy,
+                                         f.client.get(), path, "a much longer replacement!");
         REQUIRE_MESSAGE(grown, grown.error().to_string());
         REQUIRE(grown->size() == 1);
         const auto& grown_content = grown->front().content;
@@ -1090,7 +1094,7 @@ TEST_CASE(
 
         // Shrunk: the Stat said 23 bytes, the body ends after 4.
         co_await write_text(f.client.get(), path, "a long original content");
-        auto shrunk = co_await read_while_replaced(through->async_read_files(paths), &proxy,
+        auto shrunk = co_await read_while_replaced(f.through->async_read_files(paths), &f.proxy,
                                                    f.client.get(), path, "tiny");
         REQUIRE_MESSAGE(shrunk, shrunk.error().to_string());
         const auto& shrunk_content = shrunk->front().content;
@@ -1102,7 +1106,7 @@ TEST_CASE(
         // The streamed read: no pull completes the file; the pull that would fails.
         co_await write_text(f.client.get(), path, "short");
         auto stream =
-            co_await read_while_replaced(through->async_read_file_stream(path), &proxy,
+            co_await read_while_replaced(f.through->async_read_file_stream(path), &f.proxy,
                                          f.client.get(), path, "a much longer replacement!");
         REQUIRE_MESSAGE(stream, stream.error().to_string());
         CHECK(stream->stat().size == 5);
@@ -1119,7 +1123,7 @@ TEST_CASE(
         CHECK(delivered.empty());
 
         // Unchanged, through the same proxy: read whole.
-        auto same = co_await through->async_read_files(paths);
+        auto same = co_await f.through->async_read_files(paths);
         REQUIRE(same);
         REQUIRE(same->front().content);
         CHECK(*same->front().content == "a much longer replacement!");
@@ -1129,9 +1133,7 @@ TEST_CASE(
 TEST_CASE(
     "envd client: a GET whose Content-Length differs from the Stat's size fails the read before "
     "any byte is handed out") {
-    envd_fixture f;
-    tcp_fault_proxy proxy("127.0.0.1", f.serve.envd_port());
-    auto through = f.make_client({}, {}, proxy.url());
+    proxied_envd_fixture f;
     const std::string path = "/home/user/length.txt";
     // E2B's envd answers a GET with a Content-Length (moat serve streams it chunked): that of a
     // file replaced after the Stat, standing in for envd.
@@ -1140,20 +1142,20 @@ TEST_CASE(
         "Connection: close\r\n\r\nhello world!";
     run_async(f.io, [&]() -> asio::awaitable<void> {
         co_await write_text(f.client.get(), path, "short");
-        proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
-        auto stream = co_await through->async_read_file_stream(path);
+        f.proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
+        auto stream = co_await f.through->async_read_file_stream(path);
         REQUIRE_FALSE(stream);
         CHECK_MESSAGE(is_changed_error(stream.error(), path, "5 bytes, the read returned 12)"),
                       stream.error().detail);
-        proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
+        f.proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
         std::vector<std::string> paths{path};
-        auto batch = co_await through->async_read_files(paths);
+        auto batch = co_await f.through->async_read_files(paths);
         REQUIRE(batch);
         REQUIRE_FALSE(batch->front().content);
         CHECK_MESSAGE(is_changed_error(batch->front().content.error(), path,
                                        "5 bytes, the read returned 12)"),
                       batch->front().content.error().detail);
-        CHECK(proxy.fired() == 2);
+        CHECK(f.proxy.fired() == 2);
     }());
 }
 

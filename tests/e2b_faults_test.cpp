@@ -16,6 +16,7 @@
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
+#include "support/serve_api.hpp"
 #include "support/serve_process.hpp"
 #include "support/tcp_fault_proxy.hpp"
 #include "support/test_ca.hpp"
@@ -404,12 +405,8 @@ TEST_CASE(
         ids.push_back(made->id);
     }
     // Straight to the server: what it holds, unaffected by the proxy.
-    moat::e2b_config direct;
-    direct.api_key = f.serve.api_key();
-    direct.api_url = f.serve.api_url();
-    direct.sandbox_url = f.serve.envd_url();
-    direct.domain = "localhost";
-    auto observer = moat::make_e2b_backend(f.io->get_executor(), direct);
+    auto observer =
+        moat::make_e2b_backend(f.io->get_executor(), moat::test::e2b_config_for(f.serve));
 
     f.api->arm(tcp_fault_proxy::delay_after(0, 400ms, "/timeout HTTP"), 100'000);
     f.run(sleep_for(8s));

@@ -14,6 +14,7 @@
 
 #include "support/async_test.hpp"
 #include "support/local_fixture.hpp"
+#include "support/serve_api.hpp"
 #include "support/serve_process.hpp"
 #include "support/tcp_fault_proxy.hpp"
 
@@ -184,15 +185,11 @@ TEST_CASE(
     tcp_fault_proxy api("127.0.0.1", serve.api_port());
     round_log rounds;
     asio::io_context io;
-    moat::e2b_config config;
-    config.api_key = serve.api_key();
+    auto direct = moat::test::e2b_config_for(serve);
+    direct.request_timeout = 60s;
+    auto config = direct;
     config.api_url = api.url();
-    config.sandbox_url = serve.envd_url();
-    config.domain = "localhost";
-    config.request_timeout = 60s;
     auto backend = moat::make_e2b_backend(io.get_executor(), config);
-    moat::e2b_config direct = config;
-    direct.api_url = serve.api_url();
     auto observer = moat::make_e2b_backend(io.get_executor(), direct);
 
     fleet f;
