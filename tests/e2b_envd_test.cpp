@@ -1013,6 +1013,152 @@ TEST_CASE("envd client: a stalled envd fails a unary call at request_timeout ins
     proxy.resume();
 }
 
+// --- a file that changes between the Stat and the GET ---
+
+// Writes `content` to `path` through `writer` (straight to the server).
+asio::awaitable<void> write_text(envd_client* writer, std::string path, std::string content) {
+    std::vector<file_write> files(1);
+    files[0].path = std::move(path);
+    files[0].content = std::move(content);
+    auto written = co_await writer->async_write_files(files);
+    REQUIRE_MESSAGE(written, written.error().to_string());
+    REQUIRE_MESSAGE(written->front().outcome, written->front().outcome.error().to_string());
+}
+
+// Once the proxy holds the server's answer to the read's Stat (its fault fired), replaces the file
+// and lets the answer through: the GET that follows finds the new file.
+asio::awaitable<void> replace_once_stat_held(tcp_fault_proxy* proxy, std::uint64_t fired_before,
+                                             envd_client* writer, std::string path,
+                                             std::string content) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (proxy->fired() == fired_before) {
+        timer.expires_after(5ms);
+        co_await timer.async_wait(asio::use_awaitable);
+    }
+    co_await write_text(writer, std::move(path), std::move(content));
+    proxy->resume();
+}
+
+// Runs `read` (through `proxy`) while the file at `path` is replaced by `content` between its
+// Stat and its GET: the race a real envd loses when the sandbox writes the file meanwhile.
+template <class T>
+asio::awaitable<result<T>> read_while_replaced(asio::awaitable<result<T>> read,
+                                               tcp_fault_proxy* proxy, envd_client* writer,
+                                               std::string path, std::string content) {
+    auto executor = co_await asio::this_coro::executor;
+    const auto fired_before = proxy->fired();
+    proxy->arm(tcp_fault_proxy::stall_after(0, "Filesystem/Stat"));
+    auto reading = asio::co_spawn(executor, std::move(read), asio::experimental::deferred);
+    auto replacing =
+        asio::co_spawn(executor, replace_once_stat_held(proxy, fired_before, writer, path, content),
+                       asio::experimental::deferred);
+    auto group = asio::experimental::make_parallel_group(std::move(reading), std::move(replacing));
+    auto outcome =
+        co_await group.async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+    auto& [order, read_failure, value, replace_failure] = outcome;
+    (void)order;
+    if (read_failure) std::rethrow_exception(read_failure);
+    if (replace_failure) std::rethrow_exception(replace_failure);
+    co_return std::move(value);
+}
+
+// The fixture's sandbox, also reached through a fault proxy in front of the server's envd.
+struct proxied_envd_fixture : envd_fixture {
+    tcp_fault_proxy proxy{"127.0.0.1", serve.envd_port()};
+    std::unique_ptr<envd_client> through = make_client({}, {}, proxy.url());
+};
+
+bool is_changed_error(const error& e, const std::string& path, const std::string& said) {
+    return e.code == errc::backend_failure &&
+           e.detail.find("file " + path + " changed while it was read (stat said " + said) == 0;
+}
+
+TEST_CASE(
+    "envd client: a file that grows, shrinks or is replaced between its Stat and its GET fails "
+    "the read, never comes back cut to the Stat's size") {
+    proxied_envd_fixture f;
+    const std::string path = "/home/user/race.txt";
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        // Grown: the Stat said 5 bytes, the body has 26.
+        co_await write_text(f.client.get(), path, "short");
+        std::vector<std::string> paths{path};
+        auto grown =
+            co_await read_while_replaced(f.through->async_read_files(paths), &f.proxy,
+                                         f.client.get(), path, "a much longer replacement!");
+        REQUIRE_MESSAGE(grown, grown.error().to_string());
+        REQUIRE(grown->size() == 1);
+        const auto& grown_content = grown->front().content;
+        REQUIRE_MESSAGE(!grown_content, "read as whole: '" << *grown_content << "'");
+        CHECK_MESSAGE(is_changed_error(grown_content.error(), path, "5 bytes, the read returned"),
+                      grown_content.error().detail);
+
+        // Shrunk: the Stat said 23 bytes, the body ends after 4.
+        co_await write_text(f.client.get(), path, "a long original content");
+        auto shrunk = co_await read_while_replaced(f.through->async_read_files(paths), &f.proxy,
+                                                   f.client.get(), path, "tiny");
+        REQUIRE_MESSAGE(shrunk, shrunk.error().to_string());
+        const auto& shrunk_content = shrunk->front().content;
+        REQUIRE_MESSAGE(!shrunk_content, "read as whole: '" << *shrunk_content << "'");
+        CHECK_MESSAGE(
+            is_changed_error(shrunk_content.error(), path, "23 bytes, the read returned 4)"),
+            shrunk_content.error().detail);
+
+        // The streamed read: no pull completes the file; the pull that would fails.
+        co_await write_text(f.client.get(), path, "short");
+        auto stream =
+            co_await read_while_replaced(f.through->async_read_file_stream(path), &f.proxy,
+                                         f.client.get(), path, "a much longer replacement!");
+        REQUIRE_MESSAGE(stream, stream.error().to_string());
+        CHECK(stream->stat().size == 5);
+        std::string delivered;
+        result<std::string> pulled = std::string();
+        for (int i = 0; i < 10; ++i) {
+            pulled = co_await stream->async_next();
+            if (!pulled || pulled->empty()) break;
+            delivered += *pulled;
+        }
+        REQUIRE_MESSAGE(!pulled, "the stream ended after '" << delivered << "'");
+        CHECK_MESSAGE(is_changed_error(pulled.error(), path, "5 bytes, the read returned"),
+                      pulled.error().detail);
+        CHECK(delivered.empty());
+
+        // Unchanged, through the same proxy: read whole.
+        auto same = co_await f.through->async_read_files(paths);
+        REQUIRE(same);
+        REQUIRE(same->front().content);
+        CHECK(*same->front().content == "a much longer replacement!");
+    }());
+}
+
+TEST_CASE(
+    "envd client: a GET whose Content-Length differs from the Stat's size fails the read before "
+    "any byte is handed out") {
+    proxied_envd_fixture f;
+    const std::string path = "/home/user/length.txt";
+    // E2B's envd answers a GET with a Content-Length (moat serve streams it chunked): that of a
+    // file replaced after the Stat, standing in for envd.
+    const std::string reply =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 12\r\n"
+        "Connection: close\r\n\r\nhello world!";
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        co_await write_text(f.client.get(), path, "short");
+        f.proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
+        auto stream = co_await f.through->async_read_file_stream(path);
+        REQUIRE_FALSE(stream);
+        CHECK_MESSAGE(is_changed_error(stream.error(), path, "5 bytes, the read returned 12)"),
+                      stream.error().detail);
+        f.proxy.arm(tcp_fault_proxy::answer(reply, "GET /files"));
+        std::vector<std::string> paths{path};
+        auto batch = co_await f.through->async_read_files(paths);
+        REQUIRE(batch);
+        REQUIRE_FALSE(batch->front().content);
+        CHECK_MESSAGE(is_changed_error(batch->front().content.error(), path,
+                                       "5 bytes, the read returned 12)"),
+                      batch->front().content.error().detail);
+        CHECK(f.proxy.fired() == 2);
+    }());
+}
+
 // What one streamed Start that runs until its Connect-Timeout-Ms delivered.
 struct keepalive_count {
     int status = 0;

@@ -16,11 +16,15 @@
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
 #include "support/local_fixture.hpp"
+#include "support/serve_api.hpp"
 #include "support/serve_process.hpp"
 #include "support/tcp_fault_proxy.hpp"
 #include "support/test_ca.hpp"
 
 #include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <doctest/doctest.h>
 
@@ -28,8 +32,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 using namespace std::chrono_literals;
 using moat::errc;
@@ -80,7 +86,8 @@ bool is_one_of(const moat::error& e, std::initializer_list<errc> codes) {
 // A backend whose traffic goes through the two proxies, a runtime over it, and the checks every
 // fault case ends with.
 struct faults {
-    explicit faults(moat::test::serve_process& s = plain_serve())
+    explicit faults(moat::test::serve_process& s = plain_serve(),
+                    const std::function<void(moat::e2b_config&)>& adjust = {})
         : serve(s),
           descriptors_before(open_descriptors()),
           io(std::make_unique<asio::io_context>()),
@@ -94,6 +101,7 @@ struct faults {
         config.request_timeout = 3s;
         config.max_retry_after = 2s;
         config.kill_grace = 2s;
+        if (adjust) adjust(config);
         b = moat::make_e2b_backend(io->get_executor(), config);
         rt = std::make_unique<moat::runtime>(*b);
     }
@@ -364,4 +372,60 @@ TEST_CASE("the e2b backend refuses TLS with a wrong host name or an unknown CA, 
         CHECK(open_descriptors() == before);
         CHECK(serve.stop() == 0);
     }
+}
+
+namespace {
+
+asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    timer.expires_after(d);
+    co_await timer.async_wait(asio::use_awaitable);
+}
+
+}  // namespace
+
+// Every renewal answered 400 ms late: one at a time, a round of 12 would take 4.8 s, and with the
+// 1 s interval each sandbox's next renewal would come 5.8 s after its last, past its 4 s E2B
+// timeout, so every one would end. Eight in flight at once, a round takes about 0.8 s.
+TEST_CASE(
+    "the e2b heartbeat renews concurrently, at most half the connection budget at once, so a "
+    "slow control plane does not let in-use sandboxes expire") {
+    MOAT_REQUIRE_NAMESPACES();
+    faults f(plain_serve(), [](moat::e2b_config& c) {
+        c.heartbeat_timeout = 4s;
+        c.heartbeat_interval = 1s;
+    });
+    constexpr std::size_t count = 12;
+    std::vector<std::string> ids;
+    for (std::size_t i = 0; i < count; ++i) {
+        moat::sandbox_spec spec;
+        spec.ttl = 5min;
+        const auto made = f.run(f.b->async_create(spec));
+        REQUIRE_MESSAGE(made.has_value(), made.error().detail);
+        ids.push_back(made->id);
+    }
+    // Straight to the server: what it holds, unaffected by the proxy.
+    auto observer =
+        moat::make_e2b_backend(f.io->get_executor(), moat::test::e2b_config_for(f.serve));
+
+    f.api->arm(tcp_fault_proxy::delay_after(0, 400ms, "/timeout HTTP"), 100'000);
+    f.run(sleep_for(8s));
+    const auto renewals = f.api->fired();
+    const auto peak = f.api->peak_delayed();
+    MESSAGE("renewals in 8 s: " << renewals << ", at most " << peak << " in flight at once");
+    CHECK(renewals >= 2 * count);
+    CHECK(peak > 1);
+    CHECK(peak <= 8);  // half of the HTTP client's 16 connections per origin
+    for (const auto& id : ids) {
+        CAPTURE(id);
+        const auto seen = f.run(observer->async_inspect(id));
+        CHECK_MESSAGE(seen.has_value(), (seen ? "" : seen.error().detail));
+        if (seen) CHECK(seen->state == moat::sandbox_state::running);
+    }
+    f.api->disarm();
+    for (const auto& id : ids) {
+        const auto destroyed = f.run(f.b->async_destroy(id));
+        CHECK_MESSAGE(destroyed.has_value(), (destroyed ? "" : destroyed.error().detail));
+    }
+    observer.reset();
 }

@@ -6,6 +6,7 @@
 #include "http/server.hpp"
 
 #include <moat/errc.hpp>
+#include <moat/task_group.hpp>
 
 #include "support/async_test.hpp"
 #include "support/host_inspect.hpp"
@@ -13,6 +14,7 @@
 
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <doctest/doctest.h>
@@ -21,7 +23,9 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 using namespace std::chrono_literals;
 namespace http = moat::http;
@@ -169,6 +173,42 @@ TEST_CASE("the fault proxy injects garbage or a well-framed extra chunk into a r
     CHECK(extra->body.rfind("EXTRAframe 0\n", 0) == 0);
     CHECK(tcp_fault_proxy::envelope_header(2, 0x01020304) ==
           std::string("\x02\x01\x02\x03\x04", 5));
+}
+
+asio::awaitable<void> fetch_into(http::client* client, std::string url,
+                                 std::optional<moat::result<http::full_response>>* out) {
+    http::request req;
+    req.url = std::move(url);
+    req.limit = moat::deadline::after(10s);
+    *out = co_await client->async_fetch(std::move(req), 1 << 20);
+}
+
+// Three fetches at once, each on its own connection.
+asio::awaitable<void> fetch_three(
+    http::client* client, std::string url,
+    std::vector<std::optional<moat::result<http::full_response>>>* out) {
+    moat::task_group group(co_await asio::this_coro::executor, "fetches");
+    for (auto& slot : *out) group.spawn(fetch_into(client, url, &slot));
+    co_await group.async_wait_all();
+}
+
+TEST_CASE("the fault proxy delays responses whole and counts how many it held at once") {
+    proxied_server s;
+    s.proxy->arm(tcp_fault_proxy::delay_after(0, 200ms, "/big"), 4);
+    const auto alone = s.get("/big");
+    REQUIRE_MESSAGE(alone.has_value(), alone.error().detail);
+    CHECK(alone->body == big_body);
+    CHECK(s.proxy->peak_delayed() == 1);
+    std::vector<std::optional<moat::result<http::full_response>>> together(3);
+    moat::test::run_async(s.io, fetch_three(s.client.get(), s.proxy->url() + "/big", &together));
+    for (const auto& r : together) {
+        REQUIRE(r.has_value());
+        REQUIRE_MESSAGE(r->has_value(), r->error().detail);
+        CHECK((*r)->body == big_body);
+    }
+    CHECK(s.proxy->fired() == 4);
+    CHECK(s.proxy->peak_delayed() == 3);
+    CHECK(s.proxy->armed() == 0);
 }
 
 TEST_CASE("the fault proxy answers canned 500, 429 with Retry-After and 502 without forwarding") {

@@ -31,6 +31,10 @@
 //   survivor, a sandbox this instance created or holds, or one owned on another host (that
 //   owner's heartbeat ends it within heartbeat_timeout of its death).
 // - host_report: checks that the endpoint answers and takes the key; facts, no layers.
+// - read_files and read_file_stream: a Stat, then a GET of the file. A file whose size changed
+//   in between (it grew, shrank or was replaced) fails with backend_failure "file <path> changed
+//   while it was read (...)" rather than being cut to the Stat's size; the local backend reads
+//   one open file and never sees this.
 // - A sandbox found gone (by the heartbeat, inspect or extend_ttl) makes later calls on it fail
 //   with sandbox_unavailable; inspect reports it exited until destroy releases it.
 //
@@ -73,7 +77,9 @@ struct e2b_config {
     // heartbeat_interval (one task per backend, while such sandboxes are held), so a crashed
     // owner leaves it billed for about this long, not its whole TTL. A renewal never reaches past
     // the sandbox's own TTL end. Sandboxes created with survive_owner, and attached ones, keep
-    // their full TTL and get no heartbeat.
+    // their full TTL and get no heartbeat. A round renews 8 sandboxes at a time (half the
+    // per-origin connection budget) and the next starts heartbeat_interval after it ended; a
+    // round longer than heartbeat_timeout - heartbeat_interval is logged as a warning.
     std::chrono::milliseconds heartbeat_timeout = std::chrono::minutes(2);
     std::chrono::milliseconds heartbeat_interval = std::chrono::seconds(30);
     // Bounds of one control-plane request and of one envd unary call (a stream is bounded by its

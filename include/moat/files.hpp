@@ -159,8 +159,10 @@ using byte_source = std::function<asio::awaitable<result<std::string>>()>;
 // file), and its size and permission bits were taken when it was opened; the stream then
 // delivers exactly stat().size bytes in chunks and an empty chunk at the end. A file that
 // shrinks while it is read fails the pull with backend_failure naming the path (the bytes
-// announced cannot be delivered); bytes appended meanwhile are not read. Move-only; dropping it
-// closes the file (and, through a sandbox handle, gives the sandbox's turn on).
+// announced cannot be delivered); bytes appended meanwhile are not read (the e2b backend, whose
+// read is a Stat and then a GET, fails a file whose size changed in between: e2b_backend.hpp).
+// Move-only; dropping it closes the file (and, through a sandbox handle, gives the sandbox's turn
+// on).
 class file_read_stream {
   public:
     struct impl {

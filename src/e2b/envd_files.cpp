@@ -11,6 +11,7 @@
 #include <asio/this_coro.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <random>
 
 namespace moat::e2b {
@@ -286,6 +287,21 @@ asio::awaitable<result<void>> write_one(state_ptr s, file_write_target target, b
     co_return result<void>{};
 }
 
+// The Stat and the GET are two requests: the file may grow, shrink or be replaced in between.
+// A body longer or shorter than the Stat said is this error, never a file cut to that size.
+error changed_error(const std::string& path, std::uint64_t stat_size, std::uint64_t returned,
+                    bool is_at_least) {
+    std::string returned_text = std::to_string(returned);
+    if (is_at_least) returned_text = "at least " + returned_text;
+    return make_error(errc::backend_failure,
+                      "file " + path + " changed while it was read (stat said " +
+                          std::to_string(stat_size) + " bytes, the read returned " + returned_text +
+                          ")");
+}
+
+// The GET's body as the file's chunks. Its last bytes (or, for an empty file, its end) are handed
+// out only once the body is known to end there, so a body of another length fails the pull that
+// would have completed the file.
 class envd_read_stream final : public file_read_stream::impl {
   public:
     envd_read_stream(http::response response, std::string path, std::uint64_t size,
@@ -296,50 +312,75 @@ class envd_read_stream final : public file_read_stream::impl {
         if (finished_) {
             co_return make_error(errc::invalid_argument, path_ + ": the read stream has ended");
         }
-        if (delivered_ == size_) {
-            finished_ = true;
-            response_.reset();  // bytes appended since the Stat are not read
-            co_return std::string();
-        }
-        while (offset_ == held_.size()) {
-            const auto limit = deadline::after(timeout_);
-            auto op = response_->async_read_some();
-            auto piece = co_await with_timeout(std::move(op), limit);
-            if (!piece) {
-                finished_ = true;
-                response_.reset();
-                auto e = std::move(piece).error();
-                if (e.code != errc::cancelled) e.detail = path_ + ": " + e.detail;
-                co_return e;
+        while (offset_ == held_.size() && received_ < size_) {
+            auto piece = co_await read_piece();
+            if (!piece) co_return fail(std::move(piece).error());
+            if (piece->empty()) co_return fail(changed_error(path_, size_, received_, false));
+            if (piece->size() > size_ - received_) {
+                co_return fail(changed_error(path_, size_, received_ + piece->size(), true));
             }
-            if (piece->empty()) {
-                finished_ = true;
-                co_return make_error(errc::backend_failure,
-                                     path_ + ": the file shrank while it was read (" +
-                                         std::to_string(delivered_) + " of " +
-                                         std::to_string(size_) + " bytes)");
-            }
-            const auto wanted = std::min<std::uint64_t>(piece->size(), size_ - delivered_);
-            held_.assign(piece->data(), static_cast<std::size_t>(wanted));
+            received_ += piece->size();
+            held_.assign(piece->data(), piece->size());
             offset_ = 0;
         }
         const auto n = std::min(file_stream_chunk_bytes, held_.size() - offset_);
+        if (offset_ + n == held_.size() && received_ == size_ && !is_end_confirmed_) {
+            auto piece = co_await read_piece();
+            if (!piece) co_return fail(std::move(piece).error());
+            if (!piece->empty()) {
+                co_return fail(changed_error(path_, size_, size_ + piece->size(), true));
+            }
+            is_end_confirmed_ = true;
+            response_.reset();  // the body has ended: its connection goes back to the pool
+        }
+        if (n == 0) {
+            finished_ = true;
+            co_return std::string();
+        }
         std::string chunk = held_.substr(offset_, n);
         offset_ += n;
-        delivered_ += n;
         co_return chunk;
     }
 
   private:
+    asio::awaitable<result<std::string_view>> read_piece() {
+        const auto limit = deadline::after(timeout_);
+        auto op = response_->async_read_some();
+        auto piece = co_await with_timeout(std::move(op), limit);
+        if (!piece) {
+            auto e = std::move(piece).error();
+            if (e.code != errc::cancelled) e.detail = path_ + ": " + e.detail;
+            co_return e;
+        }
+        co_return *piece;
+    }
+
+    error fail(error e) {
+        finished_ = true;
+        response_.reset();
+        return e;
+    }
+
     std::optional<http::response> response_;
     std::string path_;
     std::uint64_t size_;
     std::chrono::milliseconds timeout_;
-    std::uint64_t delivered_ = 0;
+    std::uint64_t received_ = 0;  // body bytes taken into held_
     std::string held_;
-    std::size_t offset_ = 0;
+    std::size_t offset_ = 0;  // of held_, handed out
+    bool is_end_confirmed_ = false;
     bool finished_ = false;
 };
+
+// The response's Content-Length, when it declares one.
+std::optional<std::uint64_t> declared_length(const http::response& r) {
+    const auto text = r.headers().find("Content-Length");
+    if (!text) return std::nullopt;
+    std::uint64_t value = 0;
+    const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+    if (ec != std::errc() || end != text->data() + text->size()) return std::nullopt;
+    return value;
+}
 
 asio::awaitable<result<std::string>> next_slice(const std::string* content,
                                                 std::shared_ptr<std::size_t> offset) {
@@ -430,6 +471,9 @@ asio::awaitable<result<file_read_stream>> async_envd_read_stream(state_ptr s, st
     st.type = file_type::regular;
     st.size = static_cast<std::uint64_t>(entry->size);
     st.mode = entry->mode;
+    if (const auto length = declared_length(*sent); length && *length != st.size) {
+        co_return changed_error(path, st.size, *length, false);
+    }
     auto impl = std::make_unique<envd_read_stream>(std::move(*sent), path, st.size,
                                                    s->options.request_timeout);
     co_return file_read_stream(std::move(st), std::move(impl));

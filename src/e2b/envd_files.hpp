@@ -12,7 +12,13 @@
 //   envd's 0644 are set with chmod run in the sandbox before the Move.
 // - A streamed read Stats the file first (regular files only; a final symlink is followed inside
 //   the sandbox) and delivers exactly that many bytes in chunks of at most
-//   file_stream_chunk_bytes; fewer is backend_failure.
+//   file_stream_chunk_bytes. The GET is a second request: a body of another length (the file
+//   grew, shrank or was replaced in between; its Content-Length, or the bytes a chunked body
+//   brought) is backend_failure "file <path> changed while it was read (stat said N bytes, the
+//   read returned M)", at the open when Content-Length tells, else at the pull that would have
+//   completed the file: the last bytes are handed out only once the body has ended with them, so
+//   a changed file is never returned whole at the Stat's size. A same-size replacement is not
+//   seen.
 // - Metadata (file_write_target::metadata) travels as X-Metadata-<key> headers of the upload
 //   (envd 0.6.2 and later keep them as user.e2b.<key> attributes); the temporary file is Stat'ed
 //   before the Move to check that envd kept them (not_supported if not: an older envd ignores the

@@ -30,4 +30,13 @@ asio::awaitable<result<serve_sandbox>> async_create_serve_sandbox(http::client& 
     co_return made;
 }
 
+e2b_config e2b_config_for(const serve_process& serve) {
+    e2b_config config;
+    config.api_key = serve.api_key();
+    config.api_url = serve.api_url();
+    config.sandbox_url = serve.envd_url();
+    config.domain = "localhost";
+    return config;
+}
+
 }  // namespace moat::test

@@ -5,6 +5,7 @@
 #include "http/client.hpp"
 #include "support/serve_process.hpp"
 
+#include <moat/e2b_backend.hpp>
 #include <moat/result.hpp>
 
 #include <asio/awaitable.hpp>
@@ -23,5 +24,10 @@ struct serve_sandbox {
 // the error (a status other than 201 is backend_failure naming it).
 asio::awaitable<result<serve_sandbox>> async_create_serve_sandbox(http::client& client,
                                                                   const serve_process& serve);
+
+// An e2b backend's configuration for `serve`: its key, its control plane, one envd URL for every
+// sandbox, domain "localhost"; the rest e2b_config's defaults (a test sets what it needs, such
+// as a proxy's URL in place of the server's).
+e2b_config e2b_config_for(const serve_process& serve);
 
 }  // namespace moat::test

@@ -116,6 +116,8 @@ struct tcp_fault_proxy::state {
     std::atomic<std::uint64_t> accepted{0};
     std::atomic<std::uint64_t> requests{0};
     std::atomic<std::size_t> open{0};
+    std::atomic<std::size_t> delaying{0};
+    std::atomic<std::size_t> peak_delaying{0};
     std::atomic<bool> finished{false};
 
     // The io thread's only.
@@ -263,6 +265,15 @@ asio::awaitable<void> pump_down(state* s, std::shared_ptr<connection> c) {
         if (f.kind == tcp_fault_proxy::fault_kind::inject) {
             if (!co_await write_all(c->client, f.bytes)) break;
         }
+        if (f.kind == tcp_fault_proxy::fault_kind::delay) {
+            const std::size_t now = ++s->delaying;
+            if (now > s->peak_delaying) s->peak_delaying = now;
+            asio::steady_timer timer(s->io, f.delay);
+            auto [timer_ec] = co_await timer.async_wait(token);
+            (void)timer_ec;
+            --s->delaying;
+            if (c->closed) break;
+        }
         if (!co_await write_all(c->client, view.substr(cut))) break;
     }
     s->close(c, false);
@@ -320,6 +331,11 @@ tcp_fault_proxy::fault tcp_fault_proxy::inject_after(std::size_t bytes, std::str
 }
 tcp_fault_proxy::fault tcp_fault_proxy::answer(std::string raw_response, std::string match) {
     return fault{fault_kind::answer, 0, false, std::move(raw_response), std::move(match)};
+}
+tcp_fault_proxy::fault tcp_fault_proxy::delay_after(std::size_t bytes,
+                                                    std::chrono::milliseconds delay,
+                                                    std::string match, bool from_body) {
+    return fault{fault_kind::delay, bytes, from_body, "", std::move(match), delay};
 }
 
 std::string tcp_fault_proxy::status_response(int status, std::string extra_headers) {
@@ -433,6 +449,12 @@ std::size_t tcp_fault_proxy::open_connections() const {
 }
 std::uint64_t tcp_fault_proxy::requests_seen() const {
     return state_->requests.load();
+}
+std::size_t tcp_fault_proxy::peak_delayed() const {
+    return state_->peak_delaying.load();
+}
+void tcp_fault_proxy::reset_peak_delayed() {
+    state_->peak_delaying = state_->delaying.load();
 }
 
 }  // namespace moat::test

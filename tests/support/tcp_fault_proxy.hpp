@@ -15,6 +15,9 @@
 //   truncate_after(n)     forward n bytes, then close it cleanly (FIN): a truncated frame or body
 //   stall_after(n)        forward n bytes, then forward nothing more on it until resume()
 //   inject_after(n, b)    forward n bytes, insert the bytes b, forward the rest
+//   delay_after(n, d)     forward n bytes, hold the rest for d, then forward it: a slow server
+//                         (arm it for many requests; peak_delayed() tells how many responses it
+//                         held at once, i.e. how many of those requests the client had in flight)
 //   answer(raw)           do not forward the request: answer it with the raw bytes (a canned
 //                         `HTTP/1.1 429 ...` from status_response()) and close the connection
 //
@@ -31,6 +34,7 @@
 // direction per connection. The destructor closes every connection and joins the thread.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,7 +45,7 @@ namespace moat::test {
 
 class tcp_fault_proxy {
   public:
-    enum class fault_kind { reset, truncate, stall, inject, answer };
+    enum class fault_kind { reset, truncate, stall, inject, answer, delay };
 
     struct fault {
         fault_kind kind = fault_kind::reset;
@@ -49,6 +53,7 @@ class tcp_fault_proxy {
         bool from_body = false;  // count after_bytes from the end of the response head
         std::string bytes;       // inject: inserted; answer: the whole raw response
         std::string match;       // a substring of the request line; "" matches any request
+        std::chrono::milliseconds delay{0};  // delay: how long the rest is held
     };
 
     static fault reset_after(std::size_t bytes, std::string match = "", bool from_body = false);
@@ -57,6 +62,8 @@ class tcp_fault_proxy {
     static fault inject_after(std::size_t bytes, std::string garbage, std::string match = "",
                               bool from_body = false);
     static fault answer(std::string raw_response, std::string match = "");
+    static fault delay_after(std::size_t bytes, std::chrono::milliseconds delay,
+                             std::string match = "", bool from_body = false);
 
     // "HTTP/1.1 <status> <reason>\r\n" + extra_headers (each ending in \r\n) + a JSON body
     // {"code":<status>,"message":"injected by the test proxy"}, Content-Length, Connection: close.
@@ -95,6 +102,10 @@ class tcp_fault_proxy {
     std::size_t open_connections() const;
     // Requests recognised (the request-line heuristic above).
     std::uint64_t requests_seen() const;
+    // The most responses delay_after() faults held at the same time, since the proxy started or
+    // reset_peak_delayed() (which starts it over from those held now).
+    std::size_t peak_delayed() const;
+    void reset_peak_delayed();
 
     struct state;  // implementation detail
 
