@@ -92,6 +92,7 @@ struct connection : std::enable_shared_from_this<connection> {
     // Its share of the sandbox's max_buffered_bytes (see allot()): the most its sockets and pipes
     // can hold, both directions stalled.
     std::uint64_t allotment = 0;
+    bool client_fixed = false;  // its buffers were set: autotuning is off for good
 
     void close(std::string reason) {
         if (is_closed) return;
@@ -182,9 +183,10 @@ std::uint64_t publish_buffered(sandbox_entry& sandbox) {
 // ---- Host memory: each connection's share of max_buffered_bytes --------------------------------
 //
 // A connection with allotment A gets: its upstream socket A/8 and its sandbox-side socket A/16
-// (SO_RCVBUF and SO_SNDBUF each; the kernel counts up to twice the number), and each pipe A/16
-// (rounded down to a power of two): with both directions stalled its queues hold at most
-// 2*2*A/8 + 2*2*A/16 + 2*A/16 = 7/8 A. The sandbox's allotments never add up to more than
+// (SO_RCVBUF and SO_SNDBUF each; the kernel counts up to twice the number; the sandbox side
+// keeps autotuning while that covers its namespace's maximum), and each pipe A/8 (rounded down
+// to a power of two): with both directions stalled its queues hold at most
+// 2*2*A/8 + 2*2*A/16 + 2*A/8 = A. The sandbox's allotments never add up to more than
 // max_buffered_bytes: a new connection's target is max_buffered_bytes / (connections open, it
 // included), within [min_connection_buffer_bytes, max_connection_buffer_bytes], and every open
 // one moves to that target too, but never below what it holds now (queued bytes cannot be taken
@@ -205,7 +207,7 @@ void set_buffer_sizes(int fd, std::uint64_t bytes) {
 }
 
 int pipe_size_for(std::uint64_t allotment) {
-    return static_cast<int>(std::bit_floor(std::max<std::uint64_t>(allotment / 16, 4096)));
+    return static_cast<int>(std::bit_floor(std::max<std::uint64_t>(allotment / 8, 4096)));
 }
 
 // A pipe's capacity: best effort (a pipe holding more than the new size keeps its size).
@@ -216,7 +218,16 @@ void set_pipe_size(const relay_pipe& pipe, std::uint64_t allotment) {
 
 void apply_allotment(connection& c, std::uint64_t allotment) {
     c.allotment = allotment;
-    set_buffer_sizes(c.client.native_handle(), allotment / 16);
+    // The sandbox-side socket keeps the kernel's autotuning while its part of the allotment (up
+    // to twice A/16 each way) covers what autotuning can reach in the sandbox's namespace:
+    // fixed buffers cost a fast relay a few percent. Once fixed it stays fixed (the kernel
+    // cannot be handed autotuning back).
+    const auto autotune = c.sandbox->limits.sandbox_autotune_bytes;
+    const bool covered = autotune != 0 && allotment / 8 >= autotune;
+    if (!covered || c.client_fixed) {
+        c.client_fixed = true;
+        set_buffer_sizes(c.client.native_handle(), allotment / 16);
+    }
     set_buffer_sizes(c.upstream.native_handle(), allotment / 8);
     set_pipe_size(c.to_upstream, allotment);
     set_pipe_size(c.to_sandbox, allotment);

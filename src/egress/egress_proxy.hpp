@@ -72,6 +72,10 @@ struct egress_limits {
     std::uint64_t max_buffered_bytes = std::uint64_t{16} << 20;
     std::uint64_t max_connection_buffer_bytes = std::uint64_t{8} << 20;
     std::uint64_t min_connection_buffer_bytes = 256 * 1024;
+    // How far the kernel's autotuning grows a socket in the sandbox's network namespace (the
+    // local backend sets its tcp_rmem and tcp_wmem maximum to 1 MiB): a sandbox-side socket whose
+    // allotment covers it keeps autotuning. 0: unknown, always fixed.
+    std::uint64_t sandbox_autotune_bytes = 1024 * 1024;
     request_caps caps;
 };
 
