@@ -19,6 +19,8 @@
 
 #include <fcntl.h>
 #include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -93,6 +95,7 @@ struct connection : std::enable_shared_from_this<connection> {
     // can hold, both directions stalled.
     std::uint64_t allotment = 0;
     bool client_fixed = false;  // its buffers were set: autotuning is off for good
+    bool upstream_fixed = false;
 
     void close(std::string reason) {
         if (is_closed) return;
@@ -182,18 +185,18 @@ std::uint64_t publish_buffered(sandbox_entry& sandbox) {
 
 // ---- Host memory: each connection's share of max_buffered_bytes --------------------------------
 //
-// A connection with allotment A gets: its upstream socket A/8 and its sandbox-side socket A/16
-// (SO_RCVBUF and SO_SNDBUF each; the kernel counts up to twice the number; the sandbox side
-// keeps autotuning while that covers its namespace's maximum), and each pipe A/8 (rounded down
-// to a power of two): with both directions stalled its queues hold at most
-// 2*2*A/8 + 2*2*A/16 + 2*A/8 = A. The sandbox's allotments never add up to more than
-// max_buffered_bytes: a new connection's target is max_buffered_bytes / (connections open, it
-// included), within [min_connection_buffer_bytes, max_connection_buffer_bytes], and every open
-// one moves to that target too, but never below what it holds now (queued bytes cannot be taken
-// back, so a stalled connection keeps its share until it drains). When the total would pass the
-// cap the new connection gets 429. A lone download gets max_connection_buffer_bytes; 32
-// connections that keep reading get 512 KiB each; a sandbox whose tunnels stall is refused new
-// ones once they hold its cap.
+// A connection with allotment A gets: its upstream socket A/8 (size_upstream: a window clamp
+// while it has the whole of max_connection_buffer_bytes), its sandbox-side socket A/16 (SO_RCVBUF
+// and SO_SNDBUF; it keeps autotuning while that covers its namespace's maximum), the kernel
+// counting up to twice each number, and each pipe A/8 (rounded down to a power of two): with both
+// directions stalled its queues hold at most 2*2*A/8 + 2*2*A/16 + 2*A/8 = A. The sandbox's
+// allotments never add up to more than max_buffered_bytes: a new connection's target is
+// max_buffered_bytes / (connections open, it included), within [min_connection_buffer_bytes,
+// max_connection_buffer_bytes], and every open one moves to that target too, but never below what
+// it holds now (queued bytes cannot be taken back, so a stalled connection keeps its share until it
+// drains). When the total would pass the cap the new connection gets 429. A lone download gets
+// max_connection_buffer_bytes; 32 connections that keep reading get 512 KiB each; a sandbox whose
+// tunnels stall is refused new ones once they hold its cap.
 
 // SO_RCVBUF / SO_SNDBUF past net.core.rmem_max / wmem_max where the process may (the FORCE options
 // need CAP_NET_ADMIN), else up to them: best effort, a socket the kernel refuses keeps its own.
@@ -202,6 +205,27 @@ void set_buffer_sizes(int fd, std::uint64_t bytes) {
     const int size = static_cast<int>(std::min<std::uint64_t>(bytes, 1u << 30));
     if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof size) != 0)
         (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
+        (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+// The upstream socket. At its full allotment (a lone connection) what it receives is bounded by
+// the window it may offer (TCP_WINDOW_CLAMP: what arrives unread stays under about the clamp,
+// twice that as the kernel counts it), which leaves the kernel's receive autotuning in place: a
+// fixed SO_RCVBUF costs a fast download a few percent. A clamp is not enforced at once when it
+// shrinks (a window already offered is honoured), so a connection whose allotment shrinks gets
+// fixed buffers too, for good. What it sends always gets a fixed SO_SNDBUF.
+void size_upstream(connection& c) {
+    const int fd = c.upstream.native_handle();
+    if (fd < 0) return;
+    const std::uint64_t bytes = c.allotment / 8;
+    if (c.allotment < c.sandbox->limits.max_connection_buffer_bytes || c.upstream_fixed) {
+        c.upstream_fixed = true;
+        set_buffer_sizes(fd, bytes);
+        return;
+    }
+    const int size = static_cast<int>(std::min<std::uint64_t>(bytes, 1u << 30));
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &size, sizeof size);
     if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
         (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
 }
@@ -228,7 +252,7 @@ void apply_allotment(connection& c, std::uint64_t allotment) {
         c.client_fixed = true;
         set_buffer_sizes(c.client.native_handle(), allotment / 16);
     }
-    set_buffer_sizes(c.upstream.native_handle(), allotment / 8);
+    size_upstream(c);
     set_pipe_size(c.to_upstream, allotment);
     set_pipe_size(c.to_sandbox, allotment);
 }
@@ -678,7 +702,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
             continue;
         }
         // Before the connect, so the window it offers is sized by them.
-        set_buffer_sizes(c->upstream.native_handle(), c->allotment / 8);
+        size_upstream(*c);
         auto [ec] = co_await c->upstream.async_connect(endpoint, use_tuple);
         connect_error = ec;
         if (!ec) break;
