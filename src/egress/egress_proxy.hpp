@@ -62,7 +62,9 @@ struct egress_limits {
     // Host memory. The sandbox's connections share max_buffered_bytes: each gets an allotment,
     // the most its socket buffers and pipes can hold with both directions stalled (fixed
     // SO_RCVBUF / SO_SNDBUF instead of the kernel's autotuning, which let one stalled tunnel hold
-    // several MiB; a direction stops reading its source while its destination is full). A new
+    // several MiB; a connection with the whole max_connection_buffer_bytes keeps autotuning where
+    // a window clamp or its namespace's maximum bounds it; a direction stops reading its source
+    // while its destination is full). A new
     // connection's allotment is max_buffered_bytes over the connections open, within
     // [min_connection_buffer_bytes, max_connection_buffer_bytes]; the open ones move to it too,
     // never below what they hold. If the allotments would pass max_buffered_bytes (the sandbox's
