@@ -8,26 +8,17 @@
 #include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
-#include "core/unique_fd.hpp"
 #include "egress/host_addresses.hpp"
-
-#include <fcntl.h>
-#include <linux/sock_diag.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "egress/proxy_connection.hpp"
+#include "egress/relay.hpp"
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cerrno>
 #include <map>
 #include <optional>
@@ -36,108 +27,18 @@
 
 namespace moat::egress {
 
+using internal::clock;
+using internal::connection;
+using internal::phase;
+using internal::sandbox_entry;
+
 namespace {
 
-using clock = std::chrono::steady_clock;
 constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
-constexpr std::size_t relay_chunk_bytes = 1024 * 1024;
 constexpr std::size_t head_read_bytes = 4096;
 constexpr std::size_t lingering_close_bytes = 256 * 1024;
 // How often the buffered bytes of open connections are measured and published to the meter.
 constexpr auto buffer_sample_interval = std::chrono::seconds(1);
-
-struct sandbox_entry {
-    std::string id;
-    network_policy policy;
-    egress_limits limits;
-    std::shared_ptr<byte_meter> meter;
-    std::uint64_t published_buffered = 0;  // this proxy's share of meter->buffered()
-    bool is_closed = false;
-    std::set<struct connection*> connections;
-    std::size_t refusing = 0;  // door refusals in flight (not in `connections`)
-};
-
-enum class phase { head, connect, relay, reply };
-
-// One direction's pipe for splice(2).
-struct relay_pipe {
-    unique_fd read_end;
-    unique_fd write_end;
-};
-
-struct connection : std::enable_shared_from_this<connection> {
-    connection(std::shared_ptr<sandbox_entry> owner, asio::generic::stream_protocol::socket socket)
-        : sandbox(std::move(owner)),
-          client(std::move(socket)),
-          upstream(client.get_executor()),
-          timer(client.get_executor()) {}
-    // Registered by serve() for close_sandbox() and the connection limit, for as long as it lives
-    // (a task destroyed before it ran included); the others' shares grow back when it goes.
-    ~connection();
-    connection(const connection&) = delete;
-    connection& operator=(const connection&) = delete;
-
-    std::shared_ptr<sandbox_entry> sandbox;
-    asio::generic::stream_protocol::socket client;
-    asio::ip::tcp::socket upstream;
-    asio::cancellation_signal resolve_cancel;  // aborts a pending lookup (close, deadline)
-    asio::steady_timer timer;
-    phase current = phase::head;
-    clock::time_point last_activity = clock::now();
-    bool is_closed = false;
-    bool connect_timed_out = false;
-    std::string close_reason = "done";
-    std::uint64_t bytes_out = 0;
-    std::uint64_t bytes_in = 0;
-    relay_pipe to_upstream;
-    relay_pipe to_sandbox;
-    // Its share of the sandbox's max_buffered_bytes (see allot()): the most its sockets and pipes
-    // can hold, both directions stalled.
-    std::uint64_t allotment = 0;
-    bool client_fixed = false;  // its buffers were set: autotuning is off for good
-    bool upstream_fixed = false;
-
-    void close(std::string reason) {
-        if (is_closed) return;
-        is_closed = true;
-        close_reason = std::move(reason);
-        std::error_code ignored;
-        client.close(ignored);
-        upstream.close(ignored);
-        resolve_cancel.emit(asio::cancellation_type::terminal);
-        timer.cancel();
-    }
-
-    // One timer per connection: the head and reply deadlines close it, the connect deadline
-    // aborts the attempt (the client still gets its 504), idleness closes a relay.
-    void arm(clock::time_point when) {
-        timer.expires_at(when);
-        std::weak_ptr<connection> weak = weak_from_this();
-        timer.async_wait([weak](std::error_code ec) {
-            if (ec) return;
-            if (auto self = weak.lock()) self->on_deadline();
-        });
-    }
-
-    void on_deadline() {
-        if (is_closed) return;
-        if (current == phase::connect) {
-            connect_timed_out = true;
-            std::error_code ignored;
-            resolve_cancel.emit(asio::cancellation_type::terminal);
-            upstream.close(ignored);
-        } else if (current == phase::relay) {
-            const auto idle_until = last_activity + sandbox->limits.idle_timeout;
-            if (clock::now() < idle_until) {
-                arm(idle_until);
-                return;
-            }
-            close("idle");
-        } else {
-            close(current == phase::head ? "request head timeout" : "reply timeout");
-        }
-    }
-};
 
 std::string reply_text(int status, const std::string& line) {
     const std::string body = line + "\n";
@@ -149,157 +50,6 @@ std::string reply_text(int status, const std::string& line) {
 std::string host_and_port(const std::string& host, std::uint16_t port) {
     if (port == 80 || port == 443) return host;
     return host + ":" + std::to_string(port);
-}
-
-// The host memory a socket holds: its receive queue and its send queue as the kernel counts them
-// (with their bookkeeping overhead), 0 for a closed one.
-std::uint64_t socket_memory(int fd) {
-    if (fd < 0) return 0;
-    std::uint32_t info[SK_MEMINFO_VARS] = {};
-    socklen_t length = sizeof info;
-    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, info, &length) != 0) return 0;
-    return std::uint64_t{info[SK_MEMINFO_RMEM_ALLOC]} + info[SK_MEMINFO_WMEM_QUEUED];
-}
-
-std::uint64_t pipe_bytes(const relay_pipe& pipe) {
-    int n = 0;
-    if (!pipe.read_end.is_open() || ::ioctl(pipe.read_end.get(), FIONREAD, &n) != 0 || n < 0)
-        return 0;
-    return static_cast<std::uint64_t>(n);
-}
-
-std::uint64_t buffered_bytes(connection& c) {
-    return socket_memory(c.client.native_handle()) + socket_memory(c.upstream.native_handle()) +
-           pipe_bytes(c.to_upstream) + pipe_bytes(c.to_sandbox);
-}
-
-// Measures what the sandbox's connections hold and publishes the change to its meter.
-std::uint64_t publish_buffered(sandbox_entry& sandbox) {
-    std::uint64_t total = 0;
-    for (auto* c : sandbox.connections) total += buffered_bytes(*c);
-    sandbox.meter->add_buffered(static_cast<std::int64_t>(total) -
-                                static_cast<std::int64_t>(sandbox.published_buffered));
-    sandbox.published_buffered = total;
-    return total;
-}
-
-// ---- Host memory: each connection's share of max_buffered_bytes --------------------------------
-//
-// A connection with allotment A gets: its upstream socket A/8 (size_upstream: a window clamp
-// while it has the whole of max_connection_buffer_bytes), its sandbox-side socket A/16 (SO_RCVBUF
-// and SO_SNDBUF; it keeps autotuning while that covers its namespace's maximum), the kernel
-// counting up to twice each number, and each pipe A/8 (rounded down to a power of two): with both
-// directions stalled its queues hold at most 2*2*A/8 + 2*2*A/16 + 2*A/8 = A. The sandbox's
-// allotments never add up to more than max_buffered_bytes: a new connection's target is
-// max_buffered_bytes / (connections open, it included), within [min_connection_buffer_bytes,
-// max_connection_buffer_bytes], and every open one moves to that target too, but never below what
-// it holds now (queued bytes cannot be taken back, so a stalled connection keeps its share until it
-// drains). When the total would pass the cap the new connection gets 429. A lone download gets
-// max_connection_buffer_bytes; 32 connections that keep reading get 512 KiB each; a sandbox whose
-// tunnels stall is refused new ones once they hold its cap.
-
-// SO_RCVBUF / SO_SNDBUF past net.core.rmem_max / wmem_max where the process may (the FORCE options
-// need CAP_NET_ADMIN), else up to them: best effort, a socket the kernel refuses keeps its own.
-void set_buffer_sizes(int fd, std::uint64_t bytes) {
-    if (fd < 0) return;
-    const int size = static_cast<int>(std::min<std::uint64_t>(bytes, 1u << 30));
-    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof size) != 0)
-        (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
-    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
-        (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
-}
-
-// The upstream socket. At its full allotment (a lone connection) what it receives is bounded by
-// the window it may offer (TCP_WINDOW_CLAMP: what arrives unread stays under about the clamp,
-// twice that as the kernel counts it), which leaves the kernel's receive autotuning in place: a
-// fixed SO_RCVBUF costs a fast download a few percent. A clamp is not enforced at once when it
-// shrinks (a window already offered is honoured), so a connection whose allotment shrinks gets
-// fixed buffers too, for good. What it sends always gets a fixed SO_SNDBUF.
-void size_upstream(connection& c) {
-    const int fd = c.upstream.native_handle();
-    if (fd < 0) return;
-    const std::uint64_t bytes = c.allotment / 8;
-    if (c.allotment < c.sandbox->limits.max_connection_buffer_bytes || c.upstream_fixed) {
-        c.upstream_fixed = true;
-        set_buffer_sizes(fd, bytes);
-        return;
-    }
-    const int size = static_cast<int>(std::min<std::uint64_t>(bytes, 1u << 30));
-    (void)::setsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &size, sizeof size);
-    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
-        (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
-}
-
-int pipe_size_for(std::uint64_t allotment) {
-    return static_cast<int>(std::bit_floor(std::max<std::uint64_t>(allotment / 8, 4096)));
-}
-
-// A pipe's capacity: best effort (a pipe holding more than the new size keeps its size).
-void set_pipe_size(const relay_pipe& pipe, std::uint64_t allotment) {
-    if (pipe.write_end.is_open())
-        (void)::fcntl(pipe.write_end.get(), F_SETPIPE_SZ, pipe_size_for(allotment));
-}
-
-void apply_allotment(connection& c, std::uint64_t allotment) {
-    c.allotment = allotment;
-    // The sandbox-side socket keeps the kernel's autotuning while its part of the allotment (up
-    // to twice A/16 each way) covers what autotuning can reach in the sandbox's namespace:
-    // fixed buffers cost a fast relay a few percent. Once fixed it stays fixed (the kernel
-    // cannot be handed autotuning back).
-    const auto autotune = c.sandbox->limits.sandbox_autotune_bytes;
-    const bool covered = autotune != 0 && allotment / 8 >= autotune;
-    if (!covered || c.client_fixed) {
-        c.client_fixed = true;
-        set_buffer_sizes(c.client.native_handle(), allotment / 16);
-    }
-    size_upstream(c);
-    set_pipe_size(c.to_upstream, allotment);
-    set_pipe_size(c.to_sandbox, allotment);
-}
-
-// What each connection of `sandbox` should get with `open` of them (the new one included).
-std::uint64_t target_allotment(const egress_limits& limits, std::size_t open) {
-    const std::uint64_t even = limits.max_buffered_bytes / std::max<std::size_t>(open, 1);
-    return std::clamp(
-        even, limits.min_connection_buffer_bytes,
-        std::max(limits.min_connection_buffer_bytes, limits.max_connection_buffer_bytes));
-}
-
-// Admits a new connection's share: true (and every open connection moved to the new target, or
-// kept at what it holds) when the sandbox's allotments stay within max_buffered_bytes; false
-// (nothing changed) when they would not. `held_now` receives what the open ones hold.
-bool allot(sandbox_entry& sandbox, connection& incoming, std::uint64_t& held_now) {
-    const auto target = target_allotment(sandbox.limits, sandbox.connections.size() + 1);
-    std::uint64_t total = target;
-    held_now = 0;
-    std::vector<std::pair<connection*, std::uint64_t>> moved;
-    for (auto* c : sandbox.connections) {
-        const std::uint64_t held = buffered_bytes(*c);
-        held_now += held;
-        const std::uint64_t next = std::max(target, held);
-        total += next;
-        moved.emplace_back(c, next);
-    }
-    if (total > sandbox.limits.max_buffered_bytes) return false;
-    for (auto& [c, next] : moved) {
-        if (next != c->allotment) apply_allotment(*c, next);
-    }
-    apply_allotment(incoming, target);
-    return true;
-}
-
-// After a connection went: the others grow back to the even share.
-void regrow(sandbox_entry& sandbox) {
-    if (sandbox.connections.empty()) return;
-    const auto target = target_allotment(sandbox.limits, sandbox.connections.size());
-    for (auto* c : sandbox.connections) {
-        if (c->allotment < target) apply_allotment(*c, target);
-    }
-}
-
-connection::~connection() {
-    sandbox->connections.erase(this);
-    regrow(*sandbox);
 }
 
 // The addresses to check and connect to, or a refusal (status + line).
@@ -431,108 +181,6 @@ asio::awaitable<resolution> resolve(std::shared_ptr<connection> c,
         out.line = answer.error().detail;  // "could not resolve HOST (why)"
     }
     co_return out;
-}
-
-// Counts `n` bytes against the connection's sandbox; false (the connection closed) when they
-// would pass its byte budget.
-bool charge(connection& c, std::size_t n, std::uint64_t& counter) {
-    auto& sandbox = *c.sandbox;
-    if (!sandbox.meter->try_charge(n, sandbox.limits.max_bytes)) {
-        c.close("byte budget");
-        return false;
-    }
-    counter += n;
-    c.last_activity = clock::now();
-    return true;
-}
-
-// One direction of a relay through a pipe with splice(2): the kernel moves the pages from one
-// socket to the other, nothing is copied through this process. Each step is non-blocking and
-// waits for readiness on the executor. The sandbox's byte budget is charged before bytes leave
-// the pipe: a direction forwards at most what is left of it, and one byte past it closes the
-// connection. A descriptor splice refuses closes the connection ("reset").
-template <class From, class To>
-asio::awaitable<void> pump(std::shared_ptr<connection> c, From& from, To& to, relay_pipe& pipe,
-                           std::uint64_t& counter) {
-    int ends[2];
-    if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
-        c->close("reset");
-        co_return;
-    }
-    pipe.read_end.reset(ends[0]);
-    pipe.write_end.reset(ends[1]);
-    const int pipe_out = ends[0];
-    const int pipe_in = ends[1];
-    set_pipe_size(pipe, c->allotment);
-    std::error_code ec;
-    from.native_non_blocking(true, ec);
-    if (!ec) to.native_non_blocking(true, ec);
-    if (ec) {
-        c->close("reset");
-        co_return;
-    }
-    while (!c->is_closed) {
-        auto& sandbox = *c->sandbox;
-        const std::uint64_t used = sandbox.meter->used();
-        const std::uint64_t left =
-            used < sandbox.limits.max_bytes ? sandbox.limits.max_bytes - used : 0;
-        // At the budget, one more byte in shows the connection would pass it.
-        const std::size_t want =
-            left == 0 ? 1
-                      : static_cast<std::size_t>(std::min<std::uint64_t>(relay_chunk_bytes, left));
-        const ssize_t in = ::splice(from.native_handle(), nullptr, pipe_in, nullptr, want,
-                                    SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        if (in < 0 && errno == EINTR) continue;
-        if (in < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            auto [wait_error] = co_await from.async_wait(asio::socket_base::wait_read, use_tuple);
-            if (wait_error) {
-                c->close(wait_error == asio::error::operation_aborted ? c->close_reason : "reset");
-                co_return;
-            }
-            continue;
-        }
-        if (in < 0) {
-            c->close("reset");
-            co_return;
-        }
-        if (in == 0) {  // the sender is done: pass the end on
-            std::error_code ignored;
-            to.shutdown(asio::socket_base::shutdown_send, ignored);
-            co_return;
-        }
-        if (!charge(*c, static_cast<std::size_t>(in), counter)) co_return;
-        std::size_t pending = static_cast<std::size_t>(in);
-        while (pending > 0 && !c->is_closed) {
-            const ssize_t out = ::splice(pipe_out, nullptr, to.native_handle(), nullptr, pending,
-                                         SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (out < 0 && errno == EINTR) continue;
-            if (out < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                auto [wait_error] =
-                    co_await to.async_wait(asio::socket_base::wait_write, use_tuple);
-                if (wait_error) {
-                    c->close(wait_error == asio::error::operation_aborted ? c->close_reason
-                                                                          : "write failed");
-                    co_return;
-                }
-                continue;
-            }
-            if (out <= 0) {
-                c->close("write failed");
-                co_return;
-            }
-            pending -= static_cast<std::size_t>(out);
-            c->last_activity = clock::now();
-        }
-    }
-    co_return;
-}
-
-asio::awaitable<void> relay(std::shared_ptr<connection> c) {
-    using namespace asio::experimental::awaitable_operators;
-    auto up = pump(c, c->client, c->upstream, c->to_upstream, c->bytes_out);
-    auto down = pump(c, c->upstream, c->client, c->to_sandbox, c->bytes_in);
-    auto both = std::move(up) && std::move(down);
-    co_await std::move(both);
 }
 
 // What the request's host is: an address to check, or a normalised name, or a refusal.
