@@ -404,16 +404,22 @@ moat::exec_request hang_tunnel(std::uint16_t port) {
     return tunnel;
 }
 
+// A sandbox with a CONNECT tunnel to `silent` (a server that never answers), held open by a
+// process in the sandbox; returns once the server has the connection.
+moat::sandbox_info create_with_hung_tunnel(local_fixture& f, host_server& silent) {
+    const auto box = f.create(hang_spec(silent.port()));
+    auto started = f.run(f.local->async_spawn(box.id, hang_tunnel(silent.port())));
+    REQUIRE(started);
+    CHECK(silent.read_line(f.io, 20s) == std::optional<std::string>("accepted"));
+    return box;
+}
+
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
     MOAT_REQUIRE_NAMESPACES();
     host_server silent({"silent"});
-    const auto box = create(hang_spec(silent.port()));
-    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
-    auto started = run(local->async_spawn(box.id, hang_tunnel(silent.port())));
-    REQUIRE(started);
-    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    const auto box = create_with_hung_tunnel(*this, silent);
     // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
     // closed"), not the sandbox's processes dying afterwards ("done").
     std::vector<std::string> events;
@@ -440,11 +446,7 @@ TEST_CASE_FIXTURE(local_fixture,
                   "safely") {
     MOAT_REQUIRE_NAMESPACES();
     host_server silent({"silent"});
-    const auto box = create(hang_spec(silent.port()));
-    // A CONNECT tunnel to a server that never answers, held open by a process in the sandbox.
-    auto started = run(local->async_spawn(box.id, hang_tunnel(silent.port())));
-    REQUIRE(started);
-    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("accepted"));
+    const auto box = create_with_hung_tunnel(*this, silent);
     // The backend goes (as when the application drops it) while the relay's task is still queued
     // on the executor, which keeps running: the task must end without touching the freed proxy
     // (ASan watches this), and the upstream side of the tunnel must be closed.
