@@ -21,6 +21,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
 
 #include <chrono>
 #include <map>
@@ -192,6 +193,23 @@ class backend {
     // invalid_path if the path is not a directory; too_large past max_dir_entries.
     virtual asio::awaitable<result<std::vector<dir_entry>>> async_list_dir(std::string id,
                                                                            std::string path);
+
+    // Ports: a server in the sandbox reached from outside, without the sandbox getting a route.
+    //
+    // A TCP connection to `port` on the sandbox's own loopback (127.0.0.1, else ::1), connected
+    // from inside its network namespace and handed out as a socket on this backend's executor;
+    // the bytes are the caller's to move. A server bound only to another of the sandbox's
+    // addresses is not reached (a sandbox has only loopback). Errors: invalid_argument for port 0;
+    // permission_denied for a port moat itself listens on inside the sandbox (the egress proxy's,
+    // sandbox_network::proxy_port): never forwarded; connection_refused when nothing listens there
+    // (yet); not_supported where the backend exposes ports only as hosts (e2b: port_host).
+    // Cancellation: the connection is dropped.
+    virtual asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
+                                                                              std::uint16_t port);
+    // The name (and port) under which an HTTP(S) client reaches `port` of the sandbox, without
+    // scheme: e2b "<port>-<id>.<domain>" (the provider's proxy). not_supported when the backend
+    // offers no such name (local: sandbox::async_port_host forwards a loopback port instead).
+    virtual result<std::string> port_host(const std::string& id, std::uint16_t port) const;
 };
 
 // Drains a stream into head + tail captures. Used by backend::async_exec.

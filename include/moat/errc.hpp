@@ -62,14 +62,17 @@ enum class errc : int {
     // The detail never contains the store's credentials. Retry later; it is not the sandbox's
     // fault.
     store_unavailable = 19,
+    // Nothing accepted a connection to a sandbox's port (backend::async_connect_port): no server
+    // listens there, or not yet. Retryable: a server that is still starting accepts later.
+    connection_refused = 20,
 };
 
 // Kinds of failure, for branching. A code belongs to at most one condition.
 enum class condition : int {
     cancelled = 1,     // errc::cancelled
     timeout = 2,       // errc::deadline_exceeded
-    retryable = 3,     // backend_failure, limit_exceeded, rate_limited: the same request may
-                       // succeed later
+    retryable = 3,     // backend_failure, limit_exceeded, rate_limited, connection_refused: the
+                       // same request may succeed later
     caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
                        // permission_denied, not_supported, sandbox_not_found, unauthorized
     backend_failure = 5,  // protocol_error, layer_unavailable: the backend cannot do this as is

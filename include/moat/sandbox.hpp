@@ -57,6 +57,7 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
 
 #include <chrono>
 #include <memory>
@@ -154,6 +155,24 @@ class sandbox {
                                                                    lane in = lane::ordered);
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::chrono::milliseconds ttl,
                                                            deadline limit = {});
+
+    // Ports (backend.hpp): a TCP connection to `port` on the sandbox's own loopback, made from
+    // inside the sandbox, on the runtime's executor; the sandbox never gets a route. The side lane
+    // by default: a connection neither waits for nor holds up the ordered lane (a server the
+    // sandbox runs in the background answers while a command runs). `limit` bounds the connect.
+    // Errors: connection_refused (nothing listens there yet), permission_denied (a port moat
+    // itself uses in the sandbox: never forwarded), not_supported (e2b: use async_port_host).
+    asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::uint16_t port,
+                                                                      deadline limit = {},
+                                                                      lane in = lane::side);
+    // Where an HTTP(S) client reaches `port`, as "host:port" or a host name without scheme: the
+    // backend's own name for it (e2b: "<port>-<id>.<domain>"), or, on a backend that connects
+    // ports itself (local), "127.0.0.1:<n>": a loopback listener this handle opens on first use
+    // (one per port) whose every connection is one async_connect_port, closed when the handle
+    // quarantines, is destroyed or is dropped. The name does not check that anything listens:
+    // a connection to it then ends at once. Errors: the backend's, or backend_failure when no
+    // loopback port can be bound; sandbox_unavailable once the handle no longer vouches.
+    asio::awaitable<result<std::string>> async_port_host(std::uint16_t port);
 
     // Ends the sandbox and returns once the backend confirmed it gone. Queued operations fail with
     // sandbox_unavailable; a running one is stopped first. Idempotent: a handle that is already

@@ -262,4 +262,13 @@ asio::awaitable<result<std::vector<dir_entry>>> backend::async_list_dir(std::str
     co_return not_supported(name(), "list_dir");
 }
 
+asio::awaitable<result<asio::ip::tcp::socket>> backend::async_connect_port(std::string,
+                                                                           std::uint16_t) {
+    co_return not_supported(name(), "connect_port");
+}
+
+result<std::string> backend::port_host(const std::string&, std::uint16_t) const {
+    return not_supported(name(), "port_host");
+}
+
 }  // namespace moat

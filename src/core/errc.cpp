@@ -17,6 +17,7 @@ class errc_category final : public std::error_category {
             case errc::backend_failure:
             case errc::limit_exceeded:
             case errc::rate_limited:
+            case errc::connection_refused:
                 return condition::retryable;
             case errc::invalid_argument:
             case errc::invalid_path:
@@ -122,6 +123,8 @@ const char* to_string(errc e) noexcept {
             return "rate_limited";
         case errc::store_unavailable:
             return "store_unavailable";
+        case errc::connection_refused:
+            return "connection_refused";
     }
     return "unknown";
 }

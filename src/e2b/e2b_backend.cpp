@@ -43,6 +43,8 @@ struct held_sandbox {
     std::optional<std::string> gone_reason;
     // The sandbox's envd: exec, spawn, signal and files go there.
     std::shared_ptr<e2b::envd_client> envd;
+    // The domain its ports are named under: the create or connect answer's, else the config's.
+    std::string domain;
 };
 
 struct backend_state {
@@ -359,6 +361,15 @@ class e2b_backend final : public backend {
                                     std::move(path)));
     }
 
+    // E2B reaches a sandbox's ports only through its proxy, by name: "<port>-<id>.<domain>".
+    result<std::string> port_host(const std::string& id, std::uint16_t port) const override {
+        if (port == 0) return make_error(errc::invalid_argument, "port 0: a port is 1-65535");
+        const auto held = state_->held.find(id);
+        const std::string& domain =
+            held != state_->held.end() ? held->second->domain : state_->config.domain;
+        return std::to_string(port) + "-" + id + "." + domain;
+    }
+
     // The heartbeat task, started with the first sandbox that needs one.
     void ensure_heartbeat() {
         if (state_->heartbeat_running || state_->stopping) return;
@@ -406,6 +417,7 @@ class e2b_backend final : public backend {
         h->heartbeat = heartbeat;
         h->envd = envd_client_for(*s, created->sandbox_id, created->domain,
                                   std::move(created->envd_access_token));
+        h->domain = created->domain.empty() ? s->config.domain : created->domain;
         auto& info = h->info;
         info.id = created->sandbox_id;
         info.state = sandbox_state::running;
@@ -451,6 +463,7 @@ class e2b_backend final : public backend {
         h->heartbeat = false;
         h->envd =
             envd_client_for(*s, id, connected->domain, std::move(connected->envd_access_token));
+        h->domain = connected->domain.empty() ? s->config.domain : connected->domain;
         info.owned = false;
         h->info = info;
         s->held[id] = h;

@@ -317,6 +317,7 @@ void sandbox::impl::quarantine(const error& why) {
     detail::log(log_level::warning, "sandbox", "quarantined: " + why.to_string(), info.id);
     state = handle_state::quarantined;
     cause = why;
+    close_forwards();
     if (telemetry) ++telemetry->metrics.quarantines;
     queue.refuse_all();
     side_queue.refuse_all();
@@ -398,6 +399,14 @@ asio::awaitable<result<T>> sandbox::impl::run_in_turn(
                                                   stop_name + " as the file was opened");
         }
     }
+    if constexpr (std::is_same_v<T, asio::ip::tcp::socket>) {
+        // Connected just as the caller's cancellation or deadline arrived: drop the connection.
+        if (stopped_by && outcome) {
+            outcome = result<T>{make_error(errc::cancelled, "")};
+            co_return make_error(*stopped_by, std::string(what) + " was stopped by its " +
+                                                  stop_name + " as the connection was made");
+        }
+    }
     if constexpr (std::is_same_v<T, exec_stream>) {
         // The command started just as the caller's cancellation or deadline arrived: the wait
         // above consumed it, so a stream handed back now would run on unobserved (until its wall
@@ -438,6 +447,7 @@ asio::awaitable<result<T>> sandbox::impl::run(std::shared_ptr<impl> self, const 
 asio::awaitable<result<void>> sandbox::impl::destroy_now(std::shared_ptr<impl> self) {
     if (self->state != handle_state::destroying && !self->ended.is_set()) {
         self->state = handle_state::destroying;
+        self->close_forwards();
         self->queue.refuse_all();
         self->side_queue.refuse_all();
         for (const auto task : self->running_tasks) self->tasks.cancel(task);
@@ -473,6 +483,7 @@ asio::awaitable<void> sandbox::impl::destroy_once(std::shared_ptr<impl> self) {
 
 sandbox::~sandbox() {
     if (!impl_) return;
+    impl_->close_forwards();
     if (impl_->state != handle_state::ready && impl_->state != handle_state::busy) return;
     if (impl_->detach_on_drop) {
         if (impl_->on_end) std::exchange(impl_->on_end, nullptr)();
@@ -560,6 +571,18 @@ asio::awaitable<result<file_stat>> sandbox::async_stat(std::string path, deadlin
 asio::awaitable<result<std::vector<dir_entry>>> sandbox::async_list_dir(std::string path,
                                                                         deadline limit, lane in) {
     return run_call(impl_, "list_dir", limit, in, &backend::async_list_dir, std::move(path));
+}
+
+asio::awaitable<result<asio::ip::tcp::socket>> connect_port_call(
+    std::shared_ptr<sandbox::impl> state, std::uint16_t port, deadline limit, lane in) {
+    return run_call(std::move(state), "connect_port", limit, in, &backend::async_connect_port,
+                    port);
+}
+
+asio::awaitable<result<asio::ip::tcp::socket>> sandbox::async_connect_port(std::uint16_t port,
+                                                                           deadline limit,
+                                                                           lane in) {
+    return connect_port_call(impl_, port, limit, in);
 }
 
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,

@@ -7,10 +7,12 @@
 
 #include "core/async_event.hpp"
 #include "handle/operation_queue.hpp"
+#include "handle/port_forwarder.hpp"
 #include "handle/telemetry.hpp"
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -102,6 +104,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     // the backend any more. Background work left on the executor finds this and stops.
     bool backend_gone = false;
     std::shared_ptr<moat::telemetry> telemetry;
+    // async_port_host's loopback forwards (backends without port names), by sandbox port; closed
+    // when the handle stops vouching for the sandbox (quarantine, destroy) or is dropped.
+    std::map<std::uint16_t, std::shared_ptr<port_forwarder>> forwards;
+    void close_forwards() noexcept;
 
     // Reports one finished operation (metrics and the runtime's on_operation).
     void report(const char* what, std::optional<errc> failure,
@@ -114,5 +120,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     // Gives the place to the next operation of its lane (through held_turn only).
     void end_turn(moat::lane in);
 };
+
+// sandbox::async_connect_port on the handle's state (sandbox.cpp): also what the handle's loopback
+// forwards connect with.
+asio::awaitable<result<asio::ip::tcp::socket>> connect_port_call(
+    std::shared_ptr<sandbox::impl> state, std::uint16_t port, deadline limit, moat::lane in);
 
 }  // namespace moat

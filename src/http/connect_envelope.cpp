@@ -194,6 +194,7 @@ code from_errc(std::error_code e) noexcept {
         case errc::sandbox_unavailable:
         case errc::shutting_down:
         case errc::store_unavailable:
+        case errc::connection_refused:
             return code::unavailable;
         case errc::layer_unavailable:
             return code::failed_precondition;

@@ -76,8 +76,9 @@ errc to_errc(code c) noexcept;
 // is_directory / too_large → invalid_argument, sandbox_not_found / file_not_found → not_found,
 // permission_denied → permission_denied, limit_exceeded / rate_limited → resource_exhausted,
 // not_supported → unimplemented, unauthorized → unauthenticated, sandbox_unavailable /
-// shutting_down → unavailable, layer_unavailable → failed_precondition, backend_failure /
-// protocol_error → internal). A code outside moat's category is internal.
+// shutting_down / store_unavailable / connection_refused → unavailable, layer_unavailable →
+// failed_precondition, backend_failure / protocol_error → internal). A code outside moat's category
+// is internal.
 code from_errc(std::error_code e) noexcept;
 
 struct connect_error {

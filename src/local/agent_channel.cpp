@@ -2,6 +2,8 @@
 
 #include <moat/log.hpp>
 
+#include <cerrno>
+
 namespace moat {
 namespace {
 
@@ -10,6 +12,12 @@ constexpr std::size_t max_agent_record = 256;
 static_assert(sizeof(wire::exited_message) <= max_agent_record);
 
 }  // namespace
+
+struct agent_channel::port_request {
+    explicit port_request(const asio::any_io_executor& ex) : answered(ex) {}
+    async_event answered;
+    port_socket answer;
+};
 
 asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self) {
     co_await self->read_loop();
@@ -76,6 +84,35 @@ asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::millisec
     co_return result<void>{};
 }
 
+asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect_port(
+    std::uint16_t port, int family, deadline limit) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto message = wire::make_message<wire::connect_port_message>(wire::message_type::connect_port);
+    message.request_id = next_ttl_request_++;
+    message.port = port;
+    message.family = static_cast<std::uint32_t>(family);
+    auto request = std::make_shared<port_request>(executor_);
+    port_requests_[message.request_id] = request;
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
+    auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
+    async_event::wait_outcome outcome = async_event::wait_outcome::set;
+    if (sent) outcome = co_await request->answered.async_wait(limit);
+    port_requests_.erase(message.request_id);
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    if (!sent) co_return std::move(sent).error();
+    if (outcome == async_event::wait_outcome::cancelled) {
+        co_return make_error(errc::cancelled, "cancelled while connecting to port " +
+                                                  std::to_string(port) + " in the sandbox");
+    }
+    if (!request->answered.is_set()) {
+        co_return make_error(errc::backend_failure,
+                             "the sandbox agent did not answer a connection to port " +
+                                 std::to_string(port) + " in time");
+    }
+    co_return std::move(request->answer);
+}
+
 result<void> agent_channel::kill(std::uint64_t exec_id, int signal) {
     if (broken_) return make_error(errc::sandbox_unavailable, *broken_);
     auto message = wire::make_message<wire::kill_message>(wire::message_type::kill);
@@ -137,6 +174,29 @@ void agent_channel::dispatch(received_record& record) {
         ready_.set();
         return;
     }
+    // port_connected carries the connected socket, exactly when the connect did not fail.
+    if (h.type == static_cast<std::uint32_t>(wire::message_type::port_connected)) {
+        wire::port_connected_message m{};
+        auto it = port_requests_.end();
+        if (wire::read_fixed(record.data, wire::message_type::port_connected, m)) {
+            it = port_requests_.find(m.request_id);
+        }
+        // A socket this process had no descriptor free for is lost (EMFILE), not a violation.
+        const std::size_t expected = m.connect_errno == 0 && !record.descriptors_lost ? 1u : 0u;
+        const bool valid = m.request_id != 0 && m.request_id < next_ttl_request_ &&
+                           m.connect_errno >= 0 && record.fds.size() == expected &&
+                           (!record.descriptors_lost || m.connect_errno == 0) &&
+                           (m.flags & ~std::uint32_t{wire::port_connect_in_progress}) == 0;
+        if (!valid) return break_channel("protocol error: bad port_connected record");
+        // An answer whose waiter gave up is dropped, and with it the socket.
+        if (it == port_requests_.end()) return;
+        auto& answer = it->second->answer;
+        answer.connect_errno = record.descriptors_lost ? EMFILE : m.connect_errno;
+        answer.in_progress = (m.flags & wire::port_connect_in_progress) != 0;
+        if (expected == 1) answer.socket = std::move(record.fds.front());
+        it->second->answered.set();
+        return;
+    }
     if (!record.fds.empty() || record.descriptors_lost) {
         return break_channel("protocol error: the agent sent descriptors");
     }
@@ -194,6 +254,7 @@ void agent_channel::break_channel(std::string reason, log_level level) {
     channel_.close();
     ready_.set();
     for (auto& [id, request] : ttl_requests_) request->set();
+    for (auto& [id, request] : port_requests_) request->answered.set();
     for (auto& [id, command] : commands_) {
         command->started.set();
         command->exited.set();

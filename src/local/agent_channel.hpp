@@ -58,6 +58,18 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // anyway). backend_failure if unconfirmed: the sandbox may end at either time.
     asio::awaitable<result<void>> async_set_ttl(std::chrono::milliseconds ttl, deadline limit);
 
+    // A TCP socket the agent connected to `port` on the sandbox's loopback (`family` 4: 127.0.0.1,
+    // 6: ::1), and whether its connect was still under way. Errors: the agent's errno as
+    // `connect_errno` of port_refusal (sandbox_unavailable when the channel broke, backend_failure
+    // when the agent did not answer by `limit`). Cancellation: the answer is dropped when it comes.
+    struct port_socket {
+        unique_fd socket;
+        bool in_progress = false;
+        int connect_errno = 0;  // when `socket` is closed: why the agent could not connect
+    };
+    asio::awaitable<result<port_socket>> async_connect_port(std::uint16_t port, int family,
+                                                            deadline limit);
+
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
 
@@ -87,6 +99,9 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
     std::uint64_t next_ttl_request_ = 1;
+    // connect_port requests awaiting port_connected; ids share next_ttl_request_'s sequence.
+    struct port_request;
+    std::map<std::uint64_t, std::shared_ptr<port_request>> port_requests_;
 };
 
 }  // namespace moat

@@ -6,6 +6,7 @@
 //                              destroy, the kill through a pidfd, the dead sweep and the janitor
 //   local_backend_exec.cpp     commands: exec, spawn, signal, the stdio pipes and environment
 //   local_backend_files.cpp    file access: the inline batch calls and the streamed read and write
+//   local_backend_ports.cpp    ports: a connection to a server in the sandbox, made by its pid 1
 //
 // Everything here runs on the backend's executor (files' blocking steps on its file threads). A
 // sandbox this backend holds is one local_sandbox in sandboxes_, from create or attach until
@@ -102,6 +103,10 @@ class local_backend final : public backend {
     asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
                                                int signal) override;
 
+    // local_backend_ports.cpp
+    asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
+                                                                      std::uint16_t port) override;
+
     // local_backend_files.cpp. The batch calls run inline: a few system calls per file, bounded
     // by file_limits. No co_await, so there is nothing to cancel; the boundary only turns
     // bad_alloc into an error.
@@ -192,6 +197,9 @@ class local_backend final : public backend {
     static error stdio_error(const char* call);
     static result<stdio_set> make_stdio();
     static std::map<std::string, std::string> base_environment(const sandbox_layout& layout);
+
+    // local_backend_ports.cpp
+    asio::awaitable<result<asio::ip::tcp::socket>> connect_port(std::string id, std::uint16_t port);
 
     // local_backend_files.cpp
     // What the file functions need, once the sandbox is known to be alive.

@@ -259,6 +259,10 @@ bool agent::handle_control(int fd) {
         }
         wire::kill_message kill{};
         if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(fd, kill);
+        wire::connect_port_message connect{};
+        if (wire::read_fixed(record, wire::message_type::connect_port, connect)) {
+            handle_connect_port(fd, connect);
+        }
         wire::set_ttl_message set_ttl{};
         if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {
             ttl_deadline_us_ = set_ttl.ttl_ms == 0 ? 0 : now_us() + set_ttl.ttl_ms * 1000;
@@ -269,6 +273,56 @@ bool agent::handle_control(int fd) {
     }
     for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
     return true;
+}
+
+// Connects without waiting: on loopback the handshake completes within connect() unless the
+// listener's backlog is full, and then the socket goes out still connecting (the library waits
+// for it), so a server in the sandbox cannot stall pid 1.
+void agent::handle_connect_port(int fd, const wire::connect_port_message& m) {
+    auto reply =
+        wire::make_message<wire::port_connected_message>(wire::message_type::port_connected);
+    reply.request_id = m.request_id;
+    int sock = -1;
+    if (m.port == 0 || m.port > 65535 || (m.family != 4 && m.family != 6)) {
+        reply.connect_errno = EINVAL;
+    } else if (m.port == egress_port_) {
+        // The egress endpoint is moat's own: a route to it from outside would make the
+        // sandbox's proxy an open proxy for whoever holds the route.
+        reply.connect_errno = EPERM;
+    } else {
+        sock = ::socket(m.family == 4 ? AF_INET : AF_INET6,
+                        SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (sock < 0) reply.connect_errno = errno;
+    }
+    if (sock >= 0) {
+        int rc = -1;
+        if (m.family == 4) {
+            sockaddr_in address{};
+            address.sin_family = AF_INET;
+            address.sin_port = htons(static_cast<std::uint16_t>(m.port));
+            address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            rc = ::connect(sock, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+        } else {
+            sockaddr_in6 address{};
+            address.sin6_family = AF_INET6;
+            address.sin6_port = htons(static_cast<std::uint16_t>(m.port));
+            address.sin6_addr = in6addr_loopback;
+            rc = ::connect(sock, reinterpret_cast<const sockaddr*>(&address), sizeof address);
+        }
+        if (rc != 0 && errno == EINPROGRESS) {
+            reply.flags |= wire::port_connect_in_progress;
+        } else if (rc != 0) {
+            reply.connect_errno = errno;
+            ::close(sock);
+            sock = -1;
+        }
+    }
+    const int attached[1] = {sock};
+    std::span<const int> fds;
+    if (sock >= 0) fds = attached;
+    const auto bytes = std::as_bytes(std::span(&reply, 1));
+    if (wire::send_record(fd, bytes, fds, MSG_DONTWAIT) < 0) mark_closing(fd);
+    if (sock >= 0) ::close(sock);
 }
 
 void agent::handle_kill(int fd, const wire::kill_message& m) {

@@ -96,6 +96,8 @@ class agent {
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
     void handle_kill(int fd, const wire::kill_message& m);
+    // Connects to a port on the sandbox's loopback and answers port_connected with the socket.
+    void handle_connect_port(int fd, const wire::connect_port_message& m);
     // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
     // out), an errno that it failed (reported when it is reaped).
     void check_starts();

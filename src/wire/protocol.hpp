@@ -26,7 +26,8 @@ namespace moat::wire {
 // 5: create carries the sandbox layout (user name, home, workdir, artifacts_dir).
 // 6: exec_resident.
 // 7: create.egress_port; ready.egress_port, with the sandbox's egress listener attached.
-inline constexpr std::uint32_t protocol_version = 7;
+// 8: connect_port / port_connected, with a socket connected inside the sandbox attached.
+inline constexpr std::uint32_t protocol_version = 8;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -51,11 +52,13 @@ enum class message_type : std::uint32_t {
     exec = 30,  // SCM_RIGHTS: [stdin, stdout, stderr]
     kill = 31,
     set_ttl = 32,
+    connect_port = 33,
     // agent -> library
     ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
     started = 41,
     exited = 42,
-    ttl_set = 43,  // reply to set_ttl
+    ttl_set = 43,         // reply to set_ttl
+    port_connected = 44,  // reply to connect_port; SCM_RIGHTS: [the socket] when it succeeded
 };
 
 struct header {
@@ -209,6 +212,30 @@ struct set_ttl_message {
 struct ttl_set_message {
     header h;
     std::uint64_t request_id;
+};
+
+// Asks pid 1 for a TCP connection to `port` on the sandbox's own loopback (127.0.0.1 or ::1),
+// made in the sandbox's network namespace and handed out: the library reaches a server in the
+// sandbox without the sandbox getting a route. The agent answers port_connected with the same
+// request_id. It never connects to a port of its own (the egress listener).
+struct connect_port_message {
+    header h;
+    std::uint64_t request_id;
+    std::uint32_t port;    // 1-65535
+    std::uint32_t family;  // 4: 127.0.0.1, 6: ::1
+};
+
+enum port_connected_flags : std::uint32_t {
+    // The connect was still under way (a full accept backlog): the library waits for the socket
+    // to become writable and reads SO_ERROR.
+    port_connect_in_progress = 1u << 0,
+};
+
+struct port_connected_message {
+    header h;
+    std::uint64_t request_id;
+    std::int32_t connect_errno;  // 0: the socket is attached; else why not (ECONNREFUSED, EPERM)
+    std::uint32_t flags;         // port_connected_flags
 };
 
 struct ready_message {

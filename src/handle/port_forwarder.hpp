@@ -1,0 +1,96 @@
+// A local TCP listener whose every connection is relayed to a port of a sandbox: what
+// `moat port-forward` runs and what sandbox::async_port_host opens on the local backend.
+//
+// Each accepted connection asks `connect` (a sandbox's async_connect_port) for its other end;
+// if that fails the connection is closed at once (the event says why). Many connections run at
+// once, at most `max_connections` (one more is closed as it is accepted); each ends when either
+// side has closed both ways, fails, or is idle past the relay's limit (stream_relay.hpp).
+// close() stops accepting and ends every connection at once. Confined to its executor.
+#pragma once
+
+#include "http/stream_relay.hpp"
+
+#include <moat/result.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace moat {
+
+struct port_forward_options {
+    std::size_t max_connections = 256;
+    http::relay_options relay;
+};
+
+// What happened to one connection, for a log line (never any of its bytes).
+struct port_forward_event {
+    enum class kind {
+        connected,  // accepted and connected to the sandbox's port
+        refused,    // accepted, but the sandbox's port could not be reached (detail: why)
+        over_cap,   // accepted past max_connections and closed
+        closed,     // relayed and ended (bytes each way)
+    };
+    kind what = kind::connected;
+    std::string peer;             // the client's address:port
+    std::string detail;           // refused: the error
+    std::uint64_t bytes_in = 0;   // closed: from the sandbox to the client
+    std::uint64_t bytes_out = 0;  // closed: from the client to the sandbox
+    bool idle = false;            // closed by the idle limit
+};
+
+class port_forwarder : public std::enable_shared_from_this<port_forwarder> {
+  public:
+    using connector = std::function<asio::awaitable<result<asio::ip::tcp::socket>>()>;
+    using event_sink = std::function<void(const port_forward_event&)>;
+
+    // Binds and listens on `listen` (port 0: any free one) and starts accepting.
+    // backend_failure naming the address when it cannot be bound.
+    static result<std::shared_ptr<port_forwarder>> start(asio::any_io_executor executor,
+                                                         asio::ip::tcp::endpoint listen,
+                                                         connector connect,
+                                                         port_forward_options options = {},
+                                                         event_sink on_event = {});
+
+    ~port_forwarder();
+    port_forwarder(const port_forwarder&) = delete;
+    port_forwarder& operator=(const port_forwarder&) = delete;
+
+    // The bound address (its port, when 0 was asked).
+    const asio::ip::tcp::endpoint& local_endpoint() const noexcept { return bound_; }
+    std::size_t open_connections() const noexcept { return open_; }
+    // Stops accepting and ends every connection at once. Idempotent.
+    void close() noexcept;
+    bool is_closed() const noexcept { return closed_; }
+
+    struct connection;  // one relayed connection (port_forwarder.cpp)
+
+  private:
+    port_forwarder(asio::any_io_executor executor, asio::ip::tcp::acceptor acceptor,
+                   connector connect, port_forward_options options, event_sink on_event);
+    friend asio::awaitable<void> accept_loop(std::shared_ptr<port_forwarder> self);
+    friend asio::awaitable<void> serve_connection(std::shared_ptr<port_forwarder> self,
+                                                  std::shared_ptr<connection> c);
+    void emit(const port_forward_event& e) const;
+
+    asio::any_io_executor executor_;
+    asio::ip::tcp::acceptor acceptor_;
+    asio::ip::tcp::endpoint bound_;
+    connector connect_;
+    port_forward_options options_;
+    event_sink on_event_;
+    std::size_t open_ = 0;
+    bool closed_ = false;
+    std::uint64_t next_id_ = 1;
+    // Open connections by id, so close() can end them; each removes itself when it ends.
+    std::map<std::uint64_t, std::shared_ptr<connection>> connections_;
+};
+
+}  // namespace moat
