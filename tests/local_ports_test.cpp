@@ -134,7 +134,7 @@ TEST_CASE_FIXTURE(local_fixture, "a server bound to the sandbox's ::1 only is re
                           "python3 -c \"import socket; "
                           "socket.socket(socket.AF_INET6).bind(('::1', 0))\" && echo v6");
     if (probe.out.text() != "v6\n") {
-        MESSAGE("SKIPPED: the sandbox's loopback has no ::1 on this host");
+        MESSAGE("SKIPPED: the sandbox's loopback has no ::1 on this host: " << probe.err.text());
         destroy(box.id);
         return;
     }
