@@ -47,7 +47,8 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     full.auto_pause = true;
     full.secure = true;
     full.allow_internet_access = false;
-    full.network = protocol::network_request{{"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}};
+    full.network =
+        protocol::network_request{{"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}, false};
     auto back = protocol::parse_create_request(protocol::encode_create_request(full));
     REQUIRE_MESSAGE(back, back.error().to_string());
     CHECK(back->template_id == full.template_id);
@@ -60,6 +61,7 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     REQUIRE(back->network);
     CHECK(back->network->allow_out == full.network->allow_out);
     CHECK(back->network->deny_out == full.network->deny_out);
+    CHECK(back->network->allow_public_traffic == false);
 
     protocol::create_request bare;
     auto plain = protocol::parse_create_request(protocol::encode_create_request(bare));
@@ -138,11 +140,14 @@ TEST_CASE("e2b protocol: Sandbox, SandboxDetail and ListedSandbox round-trip") {
     CHECK(sandbox->client_id == reply.client_id);
     CHECK(sandbox->envd_version == reply.envd_version);
     CHECK(sandbox->envd_access_token == reply.envd_access_token);
-    CHECK(sandbox->domain.empty());  // written as null
+    CHECK(sandbox->domain.empty());                // written as null
+    CHECK(sandbox->traffic_access_token.empty());  // written as null: public ports
     reply.domain = "sandboxes.example.com";
+    reply.traffic_access_token = "traffic-token";
     auto with_domain = protocol::parse_sandbox_reply(protocol::encode_sandbox_reply(reply));
     REQUIRE(with_domain);
     CHECK(with_domain->domain == reply.domain);
+    CHECK(with_domain->traffic_access_token == reply.traffic_access_token);
 
     protocol::sandbox_detail detail;
     detail.sandbox_id = "iabc";

@@ -152,6 +152,26 @@ asio::awaitable<void> big(http::server_request&, http::server_response& res) {
     (void)co_await res.async_end();
 }
 
+// The interceptor's handler: takes the connection over and echoes the bytes behind the head
+// (those the server read already first), prefixed, until the client ends its sending.
+asio::awaitable<void> tunnel_echo(http::server_request& req, http::server_response&) {
+    auto taken = req.take_over();
+    if (!taken) co_return;
+    auto& s = *taken->connection;
+    std::string out = "tunnel " + std::string(req.method()) + " " + std::string(req.path()) + ":" +
+                      std::string(taken->read_ahead);
+    std::array<char, 4096> buffer{};
+    for (;;) {
+        const std::array<asio::const_buffer, 1> pieces{asio::buffer(out)};
+        auto [write_error, written] = co_await s.async_write(pieces);
+        if (write_error) co_return;
+        auto [read_error, n] = co_await s.async_read_some(asio::buffer(buffer));
+        if (read_error) break;
+        out.assign(buffer.data(), n);
+    }
+    co_await s.async_shutdown();
+}
+
 http::server_options fast_options() {
     http::server_options o;
     o.head_timeout = 500ms;
@@ -195,6 +215,11 @@ struct running_server {
             },
             large));
         REQUIRE(server->route("GET", "/big", big));
+        server->intercept(
+            [](const http::request_head& head) {
+                return head.headers.find("Host") == "tunnel.test";
+            },
+            tunnel_echo);
         REQUIRE(server->route("GET", "/sandboxes/{id}/logs",
                               [](http::server_request& req, http::server_response& res) {
                                   return echo_param(req, res);
@@ -567,6 +592,27 @@ TEST_CASE("a keep-alive connection serves requests in turn and closes after the 
         s.stop();
     }
     CHECK(open_descriptors() == fds);
+}
+
+TEST_CASE(
+    "an interceptor takes requests for its hosts whatever their path, and may take the "
+    "connection over") {
+    http::server_options options = fast_options();
+    options.allowed_hosts = {"localhost", "tunnel.test"};
+    running_server s(options);
+    client_socket c(s.port);
+    // The bytes behind the head reach the handler, those it read already first; later bytes
+    // follow; no deadline of the server's applies (the pause outlasts head and idle timeouts).
+    REQUIRE(c.send_all("DELETE /no/such/route HTTP/1.1\r\nHost: tunnel.test\r\n\r\nearly "));
+    std::this_thread::sleep_for(700ms);
+    REQUIRE(c.send_all("late"));
+    ::shutdown(c.fd, SHUT_WR);
+    bool closed = false;
+    CHECK(c.read_all(&closed) == "tunnel DELETE /no/such/route:early late");
+    CHECK(closed);
+    // Other hosts still go to the routes.
+    CHECK(serves_hello(s.port));
+    s.stop();
 }
 
 namespace {

@@ -162,6 +162,53 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("a port request names its sandbox and port by Host, else by E2b-Sandbox-Id and -Port") {
+    const auto named = parse_sandbox_host("8000-sb-2.E2B.local.:443", "e2b.local");
+    REQUIRE(named);
+    CHECK(named->id == "sb-2");
+    CHECK(named->port == 8000);
+    CHECK(parse_sandbox_host("65535-sb-2.e2b.local", "e2b.local")->port == 65535);
+    for (const std::string other :
+         {"0-sb-2.e2b.local", "65536-sb-2.e2b.local", "x-sb-2.e2b.local", "-sb-2.e2b.local",
+          "8000sb-2.e2b.local", "8000-.e2b.local", "8000-sb-2.other.local", "+80-sb-2.e2b.local",
+          "8000-sb-2.e2b.local.evil", "[::1]:8000", "8000-sb-2"}) {
+        CAPTURE(other);
+        CHECK_FALSE(parse_sandbox_host(other, "e2b.local"));
+    }
+    CHECK_FALSE(parse_sandbox_host("8000-sb-2.e2b.local", ""));
+
+    // envd's own port is envd's, by name or by header.
+    moat::http::request_head envd;
+    envd.headers.add("Host", "49983-sb-2.e2b.local");
+    CHECK_FALSE(requested_port(envd, "e2b.local"));
+    moat::http::request_head by_name;
+    by_name.headers.add("Host", "8000-sb-2.e2b.local");
+    by_name.headers.add("E2b-Sandbox-Id", "sb-9");  // the name wins, as at E2B's proxy
+    by_name.headers.add("E2b-Sandbox-Port", "9000");
+    REQUIRE(requested_port(by_name, "e2b.local"));
+    CHECK(requested_port(by_name, "e2b.local")->id == "sb-2");
+    CHECK(requested_port(by_name, "e2b.local")->port == 8000);
+    moat::http::request_head by_header;
+    by_header.headers.add("Host", "127.0.0.1:49983");
+    by_header.headers.add("E2b-Sandbox-Id", "sb-3");
+    by_header.headers.add("E2b-Sandbox-Port", "49999");
+    REQUIRE(requested_port(by_header, "e2b.local"));
+    CHECK(requested_port(by_header, "e2b.local")->id == "sb-3");
+    CHECK(requested_port(by_header, "e2b.local")->port == 49999);
+    moat::http::request_head envd_header;
+    envd_header.headers.add("E2b-Sandbox-Id", "sb-3");
+    envd_header.headers.add("E2b-Sandbox-Port", "49983");
+    CHECK_FALSE(requested_port(envd_header, ""));
+    moat::http::request_head bad_port;
+    bad_port.headers.add("E2b-Sandbox-Id", "sb-3");
+    bad_port.headers.add("E2b-Sandbox-Port", "80a");
+    REQUIRE(requested_port(bad_port, ""));
+    CHECK(requested_port(bad_port, "")->port == 0);
+    moat::http::request_head no_port;
+    no_port.headers.add("E2b-Sandbox-Id", "sb-3");
+    CHECK_FALSE(requested_port(no_port, ""));
+}
+
 TEST_CASE("Keepalive-Ping-Interval is whole seconds from 1 to an hour, larger values clamped") {
     using namespace std::chrono_literals;
     CHECK(parse_keepalive_interval("50") == 50s);

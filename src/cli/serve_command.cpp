@@ -117,6 +117,8 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
             o.state_dir = parse_absolute_path("--state-dir", *dir);
         } else if (arg == "--destroy-on-exit") {
             o.destroy_on_exit = true;
+        } else if (arg == "--private-ports") {
+            o.private_ports = true;
         } else if (network_flag(argc, argv, i, network)) {
             continue;
         } else {

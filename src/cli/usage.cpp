@@ -113,10 +113,12 @@ constexpr usage_block blocks[] = {
      "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
      "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir "
      "DIR]\n"
-     "        [--max-file-bytes N] [--domain NAME]\n"
+     "        [--max-file-bytes N] [--domain NAME] [--private-ports]\n"
      "      an E2B-compatible sandbox host for the E2B SDKs: control plane (default\n"
      "      127.0.0.1:3000) and envd (127.0.0.1:49983), port 0 picks one; the API key from\n"
-     "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line\n"},
+     "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line.\n"
+     "      A sandbox's ports are served on envd's listener as <port>-<id>.NAME (getHost);\n"
+     "      public unless the create says allowPublicTraffic: false, or --private-ports\n"},
     {"doctor",
      "  doctor\n"
      "      show which isolation layers and limits this host can enforce, and run a live check\n"

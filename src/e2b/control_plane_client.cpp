@@ -305,7 +305,10 @@ std::string create_json(const create_body& b, bool v1) {
     r.env_vars = b.env_vars;
     r.allow_internet_access = b.allow_internet_access;
     if (!b.allow_out.empty() || !b.deny_out.empty()) {
-        r.network = protocol::network_request{b.allow_out, b.deny_out};
+        protocol::network_request network;
+        network.allow_out = b.allow_out;
+        network.deny_out = b.deny_out;
+        r.network = std::move(network);
     }
     // v2 is always secured; v1 mints an access token only when asked.
     if (v1) r.secure = true;

@@ -250,7 +250,12 @@ std::string encode_sandbox_reply(const sandbox_reply& r) {
     w.key("clientID").value(r.client_id);
     w.key("envdVersion").value(r.envd_version);
     w.key("envdAccessToken").value(r.envd_access_token);
-    w.key("trafficAccessToken").null();
+    w.key("trafficAccessToken");
+    if (r.traffic_access_token.empty()) {
+        w.null();
+    } else {
+        w.value(r.traffic_access_token);
+    }
     write_domain(w, r.domain);
     w.end_object();
     return w.take();
@@ -270,6 +275,7 @@ result<sandbox_reply> parse_sandbox_reply(std::string_view body) {
                                   {"clientID", &r.client_id},
                                   {"envdVersion", &r.envd_version},
                                   {"envdAccessToken", &r.envd_access_token},
+                                  {"trafficAccessToken", &r.traffic_access_token},
                                   {"domain", &r.domain}},
                                  what);
     if (!strings) return std::move(strings).error();

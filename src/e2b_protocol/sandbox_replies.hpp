@@ -36,15 +36,16 @@ inline constexpr std::size_t max_metadata_entries = max_map_entries;
 // E2B's constant client id.
 inline constexpr std::string_view e2b_client_id = "6532622b";
 
-// Sandbox: the reply to a create or a connect. The writer writes trafficAccessToken null.
+// Sandbox: the reply to a create or a connect.
 struct sandbox_reply {
     std::string sandbox_id;
     std::string template_id;
     std::string alias;
     std::string client_id;
     std::string envd_version;
-    std::string envd_access_token;  // "" when the sandbox is not secured
-    std::string domain;             // "" for null: the client's domain applies
+    std::string envd_access_token;     // "" when the sandbox is not secured
+    std::string traffic_access_token;  // "" (null): its ports are public
+    std::string domain;                // "" for null: the client's domain applies
 };
 std::string encode_sandbox_reply(const sandbox_reply& reply);
 result<sandbox_reply> parse_sandbox_reply(std::string_view body);

@@ -138,6 +138,13 @@ result<std::optional<network_request>> network_field(const parsed_body& b) {
     if (auto ok = string_list_field(o, "denyOut", out.deny_out); !ok) {
         return std::move(ok).error();
     }
+    if (const auto traffic = field(o, "allowPublicTraffic")) {
+        bool v = false;
+        if (traffic->get_bool().get(v) != simdjson::SUCCESS) {
+            return invalid("'network.allowPublicTraffic' must be true or false");
+        }
+        out.allow_public_traffic = v;
+    }
     return std::optional<network_request>(std::move(out));
 }
 
@@ -215,6 +222,9 @@ std::string encode_create_request(const create_request& r) {
         w.key("network").begin_object();
         write_string_list(w, "allowOut", r.network->allow_out);
         write_string_list(w, "denyOut", r.network->deny_out);
+        if (r.network->allow_public_traffic) {
+            w.key("allowPublicTraffic").value(*r.network->allow_public_traffic);
+        }
         w.end_object();
     }
     if (r.secure) w.key("secure").value(*r.secure);

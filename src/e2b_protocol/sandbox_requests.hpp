@@ -42,11 +42,14 @@ inline constexpr std::size_t max_network_entry_bytes = 253;
 // such ids are put into a URL path.
 bool is_valid_sandbox_id(std::string_view id) noexcept;
 
-// The lists of a create request's `network` object (its other fields are ignored): domain names
-// (and address rules) in allowOut, CIDRs in denyOut.
+// A create request's `network` object (its other fields are ignored): domain names (and address
+// rules) in allowOut, CIDRs in denyOut, and whether the sandbox's ports are public.
 struct network_request {
     std::vector<std::string> allow_out;
     std::vector<std::string> deny_out;
+    // absent: the server's default (E2B's is public); false: every port request must carry the
+    // sandbox's trafficAccessToken.
+    std::optional<bool> allow_public_traffic;
 };
 
 // POST /sandboxes (v1) and POST /v2/sandboxes. The writer writes templateID, timeout (when set),

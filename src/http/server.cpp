@@ -210,6 +210,12 @@ result<void> server::route(std::string method, std::string_view pattern, handler
     return {};
 }
 
+void server::intercept(std::function<bool(const request_head&)> matches, handler h) {
+    state_->intercepts = std::move(matches);
+    state_->interceptor.run = std::move(h);
+    state_->interceptor.max_body_bytes = UINT64_MAX;
+}
+
 result<asio::ip::tcp::endpoint> server::start() {
     auto& acceptor = state_->acceptor;
     const auto& endpoint = state_->options.listen;

@@ -111,6 +111,13 @@ struct route_options {
     std::optional<std::uint64_t> max_body_bytes;  // default: server_options::default_max_body_bytes
 };
 
+// A connection a handler took over (server_request::take_over): its stream, and what the client
+// sent after the head that the server had read already (the body's start, or more).
+struct taken_connection {
+    stream* connection = nullptr;
+    std::string_view read_ahead;  // valid until the handler returns
+};
+
 // The request as a handler sees it. Valid for the handler's call.
 class server_request {
   public:
@@ -137,6 +144,12 @@ class server_request {
     // The handler authenticated this request: its connection leaves the unauthenticated share
     // (server_options::max_unauthenticated) for good.
     void mark_authenticated() noexcept;
+
+    // Takes the connection over right after the head, for a proxy: the bytes both ways are the
+    // handler's from here (the body and anything after it are in `read_ahead`, then the stream),
+    // the server sends nothing more on it, no deadline of the server's runs, and the connection
+    // closes when the handler returns. invalid_argument once a body read or a response started.
+    result<taken_connection> take_over();
 
   private:
     friend class server_connection;
@@ -191,6 +204,11 @@ class server {
     // Adds a route (before start). invalid_argument for a bad pattern or method.
     result<void> route(std::string method, std::string_view pattern, handler h,
                        route_options options = {});
+    // Sends every request `matches` accepts to `h`, whatever its method and path, ahead of the
+    // routes (before start; one interceptor per server). No body cap applies: the handler takes
+    // the connection over (a proxy) or answers. `matches` sees the head only, after the Host
+    // check.
+    void intercept(std::function<bool(const request_head&)> matches, handler h);
 
     // Binds, listens and starts accepting; the bound endpoint (its port, when 0 was asked).
     // backend_failure when the address cannot be bound.

@@ -210,6 +210,7 @@ void server_connection::begin_request() noexcept {
     response_started_ = streaming_ = stream_ended_ = chunked_ = head_only_ = false;
     body_done_ = !parser_.has_body();
     continue_sent_ = false;
+    body_read_started_ = false;
     body_error_status_ = 0;
 }
 
@@ -226,6 +227,12 @@ asio::awaitable<void> server_connection::async_handle_request() {
     }
     if (host && !state_->is_host_allowed(*host)) {
         co_await async_answer_error(421, "this server does not serve that host");
+        co_return;
+    }
+    if (state_->intercepts && state_->intercepts(head)) {
+        (void)parser_.set_body_limit(state_->interceptor.max_body_bytes);
+        const path_params none;
+        co_await async_run_handler(state_->interceptor, none);
         co_return;
     }
     auto match = state_->routes.match(head.method, head.path());
@@ -289,6 +296,11 @@ asio::awaitable<void> server_connection::async_run_handler(const server::state::
         co_await async_answer_error(500, "internal error");
         co_return;
     }
+    if (taken_over_) {
+        close_after_ = true;
+        stream_->close();
+        co_return;
+    }
     if (!response_started_) {
         if (body_error_status_ != 0) {
             std::string message = "request body past the limit";
@@ -301,6 +313,20 @@ asio::awaitable<void> server_connection::async_run_handler(const server::state::
     }
     if (streaming_ && !stream_ended_ && !write_failed_) (void)co_await async_end();
     if (!body_done_) close_after_ = true;
+}
+
+result<taken_connection> server_connection::take_over() {
+    if (response_started_ || continue_sent_ || taken_over_ || body_read_started_) {
+        return make_error(errc::invalid_argument,
+                          "the connection cannot be taken over once its body or response started");
+    }
+    taken_over_ = true;
+    close_after_ = true;
+    taken_connection taken;
+    taken.connection = stream_.get();
+    taken.read_ahead = pending_;
+    pending_ = {};
+    return taken;
 }
 
 asio::awaitable<void> server_connection::async_answer_error(int status, std::string_view message) {
@@ -429,6 +455,7 @@ asio::awaitable<result<void>> server_connection::async_send_continue_if_asked() 
 }
 
 asio::awaitable<result<std::string_view>> server_connection::async_read_some() {
+    body_read_started_ = true;
     if (body_done_) co_return std::string_view{};
     if (body_error_status_ != 0 || !stream_->is_open()) {
         co_return make_error(errc::protocol_error, "the request body already failed");
@@ -509,6 +536,10 @@ std::optional<std::uint64_t> server_request::content_length() const noexcept {
 }
 void server_request::mark_authenticated() noexcept {
     connection_->mark_authenticated();
+}
+
+result<taken_connection> server_request::take_over() {
+    return connection_->take_over();
 }
 
 asio::awaitable<result<std::string_view>> server_request::async_read_some() {

@@ -64,6 +64,7 @@ class server_connection {
     asio::awaitable<result<void>> async_write_frame(std::string_view frame);
     asio::awaitable<result<void>> async_end();
     bool is_response_started() const noexcept { return response_started_; }
+    result<taken_connection> take_over();
     bool has_body() const noexcept { return parser_.has_body(); }
     std::optional<std::uint64_t> content_length() const noexcept {
         return parser_.content_length();
@@ -119,7 +120,9 @@ class server_connection {
     bool body_done_ = false;
     bool continue_sent_ = false;
     bool write_failed_ = false;
-    int body_error_status_ = 0;  // what the server answers when a body read failed (413, 400)
+    bool taken_over_ = false;         // a handler took the connection over (take_over)
+    bool body_read_started_ = false;  // the handler asked for the body
+    int body_error_status_ = 0;       // what the server answers when a body read failed (413, 400)
 };
 
 }  // namespace moat::http

@@ -35,7 +35,10 @@ struct server::state {
     server_options options;
     route_table routes;
     std::vector<route_entry> handlers;  // by route index
-    std::vector<std::string> hosts;     // the Host values served; empty: any
+    // server::intercept: requests it matches go to `interceptor` (max_body_bytes: no cap).
+    std::function<bool(const request_head&)> intercepts;
+    route_entry interceptor;
+    std::vector<std::string> hosts;  // the Host values served; empty: any
     asio::ip::tcp::acceptor acceptor;
     task_group tasks;  // the accept loop and one task per connection
 

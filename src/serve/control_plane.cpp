@@ -90,7 +90,7 @@ std::int64_t unix_ms(system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
-std::string sandbox_reply_of(const registry_entry& e) {
+std::string sandbox_reply_of(const registry_entry& e, const std::string& domain) {
     protocol::sandbox_reply r;
     r.sandbox_id = e.id;
     r.template_id = e.template_id;
@@ -98,11 +98,14 @@ std::string sandbox_reply_of(const registry_entry& e) {
     r.client_id = protocol::e2b_client_id;
     r.envd_version = reported_envd_version;
     r.envd_access_token = e.access_token;
+    r.traffic_access_token = e.traffic_token;
+    r.domain = domain;
     return protocol::encode_sandbox_reply(r);
 }
 
 // A ListedSandbox, and with `detail` a SandboxDetail (the token, the network).
-protocol::sandbox_detail detail_of(const registry_entry& e, bool detail) {
+protocol::sandbox_detail detail_of(const registry_entry& e, bool detail,
+                                   const std::string& domain) {
     const auto limits = e.handle->info().limits.with_defaults();
     const auto mib = [](std::uint64_t bytes) {
         return static_cast<std::int64_t>(bytes / (1024 * 1024));
@@ -123,6 +126,7 @@ protocol::sandbox_detail detail_of(const registry_entry& e, bool detail) {
     d.metadata = e.metadata;
     if (!detail) return d;
     d.envd_access_token = e.access_token;
+    d.domain = domain;
     // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on, every
     // address denied, the names allowed past that deny.
     const auto& network = e.handle->info().network;
@@ -351,6 +355,11 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     entry->env_vars = std::move(parsed->env_vars);
     entry->started_at = started;
     entry->end_at = (*created)->info().expires_at;
+    // Ports are public unless the request or the operator's default says otherwise (E2B's default
+    // is public).
+    std::optional<bool> public_traffic;
+    if (parsed->network) public_traffic = parsed->network->allow_public_traffic;
+    entry->private_ports = !public_traffic.value_or(!context.options.private_ports);
     auto added = context.registry.add(entry);
     if (!added) {
         (void)co_await entry->handle->async_destroy();
@@ -358,7 +367,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
         co_await send_error(call.response, 500, std::move(message));
         co_return;
     }
-    std::string reply = sandbox_reply_of(*entry);
+    std::string reply = sandbox_reply_of(*entry, call.s.context.options.domain);
     co_await send_json(call.response, 201, std::move(reply));
 }
 
@@ -385,7 +394,8 @@ asio::awaitable<std::shared_ptr<registry_entry>> find_or_404(control_call& call)
 asio::awaitable<void> get_sandbox(control_call& call) {
     auto entry = co_await find_or_404(call);
     if (!entry) co_return;
-    std::string body = protocol::encode_sandbox_detail(detail_of(*entry, true));
+    std::string body =
+        protocol::encode_sandbox_detail(detail_of(*entry, true, call.s.context.options.domain));
     co_await send_json(call.response, 200, std::move(body));
 }
 
@@ -471,7 +481,7 @@ asio::awaitable<void> connect(control_call& call) {
     auto entry =
         co_await move_end_by_body(call, protocol::parse_connect_request, connect_ttl, false);
     if (!entry) co_return;
-    std::string reply = sandbox_reply_of(*entry);
+    std::string reply = sandbox_reply_of(*entry, call.s.context.options.domain);
     co_await send_json(call.response, 200, std::move(reply));
 }
 
@@ -564,7 +574,8 @@ asio::awaitable<void> list(control_call& call, bool paged) {
     const bool more = paged && picked.size() > q->limit;
     if (paged && picked.size() > q->limit) picked.resize(q->limit);
     std::vector<protocol::sandbox_detail> listed;
-    for (const auto& e : picked) listed.push_back(detail_of(*e, false));
+    for (const auto& e : picked)
+        listed.push_back(detail_of(*e, false, call.s.context.options.domain));
     http::header_list headers;
     headers.add("Content-Type", "application/json");
     if (paged && q->running) headers.add("X-Total-Running", std::to_string(total));

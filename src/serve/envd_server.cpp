@@ -2,9 +2,11 @@
 
 #include <moat/log.hpp>
 
+#include "core/ascii.hpp"
 #include "core/json_writer.hpp"
 #include "core/loopback.hpp"
 #include "e2b_protocol/error_body.hpp"
+#include "serve/port_proxy.hpp"
 #include "serve/server_secret.hpp"
 
 #include <chrono>
@@ -22,9 +24,11 @@ struct envd_server::state {
 
 namespace {
 
-constexpr std::string_view host_prefix = "49983-";
+constexpr std::uint16_t envd_port = 49983;
 
-asio::awaitable<void> send_not_found(http::server_response& response, std::string_view id) {
+}  // namespace
+
+asio::awaitable<void> send_sandbox_not_found(http::server_response& response, std::string_view id) {
     e2b_protocol::error_body error;
     error.code = 502;
     error.message = "The sandbox was not found";
@@ -34,6 +38,8 @@ asio::awaitable<void> send_not_found(http::server_response& response, std::strin
     std::string body = e2b_protocol::encode_error_body(error);
     (void)co_await response.async_send(502, std::move(headers), std::move(body));
 }
+
+namespace {
 
 asio::awaitable<void> send_unauthorized(http::server_response& response) {
     (void)co_await response.async_send_error(
@@ -62,7 +68,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
         entry = s->context.registry.find(*id);
         // One being destroyed (or whose destroy failed) is gone for envd already.
         if (!entry || entry->ended.is_set()) {
-            co_await send_not_found(response, *id);
+            co_await send_sandbox_not_found(response, *id);
             co_return;
         }
     }
@@ -75,7 +81,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
         }
         if (!entry) {
             if (!id && route.auth == envd_auth::token) {
-                co_await send_not_found(response, "");
+                co_await send_sandbox_not_found(response, "");
             } else {
                 co_await send_unauthorized(response);
             }
@@ -83,7 +89,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
         }
     }
     if (!entry || entry->ended.is_set()) {
-        co_await send_not_found(response, "");
+        co_await send_sandbox_not_found(response, "");
         co_return;
     }
     request.mark_authenticated();  // a sandbox's token, or a URL signed with it
@@ -108,19 +114,45 @@ void envd_routes::set_signature_verifier(signature_verifier verifier) {
     verifier_ = std::move(verifier);
 }
 
-std::string_view sandbox_id_in_host(std::string_view host, std::string_view domain) {
-    if (domain.empty() || host.starts_with('[')) return {};
+std::optional<sandbox_port_name> parse_sandbox_host(std::string_view host,
+                                                    std::string_view domain) {
+    if (domain.empty() || host.starts_with('[')) return std::nullopt;
     auto name = host;
     if (const auto colon = name.rfind(':'); colon != std::string_view::npos) {
         name = name.substr(0, colon);
     }
     if (name.ends_with('.')) name.remove_suffix(1);
-    if (!name.starts_with(host_prefix)) return {};
-    name.remove_prefix(host_prefix.size());
+    const auto dash = name.find('-');
+    if (dash == std::string_view::npos) return std::nullopt;
+    const auto port = moat::detail::parse_port(name.substr(0, dash));
+    if (!port) return std::nullopt;
+    name.remove_prefix(dash + 1);
     const auto dot = name.find('.');
-    if (dot == std::string_view::npos || dot == 0) return {};
-    if (!http::iequals(name.substr(dot + 1), domain)) return {};
-    return name.substr(0, dot);
+    if (dot == std::string_view::npos || dot == 0) return std::nullopt;
+    if (!http::iequals(name.substr(dot + 1), domain)) return std::nullopt;
+    return sandbox_port_name{name.substr(0, dot), *port};
+}
+
+std::string_view sandbox_id_in_host(std::string_view host, std::string_view domain) {
+    const auto named = parse_sandbox_host(host, domain);
+    if (!named || named->port != envd_port) return {};
+    return named->id;
+}
+
+std::optional<sandbox_port_name> requested_port(const http::request_head& head,
+                                                std::string_view domain) {
+    if (const auto host = head.headers.find("Host")) {
+        if (const auto named = parse_sandbox_host(*host, domain)) {
+            if (named->port == envd_port) return std::nullopt;
+            return named;
+        }
+    }
+    const auto port = head.headers.find("E2b-Sandbox-Port");
+    if (!port) return std::nullopt;
+    const auto id = head.headers.find("E2b-Sandbox-Id").value_or(std::string_view{});
+    const auto number = moat::detail::parse_port(*port);
+    if (number && *number == envd_port) return std::nullopt;
+    return sandbox_port_name{id, number.value_or(0)};
 }
 
 std::optional<std::string> requested_sandbox_id(const http::request_head& head,
@@ -140,12 +172,13 @@ envd_server::envd_server(serve_context& context, http::server_options options) {
     if (loopback && options.allowed_hosts.empty()) {
         options.accept_host = [domain = context.options.domain](std::string_view host) {
             return moat::detail::is_loopback_authority(host) ||
-                   !sandbox_id_in_host(host, domain).empty();
+                   parse_sandbox_host(host, domain).has_value();
         };
         // Set a list so that accept_host is consulted (an empty list serves the loopback names).
         options.allowed_hosts = {"localhost"};
     }
     auto owned = std::make_shared<state>(context, std::move(options));
+    add_port_proxy(owned->server, context);
     owned->routes.add("GET", "/health", serve_health);
     add_process_service(owned->routes, context);
     add_filesystem_service(owned->routes, context);

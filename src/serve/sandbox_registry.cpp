@@ -31,6 +31,7 @@ std::string sidecar_json(const registry_entry& e) {
     w.begin_object();
     w.key("template").value(e.template_id);
     w.key("startedAt").value(to_unix_ms(e.started_at));
+    w.key("privatePorts").value(e.private_ports);
     w.key("metadata").begin_object();
     for (const auto& [k, v] : e.metadata) w.key(k).value(v);
     w.end_object();
@@ -53,7 +54,8 @@ void read_string_map(simdjson::dom::object o, const char* name,
     }
 }
 
-// Fills template, metadata, envs and the start time from a sidecar; false if it is unreadable.
+// Fills template, metadata, envs, the ports' privacy and the start time from a sidecar; false if it
+// is unreadable.
 bool read_sidecar(const std::string& path, registry_entry& e) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return false;
@@ -70,6 +72,10 @@ bool read_sidecar(const std::string& path, registry_entry& e) {
     std::int64_t started = 0;
     if (o["startedAt"].get_int64().get(started) == simdjson::SUCCESS) {
         e.started_at = system_clock::time_point(std::chrono::milliseconds(started));
+    }
+    bool private_ports = false;
+    if (o["privatePorts"].get_bool().get(private_ports) == simdjson::SUCCESS) {
+        e.private_ports = private_ports;
     }
     read_string_map(o, "metadata", e.metadata);
     read_string_map(o, "envVars", e.env_vars);
@@ -167,6 +173,7 @@ result<void> sandbox_registry::save(const registry_entry& entry) const {
 result<std::shared_ptr<registry_entry>> sandbox_registry::add(
     std::shared_ptr<registry_entry> entry) {
     entry->access_token = secret_.access_token(entry->id);
+    if (entry->private_ports) entry->traffic_token = secret_.traffic_token(entry->id);
     auto saved = save(*entry);
     if (!saved) return std::move(saved).error();
     entries_[entry->id] = entry;
@@ -272,8 +279,11 @@ asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
         entry->handle = *attached;
         entry->started_at = info.created_at;
         entry->end_at = (*attached)->info().expires_at;
-        (void)read_sidecar(sidecar_path(info.id), *entry);
+        // A sidecar that cannot be read keeps the sandbox's ports private (fail closed): a client
+        // that had its traffic token keeps it (derived), nobody else gets in.
+        if (!read_sidecar(sidecar_path(info.id), *entry)) entry->private_ports = true;
         entry->access_token = secret_.access_token(entry->id);
+        if (entry->private_ports) entry->traffic_token = secret_.traffic_token(entry->id);
         entries_[entry->id] = entry;
         ++adopted;
     }

@@ -53,6 +53,11 @@ struct registry_entry {
     std::chrono::system_clock::time_point started_at;
     std::chrono::system_clock::time_point end_at;  // the moat TTL's expiry
     std::string access_token;                      // never logged
+    // Its ports are private (allowPublicTraffic false, or the server's --private-ports): every
+    // port request must carry traffic_token (derived from the secret like access_token; "" while
+    // the ports are public). Kept in the sidecar.
+    bool private_ports = false;
+    std::string traffic_token;  // never logged
     // Set once a destroy of the sandbox starts (it stays set if the destroy fails) or it is found
     // past its end. A service with a live stream waits on it too, so that killing a sandbox ends
     // its streams at once; envd answers for such a sandbox as for one that is gone.

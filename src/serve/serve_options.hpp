@@ -6,6 +6,7 @@
 
 #include <asio/ip/tcp.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -34,6 +35,14 @@ struct serve_options {
     // no other name but the loopback ones. Empty: no Host names a sandbox (clients send
     // E2b-Sandbox-Id, as the SDKs do with E2B_SANDBOX_URL).
     std::string domain;
+    // Ports (`<port>-<id>.<domain>`, or E2b-Sandbox-Port): a sandbox whose create does not say
+    // (network.allowPublicTraffic) gets private ports, reached only with its trafficAccessToken.
+    // E2B's default, and moat's without --private-ports, is public.
+    bool private_ports = false;
+    // Proxied connections to one sandbox's ports open at once; one more gets 429.
+    std::size_t max_port_connections = 64;
+    // A proxied port connection is closed after this long without a byte either way.
+    std::chrono::milliseconds port_idle_timeout{15 * 60 * 1000};
     // A file uploaded through envd is refused past this (413).
     std::uint64_t max_file_bytes = 100ull * 1024 * 1024;
     // The network of every sandbox this server creates (--allow-host, --resolve,

@@ -93,6 +93,10 @@ std::string server_secret::access_token(std::string_view sandbox_id) const {
     return hmac_hex(bytes_, sandbox_id);
 }
 
+std::string server_secret::traffic_token(std::string_view sandbox_id) const {
+    return hmac_hex(bytes_, "moat.serve.traffic:" + std::string(sandbox_id));
+}
+
 std::string server_secret::scope() const {
     return hmac_hex(bytes_, "moat.serve.scope").substr(0, 16);
 }

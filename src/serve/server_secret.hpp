@@ -1,5 +1,5 @@
-// The server secret and what is derived from it: each sandbox's envd access token and the scope
-// label that marks the sandboxes this server created.
+// The server secret and what is derived from it: each sandbox's envd access token and traffic
+// token, and the scope label that marks the sandboxes this server created.
 //
 // The secret is 32 random bytes in a 0600 file of the state directory, made on first start and
 // read on every later one, so a restarted server derives the same tokens for the sandboxes it
@@ -22,6 +22,9 @@ class server_secret {
 
     // HMAC-SHA256(secret, sandbox id), lower-case hex: the sandbox's envdAccessToken.
     std::string access_token(std::string_view sandbox_id) const;
+    // HMAC-SHA256(secret, "moat.serve.traffic:" + sandbox id), lower-case hex: the
+    // trafficAccessToken of a sandbox whose ports are private (never equal to any access token).
+    std::string traffic_token(std::string_view sandbox_id) const;
     // A short public name for this secret (hex of HMAC-SHA256(secret, "moat.serve.scope"), 16
     // digits): the value of the scope label on every sandbox this server creates, so servers
     // with different state directories never see each other's sandboxes.
