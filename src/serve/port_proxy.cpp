@@ -5,6 +5,7 @@
 #include "core/json_writer.hpp"
 #include "http/stream_relay.hpp"
 #include "serve/envd_server.hpp"
+#include "serve/sandbox_names.hpp"
 #include "serve/server_secret.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>

@@ -1,5 +1,5 @@
 // `moat serve`'s port hosts: a request for one of a sandbox's ports (a Host `<port>-<id>.<domain>`,
-// or E2b-Sandbox-Id with E2b-Sandbox-Port: envd_server.hpp's requested_port) arrives on envd's
+// or E2b-Sandbox-Id with E2b-Sandbox-Port: sandbox_names.hpp's requested_port) arrives on envd's
 // listener and is proxied into that sandbox (sandbox::async_connect_port: the sandbox never gets
 // a route). HTTP, WebSocket upgrades and anything else that starts with an HTTP head; TLS when the
 // listener has it (a wildcard certificate for `*.<domain>`).
