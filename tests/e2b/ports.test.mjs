@@ -7,11 +7,18 @@
 // as an operator's `*.D` DNS record would.
 // Run: node tests/e2b/ports.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync } from 'node:fs';
 import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 
-import { pointSdkAt, requireSdk, startServe, waitFor } from './harness.mjs';
+import { pointSdkAt, removeDir, requireSdk, startServe, waitFor } from './harness.mjs';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
 
 const sdks = await requireSdk();
 const { Sandbox } = sdks['e2b 2.51.0'];
@@ -277,5 +284,52 @@ test('--private-ports makes private the default', async () => {
     } finally {
         await privateServe.stop();
         pointSdkAt(serve);
+    }
+});
+
+// A CA and a certificate for `*.moat.test` (and 127.0.0.1, where E2B_SANDBOX_URL points), as an
+// operator would get for their sandbox domain.
+function wildcardCertificate(dir) {
+    const openssl = (...args) => execFileSync('openssl', args, { cwd: dir, stdio: 'pipe' });
+    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+        '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '2', '-subj', '/CN=moat test CA');
+    openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+        '-keyout', 'server.key', '-out', 'server.csr', '-subj', `/CN=*.${domain}`);
+    const extensions = path.join(dir, 'san.cnf');
+    execFileSync('sh', ['-c', `printf 'subjectAltName=DNS:*.${domain},DNS:localhost,IP:127.0.0.1\n' > ${extensions}`]);
+    openssl('x509', '-req', '-in', 'server.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key',
+        '-CAcreateserial', '-out', 'server.pem', '-days', '2', '-extfile', extensions);
+    return { ca: path.join(dir, 'ca.pem'), cert: path.join(dir, 'server.pem'), key: path.join(dir, 'server.key') };
+}
+
+test('over TLS, a port host is served under a wildcard certificate for the domain', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'moat-ports-tls-'));
+    const tlsServe = await startServe({ setEnv: false, args: ['--domain', domain, ...(() => {
+        const c = wildcardCertificate(dir);
+        return ['--tls-cert', c.cert, '--tls-key', c.key];
+    })()] });
+    try {
+        assert.match(tlsServe.envd, /^https:/);
+        const port = new URL(tlsServe.envd).port;
+        const child = spawnSync(process.execPath, [path.join(here, 'tls_port_client.mjs'), domain, port, path.join(dir, 'ca.pem')], {
+            cwd: here,
+            encoding: 'utf8',
+            timeout: 120_000,
+            env: {
+                ...process.env,
+                NODE_EXTRA_CA_CERTS: path.join(dir, 'ca.pem'),
+                E2B_API_URL: tlsServe.api,
+                E2B_SANDBOX_URL: tlsServe.envd,
+                E2B_API_KEY: tlsServe.key,
+            },
+        });
+        assert.equal(child.status, 0, `the TLS client failed: ${child.stderr}`);
+        const answer = JSON.parse(child.stdout.trim().split('\n').pop());
+        assert.equal(answer.status, 200);
+        assert.equal(answer.body, 'hello over TLS\n');
+        assert.match(answer.host, new RegExp(`^8000-sb-[0-9a-f]+\\.${domain.replace('.', '\\.')}$`));
+    } finally {
+        await tlsServe.stop();
+        removeDir(dir);
     }
 });
