@@ -315,6 +315,74 @@ asio::awaitable<paging_outcome> paging(backend* b, moat::e2b_config config) {
     co_return o;
 }
 
+namespace {
+
+struct ports_outcome {
+    result<sandbox_info> created = moat::make_error(errc::cancelled, "not run");
+    result<moat::process> server = moat::make_error(errc::cancelled, "not run");
+    bool refused_connect = false;  // async_connect_port: not_supported
+};
+
+asio::awaitable<ports_outcome> start_port_server(backend* b) {
+    ports_outcome o;
+    sandbox_spec spec;
+    spec.ttl = 10min;
+    o.created = co_await b->async_create(spec);
+    if (!o.created) co_return o;
+    moat::exec_request server;
+    server.shell =
+        "mkdir -p site && echo 'through the e2b backend' > site/hello.txt && cd site && "
+        "exec python3 -m http.server 8000";
+    o.server = co_await b->async_spawn(o.created->id, server);
+    auto connected = co_await b->async_connect_port(o.created->id, 8000);
+    o.refused_connect = !connected && connected.error().code == errc::not_supported;
+    co_return o;
+}
+
+std::string shell_output(const std::string& command) {
+    std::string out;
+    FILE* p = ::popen(command.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buffer[4096];
+    while (auto n = std::fread(buffer, 1, sizeof buffer, p)) out.append(buffer, n);
+    ::pclose(p);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "e2b backend: a port is a host name under the domain the create answer gave, served by moat "
+    "serve") {
+    moat::test::serve_process_options options;
+    options.extra_args = {"--domain", "moat.test"};
+    moat::test::serve_process serve(options);
+    asio::io_context io;
+    auto b = moat::make_e2b_backend(io.get_executor(), config_for(serve));
+    auto o = moat::test::run_async(io, start_port_server(b.get()));
+    REQUIRE_MESSAGE(o.created, o.created.error().to_string());
+    REQUIRE_MESSAGE(o.server, o.server.error().to_string());
+    // E2B reaches ports only by name: no socket from the library.
+    CHECK(o.refused_connect);
+    const auto host = b->port_host(o.created->id, 8000);
+    REQUIRE(host);
+    CHECK(*host == "8000-" + o.created->id + ".moat.test");  // the answer's domain, not e2b.app
+    // A client resolving the name to serve's envd listener gets the sandbox's server.
+    const auto port = serve.envd_url().substr(serve.envd_url().rfind(':') + 1);
+    const std::string curl =
+        "curl -s --max-time 5 "
+        "--resolve " +
+        *host + ":" + port + ":127.0.0.1 http://" + *host + ":" + port + "/hello.txt";
+    std::string body;
+    for (int attempt = 0; attempt < 100 && body != "through the e2b backend\n"; ++attempt) {
+        body = shell_output(curl + " 2>/dev/null");
+        if (body != "through the e2b backend\n") std::this_thread::sleep_for(100ms);
+    }
+    CHECK(body == "through the e2b backend\n");
+    auto destroyed = moat::test::run_async(io, b->async_destroy(o.created->id));
+    CHECK_MESSAGE(destroyed, destroyed.error().to_string());
+}
+
 TEST_CASE("e2b backend: list follows X-Next-Token across pages") {
     moat::test::serve_process serve;
     asio::io_context io;
