@@ -154,7 +154,15 @@ result<void> network_fields(object o, sandbox_detail& d, const char* what) {
         return bad(std::string(what) + " whose 'network' is not an object");
     }
     if (auto ok = network_list_field(network, "allowOut", d.allow_out, what); !ok) return ok;
-    return network_list_field(network, "denyOut", d.deny_out, what);
+    if (auto ok = network_list_field(network, "denyOut", d.deny_out, what); !ok) return ok;
+    if (const auto traffic = field(network, "allowPublicTraffic")) {
+        bool open = false;
+        if (traffic->get_bool().get(open) != simdjson::SUCCESS) {
+            return bad(std::string(what) + " whose 'network.allowPublicTraffic' is not a boolean");
+        }
+        d.allow_public_traffic = open;
+    }
+    return {};
 }
 
 result<sandbox_detail> detail_from(simdjson::dom::element element, const char* what) {
@@ -220,14 +228,18 @@ void write_detail(json_writer& w, const sandbox_detail& d, bool detail) {
     if (detail) {
         w.key("envdAccessToken").value(d.envd_access_token);
         if (d.allow_internet_access) w.key("allowInternetAccess").value(*d.allow_internet_access);
-        if (!d.allow_out.empty() || !d.deny_out.empty()) {
+        const bool lists = !d.allow_out.empty() || !d.deny_out.empty();
+        if (lists || d.allow_public_traffic) {
             w.key("network").begin_object();
-            w.key("allowOut").begin_array();
-            for (const auto& entry : d.allow_out) w.value(entry);
-            w.end_array();
-            w.key("denyOut").begin_array();
-            for (const auto& entry : d.deny_out) w.value(entry);
-            w.end_array();
+            if (lists) {
+                w.key("allowOut").begin_array();
+                for (const auto& entry : d.allow_out) w.value(entry);
+                w.end_array();
+                w.key("denyOut").begin_array();
+                for (const auto& entry : d.deny_out) w.value(entry);
+                w.end_array();
+            }
+            if (d.allow_public_traffic) w.key("allowPublicTraffic").value(*d.allow_public_traffic);
             w.end_object();
         }
         write_domain(w, d.domain);

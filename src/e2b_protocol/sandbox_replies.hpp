@@ -73,6 +73,9 @@ struct sandbox_detail {
     std::optional<bool> allow_internet_access;
     std::vector<std::string> allow_out;
     std::vector<std::string> deny_out;
+    // SandboxDetail only: whether its ports are public (network.allowPublicTraffic; nullopt
+    // when absent).
+    std::optional<bool> allow_public_traffic;
     // What happens at the end (SandboxDetail's lifecycle; written, not read).
     std::string on_timeout = "kill";
     bool auto_resume = false;

@@ -127,6 +127,7 @@ protocol::sandbox_detail detail_of(const registry_entry& e, bool detail,
     if (!detail) return d;
     d.envd_access_token = e.access_token;
     d.domain = domain;
+    d.allow_public_traffic = !e.private_ports;
     // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on, every
     // address denied, the names allowed past that deny.
     const auto& network = e.handle->info().network;

@@ -238,6 +238,8 @@ test('private ports need the sandbox\'s own trafficAccessToken', async () => {
         assert.ok(second.trafficAccessToken);
         assert.notEqual(first.trafficAccessToken, second.trafficAccessToken);
         assert.equal(open.trafficAccessToken, undefined, 'public ports have none');
+        assert.equal((await first.getInfo()).network.allowPublicTraffic, false);
+        assert.equal((await open.getInfo()).network.allowPublicTraffic, true);
         await startHttpServer(first, 8000);
         const host = first.getHost(8000);
         const token = { 'E2B-Traffic-Access-Token': first.trafficAccessToken };
