@@ -1,13 +1,17 @@
 // libFuzzer target for the parsers of what a client sends E2B's control plane
 // (src/e2b_protocol/sandbox_requests.hpp, which moat serve runs): the create, timeout, connect and
 // refresh bodies, the list query and its metadata filter, RFC 3339 times and base64url page
-// tokens (core/base64.hpp). The first byte picks the parser; the rest is its input. What parses
-// is written back and must parse to the same.
+// tokens (core/base64.hpp); and the Code Interpreter's requests and answer lines
+// (src/e2b_protocol/code_interpreter_messages.hpp). The first byte picks the parser; the rest is
+// its input. What parses is written back and must parse to the same.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_e2b_request_fuzzer &&
 //   build/fuzz/fuzz/moat_e2b_request_fuzzer -max_total_time=60 fuzz/corpus/e2b_request
 #include "core/base64.hpp"
+#include "e2b_protocol/code_interpreter_messages.hpp"
 #include "e2b_protocol/sandbox_requests.hpp"
+
+#include <simdjson.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -82,11 +86,58 @@ void check_base64(std::string_view bytes) {
     (void)moat::base64url_decode(bytes);
 }
 
+// A line of an execution's answer: one JSON object, then its one newline.
+void require_one_line(const std::string& line) {
+    require(!line.empty() && line.back() == '\n');
+    require(line.find('\n') == line.size() - 1);
+    simdjson::dom::parser parser;
+    simdjson::dom::object o;
+    const simdjson::padded_string padded(line);
+    require(parser.parse(padded).get_object().get(o) == simdjson::SUCCESS);
+}
+
+// The Code Interpreter's requests (code_interpreter_messages.hpp), and its answer's lines made
+// from the same bytes: what parses is written back and parses the same; every line is one line.
+void check_code_interpreter(std::uint8_t selector, std::string_view input) {
+    if (selector % 3 == 0) {
+        auto r = protocol::parse_execute_request(input);
+        if (!r) {
+            require(r.error().code == moat::errc::invalid_argument);
+            return;
+        }
+        require(r->env_vars.size() <= protocol::max_env_var_entries);
+        auto again = protocol::parse_execute_request(protocol::encode_execute_request(*r));
+        require(again && again->code == r->code && again->context_id == r->context_id &&
+                again->language == r->language && again->env_vars == r->env_vars);
+        (void)protocol::normalize_language(r->language);
+    } else if (selector % 3 == 1) {
+        auto r = protocol::parse_context_request(input);
+        if (r) {
+            require_one_line(protocol::encode_context({"id", r->language, r->cwd}) + "\n");
+        }
+    } else {
+        // The input split in half: a media type and its data.
+        const auto half = input.size() / 2;
+        std::vector<std::pair<std::string, std::string>> reps{
+            {std::string(input.substr(0, half)), std::string(input.substr(half))},
+            {"application/json", std::string(input)},
+            {"text/plain", std::string(input)}};
+        require_one_line(protocol::encode_result_line(reps, selector & 8));
+        require_one_line(protocol::encode_stream_line(selector & 16, input, {}));
+        require_one_line(protocol::encode_error_line(input, input, input));
+    }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size == 0) return 0;
     const std::string_view input(reinterpret_cast<const char*>(data) + 1, size - 1);
+    // A first byte from 0xc0 up: the Code Interpreter's messages (below it, as before).
+    if (data[0] >= 0xc0) {
+        check_code_interpreter(data[0], input);
+        return 0;
+    }
     switch (data[0] % 7) {
         case 0:
             check_create(input);

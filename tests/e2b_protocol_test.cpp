@@ -5,6 +5,7 @@
 #include "core/ascii.hpp"
 #include "core/base64.hpp"
 #include "core/json_writer.hpp"
+#include "e2b_protocol/code_interpreter_messages.hpp"
 #include "e2b_protocol/error_body.hpp"
 #include "e2b_protocol/filesystem_messages.hpp"
 #include "e2b_protocol/process_messages.hpp"
@@ -13,7 +14,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
+#include <map>
 #include <ostream>  // doctest prints std::error_code through it
 #include <string>
 #include <vector>
@@ -445,4 +448,77 @@ TEST_CASE("one base64 and one percent-encoding: both alphabets, each padding rul
     CHECK(encoded.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                     "0123456789-._~%") == std::string::npos);
     CHECK(moat::detail::percent_decoded(encoded, false) == bytes);
+}
+
+TEST_CASE("e2b code interpreter: requests parse as the SDK sends them, bad ones name the field") {
+    auto full = protocol::parse_execute_request(
+        R"({"code":"x = 1\nx","context_id":"c1","env_vars":{"A":"1","B":""}})");
+    REQUIRE_MESSAGE(full, full.error().to_string());
+    CHECK(full->code == "x = 1\nx");
+    CHECK(full->context_id == "c1");
+    CHECK(full->language.empty());
+    CHECK(full->env_vars == std::map<std::string, std::string>{{"A", "1"}, {"B", ""}});
+    auto back = protocol::parse_execute_request(protocol::encode_execute_request(*full));
+    REQUIRE(back);
+    CHECK(back->code == full->code);
+    CHECK(back->env_vars == full->env_vars);
+    // JSON.stringify drops undefined fields; null is absent too.
+    auto bare = protocol::parse_execute_request(R"({"code":"1+1","language":null})");
+    REQUIRE(bare);
+    CHECK(bare->language.empty());
+    for (const auto* bad :
+         {R"({"code":1})", R"({})", R"([])", R"({"code":"x","env_vars":[]})",
+          R"({"code":"x","env_vars":{"A":1}})", R"({"code":"x","language":3})", "not json"}) {
+        CAPTURE(bad);
+        auto refused = protocol::parse_execute_request(bad);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == moat::errc::invalid_argument);
+    }
+    CHECK(protocol::normalize_language("") == "python");
+    CHECK(protocol::normalize_language(" JS ") == "javascript");
+    CHECK(protocol::normalize_language("ts") == "typescript");
+    CHECK(protocol::normalize_language("Bash") == "bash");
+    CHECK(protocol::normalize_language(std::string(65, 'x')).empty());
+
+    auto context = protocol::parse_context_request(R"({"language":"js","cwd":"/tmp"})");
+    REQUIRE(context);
+    CHECK(context->language == "js");
+    CHECK(context->cwd == "/tmp");
+    auto empty = protocol::parse_context_request("");
+    REQUIRE(empty);
+    CHECK(empty->language.empty());
+    CHECK_FALSE(protocol::parse_context_request(R"({"cwd":5})"));
+    CHECK(protocol::encode_context_list({{"a", "python", "/home/user"}}) ==
+          R"([{"id":"a","language":"python","cwd":"/home/user"}])");
+}
+
+TEST_CASE(
+    "e2b code interpreter: an execution's lines are one JSON object each, as the SDK reads "
+    "them") {
+    const auto out = protocol::encode_stream_line(true, "line\n", {});
+    CHECK(out.starts_with(R"({"type":"stderr","text":"line\n","timestamp":")"));
+    CHECK(out.ends_with("\"}\n"));
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+    const auto result = protocol::encode_result_line({{"text/plain", "'hello'"},
+                                                      {"text/html", "<b>hi</b>"},
+                                                      {"image/png", "iVBORw0KGgo="},
+                                                      {"application/json", "{\n  \"a\": [1, 2]\n}"},
+                                                      {"application/x-custom", "z"}},
+                                                     true);
+    CHECK(
+        result ==
+        R"({"type":"result","text":"hello","html":"<b>hi</b>","png":"iVBORw0KGgo=","json":{"a":[1,2]},"application/x-custom":"z","is_main_result":true})"
+        "\n");
+    // JSON that is not an object stays a string; the line's own keys cannot be overwritten.
+    CHECK(protocol::encode_result_line({{"application/json", "[1]"}, {"type", "x"}}, false) ==
+          R"({"type":"result","json":"[1]","is_main_result":false})"
+          "\n");
+    CHECK(
+        protocol::encode_error_line("ZeroDivisionError", "division by zero", "Traceback...") ==
+        R"({"type":"error","name":"ZeroDivisionError","value":"division by zero","traceback":"Traceback..."})"
+        "\n");
+    CHECK(protocol::encode_execution_count_line(3) ==
+          R"({"type":"number_of_executions","execution_count":3})"
+          "\n");
+    CHECK(protocol::encode_end_line() == "{\"type\":\"end_of_execution\"}\n");
 }

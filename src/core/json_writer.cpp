@@ -129,4 +129,10 @@ json_writer& json_writer::null() {
     return *this;
 }
 
+json_writer& json_writer::raw_value(std::string_view json) {
+    separate();
+    out_ += json;
+    return *this;
+}
+
 }  // namespace moat

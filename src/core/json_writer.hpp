@@ -24,6 +24,8 @@ class json_writer {
     json_writer& value(int n) { return value(static_cast<std::int64_t>(n)); }
     json_writer& value(double d);
     json_writer& null();
+    // A value that is already JSON text (the caller parsed it), written as it is.
+    json_writer& raw_value(std::string_view json);
 
     const std::string& str() const noexcept { return out_; }
     std::string take() noexcept { return std::move(out_); }
