@@ -27,6 +27,7 @@
 namespace {
 
 using moat::test::moat_cli;
+using moat::test::shell_command;
 using namespace std::chrono_literals;
 
 std::string last_line(const std::string& text) {
@@ -111,14 +112,7 @@ std::vector<std::string> forwarded_addresses(const background_cli& cli, std::siz
 
 // curl's output (the body, then its exit code on a line of its own).
 std::string curl(const std::string& url) {
-    FILE* pipe = ::popen(("curl -s -m 20 " + url + "; echo \" curl=$?\"").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string text;
-    char buffer[4096];
-    std::size_t n;
-    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) text.append(buffer, n);
-    ::pclose(pipe);
-    return text;
+    return shell_command("curl -s -m 20 " + url + "; echo \" curl=$?\"").output;
 }
 
 // A blocking TCP connection to "127.0.0.1:PORT" with a receive timeout.
@@ -197,14 +191,8 @@ TEST_CASE("moat port-forward relays curl to a server in a sandbox, two connectio
     // One connection held open mid-request while two curls run to completion in parallel.
     const int held = connect_to(at[0]);
     send_text(held, "GET /hello.txt HTTP/1.0\r\n");
-    FILE* pipe =
-        ::popen(("curl -s -m 20 " + url + " & curl -s -m 20 " + url + "; wait").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string both;
-    char buffer[256];
-    std::size_t n;
-    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) both.append(buffer, n);
-    ::pclose(pipe);
+    const std::string both =
+        shell_command("curl -s -m 20 " + url + " & curl -s -m 20 " + url + "; wait").output;
     CHECK(both == "hello from the sandbox\nhello from the sandbox\n");
     send_text(held, "Host: sandbox\r\n\r\n");
     const std::string answer = read_to_end(held);

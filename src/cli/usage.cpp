@@ -106,6 +106,10 @@ constexpr usage_block blocks[] = {
     {"bench",
      "  bench egress [--n N] [--mb M] [--json FILE]\n"
      "      downloads through a sandbox's egress proxy vs the host directly: ratio, setup p50\n"},
+    {"bench",
+     "  bench ports [--n N] [--mb M] [--setup-n S] [--json FILE]\n"
+     "      downloads from a server in a sandbox through a forwarded port vs the same server on\n"
+     "      the host: throughput ratio, connection setup p50/p99\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},

@@ -4,174 +4,27 @@
 #include <moat/sandbox.hpp>
 
 #include "cli/arguments.hpp"
-#include "cli/bench/helper_process.hpp"
+#include "cli/bench/fetch_bench.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 #include "core/json_writer.hpp"
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
-#include <vector>
 
 namespace moat::cli {
 namespace {
 
 using namespace std::chrono_literals;
 
-constexpr std::size_t small_bytes = 1024;
-
 struct egress_bench_options {
     std::size_t n = 10;
     std::size_t mb = 100;
     std::string json_path;
 };
-
-// A python3 http.server on 127.0.0.1 over a temporary directory holding big.bin and small.bin;
-// stopped (TERM, then KILL) and removed at the end.
-class file_server : public helper_server {
-  public:
-    bool start(std::size_t big_bytes, std::string& why) {
-        if (!make_directory("moat-bench-egress", why)) return false;
-        const std::string& dir = directory();
-        if (!fill(dir + "/big.bin", big_bytes) || !fill(dir + "/small.bin", small_bytes)) {
-            why = "cannot write the files to serve under " + dir;
-            return false;
-        }
-        port = free_port();
-        if (port == 0) {
-            why = "no free loopback port";
-            return false;
-        }
-        const std::uint16_t listening = port;
-        if (!launch(
-                {"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
-                 "--directory", dir},
-                true, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
-            why += " (is python3 installed?)";
-            return false;
-        }
-        return true;
-    }
-
-    std::uint16_t port = 0;
-
-  private:
-    static bool fill(const std::string& path, std::size_t bytes) {
-        std::ofstream out(path, std::ios::binary);
-        std::string block(1 << 20, '\0');
-        unsigned state = 12345;
-        for (auto& c : block) {
-            state = state * 1103515245u + 12345u;
-            c = static_cast<char>(state >> 24);
-        }
-        while (bytes > 0 && out) {
-            const std::size_t n = std::min(bytes, block.size());
-            out.write(block.data(), static_cast<std::streamsize>(n));
-            bytes -= n;
-        }
-        return static_cast<bool>(out);
-    }
-
-    static std::uint16_t free_port() {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return 0;
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t length = sizeof address;
-        std::uint16_t port = 0;
-        if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-            port = ntohs(address.sin_port);
-        }
-        ::close(fd);
-        return port;
-    }
-
-    static bool accepts(std::uint16_t port) {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return false;
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        address.sin_port = htons(port);
-        const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-        ::close(fd);
-        return ok;
-    }
-};
-
-// A shell loop of `count` curl fetches of `url`, one "<seconds> <bytes>" line each (curl's own
-// timing: the transfer, not the process start).
-std::string fetch_loop(const std::string& url, std::size_t count) {
-    return "i=0; while [ $i -lt " + std::to_string(count) +
-           " ]; do curl -s -o /dev/null -w '%{time_total} %{size_download}\\n' '" + url +
-           "' || echo 'failed 0'; i=$((i+1)); done";
-}
-
-// Adds each line's time to `into` when its size is `expected`, else counts a failure.
-void read_fetches(const std::string& text, std::size_t expected, std::size_t count,
-                  latency_samples& into) {
-    std::istringstream lines(text);
-    std::string seconds;
-    std::string bytes;
-    std::size_t seen = 0;
-    while (lines >> seconds >> bytes) {
-        ++seen;
-        char* end = nullptr;
-        const double s = std::strtod(seconds.c_str(), &end);
-        if (end == seconds.c_str() || *end != '\0' || bytes != std::to_string(expected)) {
-            ++into.failures;
-            continue;
-        }
-        into.ms.push_back(s * 1000.0);
-    }
-    if (seen < count) into.failures += count - seen;
-}
-
-// The host side: the same loop through /bin/sh, its stdout collected.
-std::string run_on_host(const std::string& script) {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return "";
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-        ::close(out[0]);
-        ::close(out[1]);
-        return "";
-    }
-    if (pid == 0) {
-        ::dup2(out[1], STDOUT_FILENO);
-        ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
-        ::_exit(127);
-    }
-    ::close(out[1]);
-    std::string text;
-    char buffer[4096];
-    for (;;) {
-        const ssize_t n = ::read(out[0], buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        text.append(buffer, static_cast<std::size_t>(n));
-    }
-    ::close(out[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return text;
-}
 
 struct egress_results {
     latency_samples host_download{"host_download", {}, 0};
@@ -204,7 +57,7 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
         latency_samples* inside;
     };
     const fetch_kind kinds[2] = {{"/big.bin", big, &r.host_download, &r.sandbox_download},
-                                 {"/small.bin", small_bytes, &r.host_small, &r.sandbox_small}};
+                                 {"/small.bin", small_file_bytes, &r.host_small, &r.sandbox_small}};
     int code = 0;
     for (const std::size_t count : halves) {
         if (count == 0) continue;
