@@ -234,3 +234,33 @@ TEST_CASE(
     REQUIRE(listed);
     for (const auto& info : *listed) CHECK(info.state != moat::sandbox_state::running);
 }
+
+TEST_CASE(
+    "moat bench ports downloads from a host server and through a forwarded port and reports the "
+    "ratios" *
+    moat::test::shares_host) {
+    MOAT_REQUIRE_NAMESPACES();
+    const std::string json = "/tmp/moat-bench-ports-test-" + std::to_string(::getpid()) + ".json";
+    int code = -1;
+    const auto out = run_shell(std::string(moat::test::moat_cli_path()) +
+                                   " bench ports --n 2 --mb 2 --setup-n 4 --json " + json + " 2>&1",
+                               code);
+    CAPTURE(out);
+    CHECK(code == 0);
+    CHECK(out.find("throughput p50: host") != std::string::npos);
+    CHECK(out.find("connection setup (connect to first byte): p50") != std::string::npos);
+    std::ifstream file(json);
+    const std::string text((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    for (const char* key : {"\"host_download\"", "\"forward_download\"", "\"host_setup\"",
+                            "\"forward_setup\"", "\"throughput_ratio_p50\"", "\"setup_ratio_p50\"",
+                            "\"setup_ratio_p99\"", "\"setup_overhead_p50_ms\""}) {
+        CHECK_MESSAGE(text.find(key) != std::string::npos, key);
+    }
+    CHECK(text.find("\"n\":4,\"failures\":0") != std::string::npos);
+    std::remove(json.c_str());
+    moat::test::local_fixture f;
+    auto listed = f.run(f.local->async_list({{"moat.cli", "bench-ports"}}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) CHECK(info.state != moat::sandbox_state::running);
+}

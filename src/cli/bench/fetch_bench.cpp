@@ -1,5 +1,7 @@
 #include "cli/bench/fetch_bench.hpp"
 
+#include "cli/arguments.hpp"
+#include "cli/cli_runtime.hpp"
 #include "core/asio_compat.hpp"
 
 #include <asio/posix/stream_descriptor.hpp>
@@ -173,6 +175,50 @@ asio::awaitable<std::string> async_run_on_host(std::string script) {
     int status = 0;
     ::waitpid(pid, &status, 0);
     co_return text;
+}
+
+int with_file_server(
+    std::string_view command, std::size_t big_bytes,
+    const std::function<asio::awaitable<int>(backend&, std::uint16_t port)>& measure) {
+    file_server server;
+    std::string why;
+    if (!server.start(big_bytes, why)) {
+        return report_error(command, make_error(errc::backend_failure, why));
+    }
+    const std::uint16_t port = server.port;
+    const int code = run_with_backend([&measure, port](backend& b) { return measure(b, port); });
+    server.stop();
+    return code;
+}
+
+fetch_results::rates fetch_results::download_rates(std::size_t bytes) const {
+    const auto rate = [bytes](const latency_samples& s) {
+        const double p50 = s.percentile(0.5);
+        return p50 > 0 ? static_cast<double>(bytes) / 1e6 / (p50 / 1000.0) : 0.0;
+    };
+    rates r{rate(host_download), rate(measured_download), 0};
+    if (r.host > 0) r.ratio = r.measured / r.host;
+    return r;
+}
+
+int publish_fetch_report(std::string_view command, int code, std::string_view text,
+                         const std::string& json_path, const fetch_results& series,
+                         const std::function<void(json_writer&)>& more) {
+    const bool published = publish_report(command, text, json_path, [&](json_writer& w) {
+        for (const auto* s : series.all()) {
+            w.key(s->name);
+            write_summary(w, *s);
+        }
+        more(w);
+    });
+    std::size_t failures = 0;
+    for (const auto* s : series.all()) failures += s->failures;
+    if (failures > 0) {
+        write_all(STDERR_FILENO, "moat " + std::string(command) + ": " + std::to_string(failures) +
+                                     " fetches failed\n");
+        return code != 0 ? code : exit_failure;
+    }
+    return published ? code : exit_failure;
 }
 
 }  // namespace moat::cli

@@ -8,11 +8,16 @@
 #include "cli/bench/helper_process.hpp"
 #include "cli/bench/latency_summary.hpp"
 
+#include <moat/backend.hpp>
+
 #include <asio/awaitable.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 
 namespace moat::cli {
 
@@ -47,5 +52,44 @@ void read_fetches(const std::string& text, std::size_t expected, std::size_t cou
 // coroutine's executor (the process goes on serving while the script runs).
 std::string run_on_host(const std::string& script);
 asio::awaitable<std::string> async_run_on_host(std::string script);
+
+// A fetch bench's four series: big.bin downloads and small.bin fetches from the host's server (the
+// baseline) and the measured way; named host_download, <measured>_download, host_<small>,
+// <measured>_<small> (their JSON keys).
+struct fetch_results {
+    fetch_results(const std::string& measured, const std::string& small)
+        : measured_download{measured + "_download", {}, 0},
+          host_small{"host_" + small, {}, 0},
+          measured_small{measured + "_" + small, {}, 0} {}
+    latency_samples host_download{"host_download", {}, 0};
+    latency_samples measured_download;
+    latency_samples host_small;
+    latency_samples measured_small;
+
+    std::array<const latency_samples*, 4> all() const {
+        return {&host_download, &measured_download, &host_small, &measured_small};
+    }
+    // MB/s at the downloads' p50s (of `bytes` each), and measured over host; 0s without samples.
+    struct rates {
+        double host = 0;
+        double measured = 0;
+        double ratio = 0;
+    };
+    rates download_rates(std::size_t bytes) const;
+};
+
+// A fetch bench's frame: starts a file_server with big.bin of `big_bytes`, runs `measure` with its
+// port on the selected backend (run_with_backend), stops the server. The exit code: measure's, or
+// the error's (printed for `command`) when the server cannot start.
+int with_file_server(
+    std::string_view command, std::size_t big_bytes,
+    const std::function<asio::awaitable<int>(backend&, std::uint16_t port)>& measure);
+
+// `text` on stdout and, with `json_path`, the series' summaries and `more`'s members as JSON
+// (publish_report); then the exit code: `code` if not 0, else exit_failure when a fetch failed
+// (one line on stderr says how many) or the report could not be written, else 0.
+int publish_fetch_report(std::string_view command, int code, std::string_view text,
+                         const std::string& json_path, const fetch_results& series,
+                         const std::function<void(json_writer&)>& more);
 
 }  // namespace moat::cli

@@ -35,13 +35,6 @@ struct ports_bench_options {
     std::string json_path;
 };
 
-struct ports_results {
-    latency_samples host_download{"host_download", {}, 0};
-    latency_samples forward_download{"forward_download", {}, 0};
-    latency_samples host_setup{"host_setup", {}, 0};
-    latency_samples forward_setup{"forward_setup", {}, 0};
-};
-
 // The sandbox's copy of the host server's files, made inside it (the same sizes), and the same
 // server program on its loopback, in the background (until the process handle is dropped).
 asio::awaitable<result<process>> start_sandbox_server(sandbox& box, std::size_t big_bytes) {
@@ -80,7 +73,7 @@ asio::awaitable<bool> wait_until_serving(const std::string& url) {
 }
 
 asio::awaitable<int> run_bench(backend& b, const ports_bench_options& o, std::uint16_t host_port,
-                               ports_results& r) {
+                               fetch_results& r) {
     runtime sandboxes(b);
     sandbox_spec spec;
     spec.labels["moat.cli"] = "bench-ports";
@@ -111,9 +104,9 @@ asio::awaitable<int> run_bench(backend& b, const ports_bench_options& o, std::ui
         latency_samples* through;
     };
     const fetch_kind kinds[2] = {
-        {"/big.bin", big, "time_total", o.n, &r.host_download, &r.forward_download},
-        {"/small.bin", small_file_bytes, "time_starttransfer", o.setup_n, &r.host_setup,
-         &r.forward_setup}};
+        {"/big.bin", big, "time_total", o.n, &r.host_download, &r.measured_download},
+        {"/small.bin", small_file_bytes, "time_starttransfer", o.setup_n, &r.host_small,
+         &r.measured_small}};
     // Alternating halves, so a change in the machine's load meets both sides.
     for (int half = 0; half < 2 && code == 0; ++half) {
         for (const auto& kind : kinds) {
@@ -136,29 +129,28 @@ asio::awaitable<int> run_bench(backend& b, const ports_bench_options& o, std::ui
     co_return code;
 }
 
-std::string report_text(const ports_bench_options& o, const ports_results& r, double ratio,
-                        double host_rate, double forward_rate) {
+std::string report_text(const ports_bench_options& o, const fetch_results& r,
+                        const fetch_results::rates& rates) {
     std::string out = "moat bench ports: " + std::to_string(o.n) + " downloads of " +
                       std::to_string(o.mb) + " MiB and " + std::to_string(o.setup_n) +
                       " 1 KiB fetches (time to first byte) with curl from python3's http.server, "
                       "on the host's 127.0.0.1 and in a sandbox through a forwarded port, "
                       "alternating\n";
     out += summary_header();
-    for (const auto* s : {&r.host_download, &r.forward_download, &r.host_setup, &r.forward_setup})
-        out += summary_line(*s);
+    for (const auto* s : r.all()) out += summary_line(*s);
     char line[256];
     std::snprintf(line, sizeof line, "throughput p50: host %.0f MB/s, forwarded %.0f MB/s: %.2fx\n",
-                  host_rate, forward_rate, ratio);
+                  rates.host, rates.measured, rates.ratio);
     out += line;
-    const double host_p50 = r.host_setup.percentile(0.5);
-    const double host_p99 = r.host_setup.percentile(0.99);
+    const double host_p50 = r.host_small.percentile(0.5);
+    const double host_p99 = r.host_small.percentile(0.99);
     std::snprintf(line, sizeof line,
-                  "connection setup (connect to first byte): p50 %.2f ms vs %.2f ms (%.2fx, +%.2f "
+                  "connection setup (connect to first byte): p50 %.2f ms vs %.2f ms (%.2fx, %+.2f "
                   "ms), p99 %.2f ms vs %.2f ms (%.2fx)\n",
-                  r.forward_setup.percentile(0.5), host_p50,
-                  host_p50 > 0 ? r.forward_setup.percentile(0.5) / host_p50 : 0.0,
-                  r.forward_setup.percentile(0.5) - host_p50, r.forward_setup.percentile(0.99),
-                  host_p99, host_p99 > 0 ? r.forward_setup.percentile(0.99) / host_p99 : 0.0);
+                  r.measured_small.percentile(0.5), host_p50,
+                  host_p50 > 0 ? r.measured_small.percentile(0.5) / host_p50 : 0.0,
+                  r.measured_small.percentile(0.5) - host_p50, r.measured_small.percentile(0.99),
+                  host_p99, host_p99 > 0 ? r.measured_small.percentile(0.99) / host_p99 : 0.0);
     out += line;
     return out;
 }
@@ -171,47 +163,24 @@ int bench_ports(int argc, char** argv) {
         argc, argv,
         {count_flag("--n", o.n, 1, 10'000), count_flag("--mb", o.mb, 1, 256),
          count_flag("--setup-n", o.setup_n, 1, 100'000), string_flag("--json", o.json_path)});
-    file_server server;
-    std::string why;
-    if (!server.start(o.mb << 20, why)) {
-        return report_error("bench ports", make_error(errc::backend_failure, why));
-    }
-    ports_results r;
-    const int code = run_with_backend(
-        [&o, &r, port = server.port](backend& b) { return run_bench(b, o, port, r); });
-    server.stop();
+    fetch_results r("forward", "setup");
+    const int code = with_file_server(
+        "bench ports", o.mb << 20,
+        [&o, &r](backend& b, std::uint16_t port) { return run_bench(b, o, port, r); });
 
-    const double mb = static_cast<double>(o.mb << 20) / 1e6;
-    const double host_p50 = r.host_download.percentile(0.5);
-    const double forward_p50 = r.forward_download.percentile(0.5);
-    const double host_rate = host_p50 > 0 ? mb / (host_p50 / 1000.0) : 0.0;
-    const double forward_rate = forward_p50 > 0 ? mb / (forward_p50 / 1000.0) : 0.0;
-    const double ratio = host_rate > 0 ? forward_rate / host_rate : 0.0;
+    const auto rates = r.download_rates(o.mb << 20);
     const auto setup_ratio = [&r](double q) {
-        const double host = r.host_setup.percentile(q);
-        return host > 0 ? r.forward_setup.percentile(q) / host : 0.0;
+        const double host = r.host_small.percentile(q);
+        return host > 0 ? r.measured_small.percentile(q) / host : 0.0;
     };
-    const std::string out = report_text(o, r, ratio, host_rate, forward_rate);
-    const bool published = publish_report("bench ports", out, o.json_path, [&](json_writer& w) {
-        for (const auto* s :
-             {&r.host_download, &r.forward_download, &r.host_setup, &r.forward_setup}) {
-            w.key(s->name);
-            write_summary(w, *s);
-        }
-        w.key("throughput_ratio_p50").value(ratio);
-        w.key("setup_ratio_p50").value(setup_ratio(0.5));
-        w.key("setup_ratio_p99").value(setup_ratio(0.99));
-        w.key("setup_overhead_p50_ms")
-            .value(r.forward_setup.percentile(0.5) - r.host_setup.percentile(0.5));
-    });
-    const std::size_t failures = r.host_download.failures + r.forward_download.failures +
-                                 r.host_setup.failures + r.forward_setup.failures;
-    if (failures > 0) {
-        write_all(STDERR_FILENO,
-                  "moat bench ports: " + std::to_string(failures) + " fetches failed\n");
-        return code != 0 ? code : exit_failure;
-    }
-    return published ? code : exit_failure;
+    return publish_fetch_report(
+        "bench ports", code, report_text(o, r, rates), o.json_path, r, [&](json_writer& w) {
+            w.key("throughput_ratio_p50").value(rates.ratio);
+            w.key("setup_ratio_p50").value(setup_ratio(0.5));
+            w.key("setup_ratio_p99").value(setup_ratio(0.99));
+            w.key("setup_overhead_p50_ms")
+                .value(r.measured_small.percentile(0.5) - r.host_small.percentile(0.5));
+        });
 }
 
 }  // namespace moat::cli
