@@ -90,10 +90,15 @@ asio::awaitable<int> run_bench(backend& b, const ports_bench_options& o, std::ui
     const std::string direct = "http://127.0.0.1:" + std::to_string(host_port);
     std::string forwarded;
     if (code == 0) forwarded = "http://" + *forward;
-    if (code == 0 && !co_await wait_until_serving(forwarded + "/small.bin")) {
-        code = report_error("bench ports",
-                            make_error(errc::backend_failure,
-                                       "the sandbox's server did not answer through the forward"));
+    if (code == 0) {
+        const std::string probe = forwarded + "/small.bin";
+        const bool up = co_await wait_until_serving(probe);
+        if (!up) {
+            code =
+                report_error("bench ports",
+                             make_error(errc::backend_failure,
+                                        "the sandbox's server did not answer through the forward"));
+        }
     }
     struct fetch_kind {
         const char* file;
