@@ -179,7 +179,10 @@ std::size_t open_connections(const std::vector<std::shared_ptr<port_forwarder>>&
 asio::awaitable<int> forward_ports(backend& b, port_forward_options o) {
     runtime sandboxes(b);
     auto attached = co_await sandboxes.async_attach(o.id);
-    if (!attached) co_return report_error("port-forward", attached.error());
+    if (!attached) {
+        if (attached.error().code == errc::cancelled) co_return 0;  // a signal while attaching
+        co_return report_error("port-forward", attached.error());
+    }
     std::shared_ptr<sandbox> box = std::move(*attached);
     const auto executor = co_await asio::this_coro::executor;
     std::vector<std::shared_ptr<port_forwarder>> forwarders;
