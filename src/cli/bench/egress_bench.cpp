@@ -60,7 +60,9 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
             const std::size_t bytes = kind.bytes;
             latency_samples* host = kind.host;
             latency_samples* inside = kind.inside;
-            read_fetches(run_on_host(fetch_loop(direct + file, count)), bytes, count, *host);
+            const std::string host_text =
+                co_await async_run_on_host(fetch_loop(direct + file, count));
+            read_fetches(host_text, bytes, count, *host);
             exec_request request;
             request.argv = {"/bin/sh", "-c", fetch_loop(proxied + file, count)};
             request.wall_limit = std::chrono::minutes(5);

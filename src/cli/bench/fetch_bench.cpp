@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -135,25 +134,6 @@ void read_fetches(const std::string& text, std::size_t expected, std::size_t cou
         into.ms.push_back(s * 1000.0);
     }
     if (seen < count) into.failures += count - seen;
-}
-
-std::string run_on_host(const std::string& script) {
-    const auto started = start_script(script);
-    const pid_t pid = started.first;
-    const int out = started.second;
-    if (pid < 0) return "";
-    std::string text;
-    char buffer[4096];
-    for (;;) {
-        const ssize_t n = ::read(out, buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        text.append(buffer, static_cast<std::size_t>(n));
-    }
-    ::close(out);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return text;
 }
 
 asio::awaitable<std::string> async_run_on_host(std::string script) {

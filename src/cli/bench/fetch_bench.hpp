@@ -1,8 +1,7 @@
 // What the benches that time downloads with curl share (moat bench egress, moat bench ports): a
 // python3 http.server on the host's 127.0.0.1 over a temporary directory holding big.bin and
-// small.bin, a shell loop of curl fetches that prints curl's own timing, its parser, and running
-// such a loop on the host (blocking, or on an executor so the process's own forwards keep
-// serving).
+// small.bin, a shell loop of curl fetches that prints curl's own timing, its parser, running such
+// a loop on the host without blocking the executor, and the bench's frame and report.
 #pragma once
 
 #include "cli/bench/helper_process.hpp"
@@ -48,9 +47,8 @@ std::string fetch_loop(const std::string& url, std::size_t count,
 void read_fetches(const std::string& text, std::size_t expected, std::size_t count,
                   latency_samples& into);
 
-// Runs `script` with /bin/sh on the host and returns its stdout: blocking, or on the calling
-// coroutine's executor (the process goes on serving while the script runs).
-std::string run_on_host(const std::string& script);
+// Runs `script` with /bin/sh on the host and returns its stdout, read on the calling coroutine's
+// executor (the process goes on serving, a forwarded port say, while the script runs).
 asio::awaitable<std::string> async_run_on_host(std::string script);
 
 // A fetch bench's four series: big.bin downloads and small.bin fetches from the host's server (the
