@@ -13,22 +13,24 @@ class session_store;
 
 namespace moat::cli {
 
-int run_command(int argc, char** argv);           // moat run: one command in a fresh sandbox
-int create_command(int argc, char** argv);        // moat create: a sandbox that outlives the CLI
-int exec_command(int argc, char** argv);          // moat exec: a command in an existing sandbox
-int port_forward_command(int argc, char** argv);  // moat port-forward: local ports to a sandbox's
-int session_command(int argc, char** argv);       // moat session exec|end|ls: shared sessions
-int cp_command(int argc, char** argv);            // moat cp: files in and out
-int destroy_command(int argc, char** argv);       // moat destroy: end sandboxes, confirmed
-int ls_command(int argc, char** argv);            // moat ls: every sandbox on this host
-int doctor_command(int argc, char** argv);        // moat doctor: what this host can enforce
-int inventory_command(int argc, char** argv);     // moat inventory: every sandbox and its usage
-int janitor_command(int argc, char** argv);       // moat janitor: clean up after crashes
-int smoke_command(int argc, char** argv);         // moat smoke: a deployment check
-int bench_command(int argc, char** argv);         // moat bench create|advise: latency, pooling
-int mcp_command(int argc, char** argv);           // moat mcp: an MCP tool server on stdio
-int demo_command(int argc, char** argv);          // moat demo: a scripted model conversation
-int serve_command(int argc, char** argv);         // moat serve: an E2B-compatible sandbox host
+int run_command(int argc, char** argv);        // moat run: one command in a fresh sandbox
+int create_command(int argc, char** argv);     // moat create: a sandbox that outlives the CLI
+int exec_command(int argc, char** argv);       // moat exec: a command in an existing sandbox
+int session_command(int argc, char** argv);    // moat session exec|end|ls: shared sessions
+int cp_command(int argc, char** argv);         // moat cp: files in and out
+int destroy_command(int argc, char** argv);    // moat destroy: end sandboxes, confirmed
+int ls_command(int argc, char** argv);         // moat ls: every sandbox on this host
+int doctor_command(int argc, char** argv);     // moat doctor: what this host can enforce
+int inventory_command(int argc, char** argv);  // moat inventory: every sandbox and its usage
+int janitor_command(int argc, char** argv);    // moat janitor: clean up after crashes
+int smoke_command(int argc, char** argv);      // moat smoke: a deployment check
+int bench_command(int argc, char** argv);      // moat bench create|advise: latency, pooling
+int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server on stdio
+int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
+int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible sandbox host
+
+// moat port-forward: local ports relayed to ports inside an existing sandbox.
+int port_forward_command(int argc, char** argv);
 
 // The shared session store `url` names (--store, MOAT_STORE) for moat session and moat mcp
 // --session: "" or "host" (the host-local store in its default directory) or "host:DIR". Throws
