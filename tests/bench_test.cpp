@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -205,32 +206,58 @@ TEST_CASE(
     std::remove(json.c_str());
 }
 
+namespace {
+
+// Runs `moat bench <what> <args> --json FILE` and checks its report: exit 0, each of `lines` in
+// its output, each of `keys` in its JSON, `json_check` in the JSON too, and no sandbox labelled
+// moat.cli=bench-<what> left running.
+void check_fetch_bench(const std::string& what, const std::string& args,
+                       std::initializer_list<const char*> lines,
+                       std::initializer_list<const char*> keys, const std::string& json_check) {
+    const std::string json =
+        "/tmp/moat-bench-" + what + "-test-" + std::to_string(::getpid()) + ".json";
+    int code = -1;
+    const auto out = run_shell(std::string(moat::test::moat_cli_path()) + " bench " + what + " " +
+                                   args + " --json " + json + " 2>&1",
+                               code);
+    CAPTURE(out);
+    CHECK(code == 0);
+    for (const char* line : lines) CHECK_MESSAGE(out.find(line) != std::string::npos, line);
+    std::ifstream file(json);
+    const std::string text((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    for (const char* key : keys) CHECK_MESSAGE(text.find(key) != std::string::npos, key);
+    CHECK(text.find(json_check) != std::string::npos);
+    std::remove(json.c_str());
+    moat::test::local_fixture f;
+    auto listed = f.run(f.local->async_list({{"moat.cli", "bench-" + what}}));
+    REQUIRE(listed);
+    for (const auto& info : *listed) CHECK(info.state != moat::sandbox_state::running);
+}
+
+}  // namespace
+
 TEST_CASE(
     "moat bench egress downloads from the host and through a sandbox's egress proxy and reports "
     "the ratio" *
     moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
-    const std::string json = "/tmp/moat-bench-egress-test-" + std::to_string(::getpid()) + ".json";
-    int code = -1;
-    const auto out = run_shell(std::string(moat::test::moat_cli_path()) +
-                                   " bench egress --n 2 --mb 2 --json " + json + " 2>&1",
-                               code);
-    CAPTURE(out);
-    CHECK(code == 0);
-    CHECK(out.find("throughput p50: host") != std::string::npos);
-    CHECK(out.find("connection setup overhead") != std::string::npos);
-    std::ifstream file(json);
-    const std::string text((std::istreambuf_iterator<char>(file)),
-                           std::istreambuf_iterator<char>());
-    for (const char* key :
-         {"\"host_download\"", "\"sandbox_download\"", "\"host_small\"", "\"sandbox_small\"",
-          "\"throughput_ratio_p50\"", "\"setup_overhead_p50_ms\""}) {
-        CHECK_MESSAGE(text.find(key) != std::string::npos, key);
-    }
-    CHECK(text.find("\"failures\":0") != std::string::npos);
-    std::remove(json.c_str());
-    moat::test::local_fixture f;
-    auto listed = f.run(f.local->async_list({{"moat.cli", "bench-egress"}}));
-    REQUIRE(listed);
-    for (const auto& info : *listed) CHECK(info.state != moat::sandbox_state::running);
+    check_fetch_bench(
+        "egress", "--n 2 --mb 2", {"throughput p50: host", "connection setup overhead"},
+        {"\"host_download\"", "\"sandbox_download\"", "\"host_small\"", "\"sandbox_small\"",
+         "\"throughput_ratio_p50\"", "\"setup_overhead_p50_ms\""},
+        "\"failures\":0");
+}
+
+TEST_CASE(
+    "moat bench ports downloads from a host server and through a forwarded port and reports the "
+    "ratios" *
+    moat::test::shares_host) {
+    MOAT_REQUIRE_NAMESPACES();
+    check_fetch_bench("ports", "--n 2 --mb 2 --setup-n 4",
+                      {"throughput p50: host", "connection setup (connect to first byte): p50"},
+                      {"\"host_download\"", "\"forward_download\"", "\"host_setup\"",
+                       "\"forward_setup\"", "\"throughput_ratio_p50\"", "\"setup_ratio_p50\"",
+                       "\"setup_ratio_p99\"", "\"setup_overhead_p50_ms\""},
+                      "\"n\":4,\"failures\":0");
 }

@@ -32,6 +32,31 @@ TEST_CASE_FIXTURE(local_fixture, "the host environment is invisible inside") {
     destroy(box.id);
 }
 
+TEST_CASE_FIXTURE(local_fixture,
+                  "python runs Python 3 in the default root, which stays read-only") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const auto r = sh(box.id, "python -c 'import sys; print(sys.version_info[0])'");
+    CHECK_MESSAGE(r.exit_code == 0, r.err.text());
+    CHECK(r.out.text() == "3\n");
+    // Where the host has no python of its own, the template's alias is it, read-only like the
+    // rest of the root, and last on PATH.
+    if (::access("/usr/bin/python", F_OK) != 0) {
+        CHECK(sh(box.id, "command -v python").out.text() == "/opt/moat/bin/python\n");
+        CHECK(sh(box.id, "readlink /opt/moat/bin/python").out.text() == "/usr/bin/python3\n");
+        CHECK(sh(box.id, "touch /opt/moat/bin/x").exit_code != 0);
+        CHECK(sh(box.id, "ln -sf /bin/sh /opt/moat/bin/python").exit_code != 0);
+        CHECK(sh(box.id, "echo $PATH").out.text() ==
+              "/usr/local/bin:/usr/bin:/bin:/opt/moat/bin\n");
+    }
+    CHECK(sh(box.id, "touch /opt/newfile").exit_code != 0);
+    // pip only where the host has a pip3 to point it at.
+    const bool host_pip3 = ::access("/usr/bin/pip3", X_OK) == 0;
+    const bool host_pip = ::access("/usr/bin/pip", F_OK) == 0;
+    CHECK(sh(box.id, "command -v pip >/dev/null").exit_code == (host_pip3 || host_pip ? 0 : 1));
+    destroy(box.id);
+}
+
 TEST_CASE_FIXTURE(local_fixture, "a listener on host loopback is unreachable from inside") {
     MOAT_REQUIRE_NAMESPACES();
     const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -29,6 +29,9 @@ int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server o
 int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
 int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible sandbox host
 
+// moat port-forward: local ports relayed to ports inside an existing sandbox.
+int port_forward_command(int argc, char** argv);
+
 // The shared session store `url` names (--store, MOAT_STORE) for moat session and moat mcp
 // --session: "" or "host" (the host-local store in its default directory) or "host:DIR". Throws
 // usage_error (never echoing the URL, which may carry a password) for anything else.

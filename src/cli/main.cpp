@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
             {"run", moat::cli::run_command},
             {"create", moat::cli::create_command},
             {"exec", moat::cli::exec_command},
+            {"port-forward", moat::cli::port_forward_command},
             {"session", moat::cli::session_command},
             {"cp", moat::cli::cp_command},
             {"destroy", moat::cli::destroy_command},

@@ -28,6 +28,13 @@ constexpr usage_block blocks[] = {
     {"exec",
      "  exec [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
      "      run CMD in sandbox ID, stream its output, exit with CMD's code\n"},
+    {"port-forward",
+     "  port-forward ID [LOCAL_ADDR:]LOCAL_PORT:PORT...\n"
+     "      relay connections to local ports (on 127.0.0.1 unless LOCAL_ADDR; LOCAL_PORT 0 or\n"
+     "      empty: any free port) to PORT inside sandbox ID; prints one 'forwarding ADDR -> "
+     "ID:PORT'\n"
+     "      line per mapping; runs until Ctrl-C or SIGTERM (exit 0) or until the sandbox ends "
+     "(exit 1)\n"},
     {"session",
      "  session exec [--store URL] [--timeout S] [--stdin] [--json] KEY -- CMD...\n"
      "      run CMD in the sandbox of conversation KEY (attach-or-create: every moat process\n"
@@ -99,6 +106,10 @@ constexpr usage_block blocks[] = {
     {"bench",
      "  bench egress [--n N] [--mb M] [--json FILE]\n"
      "      downloads through a sandbox's egress proxy vs the host directly: ratio, setup p50\n"},
+    {"bench",
+     "  bench ports [--n N] [--mb M] [--setup-n S] [--json FILE]\n"
+     "      downloads from a server in a sandbox through a forwarded port vs the same server on\n"
+     "      the host: throughput ratio, connection setup p50/p99\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},

@@ -259,7 +259,9 @@ result<local_backend::stdio_set> local_backend::make_stdio() {
 }
 
 std::map<std::string, std::string> local_backend::base_environment(const sandbox_layout& layout) {
-    return {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", layout.home}, {"LANG", "C.UTF-8"}};
+    // The template's command aliases come last: a host's own python wins wherever it is.
+    const std::string path = "/usr/local/bin:/usr/bin:/bin:" + std::string(wire::command_alias_dir);
+    return {{"PATH", path}, {"HOME", layout.home}, {"LANG", "C.UTF-8"}};
 }
 
 }  // namespace moat

@@ -1,5 +1,7 @@
 #include "sandboxd/template_root.hpp"
 
+#include "wire/protocol.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -158,6 +160,31 @@ int build_dev(builder& b) {
     return 0;
 }
 
+// `python` and `pip` for code that calls them by those names (model-written code, E2B's own
+// tests) on a host that has only python3 (Debian without python-is-python3): symlinks in
+// wire::command_alias_dir, which the default PATH names last (local_backend_exec.cpp), so a host's
+// own python or pip wins wherever it is.
+int build_command_aliases(builder& b) {
+    const std::string_view dir = wire::command_alias_dir.substr(1);
+    // Each level of the directory, "opt" first.
+    for (auto slash = dir.find('/');; slash = dir.find('/', slash + 1)) {
+        if (const int err = b.make_dir(dir.substr(0, slash))) return err;
+        if (slash == std::string_view::npos) break;
+    }
+    const struct {
+        const char* name;
+        const char* target;
+    } aliases[] = {{"python", "/usr/bin/python3"}, {"pip", "/usr/bin/pip3"}};
+    for (const auto& alias : aliases) {
+        struct stat st {};
+        const std::string host_name = std::string("/usr/bin/") + alias.name;
+        if (::lstat(host_name.c_str(), &st) == 0 || ::access(alias.target, X_OK) != 0) continue;
+        const std::string link = std::string(dir) + "/" + alias.name;
+        if (const int err = b.make_symlink(link, alias.target)) return err;
+    }
+    return 0;
+}
+
 }  // namespace
 
 std::string passwd_for(std::string_view user, std::string_view home) {
@@ -187,6 +214,7 @@ int build_template_root(const std::string& path, std::string& detail) {
         if (const int err = b.make_dir(dir)) return err;
     }
     if (const int err = build_etc(b)) return err;
+    if (const int err = build_command_aliases(b)) return err;
     if (const int err = build_dev(b)) return err;
     // Superblock read-only first, then the mount itself, so copies made in a sandbox's user
     // namespace inherit a locked read-only flag.

@@ -10,6 +10,8 @@
 //   /dev         tmpfs (ro,nosuid,nodev,noexec) with read-only binds of null, zero, full, random,
 //                urandom, tty; fd, stdin, stdout, stderr symlinks into /proc/self/fd; shm/
 //   /proc /tmp /workspace /dev/shm /root /home   empty mount points
+//   /opt/moat/bin  python -> /usr/bin/python3 and pip -> /usr/bin/pip3, each only when the host
+//                lacks /usr/bin/python (pip) and has its target; last on the default PATH
 //
 // There is no /sys. Each sandbox bind-mounts this tree recursively and mounts its own /proc,
 // /tmp, /dev/shm and /workspace on the mount points, and /home when its layout has a home there;

@@ -35,6 +35,9 @@ inline constexpr std::size_t max_message_bytes = 128 * 1024;
 // Inside the sandbox: pid 1 runs as root of the user namespace; commands run as this user.
 inline constexpr std::uint32_t sandbox_user_id = 1000;
 inline constexpr std::uint32_t sandbox_group_id = 1000;
+// The template root's directory of command aliases (`python` -> /usr/bin/python3 where the host
+// has no python; sandboxd/template_root.hpp), last on the default PATH of commands.
+inline constexpr std::string_view command_alias_dir = "/opt/moat/bin";
 // Each sandbox maps [0, uid_range_size) onto a host range of its own, never host root.
 inline constexpr std::uint32_t uid_range_size = 65536;
 

@@ -18,10 +18,9 @@ struct cli_outcome {
     std::string output;  // stdout and stderr together
 };
 
-// Runs `prefix moat args` (prefix: e.g. "setpriv --reuid=65534 ..." or "").
-inline cli_outcome moat_cli(const std::string& prefix, const std::string& args) {
-    std::string command = std::string(moat::test::moat_cli_path()) + " " + args + " 2>&1";
-    if (!prefix.empty()) command = prefix + " " + command;
+// Runs `command` through /bin/sh: its stdout (what the command line does not redirect) and its
+// exit code.
+inline cli_outcome shell_command(const std::string& command) {
     FILE* pipe = ::popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
     cli_outcome o;
@@ -32,6 +31,13 @@ inline cli_outcome moat_cli(const std::string& prefix, const std::string& args) 
     const int status = ::pclose(pipe);
     o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     return o;
+}
+
+// Runs `prefix moat args` (prefix: e.g. "setpriv --reuid=65534 ..." or "").
+inline cli_outcome moat_cli(const std::string& prefix, const std::string& args) {
+    std::string command = std::string(moat::test::moat_cli_path()) + " " + args + " 2>&1";
+    if (!prefix.empty()) command = prefix + " " + command;
+    return shell_command(command);
 }
 
 inline cli_outcome moat_cli(const std::string& args) {

@@ -4,35 +4,21 @@
 #include <moat/sandbox.hpp>
 
 #include "cli/arguments.hpp"
-#include "cli/bench/helper_process.hpp"
+#include "cli/bench/fetch_bench.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/cli_runtime.hpp"
 #include "core/json_writer.hpp"
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
-#include <vector>
 
 namespace moat::cli {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr std::size_t small_bytes = 1024;
 
 struct egress_bench_options {
     std::size_t n = 10;
@@ -40,148 +26,8 @@ struct egress_bench_options {
     std::string json_path;
 };
 
-// A python3 http.server on 127.0.0.1 over a temporary directory holding big.bin and small.bin;
-// stopped (TERM, then KILL) and removed at the end.
-class file_server : public helper_server {
-  public:
-    bool start(std::size_t big_bytes, std::string& why) {
-        if (!make_directory("moat-bench-egress", why)) return false;
-        const std::string& dir = directory();
-        if (!fill(dir + "/big.bin", big_bytes) || !fill(dir + "/small.bin", small_bytes)) {
-            why = "cannot write the files to serve under " + dir;
-            return false;
-        }
-        port = free_port();
-        if (port == 0) {
-            why = "no free loopback port";
-            return false;
-        }
-        const std::uint16_t listening = port;
-        if (!launch(
-                {"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1",
-                 "--directory", dir},
-                true, [listening] { return accepts(listening); }, "python3 -m http.server", why)) {
-            why += " (is python3 installed?)";
-            return false;
-        }
-        return true;
-    }
-
-    std::uint16_t port = 0;
-
-  private:
-    static bool fill(const std::string& path, std::size_t bytes) {
-        std::ofstream out(path, std::ios::binary);
-        std::string block(1 << 20, '\0');
-        unsigned state = 12345;
-        for (auto& c : block) {
-            state = state * 1103515245u + 12345u;
-            c = static_cast<char>(state >> 24);
-        }
-        while (bytes > 0 && out) {
-            const std::size_t n = std::min(bytes, block.size());
-            out.write(block.data(), static_cast<std::streamsize>(n));
-            bytes -= n;
-        }
-        return static_cast<bool>(out);
-    }
-
-    static std::uint16_t free_port() {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return 0;
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t length = sizeof address;
-        std::uint16_t port = 0;
-        if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-            port = ntohs(address.sin_port);
-        }
-        ::close(fd);
-        return port;
-    }
-
-    static bool accepts(std::uint16_t port) {
-        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return false;
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        address.sin_port = htons(port);
-        const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-        ::close(fd);
-        return ok;
-    }
-};
-
-// A shell loop of `count` curl fetches of `url`, one "<seconds> <bytes>" line each (curl's own
-// timing: the transfer, not the process start).
-std::string fetch_loop(const std::string& url, std::size_t count) {
-    return "i=0; while [ $i -lt " + std::to_string(count) +
-           " ]; do curl -s -o /dev/null -w '%{time_total} %{size_download}\\n' '" + url +
-           "' || echo 'failed 0'; i=$((i+1)); done";
-}
-
-// Adds each line's time to `into` when its size is `expected`, else counts a failure.
-void read_fetches(const std::string& text, std::size_t expected, std::size_t count,
-                  latency_samples& into) {
-    std::istringstream lines(text);
-    std::string seconds;
-    std::string bytes;
-    std::size_t seen = 0;
-    while (lines >> seconds >> bytes) {
-        ++seen;
-        char* end = nullptr;
-        const double s = std::strtod(seconds.c_str(), &end);
-        if (end == seconds.c_str() || *end != '\0' || bytes != std::to_string(expected)) {
-            ++into.failures;
-            continue;
-        }
-        into.ms.push_back(s * 1000.0);
-    }
-    if (seen < count) into.failures += count - seen;
-}
-
-// The host side: the same loop through /bin/sh, its stdout collected.
-std::string run_on_host(const std::string& script) {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return "";
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-        ::close(out[0]);
-        ::close(out[1]);
-        return "";
-    }
-    if (pid == 0) {
-        ::dup2(out[1], STDOUT_FILENO);
-        ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
-        ::_exit(127);
-    }
-    ::close(out[1]);
-    std::string text;
-    char buffer[4096];
-    for (;;) {
-        const ssize_t n = ::read(out[0], buffer, sizeof buffer);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        text.append(buffer, static_cast<std::size_t>(n));
-    }
-    ::close(out[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return text;
-}
-
-struct egress_results {
-    latency_samples host_download{"host_download", {}, 0};
-    latency_samples sandbox_download{"sandbox_download", {}, 0};
-    latency_samples host_small{"host_small", {}, 0};
-    latency_samples sandbox_small{"sandbox_small", {}, 0};
-};
-
 asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::uint16_t port,
-                               egress_results& r) {
+                               fetch_results& r) {
     runtime sandboxes(b);
     sandbox_spec spec;
     spec.labels["moat.cli"] = "bench-egress";
@@ -203,8 +49,9 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
         latency_samples* host;
         latency_samples* inside;
     };
-    const fetch_kind kinds[2] = {{"/big.bin", big, &r.host_download, &r.sandbox_download},
-                                 {"/small.bin", small_bytes, &r.host_small, &r.sandbox_small}};
+    const fetch_kind kinds[2] = {
+        {"/big.bin", big, &r.host_download, &r.measured_download},
+        {"/small.bin", small_file_bytes, &r.host_small, &r.measured_small}};
     int code = 0;
     for (const std::size_t count : halves) {
         if (count == 0) continue;
@@ -213,7 +60,9 @@ asio::awaitable<int> run_bench(backend& b, const egress_bench_options& o, std::u
             const std::size_t bytes = kind.bytes;
             latency_samples* host = kind.host;
             latency_samples* inside = kind.inside;
-            read_fetches(run_on_host(fetch_loop(direct + file, count)), bytes, count, *host);
+            const std::string host_text =
+                co_await async_run_on_host(fetch_loop(direct + file, count));
+            read_fetches(host_text, bytes, count, *host);
             exec_request request;
             request.argv = {"/bin/sh", "-c", fetch_loop(proxied + file, count)};
             request.wall_limit = std::chrono::minutes(5);
@@ -238,56 +87,32 @@ int bench_egress(int argc, char** argv) {
     parse_flags(argc, argv,
                 {count_flag("--n", o.n, 1, 10'000), count_flag("--mb", o.mb, 1, 4096),
                  string_flag("--json", o.json_path)});
-    file_server server;
-    std::string why;
-    if (!server.start(o.mb << 20, why)) {
-        return report_error("bench egress", make_error(errc::backend_failure, why));
-    }
-    egress_results r;
-    const int code = run_with_backend(
-        [&o, &r, port = server.port](backend& b) { return run_bench(b, o, port, r); });
-    server.stop();
+    fetch_results r("sandbox", "small");
+    const int code = with_file_server(
+        "bench egress", o.mb << 20,
+        [&o, &r](backend& b, std::uint16_t port) { return run_bench(b, o, port, r); });
 
-    const double mb = static_cast<double>(o.mb << 20) / 1e6;
-    const double host_p50 = r.host_download.percentile(0.5);
-    const double inside_p50 = r.sandbox_download.percentile(0.5);
-    const double host_rate = host_p50 > 0 ? mb / (host_p50 / 1000.0) : 0.0;
-    const double inside_rate = inside_p50 > 0 ? mb / (inside_p50 / 1000.0) : 0.0;
-    const double ratio = host_rate > 0 ? inside_rate / host_rate : 0.0;
-    const double overhead = r.sandbox_small.percentile(0.5) - r.host_small.percentile(0.5);
+    const auto rates = r.download_rates(o.mb << 20);
+    const double overhead = r.measured_small.percentile(0.5) - r.host_small.percentile(0.5);
     char line[256];
     std::string out = "moat bench egress: " + std::to_string(o.n) + " downloads of " +
                       std::to_string(o.mb) + " MiB and " + std::to_string(o.n) +
                       " of 1 KiB with curl from a python3 http.server on 127.0.0.1, from the host "
                       "directly and from a sandbox through its egress proxy, alternating\n";
     out += summary_header();
-    for (const auto* s : {&r.host_download, &r.sandbox_download, &r.host_small, &r.sandbox_small})
-        out += summary_line(*s);
+    for (const auto* s : r.all()) out += summary_line(*s);
     std::snprintf(line, sizeof line,
                   "throughput p50: host %.0f MB/s, sandbox %.0f MB/s: %.2fx (target >= 0.8x)\n",
-                  host_rate, inside_rate, ratio);
+                  rates.host, rates.measured, rates.ratio);
     out += line;
     std::snprintf(line, sizeof line,
                   "connection setup overhead (1 KiB fetch p50, proxied minus direct): %.2f ms\n",
                   overhead);
     out += line;
-    const bool published = publish_report("bench egress", out, o.json_path, [&](json_writer& w) {
-        for (const auto* s :
-             {&r.host_download, &r.sandbox_download, &r.host_small, &r.sandbox_small}) {
-            w.key(s->name);
-            write_summary(w, *s);
-        }
-        w.key("throughput_ratio_p50").value(ratio);
+    return publish_fetch_report("bench egress", code, out, o.json_path, r, [&](json_writer& w) {
+        w.key("throughput_ratio_p50").value(rates.ratio);
         w.key("setup_overhead_p50_ms").value(overhead);
     });
-    const std::size_t failures = r.host_download.failures + r.sandbox_download.failures +
-                                 r.host_small.failures + r.sandbox_small.failures;
-    if (failures > 0) {
-        write_all(STDERR_FILENO,
-                  "moat bench egress: " + std::to_string(failures) + " fetches failed\n");
-        return code != 0 ? code : exit_failure;
-    }
-    return published ? code : exit_failure;
 }
 
 }  // namespace moat::cli
