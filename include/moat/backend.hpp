@@ -202,7 +202,9 @@ class backend {
     // addresses is not reached (a sandbox has only loopback). Errors: invalid_argument for port 0;
     // permission_denied for a port moat itself listens on inside the sandbox (the egress proxy's,
     // sandbox_network::proxy_port): never forwarded; connection_refused when nothing listens there
-    // (yet); not_supported where the backend exposes ports only as hosts (e2b: port_host).
+    // (yet) or the connect failed otherwise (never a reason to quarantine: it is about the
+    // sandbox's server, not the sandbox); not_supported where the backend exposes ports only as
+    // hosts (e2b: port_host).
     // Cancellation: the connection is dropped.
     virtual asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
                                                                               std::uint16_t port);

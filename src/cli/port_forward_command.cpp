@@ -34,8 +34,6 @@ constexpr std::string_view synopsis = "moat port-forward ID [LOCAL_ADDR:]LOCAL_P
 constexpr auto poll_interval = 1s;
 // How long one connection may take to reach the sandbox's port.
 constexpr auto connect_limit = 10s;
-// How long connections still being set up get to wind down once the forward ends.
-constexpr auto drain_limit = 3s;
 
 struct port_mapping {
     asio::ip::address local_address = asio::ip::make_address_v4("127.0.0.1");
@@ -170,7 +168,7 @@ asio::awaitable<std::string> sandbox_end(backend& b, const sandbox& box) {
     co_return "";
 }
 
-std::size_t open_connections(const std::vector<std::shared_ptr<port_forwarder>>& forwarders) {
+std::size_t open_connections(const std::vector<std::unique_ptr<port_forwarder>>& forwarders) {
     std::size_t open = 0;
     for (const auto& f : forwarders) open += f->open_connections();
     return open;
@@ -185,7 +183,7 @@ asio::awaitable<int> forward_ports(backend& b, port_forward_options o) {
     }
     std::shared_ptr<sandbox> box = std::move(*attached);
     const auto executor = co_await asio::this_coro::executor;
-    std::vector<std::shared_ptr<port_forwarder>> forwarders;
+    std::vector<std::unique_ptr<port_forwarder>> forwarders;
     int code = 0;
     for (const auto& m : o.mappings) {
         std::weak_ptr<sandbox> weak = box;
@@ -200,10 +198,10 @@ asio::awaitable<int> forward_ports(backend& b, port_forward_options o) {
             code = report_error("port-forward", started.error());
             break;
         }
-        forwarders.push_back(*started);
         const std::string line = "forwarding " + endpoint_text((*started)->local_endpoint()) +
                                  " -> " + o.id + ":" + std::to_string(port) + "\n";
         write_all(STDOUT_FILENO, line);  // unbuffered: a script reads it at once
+        forwarders.push_back(std::move(*started));
     }
     while (code == 0) {
         asio::steady_timer tick(executor, poll_interval);
@@ -222,11 +220,7 @@ asio::awaitable<int> forward_ports(backend& b, port_forward_options o) {
     // runtime go away.
     co_await asio::this_coro::reset_cancellation_state();
     for (const auto& f : forwarders) f->close();
-    const auto limit = std::chrono::steady_clock::now() + drain_limit;
-    while (open_connections(forwarders) > 0 && std::chrono::steady_clock::now() < limit) {
-        asio::steady_timer pause(executor, 20ms);
-        co_await pause.async_wait(as_tuple(asio::use_awaitable));
-    }
+    for (const auto& f : forwarders) co_await f->async_close();
     co_return code;
 }
 

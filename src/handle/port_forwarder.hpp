@@ -5,7 +5,8 @@
 // if that fails the connection is closed at once (the event says why). Many connections run at
 // once, at most `max_connections` (one more is closed as it is accepted); each ends when either
 // side has closed both ways, fails, or is idle past the relay's limit (stream_relay.hpp).
-// close() stops accepting and ends every connection at once. Confined to its executor.
+// close() (or dropping it) stops accepting and ends every connection at once; its tasks belong to
+// a task group of its own and hold only the state they share. Confined to its executor.
 #pragma once
 
 #include "http/stream_relay.hpp"
@@ -19,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -46,51 +46,39 @@ struct port_forward_event {
     bool idle = false;            // closed by the idle limit
 };
 
-class port_forwarder : public std::enable_shared_from_this<port_forwarder> {
+class port_forwarder {
   public:
     using connector = std::function<asio::awaitable<result<asio::ip::tcp::socket>>()>;
     using event_sink = std::function<void(const port_forward_event&)>;
 
     // Binds and listens on `listen` (port 0: any free one) and starts accepting.
     // backend_failure naming the address when it cannot be bound.
-    static result<std::shared_ptr<port_forwarder>> start(asio::any_io_executor executor,
+    static result<std::unique_ptr<port_forwarder>> start(asio::any_io_executor executor,
                                                          asio::ip::tcp::endpoint listen,
                                                          connector connect,
                                                          port_forward_options options = {},
                                                          event_sink on_event = {});
 
+    // close(); the tasks end when the executor next runs them.
     ~port_forwarder();
     port_forwarder(const port_forwarder&) = delete;
     port_forwarder& operator=(const port_forwarder&) = delete;
 
     // The bound address (its port, when 0 was asked).
-    const asio::ip::tcp::endpoint& local_endpoint() const noexcept { return bound_; }
-    std::size_t open_connections() const noexcept { return open_; }
-    // Stops accepting and ends every connection at once. Idempotent.
+    const asio::ip::tcp::endpoint& local_endpoint() const noexcept;
+    std::size_t open_connections() const noexcept;
+    // Stops accepting and ends every connection at once (their tasks are cancelled). Idempotent.
     void close() noexcept;
-    bool is_closed() const noexcept { return closed_; }
+    bool is_closed() const noexcept;
+    // close(), then completes once every task of the forwarder (the accept loop, each
+    // connection) has ended. Cancellation: none.
+    asio::awaitable<void> async_close();
 
-    struct connection;  // one relayed connection (port_forwarder.cpp)
+    struct state;  // what its tasks share (port_forwarder.cpp)
 
   private:
-    port_forwarder(asio::any_io_executor executor, asio::ip::tcp::acceptor acceptor,
-                   connector connect, port_forward_options options, event_sink on_event);
-    friend asio::awaitable<void> accept_loop(std::shared_ptr<port_forwarder> self);
-    friend asio::awaitable<void> serve_connection(std::shared_ptr<port_forwarder> self,
-                                                  std::shared_ptr<connection> c);
-    void emit(const port_forward_event& e) const;
-
-    asio::any_io_executor executor_;
-    asio::ip::tcp::acceptor acceptor_;
-    asio::ip::tcp::endpoint bound_;
-    connector connect_;
-    port_forward_options options_;
-    event_sink on_event_;
-    std::size_t open_ = 0;
-    bool closed_ = false;
-    std::uint64_t next_id_ = 1;
-    // Open connections by id, so close() can end them; each removes itself when it ends.
-    std::map<std::uint64_t, std::shared_ptr<connection>> connections_;
+    explicit port_forwarder(std::shared_ptr<state> s) : state_(std::move(s)) {}
+    std::shared_ptr<state> state_;
 };
 
 }  // namespace moat

@@ -106,7 +106,7 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     std::shared_ptr<moat::telemetry> telemetry;
     // async_port_host's loopback forwards (backends without port names), by sandbox port; closed
     // when the handle stops vouching for the sandbox (quarantine, destroy) or is dropped.
-    std::map<std::uint16_t, std::shared_ptr<port_forwarder>> forwards;
+    std::map<std::uint16_t, std::unique_ptr<port_forwarder>> forwards;
     void close_forwards() noexcept;
 
     // Reports one finished operation (metrics and the runtime's on_operation).

@@ -33,8 +33,9 @@ asio::awaitable<result<int>> wait_connected(std::shared_ptr<asio::ip::tcp::socke
     if (waited == asio::error::operation_aborted) {
         co_return make_error(errc::cancelled, "cancelled while connecting");
     }
-    if (waited)
-        co_return make_error(errc::backend_failure, "waiting to connect: " + waited.message());
+    if (waited) {
+        co_return make_error(errc::connection_refused, "waiting to connect: " + waited.message());
+    }
     int connect_errno = 0;
     socklen_t length = sizeof connect_errno;
     if (::getsockopt(socket->native_handle(), SOL_SOCKET, SO_ERROR, &connect_errno, &length) != 0) {
@@ -43,7 +44,9 @@ asio::awaitable<result<int>> wait_connected(std::shared_ptr<asio::ip::tcp::socke
     co_return connect_errno;
 }
 
-// The agent's errno for a connection it could not make, other than a refusal.
+// The agent's errno for a connection it could not make, other than a refusal. Whatever the kernel
+// says about a connect is about the sandbox's server, never a reason to stop vouching for the
+// sandbox: nothing here is backend_failure (which would quarantine the handle).
 error connect_error(const std::string& id, std::uint16_t port, int connect_errno) {
     const std::string what = "connecting to port " + std::to_string(port) + " in sandbox " + id;
     switch (connect_errno) {
@@ -58,7 +61,7 @@ error connect_error(const std::string& id, std::uint16_t port, int connect_errno
             return make_error(errc::limit_exceeded, what + ": out of descriptors or memory (" +
                                                         std::strerror(connect_errno) + ")");
         default:
-            return make_error(errc::backend_failure, what + ": " + std::strerror(connect_errno));
+            return make_error(errc::connection_refused, what + ": " + std::strerror(connect_errno));
     }
 }
 
@@ -105,7 +108,7 @@ asio::awaitable<result<asio::ip::tcp::socket>> local_backend::connect_port(std::
         socket->assign(protocol, answer->socket.get(), assigned);
         if (assigned) {
             co_return make_error(
-                errc::backend_failure,
+                errc::limit_exceeded,
                 "connecting to port " + std::to_string(port) + ": " + assigned.message());
         }
         answer->socket.release();  // the socket owns it now
