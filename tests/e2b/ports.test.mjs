@@ -1,6 +1,6 @@
 // moat serve's port hosts driven by the official e2b SDK 2.51.0: getHost(port) under --domain
 // (the create answer's `domain`, no E2B_DOMAIN), an http.server started with
-// commands.run(..., {background: true}) fetched through `<port>-<id>.<domain>`, a WebSocket echo
+// commands.run("python -m http.server", {background: true}) fetched through `<port>-<id>.<domain>`, a WebSocket echo
 // through the same route, the E2b-Sandbox-Port form, and the refusals: another sandbox's name,
 // private ports without their traffic token or with another sandbox's, moat's own port 3128.
 // The test resolves `*.moat.test` to the server's loopback address itself (a lookup function),
@@ -75,7 +75,7 @@ async function waitUntilServed(host, path, headers = {}) {
 
 async function startHttpServer(sbx, port) {
     await sbx.files.write('/home/user/site/hello.txt', 'hello from the sandbox\n');
-    return sbx.commands.run(`python3 -m http.server ${port}`, { background: true, cwd: '/home/user/site' });
+    return sbx.commands.run(`python -m http.server ${port}`, { background: true, cwd: '/home/user/site' });
 }
 
 // A WebSocket echo server (RFC 6455, text frames under 126 bytes), Python's standard library only.
@@ -195,7 +195,7 @@ test('a WebSocket echo in the sandbox answers through the same route', async () 
     const sbx = await Sandbox.create();
     try {
         await sbx.files.write('/home/user/echo.py', websocketEcho);
-        await sbx.commands.run('python3 /home/user/echo.py', { background: true });
+        await sbx.commands.run('python /home/user/echo.py', { background: true });
         const host = sbx.getHost(8765);
         await waitFor(async () => (await get(host, '/')).status !== 502, 20_000, 100);
         const replies = await websocketRoundTrips(host, ['one', 'two', 'three']);

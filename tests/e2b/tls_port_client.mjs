@@ -30,7 +30,7 @@ function get(host, path) {
 const sbx = await Sandbox.create();
 try {
     await sbx.files.write('/home/user/site/hello.txt', 'hello over TLS\n');
-    await sbx.commands.run('python3 -m http.server 8000', { background: true, cwd: '/home/user/site' });
+    await sbx.commands.run('python -m http.server 8000', { background: true, cwd: '/home/user/site' });
     const host = sbx.getHost(8000);
     if (!host.endsWith('.' + domain)) throw new Error(`getHost gave ${host}`);
     let answer;
