@@ -178,35 +178,28 @@ TEST_CASE("a port request names its sandbox and port by Host, else by E2b-Sandbo
     CHECK_FALSE(parse_sandbox_host("8000-sb-2.e2b.local", ""));
 
     // envd's own port is envd's, by name or by header.
-    moat::http::request_head envd;
-    envd.headers.add("Host", "49983-sb-2.e2b.local");
-    CHECK_FALSE(requested_port(envd, "e2b.local"));
-    moat::http::request_head by_name;
-    by_name.headers.add("Host", "8000-sb-2.e2b.local");
-    by_name.headers.add("E2b-Sandbox-Id", "sb-9");  // the name wins, as at E2B's proxy
-    by_name.headers.add("E2b-Sandbox-Port", "9000");
+    const auto head = [](std::string host, std::string id, std::string port) {
+        moat::http::request_head h;
+        if (!host.empty()) h.headers.add("Host", std::move(host));
+        if (!id.empty()) h.headers.add("E2b-Sandbox-Id", std::move(id));
+        if (!port.empty()) h.headers.add("E2b-Sandbox-Port", std::move(port));
+        return h;
+    };
+    CHECK_FALSE(requested_port(head("49983-sb-2.e2b.local", "", ""), "e2b.local"));
+    // The name wins over the headers, as at E2B's proxy.
+    const auto by_name = head("8000-sb-2.e2b.local", "sb-9", "9000");
     REQUIRE(requested_port(by_name, "e2b.local"));
     CHECK(requested_port(by_name, "e2b.local")->id == "sb-2");
     CHECK(requested_port(by_name, "e2b.local")->port == 8000);
-    moat::http::request_head by_header;
-    by_header.headers.add("Host", "127.0.0.1:49983");
-    by_header.headers.add("E2b-Sandbox-Id", "sb-3");
-    by_header.headers.add("E2b-Sandbox-Port", "49999");
+    const auto by_header = head("127.0.0.1:49983", "sb-3", "49999");
     REQUIRE(requested_port(by_header, "e2b.local"));
     CHECK(requested_port(by_header, "e2b.local")->id == "sb-3");
     CHECK(requested_port(by_header, "e2b.local")->port == 49999);
-    moat::http::request_head envd_header;
-    envd_header.headers.add("E2b-Sandbox-Id", "sb-3");
-    envd_header.headers.add("E2b-Sandbox-Port", "49983");
-    CHECK_FALSE(requested_port(envd_header, ""));
-    moat::http::request_head bad_port;
-    bad_port.headers.add("E2b-Sandbox-Id", "sb-3");
-    bad_port.headers.add("E2b-Sandbox-Port", "80a");
+    CHECK_FALSE(requested_port(head("", "sb-3", "49983"), ""));
+    const auto bad_port = head("", "sb-3", "80a");
     REQUIRE(requested_port(bad_port, ""));
     CHECK(requested_port(bad_port, "")->port == 0);
-    moat::http::request_head no_port;
-    no_port.headers.add("E2b-Sandbox-Id", "sb-3");
-    CHECK_FALSE(requested_port(no_port, ""));
+    CHECK_FALSE(requested_port(head("", "sb-3", ""), ""));
 }
 
 TEST_CASE("Keepalive-Ping-Interval is whole seconds from 1 to an hour, larger values clamped") {

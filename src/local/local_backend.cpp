@@ -472,6 +472,17 @@ result<std::shared_ptr<local_sandbox>> local_backend::find(const std::string& id
     return std::move(record).error();
 }
 
+result<std::shared_ptr<local_sandbox>> local_backend::find_running(const std::string& id) {
+    auto found = find(id);
+    if (!found) return found;
+    const auto& sandbox = *found;
+    if (sandbox->gone_reason || !sandbox->agent) {
+        return make_error(errc::sandbox_unavailable,
+                          sandbox->gone_reason.value_or("the sandbox has ended"));
+    }
+    return found;
+}
+
 asio::awaitable<result<host_report>> local_backend::async_host_report() {
     try {
         auto started =
@@ -531,13 +542,9 @@ asio::awaitable<result<sandbox_info>> local_backend::async_extend_ttl(
 asio::awaitable<result<sandbox_info>> local_backend::extend_ttl(std::string id,
                                                                 std::chrono::milliseconds ttl) {
     if (auto invalid = validate_ttl(ttl); !invalid) co_return std::move(invalid).error();
-    auto found = find(id);
+    auto found = find_running(id);
     if (!found) co_return std::move(found).error();
     auto sandbox = *found;
-    if (sandbox->gone_reason || !sandbox->agent) {
-        co_return make_error(errc::sandbox_unavailable,
-                             sandbox->gone_reason.value_or("the sandbox has ended"));
-    }
     auto agent = sandbox->agent;  // the sandbox may end while we wait
     const auto limit = deadline::after(control_timeout);
     auto set = co_await agent->async_set_ttl(ttl, limit);

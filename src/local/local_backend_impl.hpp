@@ -143,6 +143,8 @@ class local_backend final : public backend {
     static void refresh_state(local_sandbox& sandbox);
     // The sandbox this backend holds; sandbox_not_found naming the owner of one it only records.
     result<std::shared_ptr<local_sandbox>> find(const std::string& id);
+    // find(), and sandbox_unavailable (its reason) when the sandbox has ended or has no agent.
+    result<std::shared_ptr<local_sandbox>> find_running(const std::string& id);
     // Starts serving the sandbox's egress proxy: registers its policy with the backend's proxy
     // and accepts on the listener its agent handed over with `ready`. Nothing for network none.
     result<void> start_egress(local_sandbox& sandbox, const egress::network_policy& policy);

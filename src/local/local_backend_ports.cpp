@@ -88,14 +88,9 @@ asio::awaitable<result<asio::ip::tcp::socket>> local_backend::connect_port(std::
             "port " + std::to_string(port) +
                 " is moat's egress proxy inside the sandbox; it is never forwarded");
     }
-    auto found = find(id);
+    auto found = find_running(id);
     if (!found) co_return std::move(found).error();
-    auto sandbox = *found;
-    if (sandbox->gone_reason || !sandbox->agent) {
-        co_return make_error(errc::sandbox_unavailable,
-                             sandbox->gone_reason.value_or("the sandbox has ended"));
-    }
-    auto agent = sandbox->agent;  // the sandbox may end while we wait
+    auto agent = (*found)->agent;  // the sandbox may end while we wait
     const auto limit = deadline::after(connect_timeout);
     for (const int family : {4, 6}) {
         auto answer = co_await agent->async_connect_port(port, family, limit);
