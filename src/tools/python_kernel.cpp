@@ -5,6 +5,7 @@
 #include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
 
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -108,6 +109,28 @@ asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& result
     co_return read;
 }
 
+// At `when`, asks the relay to interrupt the cell (once); then waits until cancelled.
+asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrupted) {
+    asio::steady_timer timer(co_await asio::this_coro::executor, when.when());
+    co_await timer.async_wait(asio::use_awaitable);
+    interrupted = true;
+    std::string interrupt = "i";
+    (void)co_await relay.async_write_stdin(std::move(interrupt));
+    timer.expires_at(clock::time_point::max());
+    co_await timer.async_wait(asio::use_awaitable);
+}
+
+// read_cell, with the cell interrupted at `when` if it is still running then.
+asio::awaitable<result<cell_read>> read_cell_interrupting(process& relay, cell_output& results,
+                                                          deadline when, bool& interrupted) {
+    using namespace asio::experimental::awaitable_operators;
+    auto reading = read_cell(relay, results);
+    auto interrupting = interrupt_at(relay, when, interrupted);
+    auto first = co_await (std::move(reading) || std::move(interrupting));
+    if (first.index() == 0) co_return std::move(std::get<0>(first));
+    co_return make_error(errc::backend_failure, "the interrupt outlived the cell");
+}
+
 // Waits (bounded) for a program's end, discarding what it still prints.
 asio::awaitable<void> await_end(process& program) {
     const auto limit = deadline::after(reap_grace);
@@ -118,15 +141,23 @@ asio::awaitable<void> await_end(process& program) {
     }
 }
 
-// "go <generation> <fresh>": the generation, or 0 if the line is not that.
-std::uint64_t parse_go(std::string_view line, bool& fresh) {
+// "go <generation> <fresh> <cell number>": the generation, or 0 if the line is not that.
+std::uint64_t parse_go(std::string_view line, bool& fresh, std::uint64_t& number) {
     if (!line.starts_with("go ")) return 0;
     line.remove_prefix(3);
-    std::uint64_t generation = 0;
-    const auto parsed = std::from_chars(line.data(), line.data() + line.size(), generation);
-    if (parsed.ec != std::errc() || parsed.ptr == line.data() + line.size()) return 0;
-    fresh = std::string_view(parsed.ptr, line.data() + line.size()) == " 1";
-    return generation;
+    std::uint64_t fields[3] = {0, 0, 0};
+    const char* at = line.data();
+    const char* end = line.data() + line.size();
+    for (int i = 0; i < 3; ++i) {
+        if (i != 0 && (at == end || *at++ != ' ')) return 0;
+        const auto parsed = std::from_chars(at, end, fields[i]);
+        if (parsed.ec != std::errc() || parsed.ptr == at) return 0;
+        at = parsed.ptr;
+    }
+    if (at != end || fields[1] > 1) return 0;
+    fresh = fields[1] == 1;
+    number = fields[2];
+    return fields[0];
 }
 
 // The supervisor's own end records: "NNN crashed <exit code> <signal>", "NNN killed".
@@ -210,7 +241,8 @@ asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadli
 
 asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
-    deadline limit, std::function<void(output_channel, std::string_view)> on_output) {
+    deadline limit, std::function<void(output_channel, std::string_view)> on_output,
+    cell_event_sink on_event) {
     cell_outcome outcome;
     const std::string framed = std::to_string(code.size()) + "\n" + code;
     const auto turn_wait = std::min(timeout, max_turn_wait);
@@ -262,7 +294,8 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
             continue;
         }
         bool fresh = false;
-        outcome.generation = greeted.complete ? parse_go(greeted.line, fresh) : 0;
+        outcome.generation =
+            greeted.complete ? parse_go(greeted.line, fresh, outcome.cell_number) : 0;
         if (outcome.generation == 0) {
             co_await await_end(relay);
             co_return make_error(
@@ -276,23 +309,27 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
 
     cell_output results(capture_);
     if (on_output) results.on_output(on_output);
+    if (on_event) results.on_event(std::move(on_event));
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
-    const auto first = earliest(cell_limit, limit);
+    const auto kill_limit = deadline::after(timeout + interrupt_grace);
+    const auto first = earliest(kill_limit, limit);
     results.feed(greeted.rest);
-    auto exchange = read_cell(relay, results);
+    bool interrupted = false;
+    auto exchange = read_cell_interrupting(relay, results, cell_limit, interrupted);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
     outcome.out = results.finish_out();
     outcome.err = results.finish_err();
+    outcome.cell = results.finish_result();
 
     if (!read) {
         // The stop killed the relay (confirmed); its connection's end has the supervisor kill the
         // interpreter. A ping, served after that, confirms it (bounded).
         co_await confirm_stopped(*box);
-        const bool caller_first = !limit.is_never() && limit.when() <= cell_limit.when();
+        const bool caller_first = !limit.is_never() && limit.when() <= kill_limit.when();
         if (read.error().code == errc::deadline_exceeded && !caller_first) {
             outcome.how = cell_outcome::ending::timed_out;
             outcome.exit_code = 124;
@@ -322,6 +359,10 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     const auto status = parse_marker_line(results.status_line());
     outcome.raised = status.raised;
     outcome.exception_type = status.exception_type;
+    // An interrupt that arrived after the cell's end was ignored: the cell completed.
+    if (interrupted && status.exception_type == "KeyboardInterrupt") {
+        outcome.how = cell_outcome::ending::interrupted;
+    }
     co_return outcome;
 }
 
