@@ -9,6 +9,7 @@ namespace {
 constexpr std::string_view driver = R"PY(
 import ast, io, os, select, signal, sys, traceback
 number = int(sys.argv[1])
+cells_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.getcwd(), '.cells')
 sys.argv = ['']
 channel = os.fdopen(os.dup(0), 'rb', buffering=0)
 null = os.open('/dev/null', os.O_RDONLY)
@@ -81,7 +82,6 @@ os.dup2(err_w, 2)
 os.close(out_w)
 os.close(err_w)
 sys.stdin = open(0, 'r', closefd=False)
-cells_dir = os.path.join(os.getcwd(), '.cells')  # the sandbox's working directory
 if 'MATPLOTLIBRC' not in os.environ and not os.path.exists('/etc/matplotlibrc'):
     # Debian's matplotlib reads its defaults from /etc, which a sandbox's root may not carry.
     if os.path.exists('/usr/share/matplotlib/mpl-data/matplotlibrc'):
@@ -231,6 +231,7 @@ def read_exact(n):
     return b''.join(parts)
 
 def read_cell():
+    # "<n>\n<code>", or "x<n>\n<JSON: code, env>".
     line = b''
     while not line.endswith(b'\n'):
         c = channel.read(1)
@@ -239,7 +240,12 @@ def read_cell():
         line += c
         if len(line) > 20:
             raise EOFError
-    return read_exact(int(line)).decode('utf-8', 'replace')
+    if not line.startswith(b'x'):
+        return read_exact(int(line)).decode('utf-8', 'replace'), {}
+    import json
+    request = json.loads(read_exact(int(line[1:])))
+    env = request.get('env') or {}
+    return str(request.get('code', '')), {str(k): str(v) for k, v in env.items()}
 
 shell = None
 if os.environ.get('MOAT_PLAIN_PYTHON') != '1':
@@ -378,16 +384,34 @@ def run(number, code):
         return 'error', error[0]
     return 'ok', '-'
 
+def with_env(env):
+    # Sets the cell's variables; returns how to put the environment back after it.
+    saved = {}
+    for key, value in env.items():
+        if key and '=' not in key and '\0' not in key + value:
+            saved[key] = os.environ.get(key)
+            os.environ[key] = value
+    return saved
+
+def restore(saved):
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
 while True:
     try:
-        code = read_cell()
+        code, env = read_cell()
     except (EOFError, ValueError):
         break
     number += 1
+    saved = with_env(env)
     try:
         status, kind = run(number, code)
     except BaseException:
         status, kind = 'error', 'KeyboardInterrupt'
+    restore(saved)
     flush()
     os.write(ends_w, ('%03d %s %s\n' % (number, status, kind)).encode())
 )PY";

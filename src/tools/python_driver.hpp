@@ -1,16 +1,18 @@
 // The program that keeps one Python interpreter alive across a session's cells (run with
-// `python3 -u -c <source> <cells so far>` inside the sandbox; no file of it exists there).
+// `python3 -u -c <source> <cells so far> <cells directory>` inside the sandbox; no file of it
+// exists there).
 //
-// Protocol. The host writes each cell to the interpreter's stdin as "<byte length>\n<UTF-8 code>".
-// The driver saves it as <working directory>/.cells/NNN.py (numbered on from <cells so far>, so a
-// restarted interpreter does not overwrite earlier cells) and runs it in one persistent namespace:
-// through IPython's InteractiveShell when `import IPython` works (magics, `!` lines, display hooks
-// and `_repr_*_` methods as in Jupyter; `!` lines run without a terminal, so their stdout and
-// stderr stay apart), else with the plain interpreter (the last expression's value through the
-// same `_repr_*_` methods and repr(), a `display()` function, and a magic or `!` line answered
-// with a UsageError saying IPython is not in the sandbox; `%matplotlib inline` is accepted by
-// both). The cell's own stdin is /dev/null; the command channel is a private descriptor.
-// MOAT_PLAIN_PYTHON=1 in the interpreter's environment forces the plain interpreter.
+// Protocol. The host writes each cell to the interpreter's stdin as "<byte length>\n<UTF-8 code>",
+// or as "x<byte length>\n<JSON {code, env}>": `env`'s variables are set in os.environ for that
+// cell only, then removed or put back. The driver saves it as <cells directory>/NNN.py (numbered on
+// from <cells so far>, so a restarted interpreter does not overwrite earlier cells) and runs it in
+// one persistent namespace: through IPython's InteractiveShell when `import IPython` works (magics,
+// `!` lines, display hooks and `_repr_*_` methods as in Jupyter; `!` lines run without a terminal,
+// so their stdout and stderr stay apart), else with the plain interpreter (the last expression's
+// value through the same `_repr_*_` methods and repr(), a `display()` function, and a magic or `!`
+// line answered with a UsageError saying IPython is not in the sandbox; `%matplotlib inline` is
+// accepted by both). The cell's own stdin is /dev/null; the command channel is a private
+// descriptor. MOAT_PLAIN_PYTHON=1 in the interpreter's environment forces the plain interpreter.
 //
 // Results. Before any cell runs, the driver forks a forwarder, the only process holding the
 // interpreter's real stdout (the results channel), and points its own descriptors 1 and 2 at
@@ -54,13 +56,15 @@ std::string_view python_driver_source();
 // interpreter, whoever restarts it, numbers on.
 //
 // A cell, from any worker: the worker spawns the relay (`python3 -I -c <relay source> <turn wait
-// ms>`) and writes the framed cell to its stdin. The relay takes the turn lock
+// ms>`) and writes the framed cell to its stdin ("x" frames also name the cell's context, "" the
+// default one). The relay takes the turn lock
 // (.cells/.kernel/turn; waiting up to the turn wait, else it prints "busy" and exits), connects,
 // forwards the frame and copies everything the supervisor sends to its stdout. It prints "none"
 // and exits when there is no supervisor. The supervisor answers "go <generation> <1 if this cell
 // starts an interpreter, else 0> <the cell's number NNN>\n", then the driver's results channel
 // unchanged up to and including the cell's end record (later bytes wait for the next cell), and
-// closes the connection. The relay passes what the worker writes on its stdin on: "i" (the cell is
+// closes the connection; a cell for an unknown context is answered "unknown\n" instead. The relay
+// passes what the worker writes on its stdin on: "i" (the cell is
 // past its time limit) has the supervisor send SIGINT to the interpreter, which goes on. It writes
 // the end record itself when the interpreter died during the cell ("NNN crashed <exit code>
 // <signal>") or when the worker stopped it: any other byte, or the relay's end, kills the
@@ -68,6 +72,13 @@ std::string_view python_driver_source();
 // kills the interpreter. The frame "p\n" is a ping: the supervisor answers "pong" once it is done
 // with every earlier connection, so a worker that stopped a cell knows the interpreter's kill is
 // complete.
+//
+// Contexts. The supervisor keeps a table of contexts, each an interpreter of its own (own
+// namespace, own working directory): "" is the default one (the tool layer's; only its
+// interpreters count as generations). The frame "c<byte length>\n<JSON {op, ...}>" manages the
+// others and is answered with one line, "ok <...>" or "error <reason>": create {language, cwd}
+// (an id; the interpreter starts with the context's first cell, in cwd), restart {id} (its
+// interpreter killed), remove {id}, list (a JSON array of {id, language, cwd}). At most 32.
 std::string_view python_resident_source();
 std::string_view python_relay_source();
 

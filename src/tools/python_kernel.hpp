@@ -20,11 +20,31 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moat {
+
+// Where and how a cell runs.
+struct cell_options {
+    // The context: "" is the sandbox's default one (the tool layer's); others come from
+    // python_kernel::async_create_context.
+    std::string context;
+    // Set in the interpreter's environment for this cell only, then removed or put back (a
+    // `!` line and subprocesses see them too).
+    std::map<std::string, std::string> env;
+};
+
+// A context: an interpreter of its own in the sandbox (own namespace, own working directory),
+// beside the default one, shared by every worker attached to the sandbox.
+struct python_context {
+    std::string id;        // "" for the default context
+    std::string language;  // "python"
+    std::string cwd;       // its working directory when it was created
+};
 
 struct cell_outcome {
     enum class ending {
@@ -72,12 +92,51 @@ class python_kernel {
     // caller's cancellation / `limit` (the cell's relay is killed, confirmed, and with it the
     // interpreter). `on_output`, if set, receives the cell's own output (never the driver's
     // records) as it arrives; `on_event` its display results and error, in order with it.
+    // (No defaults: a caller in a coroutine passes named arguments, since g++ 12 miscompiles a
+    // braced default argument built inside a co_await expression.)
     asio::awaitable<result<cell_outcome>> async_run(
         std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
-        deadline limit, std::function<void(output_channel, std::string_view)> on_output = {},
-        cell_event_sink on_event = {});
+        deadline limit, std::function<void(output_channel, std::string_view)> on_output,
+        cell_event_sink on_event, cell_options options);
+
+    // Contexts, kept by the sandbox's supervisor (started first if there is none). create: a
+    // context for `language` (only "python" today; another is errc::not_supported) whose
+    // interpreter starts in `cwd` ("" the working directory; a missing directory is
+    // errc::invalid_argument), started by its first cell; at most 32 per sandbox. restart: its
+    // interpreter is killed (confirmed) and its next cell starts a new one; remove: that, and
+    // the context is gone (the default one cannot be removed). An unknown id is
+    // errc::invalid_argument ("no such context"), as is a cell for one. Each waits for a running
+    // cell (the sandbox's turn) at most 30 s, else errc::backend_failure ("busy").
+    asio::awaitable<result<python_context>> async_create_context(std::shared_ptr<sandbox> box,
+                                                                 std::string language,
+                                                                 std::string cwd,
+                                                                 deadline limit = {});
+    asio::awaitable<result<void>> async_restart_context(std::shared_ptr<sandbox> box,
+                                                        std::string id, deadline limit = {});
+    asio::awaitable<result<void>> async_remove_context(std::shared_ptr<sandbox> box, std::string id,
+                                                       deadline limit = {});
+    asio::awaitable<result<std::vector<python_context>>> async_list_contexts(
+        std::shared_ptr<sandbox> box, deadline limit = {});
 
   private:
+    // A relay that reached the supervisor (its first line: "go ...", "busy", an answer), or
+    // an error.
+    struct relay_answer {
+        process relay;
+        bool complete = false;  // a whole first line arrived
+        std::string line;
+        std::string rest;  // what followed the line
+        std::string err;   // the relay's stderr, for an error message
+    };
+    // Spawns a relay for `frame` (starting the supervisor when there is none), bounded by the
+    // turn wait and `limit`.
+    asio::awaitable<result<relay_answer>> open_relay(sandbox& box, std::string frame,
+                                                     std::chrono::milliseconds turn_wait,
+                                                     std::chrono::milliseconds wall,
+                                                     std::size_t max_line, deadline limit);
+    // A context operation: the supervisor's answer after "ok ".
+    asio::awaitable<result<std::string>> manage(sandbox& box, std::string request, deadline limit);
+
     asio::awaitable<result<void>> start_resident(sandbox& box, deadline limit);
     // Waits (bounded) until the supervisor has finished with every earlier connection: the kill
     // of an interpreter whose relay was stopped is complete.

@@ -8,7 +8,7 @@ namespace {
 
 // The interpreter's supervisor: the sandbox's resident (see python_driver.hpp).
 constexpr std::string_view resident = R"PY(
-import fcntl, os, select, signal, socket, subprocess, sys
+import fcntl, json, os, select, signal, socket, subprocess, sys
 driver = sys.argv[1]
 home = os.path.join('.cells', '.kernel')
 os.makedirs(home, mode=0o700, exist_ok=True)
@@ -48,22 +48,34 @@ def save():
         f.write('%d %d\n' % (generation, cells))
     os.replace(tmp, state_path)
 
-interp = None
-leftover = b''
+cells_dir = os.path.abspath('.cells')
+max_contexts = 32
 
-def start():
-    global interp, generation, leftover
-    generation += 1
+class Context:
+    # One interpreter with its own namespace and working directory. '' is the sandbox's default
+    # context (the tool layer's): only its interpreters count as generations.
+    def __init__(self, language='python', cwd=None):
+        self.language = language
+        self.cwd = cwd
+        self.interp = None
+        self.leftover = b''
+
+contexts = {'': Context()}
+
+def start(ctx):
+    global generation
+    if ctx is contexts.get(''):
+        generation += 1
     save()
-    leftover = b''
-    interp = subprocess.Popen([sys.executable, '-u', '-c', driver, str(cells)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, start_new_session=True)
-    for f in (interp.stdin, interp.stdout, interp.stderr):
+    ctx.leftover = b''
+    ctx.interp = subprocess.Popen([sys.executable, '-u', '-c', driver, str(cells), cells_dir],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, start_new_session=True, cwd=ctx.cwd)
+    for f in (ctx.interp.stdin, ctx.interp.stdout, ctx.interp.stderr):
         os.set_blocking(f.fileno(), False)
 
-def reap(grace):
-    global interp
+def reap(ctx, grace):
+    interp = ctx.interp
     try:
         interp.wait(timeout=grace)
     except subprocess.TimeoutExpired:
@@ -74,19 +86,56 @@ def reap(grace):
             f.close()
         except OSError:
             pass
-    interp = None
+    ctx.interp = None
     if code is None:
         return 128 + 9, 9
     if code < 0:
         return 128 - code, -code
     return code, 0
 
-def stop():
+def stop(ctx):
+    if ctx.interp is None:
+        return 0, 0
     try:
-        os.killpg(interp.pid, signal.SIGKILL)
+        os.killpg(ctx.interp.pid, signal.SIGKILL)
     except OSError:
         pass
-    return reap(5)
+    return reap(ctx, 5)
+
+def answer(conn, ok, text):
+    send(conn, (b'ok ' if ok else b'error ') + text.encode('utf-8', 'replace') + b'\n')
+
+def manage(conn, request):
+    # The context operations: create, restart, remove, list. One answer line each.
+    op = request.get('op')
+    ident = request.get('id', '')
+    if op == 'create':
+        language = request.get('language') or 'python'
+        cwd = request.get('cwd') or None
+        if language != 'python':
+            return answer(conn, False, 'unsupported language: ' + str(language)[:64])
+        if cwd is not None and not os.path.isdir(cwd):
+            return answer(conn, False, 'no such directory: ' + str(cwd)[:256])
+        if len(contexts) >= max_contexts:
+            return answer(conn, False, 'at most %d contexts per sandbox' % max_contexts)
+        ident = os.urandom(8).hex()
+        contexts[ident] = Context(language, cwd)
+        return answer(conn, True, ident)
+    if op == 'list':
+        listed = [{'id': k, 'language': c.language, 'cwd': c.cwd or os.getcwd()}
+                  for k, c in contexts.items()]
+        return answer(conn, True, json.dumps(listed))
+    ctx = contexts.get(ident)
+    if ctx is None:
+        return answer(conn, False, 'no such context')
+    if op == 'restart':
+        stop(ctx)
+        return answer(conn, True, ident)
+    if op == 'remove' and ident != '':
+        stop(ctx)
+        del contexts[ident]
+        return answer(conn, True, ident)
+    answer(conn, False, 'unknown operation')
 
 def send(conn, data):
     try:
@@ -138,7 +187,7 @@ class Records:
         return data, None
 
 def serve(conn):
-    global cells, leftover
+    global cells, current
     conn.settimeout(30)
     frame = b''
     while b'\n' not in frame:
@@ -151,7 +200,8 @@ def serve(conn):
         # A ping: served once every earlier connection (and any kill it caused) is done.
         send(conn, b'pong\n')
         return
-    size = int(head)
+    kind = head[:1] if head[:1] in (b'x', b'c') else b''
+    size = int(head[len(kind):])
     parts = [body]
     got = len(body)
     while got < size:
@@ -160,33 +210,48 @@ def serve(conn):
             return
         parts.append(more)
         got += len(more)
+    request = {}
+    if kind:
+        try:
+            request = json.loads(b''.join(parts))
+        except ValueError:
+            return
+        if kind == b'c':
+            return manage(conn, request)
+    ctx = contexts.get(request.get('context') or '')
+    if ctx is None:
+        send(conn, b'unknown\n')
+        return
+    current = ctx
+    interp = ctx.interp
     # The connection stays in timeout mode: sendall on a non-blocking socket gives up (and loses
     # the rest of a record) as soon as the relay falls behind; a relay that takes in nothing for
     # the whole timeout is gone, and the cell with it.
     fresh = interp is None or interp.poll() is not None
     if fresh:
         if interp is not None:
-            reap(0)
-        start()
+            reap(ctx, 0)
+        start(ctx)
+        interp = ctx.interp
     cells += 1
     save()
     number = cells
     if not send(conn, b'go %d %d %d\n' % (generation, 1 if fresh else 0, number)):
-        stop()
+        stop(ctx)
         return
     pending = head + b'\n' + b''.join(parts)
     records = Records()
     out = interp.stdout.fileno()
     err = interp.stderr.fileno()
     inp = interp.stdin.fileno()
-    if leftover:
-        mine, rest = records.feed(leftover)
-        leftover = b''
+    if ctx.leftover:
+        mine, rest = records.feed(ctx.leftover)
+        ctx.leftover = b''
         if not send(conn, mine):
-            stop()
+            stop(ctx)
             return
         if rest is not None:
-            leftover = rest
+            ctx.leftover = rest
             return
     while True:
         writers = [inp] if pending else []
@@ -212,7 +277,7 @@ def serve(conn):
                 continue
             # The worker stopped the cell (its caller, or its time limit once the interrupt did
             # not end it) or went away.
-            stop()
+            stop(ctx)
             end_record(conn, '%03d killed' % number)
             return
         if err in ready_r:
@@ -221,7 +286,7 @@ def serve(conn):
             except BlockingIOError:
                 data = None
             if data and not send(conn, b'e%d\n' % len(data) + data):
-                stop()
+                stop(ctx)
                 return
         if out in ready_r:
             try:
@@ -229,18 +294,20 @@ def serve(conn):
             except BlockingIOError:
                 continue
             if not data:
-                code, sig = reap(3)
+                code, sig = reap(ctx, 3)
                 end_record(conn, '%03d crashed %d %d' % (number, code, sig))
                 return
             mine, rest = records.feed(data)
             if not send(conn, mine) or records.broken:
-                stop()
+                stop(ctx)
                 return
             if rest is not None:
-                leftover = rest
+                ctx.leftover = rest
                 return
 
+current = None
 while True:
+    current = None
     try:
         conn, _ = server.accept()
     except OSError:
@@ -248,8 +315,8 @@ while True:
     try:
         serve(conn)
     except Exception:
-        if interp is not None:
-            stop()
+        if current is not None:
+            stop(current)
     try:
         conn.close()
     except OSError:
@@ -279,7 +346,7 @@ while not head.endswith(b'\n'):
     if not c or len(head) > 24:
         os._exit(2)
     head += c
-frame = head if head == b'p\n' else head + read_exact(int(head))
+frame = head if head == b'p\n' else head + read_exact(int(head.lstrip(b'xc')))
 try:
     turn = os.open(os.path.join(home, 'turn'), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 except OSError:

@@ -144,8 +144,9 @@ asio::awaitable<result<tool_result>> tool_session::state::run_python(
             shown->append(model_text(*result));
         }
     };
+    cell_options in_default_context;  // a named local (g++ 12)
     auto ran = co_await kernel.async_run(box, std::move(code), timeout, limit, std::move(on_stream),
-                                         std::move(on_event));
+                                         std::move(on_event), std::move(in_default_context));
     // A stopped call may have taken the interpreter with it: the next cell sees a later
     // generation then, and says so.
     if (!ran) co_return failed_step("run_python", std::move(ran).error());
