@@ -28,6 +28,7 @@ struct kernel_fixture : local_fixture {
 
     moat::cell_outcome cell(const std::string& code, moat::cell_options options = {}) {
         auto ran = run(kernel.async_run(box, code, 20s, {}, {}, {}, std::move(options)));
+        INFO((ran ? std::string() : ran.error().to_string()));
         REQUIRE(ran);
         return std::move(*ran);
     }
@@ -111,4 +112,58 @@ TEST_CASE_FIXTURE(kernel_fixture,
     auto no_such = run(kernel.async_restart_context(box, "feedbeef"));
     REQUIRE_FALSE(no_such);
     CHECK(no_such.error().code == moat::errc::invalid_argument);
+}
+
+TEST_CASE_FIXTURE(kernel_fixture,
+                  "a bash context keeps its working directory and exports, scopes a cell's "
+                  "variables, and keeps its state through an interrupt") {
+    MOAT_REQUIRE_NAMESPACES();
+    auto shell = run(kernel.async_create_context(box, "bash", "/tmp"));
+    REQUIRE(shell);
+    CHECK(shell->language == "bash");
+    moat::cell_options in_shell;
+    in_shell.context = shell->id;
+    CHECK(cell("pwd\ncd /workspace\nexport KEPT=yes\nLOCAL=also", in_shell).out.text() == "/tmp\n");
+    CHECK(cell("echo $PWD $KEPT $LOCAL", in_shell).out.text() == "/workspace yes also\n");
+    auto failed = cell("echo partial\nfalse", in_shell);
+    REQUIRE(failed.cell.error() != nullptr);
+    CHECK(failed.cell.error()->name == "ExitCode");
+    CHECK(failed.cell.error()->value == "1");
+    auto scoped = in_shell;
+    scoped.env = {{"GREETING", "hi"}};
+    CHECK(cell("echo $GREETING; sh -c 'echo child $GREETING'", scoped).out.text() ==
+          "hi\nchild hi\n");
+    CHECK(cell("echo ${GREETING-unset}", in_shell).out.text() == "unset\n");
+
+    auto slow =
+        run(kernel.async_run(box, "echo waiting\nsleep 30\necho never", 1s, {}, {}, {}, in_shell));
+    REQUIRE(slow);
+    CHECK(slow->how == moat::cell_outcome::ending::interrupted);
+    CHECK(slow->out.text() == "waiting\n");
+    CHECK(cell("echo $PWD $KEPT", in_shell).out.text() == "/workspace yes\n");
+    CHECK(shown("'the default context is python'") == "'the default context is python'");
+}
+
+TEST_CASE_FIXTURE(kernel_fixture,
+                  "a javascript context keeps its variables, shows a last expression and an "
+                  "error, and keeps its state through an interrupt") {
+    MOAT_REQUIRE_NAMESPACES();
+    auto node = run(kernel.async_create_context(box, "js", ""));
+    REQUIRE(node);
+    CHECK(node->language == "javascript");
+    CHECK(shown("let x = 41\nconsole.log('set', x)", node->id) == "set 41\n");
+    CHECK(shown("x + 1", node->id) == "42");
+    CHECK(shown("({city: 'Oslo', n: [1, 2]})", node->id) == "{ city: 'Oslo', n: [ 1, 2 ] }");
+    CHECK(shown("Promise.resolve('awaited')", node->id) == "'awaited'");
+    moat::cell_options in_node;
+    in_node.context = node->id;
+    const auto failed = cell("missing.field", in_node);
+    REQUIRE(failed.cell.error() != nullptr);
+    CHECK(failed.cell.error()->name == "ReferenceError");
+    CHECK(failed.cell.error()->value == "missing is not defined");
+
+    auto spin = run(kernel.async_run(box, "while (true) {}", 1s, {}, {}, {}, in_node));
+    REQUIRE(spin);
+    CHECK(spin->how == moat::cell_outcome::ending::interrupted);
+    CHECK(shown("x", node->id) == "41");
 }

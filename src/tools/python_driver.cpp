@@ -7,9 +7,10 @@ namespace {
 // Runs on whatever python3 the sandbox's root provides (3.8+), through IPython when that is
 // importable, with the standard library alone otherwise.
 constexpr std::string_view driver = R"PY(
-import ast, io, os, select, signal, sys, traceback
+import ast, io, os, select, signal, subprocess, sys, traceback
 number = int(sys.argv[1])
 cells_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.getcwd(), '.cells')
+language = sys.argv[3] if len(sys.argv) > 3 else 'python'
 sys.argv = ['']
 channel = os.fdopen(os.dup(0), 'rb', buffering=0)
 null = os.open('/dev/null', os.O_RDONLY)
@@ -171,8 +172,11 @@ def report(exc):
         value = str(exc)
     except BaseException:
         text, value = type(exc).__name__ + '\n', ''
-    error.append(type(exc).__name__)
-    fields = [s.encode('utf-8', 'replace')[:MAX_ERR] for s in (type(exc).__name__, value, text)]
+    send_error(type(exc).__name__, value, text)
+
+def send_error(name, value, text):
+    error.append(name)
+    fields = [s.encode('utf-8', 'replace')[:MAX_ERR] for s in (name, value, text)]
     send(b'E %d %d %d\n' % tuple(len(f) for f in fields) + b''.join(fields))
 
 def figures():
@@ -248,7 +252,7 @@ def read_cell():
     return str(request.get('code', '')), {str(k): str(v) for k, v in env.items()}
 
 shell = None
-if os.environ.get('MOAT_PLAIN_PYTHON') != '1':
+if language == 'python' and os.environ.get('MOAT_PLAIN_PYTHON') != '1':
     try:
         os.makedirs(cells_dir, exist_ok=True)
     except OSError:
@@ -339,10 +343,7 @@ def run_plain(name, code):
         tree = ast.parse(code, name)
     except SyntaxError:
         if any(line.lstrip().startswith(('%', '!')) for line in lines):
-            error.append('UsageError')
-            fields = [b'UsageError', no_ipython.encode(), b'UsageError: ' + no_ipython.encode() + b'\n']
-            send(b'E %d %d %d\n' % tuple(len(f) for f in fields) + b''.join(fields))
-            return
+            return send_error('UsageError', no_ipython, 'UsageError: ' + no_ipython + '\n')
         raise
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -354,9 +355,133 @@ def run_plain(name, code):
             namespace['_'] = value
             publish(formats(value), True)
 
-def run(number, code):
+# The javascript context's program: a persistent node process that evaluates each cell in its
+# main context (top-level declarations carry over, as in node's REPL), between cells its event
+# loop runs. Cells arrive on one descriptor as "<n>\n<JSON {code, name, env}>", and each cell's
+# value or error leaves as a JSON line on the other.
+node_host = r'''
+const vm = require('vm'), fs = require('fs'), util = require('util');
+const [codeFd, doneFd] = process.argv.slice(-2).map(Number);
+globalThis.require = require;
+process.on('SIGINT', () => {});
+let pending = Buffer.alloc(0), busy = false;
+const reply = (m) => fs.writeSync(doneFd, JSON.stringify(m) + '\n');
+const failed = (e) => {
+  const error = e instanceof Error ? e : new Error(util.inspect(e));
+  reply({ ok: false, name: error.name, value: error.message, stack: String(error.stack) });
+};
+async function drain() {
+  if (busy) return;
+  busy = true;
+  for (;;) {
+    const nl = pending.indexOf(10);
+    const size = nl < 0 ? -1 : Number(pending.subarray(0, nl).toString());
+    if (nl < 0 || pending.length < nl + 1 + size) break;
+    const cell = JSON.parse(pending.subarray(nl + 1, nl + 1 + size).toString());
+    pending = pending.subarray(nl + 1 + size);
+    const saved = {};
+    for (const [k, v] of Object.entries(cell.env || {})) { saved[k] = process.env[k]; process.env[k] = v; }
+    try {
+      let value = vm.runInThisContext(cell.code, { filename: cell.name, breakOnSigint: true });
+      if (value && typeof value.then === 'function') value = await value;
+      reply(value === undefined ? { ok: true } : { ok: true, text: util.inspect(value) });
+    } catch (e) {
+      failed(e);
+    }
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k]; else process.env[k] = v;
+    }
+  }
+  busy = false;
+}
+const input = fs.createReadStream(null, { fd: codeFd });
+input.on('data', (data) => { pending = Buffer.concat([pending, data]); drain(); });
+input.on('end', () => process.exit(0));
+'''
+
+hosted = []
+
+def start_hosted():
+    # The bash or node process of this context, in a process group of its own (so an interrupt
+    # reaches what it runs).
+    done_r, done_w = os.pipe()
+    if language == 'bash':
+        proc = subprocess.Popen(['bash', '--noprofile', '--norc'], stdin=subprocess.PIPE,
+                                pass_fds=(done_w,), start_new_session=True)
+        feed = proc.stdin
+    else:
+        code_r, code_w = os.pipe()
+        proc = subprocess.Popen(['node', '-e', node_host, '--', str(code_r), str(done_w)],
+                                stdin=subprocess.DEVNULL, pass_fds=(code_r, done_w),
+                                start_new_session=True)
+        os.close(code_r)
+        feed = os.fdopen(code_w, 'wb', buffering=0)
+    os.close(done_w)
+    hosted[:] = [proc, feed, done_r, done_w]
+
+def run_hosted(name, code, env):
+    # One cell of bash or javascript; an interrupt goes on to the shell's process group or to
+    # node, and the cell's error then says KeyboardInterrupt.
+    global count
+    if not hosted or hosted[0].poll() is not None:
+        start_hosted()
+    proc, feed, done_r, done_w = hosted
+    count += 1
+    if language == 'bash':
+        import shlex
+        assign = ''.join('%s=%s ' % (k, shlex.quote(v)) for k, v in env.items()
+                         if k.isidentifier() and k.isascii())
+        line = ("trap 'return 130 2>/dev/null' INT; %s. %s </dev/null; printf '%%d\\n' \"$?\" >&%d; "
+                "trap - INT\n" % (assign, shlex.quote(name), done_w)).encode()
+    else:
+        import json
+        payload = json.dumps({'code': code, 'name': name, 'env': env}).encode()
+        line = b'%d\n' % len(payload) + payload
+    interrupted = False
+    answer = b''
+    try:
+        feed.write(line)
+        feed.flush()
+        while not answer.endswith(b'\n'):
+            try:
+                more = os.read(done_r, 65536)
+            except KeyboardInterrupt:
+                interrupted = True
+                try:
+                    if language == 'bash':
+                        os.killpg(proc.pid, signal.SIGINT)
+                    else:
+                        os.kill(proc.pid, signal.SIGINT)
+                except OSError:
+                    pass
+                continue
+            if not more:
+                break
+            answer += more
+    except OSError:
+        answer = b''
+    if not answer.endswith(b'\n'):
+        del hosted[:]
+        return send_error('Exited', 'the %s process ended; the next cell starts a new one' %
+                          language, '')
+    if interrupted:
+        return send_error('KeyboardInterrupt', 'interrupted', 'KeyboardInterrupt\n')
+    if language == 'bash':
+        status = answer.strip().decode()
+        if status != '0':
+            send_error('ExitCode', status, 'the cell exited with status %s\n' % status)
+        return
+    import json
+    reply = json.loads(answer)
+    if reply.get('ok'):
+        if 'text' in reply:
+            publish({'text/plain': reply['text']}, True)
+        return
+    send_error(str(reply.get('name')), str(reply.get('value')), str(reply.get('stack')))
+
+def run(number, code, env):
     global running, count
-    name = '%s/%03d.py' % (cells_dir, number)
+    name = '%s/%03d.%s' % (cells_dir, number, {'bash': 'sh', 'javascript': 'js'}.get(language, 'py'))
     try:
         os.makedirs(cells_dir, exist_ok=True)
         with open(name, 'w', encoding='utf-8') as f:
@@ -366,7 +491,9 @@ def run(number, code):
     del error[:]
     try:
         running = True
-        if shell is not None:
+        if language != 'python':
+            run_hosted(name, code, env)
+        elif shell is not None:
             cell_name[0] = name
             count = shell.run_cell(code, store_history=True).execution_count or count
         else:
@@ -408,7 +535,7 @@ while True:
     number += 1
     saved = with_env(env)
     try:
-        status, kind = run(number, code)
+        status, kind = run(number, code, env)
     except BaseException:
         status, kind = 'error', 'KeyboardInterrupt'
     restore(saved)

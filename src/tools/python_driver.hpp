@@ -77,7 +77,9 @@ std::string_view python_driver_source();
 // namespace, own working directory): "" is the default one (the tool layer's; only its
 // interpreters count as generations). The frame "c<byte length>\n<JSON {op, ...}>" manages the
 // others and is answered with one line, "ok <...>" or "error <reason>": create {language, cwd}
-// (an id; the interpreter starts with the context's first cell, in cwd), restart {id} (its
+// ("<id> <language>"; the interpreter starts with the context's first cell, in cwd; bash and
+// javascript contexts run the same driver, which hosts a persistent bash or node process and
+// gives their cells the same records), restart {id} (its
 // interpreter killed), remove {id}, list (a JSON array of {id, language, cwd}). At most 32.
 std::string_view python_resident_source();
 std::string_view python_relay_source();

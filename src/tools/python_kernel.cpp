@@ -144,23 +144,26 @@ asio::awaitable<void> await_end(process& program) {
     }
 }
 
-// "go <generation> <fresh> <cell number>": the generation, or 0 if the line is not that.
-std::uint64_t parse_go(std::string_view line, bool& fresh, std::uint64_t& number) {
-    if (!line.starts_with("go ")) return 0;
+// "go <generation> <fresh> <cell number>": false if the line is not that. (The generation is 0
+// for a cell of another context while the default one has not started.)
+bool parse_go(std::string_view line, std::uint64_t& generation, bool& fresh,
+              std::uint64_t& number) {
+    if (!line.starts_with("go ")) return false;
     line.remove_prefix(3);
     std::uint64_t fields[3] = {0, 0, 0};
     const char* at = line.data();
     const char* end = line.data() + line.size();
     for (int i = 0; i < 3; ++i) {
-        if (i != 0 && (at == end || *at++ != ' ')) return 0;
+        if (i != 0 && (at == end || *at++ != ' ')) return false;
         const auto parsed = std::from_chars(at, end, fields[i]);
-        if (parsed.ec != std::errc() || parsed.ptr == at) return 0;
+        if (parsed.ec != std::errc() || parsed.ptr == at) return false;
         at = parsed.ptr;
     }
-    if (at != end || fields[1] > 1) return 0;
+    if (at != end || fields[1] > 1) return false;
+    generation = fields[0];
     fresh = fields[1] == 1;
     number = fields[2];
-    return fields[0];
+    return true;
 }
 
 // The supervisor's own end records: "NNN crashed <exit code> <signal>", "NNN killed".
@@ -326,8 +329,8 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
                              "no such context: " + options.context.substr(0, 64));
     }
     bool fresh = false;
-    outcome.generation = opened->complete ? parse_go(opened->line, fresh, outcome.cell_number) : 0;
-    if (outcome.generation == 0) {
+    if (!opened->complete ||
+        !parse_go(opened->line, outcome.generation, fresh, outcome.cell_number)) {
         co_await await_end(relay);
         co_return make_error(
             errc::backend_failure,
@@ -437,9 +440,14 @@ asio::awaitable<result<python_context>> python_kernel::async_create_context(
     std::string request = w.take();  // a named local (g++ 12)
     auto made = co_await manage(*box, std::move(request), limit);
     if (!made) co_return std::move(made).error();
+    // "<id> <language>": the language by its full name ("js" is "javascript").
+    const auto space = made->find(' ');
+    if (space == std::string::npos) {
+        co_return make_error(errc::protocol_error, "the context's creation was not confirmed");
+    }
     python_context context;
-    context.id = std::move(*made);
-    context.language = language.empty() ? "python" : std::move(language);
+    context.id = made->substr(0, space);
+    context.language = made->substr(space + 1);
     context.cwd = std::move(cwd);
     co_return context;
 }

@@ -42,7 +42,7 @@ struct cell_options {
 // beside the default one, shared by every worker attached to the sandbox.
 struct python_context {
     std::string id;        // "" for the default context
-    std::string language;  // "python"
+    std::string language;  // "python", "bash" or "javascript"
     std::string cwd;       // its working directory when it was created
 };
 
@@ -65,7 +65,8 @@ struct cell_outcome {
     bool oom_killed = false;
     bool started_interpreter = false;  // this cell started a new interpreter
     // The interpreter's generation (1 for the sandbox's first, +1 per restart by any worker);
-    // 0 when the cell did not reach one (busy).
+    // 0 when the cell did not reach one (busy), or for a cell of another context while the
+    // default one has none.
     std::uint64_t generation = 0;
     // The cell's number in the sandbox (its file .cells/NNN.py); 0 when it did not reach one.
     std::uint64_t cell_number = 0;
@@ -100,11 +101,15 @@ class python_kernel {
         cell_event_sink on_event, cell_options options);
 
     // Contexts, kept by the sandbox's supervisor (started first if there is none). create: a
-    // context for `language` (only "python" today; another is errc::not_supported) whose
-    // interpreter starts in `cwd` ("" the working directory; a missing directory is
-    // errc::invalid_argument), started by its first cell; at most 32 per sandbox. restart: its
-    // interpreter is killed (confirmed) and its next cell starts a new one; remove: that, and
-    // the context is gone (the default one cannot be removed). An unknown id is
+    // context for `language` whose interpreter starts in `cwd` ("" the working directory; a
+    // missing directory is errc::invalid_argument), started by its first cell; at most 32 per
+    // sandbox. Languages: "python" ("" too), "bash" (a persistent shell: cwd, variables and
+    // exports carry across cells; a non-zero status is the error ExitCode) and "javascript"
+    // ("js": a persistent node process, each cell evaluated in its main context, the value of
+    // its last expression as util.inspect shows it); another, or one whose program is not in the
+    // sandbox, is errc::not_supported. Their cells have the same results, interrupt and env.
+    // restart: its interpreter is killed (confirmed) and its next cell starts a new one; remove:
+    // that, and the context is gone (the default one cannot be removed). An unknown id is
     // errc::invalid_argument ("no such context"), as is a cell for one. Each waits for a running
     // cell (the sandbox's turn) at most 30 s, else errc::backend_failure ("busy").
     asio::awaitable<result<python_context>> async_create_context(std::shared_ptr<sandbox> box,

@@ -68,7 +68,8 @@ def start(ctx):
         generation += 1
     save()
     ctx.leftover = b''
-    ctx.interp = subprocess.Popen([sys.executable, '-u', '-c', driver, str(cells), cells_dir],
+    ctx.interp = subprocess.Popen([sys.executable, '-u', '-c', driver, str(cells), cells_dir,
+                                   ctx.language],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, start_new_session=True, cwd=ctx.cwd)
     for f in (ctx.interp.stdin, ctx.interp.stdout, ctx.interp.stderr):
@@ -102,6 +103,12 @@ def stop(ctx):
         pass
     return reap(ctx, 5)
 
+def on_path(program):
+    if os.path.isabs(program):
+        return os.access(program, os.X_OK)
+    return any(os.access(os.path.join(d, program), os.X_OK)
+               for d in os.environ.get('PATH', '/usr/bin:/bin').split(':') if d)
+
 def answer(conn, ok, text):
     send(conn, (b'ok ' if ok else b'error ') + text.encode('utf-8', 'replace') + b'\n')
 
@@ -110,17 +117,20 @@ def manage(conn, request):
     op = request.get('op')
     ident = request.get('id', '')
     if op == 'create':
-        language = request.get('language') or 'python'
+        language = str(request.get('language') or 'python')
+        language = {'js': 'javascript', 'sh': 'bash'}.get(language, language)
         cwd = request.get('cwd') or None
-        if language != 'python':
-            return answer(conn, False, 'unsupported language: ' + str(language)[:64])
+        program = {'python': sys.executable, 'bash': 'bash', 'javascript': 'node'}.get(language)
+        if program is None or not on_path(program):
+            return answer(conn, False, 'unsupported language: ' + language[:64] +
+                          ('' if program is None else ' (%s is not in this sandbox)' % program))
         if cwd is not None and not os.path.isdir(cwd):
             return answer(conn, False, 'no such directory: ' + str(cwd)[:256])
         if len(contexts) >= max_contexts:
             return answer(conn, False, 'at most %d contexts per sandbox' % max_contexts)
         ident = os.urandom(8).hex()
         contexts[ident] = Context(language, cwd)
-        return answer(conn, True, ident)
+        return answer(conn, True, ident + ' ' + language)
     if op == 'list':
         listed = [{'id': k, 'language': c.language, 'cwd': c.cwd or os.getcwd()}
                   for k, c in contexts.items()]
