@@ -70,13 +70,11 @@ TEST_CASE("results, the error and the count arrive in order with the output, wha
 }
 
 TEST_CASE("what the bounds remove is said: dropped representations, results and stream bytes") {
-    moat::cell_limits limits;
-    limits.max_representation_bytes = 10;
-    limits.max_result_bytes = 15;
-    limits.max_results = 2;
-    limits.max_stream_bytes = 4;
-    limits.max_error_bytes = 3;
-    moat::cell_result_builder builder(limits);
+    moat::cell_result_builder builder(moat::cell_limits{.max_representation_bytes = 10,
+                                                        .max_result_bytes = 15,
+                                                        .max_results = 2,
+                                                        .max_stream_bytes = 4,
+                                                        .max_error_bytes = 3});
     builder.add_stream(moat::output_channel::out, "abc");
     builder.add_stream(moat::output_channel::out, "def");
     builder.feed("R 1 4\n" + rep('+', "image/png", std::string(11, 'x')) +

@@ -33,6 +33,13 @@ struct kernel_fixture : local_fixture {
         return std::move(*ran);
     }
 
+    moat::python_context context(const std::string& language, const std::string& cwd) {
+        auto made = run(kernel.async_create_context(box, language, cwd));
+        INFO((made ? std::string() : made.error().to_string()));
+        REQUIRE(made);
+        return std::move(*made);
+    }
+
     // The main result's text, or the error's name.
     std::string shown(const std::string& code, const std::string& context = {}) {
         moat::cell_options options;
@@ -68,36 +75,34 @@ TEST_CASE_FIXTURE(kernel_fixture,
                   "contexts keep their own namespace and working directory, restart empties one "
                   "and remove ends it") {
     MOAT_REQUIRE_NAMESPACES();
-    auto in_tmp = run(kernel.async_create_context(box, "python", "/tmp"));
-    REQUIRE(in_tmp);
-    CHECK(in_tmp->language == "python");
-    auto other = run(kernel.async_create_context(box, "", ""));
-    REQUIRE(other);
-    CHECK(in_tmp->id != other->id);
+    const auto in_tmp = context("python", "/tmp");
+    const auto other = context("", "");
+    CHECK(other.language == "python");
+    CHECK(in_tmp.id != other.id);
 
     CHECK(shown("x = 'default'\nx") == "'default'");
-    CHECK(shown("x = 'tmp'\nimport os\nos.getcwd()", in_tmp->id) == "'/tmp'");
-    CHECK(shown("import os\nos.getcwd()", other->id) == "'/workspace'");
-    CHECK(shown("x", other->id) == "NameError");
-    CHECK(shown("x = 'other'\nx", other->id) == "'other'");
-    CHECK(shown("x", in_tmp->id) == "'tmp'");
+    CHECK(shown("x = 'tmp'\nimport os\nos.getcwd()", in_tmp.id) == "'/tmp'");
+    CHECK(shown("import os\nos.getcwd()", other.id) == "'/workspace'");
+    CHECK(shown("x", other.id) == "NameError");
+    CHECK(shown("x = 'other'\nx", other.id) == "'other'");
+    CHECK(shown("x", in_tmp.id) == "'tmp'");
     CHECK(shown("x") == "'default'");
 
     auto listed = run(kernel.async_list_contexts(box));
     REQUIRE(listed);
     CHECK(listed->size() == 3);
     const auto found = std::find_if(listed->begin(), listed->end(),
-                                    [&](const auto& c) { return c.id == in_tmp->id; });
+                                    [&](const auto& c) { return c.id == in_tmp.id; });
     REQUIRE(found != listed->end());
     CHECK(found->cwd == "/tmp");
 
-    REQUIRE(run(kernel.async_restart_context(box, in_tmp->id)));
-    CHECK(shown("x", in_tmp->id) == "NameError");
-    CHECK(shown("import os\nos.getcwd()", in_tmp->id) == "'/tmp'");
-    CHECK(shown("x", other->id) == "'other'");
+    REQUIRE(run(kernel.async_restart_context(box, in_tmp.id)));
+    CHECK(shown("x", in_tmp.id) == "NameError");
+    CHECK(shown("import os\nos.getcwd()", in_tmp.id) == "'/tmp'");
+    CHECK(shown("x", other.id) == "'other'");
 
-    REQUIRE(run(kernel.async_remove_context(box, other->id)));
-    auto gone = run(kernel.async_run(box, "1", 10s, {}, {}, {}, moat::cell_options{other->id, {}}));
+    REQUIRE(run(kernel.async_remove_context(box, other.id)));
+    auto gone = run(kernel.async_run(box, "1", 10s, {}, {}, {}, moat::cell_options{other.id, {}}));
     REQUIRE_FALSE(gone);
     CHECK(gone.error().code == moat::errc::invalid_argument);
     CHECK(run(kernel.async_list_contexts(box))->size() == 2);
@@ -118,11 +123,8 @@ TEST_CASE_FIXTURE(kernel_fixture,
                   "a bash context keeps its working directory and exports, scopes a cell's "
                   "variables, and keeps its state through an interrupt") {
     MOAT_REQUIRE_NAMESPACES();
-    auto shell = run(kernel.async_create_context(box, "bash", "/tmp"));
-    REQUIRE(shell);
-    CHECK(shell->language == "bash");
     moat::cell_options in_shell;
-    in_shell.context = shell->id;
+    in_shell.context = context("bash", "/tmp").id;
     CHECK(cell("pwd\ncd /workspace\nexport KEPT=yes\nLOCAL=also", in_shell).out.text() == "/tmp\n");
     CHECK(cell("echo $PWD $KEPT $LOCAL", in_shell).out.text() == "/workspace yes also\n");
     auto failed = cell("echo partial\nfalse", in_shell);
@@ -148,15 +150,14 @@ TEST_CASE_FIXTURE(kernel_fixture,
                   "a javascript context keeps its variables, shows a last expression and an "
                   "error, and keeps its state through an interrupt") {
     MOAT_REQUIRE_NAMESPACES();
-    auto node = run(kernel.async_create_context(box, "js", ""));
-    REQUIRE(node);
-    CHECK(node->language == "javascript");
-    CHECK(shown("let x = 41\nconsole.log('set', x)", node->id) == "set 41\n");
-    CHECK(shown("x + 1", node->id) == "42");
-    CHECK(shown("({city: 'Oslo', n: [1, 2]})", node->id) == "{ city: 'Oslo', n: [ 1, 2 ] }");
-    CHECK(shown("Promise.resolve('awaited')", node->id) == "'awaited'");
+    const auto node = context("js", "");
+    CHECK(node.language == "javascript");
+    CHECK(shown("let x = 41\nconsole.log('set', x)", node.id) == "set 41\n");
+    CHECK(shown("x + 1", node.id) == "42");
+    CHECK(shown("({city: 'Oslo', n: [1, 2]})", node.id) == "{ city: 'Oslo', n: [ 1, 2 ] }");
+    CHECK(shown("Promise.resolve('awaited')", node.id) == "'awaited'");
     moat::cell_options in_node;
-    in_node.context = node->id;
+    in_node.context = node.id;
     const auto failed = cell("missing.field", in_node);
     REQUIRE(failed.cell.error() != nullptr);
     CHECK(failed.cell.error()->name == "ReferenceError");
@@ -165,5 +166,5 @@ TEST_CASE_FIXTURE(kernel_fixture,
     auto spin = run(kernel.async_run(box, "while (true) {}", 1s, {}, {}, {}, in_node));
     REQUIRE(spin);
     CHECK(spin->how == moat::cell_outcome::ending::interrupted);
-    CHECK(shown("x", node->id) == "41");
+    CHECK(shown("x", node.id) == "41");
 }

@@ -452,20 +452,22 @@ asio::awaitable<result<python_context>> python_kernel::async_create_context(
     co_return context;
 }
 
-asio::awaitable<result<void>> python_kernel::async_restart_context(std::shared_ptr<sandbox> box,
-                                                                   std::string id, deadline limit) {
-    std::string request = context_request("restart", id);  // a named local (g++ 12)
-    auto done = co_await manage(*box, std::move(request), limit);
+asio::awaitable<result<void>> python_kernel::context_operation(sandbox& box, std::string_view op,
+                                                               std::string id, deadline limit) {
+    std::string request = context_request(op, id);  // a named local (g++ 12)
+    auto done = co_await manage(box, std::move(request), limit);
     if (!done) co_return std::move(done).error();
     co_return result<void>{};
 }
 
+asio::awaitable<result<void>> python_kernel::async_restart_context(std::shared_ptr<sandbox> box,
+                                                                   std::string id, deadline limit) {
+    return context_operation(*box, "restart", std::move(id), limit);
+}
+
 asio::awaitable<result<void>> python_kernel::async_remove_context(std::shared_ptr<sandbox> box,
                                                                   std::string id, deadline limit) {
-    std::string request = context_request("remove", id);  // a named local (g++ 12)
-    auto done = co_await manage(*box, std::move(request), limit);
-    if (!done) co_return std::move(done).error();
-    co_return result<void>{};
+    return context_operation(*box, "remove", std::move(id), limit);
 }
 
 asio::awaitable<result<std::vector<python_context>>> python_kernel::async_list_contexts(

@@ -141,6 +141,9 @@ class python_kernel {
                                                      std::size_t max_line, deadline limit);
     // A context operation: the supervisor's answer after "ok ".
     asio::awaitable<result<std::string>> manage(sandbox& box, std::string request, deadline limit);
+    // restart or remove.
+    asio::awaitable<result<void>> context_operation(sandbox& box, std::string_view op,
+                                                    std::string id, deadline limit);
 
     asio::awaitable<result<void>> start_resident(sandbox& box, deadline limit);
     // Waits (bounded) until the supervisor has finished with every earlier connection: the kill
