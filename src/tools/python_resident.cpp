@@ -124,7 +124,7 @@ def manage(conn, request):
         if program is None or not on_path(program):
             return answer(conn, False, 'unsupported language: ' + language[:64] +
                           ('' if program is None else ' (%s is not in this sandbox)' % program))
-        if cwd is not None and not os.path.isdir(cwd):
+        if cwd is not None and (len(str(cwd)) > 1024 or not os.path.isdir(cwd)):
             return answer(conn, False, 'no such directory: ' + str(cwd)[:256])
         if len(contexts) >= max_contexts:
             return answer(conn, False, 'at most %d contexts per sandbox' % max_contexts)
