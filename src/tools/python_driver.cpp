@@ -88,6 +88,17 @@ if 'MATPLOTLIBRC' not in os.environ and not os.path.exists('/etc/matplotlibrc'):
     if os.path.exists('/usr/share/matplotlib/mpl-data/matplotlibrc'):
         os.environ['MATPLOTLIBRC'] = '/usr/share/matplotlib/mpl-data/matplotlibrc'
 os.environ.setdefault('MPLCONFIGDIR', os.path.join(cells_dir, '.matplotlib'))
+if 'FONTCONFIG_FILE' not in os.environ and not os.path.exists('/etc/fonts/fonts.conf'):
+    # Nor fontconfig's: an empty configuration keeps its complaint out of the first figure's cell
+    # (matplotlib draws with its own fonts).
+    try:
+        os.makedirs(cells_dir, exist_ok=True)
+        fonts = os.path.join(cells_dir, '.fonts.conf')
+        with open(fonts, 'w') as f:
+            f.write('<?xml version="1.0"?>\n<fontconfig></fontconfig>\n')
+        os.environ['FONTCONFIG_FILE'] = fonts
+    except OSError:
+        pass
 running = False
 error = []
 cell_name = ['']
