@@ -692,6 +692,22 @@ TEST_CASE_TEMPLATE(
     auto seen = t.run(tools.async_run_python("print(open('out/r.txt').read())"));
     REQUIRE(seen.has_value());
     CHECK(seen->stdout_text == "hi\n");
+    // A cell past its limit is interrupted through the backend's stdin while its output streams,
+    // and the interpreter keeps its state; a figure lands in the layout's artifacts directory.
+    auto slow = t.run(tools.async_run_python(
+        "import time\nprint('waiting', flush=True)\nwhile True:\n    time.sleep(0.05)",
+        std::chrono::milliseconds(1000)));
+    REQUIRE(slow.has_value());
+    INFO(slow->to_json());
+    CHECK(slow->status == moat::tool_status::timeout);
+    CHECK(slow->error_type == "KeyboardInterrupt");
+    CHECK(t.run(tools.async_run_python("x"))->stdout_text == "41\n");
+    auto chart = t.run(tools.async_run_python("import matplotlib.pyplot as plt\nplt.plot([1, 2])"));
+    REQUIRE(chart.has_value());
+    REQUIRE(chart->images.size() == 1);
+    auto png = t.run(tools.async_read_artifact(chart->images[0].path));
+    REQUIRE(png.has_value());
+    CHECK(png->size() == chart->images[0].size);
     REQUIRE(t.run(tools.async_end()).has_value());
     (void)t.run(manager.async_shutdown());
 }

@@ -17,6 +17,7 @@
 // it from coroutines on that executor. Calls on one session run one at a time, in order.
 #pragma once
 
+#include <moat/cell_result.hpp>
 #include <moat/deadline.hpp>
 #include <moat/exec.hpp>
 #include <moat/files.hpp>
@@ -101,6 +102,15 @@ struct tool_result {
     std::uint64_t bytes = 0;           // write_file, read_file: the file's size
     std::vector<dir_entry> entries;    // list_files
     std::vector<artifact> artifacts;   // run_python, run_shell: what the artifacts dir holds
+    // run_python: the figures and images the cell displayed (matplotlib figures, display() of an
+    // image), each saved by this call as a file under the artifacts directory
+    // (figure-NNN-K.png: cell NNN, its Kth image); they are in `artifacts` too.
+    std::vector<artifact> images;
+    // run_python: the cell's whole record (every result with all its representations, the
+    // error, the execution count; moat/cell_result.hpp), for the application. The model reads
+    // stdout_text (where each result's text appears in order), error_type, traceback and images;
+    // to_json leaves this out.
+    cell_result cell;
     // start_process, stop_process, read_process_output: that process; list_processes: all the
     // session's (running ones and the last ended ones). stdout_text / stderr_text hold
     // read_process_output's kept output.
@@ -127,13 +137,13 @@ struct tool_result {
     // The JSON rendering a model reads: {"status": ..., "exit_code": ..., "stdout": ...,
     // "stderr": ..., "truncated": ..., "omitted_chars": {...}, "duration_ms": ..., "error_type",
     // "error_code", "traceback", "message", "hint", "notices", "path", "encoding", "content",
-    // "bytes", "entries", "artifacts", "artifacts_truncated"}, one line. Fields that do not apply
-    // are omitted: stdout/stderr/exit_code/truncated exist for the run tools; content, encoding,
-    // truncated and bytes for a successful read_file (a failed read_file has no "content", so a
-    // missing file never reads as an empty one); entries for a successful list_files;
-    // omitted_chars ({"stdout": N, "stderr": M} or {"content": N}, only the cut ones) when
-    // truncated; the optional texts and lists only when non-empty; "processes" (id, command, cwd,
-    // running, exit_code once ended, stdout_bytes, stderr_bytes) for the process tools, with
+    // "bytes", "entries", "images", "artifacts", "artifacts_truncated"}, one line. Fields that do
+    // not apply are omitted: stdout/stderr/exit_code/truncated exist for the run tools; content,
+    // encoding, truncated and bytes for a successful read_file (a failed read_file has no
+    // "content", so a missing file never reads as an empty one); entries for a successful
+    // list_files; omitted_chars ({"stdout": N, "stderr": M} or {"content": N}, only the cut ones)
+    // when truncated; the optional texts and lists only when non-empty; "processes" (id, command,
+    // cwd, running, exit_code once ended, stdout_bytes, stderr_bytes) for the process tools, with
     // stdout / stderr / truncated for read_process_output.
     std::string to_json() const;
 };

@@ -236,12 +236,14 @@ asio::awaitable<int> converse(backend& b, demo_style style) {
             "    # the model forgot day += 1\n",
             2);
         t.check(runaway.status == tool_status::timeout && runaway.exit_code == 124 &&
-                    has_notice(runaway, "interpreter restarted"),
-                "the runaway loop was stopped at its 2 s limit, and the model is told its "
-                "variables are gone");
+                    runaway.error_type == "KeyboardInterrupt" &&
+                    !has_notice(runaway, "interpreter restarted"),
+                "the runaway loop was interrupted at its 2 s limit, and the model is told its "
+                "variables are kept");
 
-        auto gone = co_await python(t, tools, "print(nonce)");
-        t.check(gone.error_type == "NameError", "after the restart, the old variables are gone");
+        auto kept = co_await python(t, tools, "print(nonce)");
+        t.check(kept.stdout_text == nonce + "\n",
+                "after the interrupt, the variables are still there (same nonce)");
 
         t.model_says("I'll reload and print the whole file to eyeball it.");
         auto flood = co_await python(t, tools,
@@ -279,6 +281,28 @@ asio::awaitable<int> converse(backend& b, demo_style style) {
         t.check(bytes && bytes->rfind("region,revenue\n", 0) == 0,
                 "the application reads the artifact's bytes through the file API:");
         if (bytes) t.code(*bytes);
+
+        t.user("Can I see it as a chart?");
+        auto chart = co_await python(t, tools,
+                                     "import matplotlib.pyplot as plt\n"
+                                     "plt.bar(list(totals), list(totals.values()))\n"
+                                     "plt.title('revenue per region')\n"
+                                     "totals");
+        const bool charted = chart.status == tool_status::ok && chart.images.size() == 1 &&
+                             chart.images[0].media_type == "image/png" &&
+                             chart.stdout_text.find("'north'") != std::string::npos &&
+                             chart.to_json().find("iVBOR") == std::string::npos;
+        t.check(charted,
+                "the figure the model drew was saved as " +
+                    (chart.images.empty() ? std::string("(nothing)")
+                                          : "/workspace/out/" + chart.images[0].path + " (" +
+                                                std::to_string(chart.images[0].size) + " bytes)") +
+                    ", listed by path, media type and size; the last expression is shown");
+        if (charted) {
+            auto png = co_await tools.async_read_artifact(chart.images[0].path);
+            t.check(png && png->rfind("\x89PNG\r\n\x1a\n", 0) == 0,
+                    "the application reads the chart's PNG bytes through the file API");
+        }
 
         t.user("(a prompt injection makes the model try to wipe the machine)");
         auto wipe =

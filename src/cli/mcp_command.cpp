@@ -27,6 +27,7 @@ struct mcp_options {
     tool_options tools;
     std::string store;    // --store or MOAT_STORE (with --session)
     std::string session;  // --session KEY: a shared session that outlives the connection
+    bool images = false;  // --images: a cell's images also as MCP image content items
 };
 
 // A tool name prefix: what MCP tool names allow (letters, digits, '_', '-', '.'), short.
@@ -87,6 +88,8 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         } else if (auto key = flag_value("--session", argc, argv, i)) {
             if (key->empty()) throw usage_error("--session: the key is empty");
             o.session = *key;
+        } else if (arg == "--images") {
+            o.images = true;
         } else if (network_flag(argc, argv, i, network)) {
             continue;
         } else {
@@ -120,6 +123,7 @@ asio::awaitable<int> serve(backend& b, mcp_options o) {
         tool_session tools(sessions, key, o.tools);
         mcp::server_options server_options;
         server_options.end_session_on_close = o.session.empty();
+        if (o.images) server_options.max_image_items = 4;
         mcp::server server(tools, STDIN_FILENO, STDOUT_FILENO, server_options);
         code = co_await server.async_run();
     }

@@ -115,11 +115,12 @@ constexpr usage_block blocks[] = {
      "      a scripted model conversation through the tool layer: what a model would see\n"},
     {"mcp",
      "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
-     "      [--retry-ceiling N|off] [--session KEY [--store URL]]\n"
+     "      [--retry-ceiling N|off] [--session KEY [--store URL]] [--images]\n"
      "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
      "      read_file, list_files, start/list/stop_process, read_process_output); one sandbox\n"
      "      per connection, destroyed when the client leaves; with --session, conversation\n"
-     "      KEY's shared sandbox (as moat session), which outlives the connection\n"},
+     "      KEY's shared sandbox (as moat session), which outlives the connection; with\n"
+     "      --images, a cell's figures also reach the client as image content (up to 4, 1 MiB)\n"},
     {"serve",
      "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
      "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir "

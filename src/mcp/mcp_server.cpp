@@ -93,7 +93,8 @@ std::string initialize_json(std::string_view requested, const sandbox_layout& la
         "Tools that run code in a private sandbox kept for this connection (" +
         egress::describe_for_model(network) + "): Python state and files in " + layout.workdir +
         " persist between calls. Files saved under " + layout.artifacts_dir +
-        " are listed as artifacts and readable as resources (moat://artifacts/<path>); any file "
+        " are listed as artifacts and readable as resources (moat://artifacts/<path>), as are the "
+        "figures and images a Python cell shows (saved there as files); any file "
         "under " +
         layout.workdir +
         " is readable, as exact bytes, as moat://workspace/<path>. A failure of the code (an "
@@ -103,12 +104,28 @@ std::string initialize_json(std::string_view requested, const sandbox_layout& la
     return w.take();
 }
 
-std::string call_result_json(const tool_result& r) {
+std::string call_result_json(const tool_result& r, const server_options& options) {
     json_writer w;
     w.begin_object();
     w.key("content").begin_array().begin_object();
     w.key("type").value("text").key("text").value(r.to_json());
-    w.end_object().end_array();
+    w.end_object();
+    std::size_t images = 0;
+    for (const auto* shown : r.cell.results()) {
+        for (const auto type : {media::image_png, media::image_jpeg}) {
+            const auto* image = shown->find(type);
+            if (image == nullptr || images == options.max_image_items ||
+                image->data.size() > options.max_image_bytes) {
+                continue;
+            }
+            ++images;
+            w.begin_object().key("type").value("image");
+            w.key("data").value(base64_encode(image->data));
+            w.key("mimeType").value(type).end_object();
+            break;
+        }
+    }
+    w.end_array();
     // isError is for moat's own failures and bad arguments: an MCP adapter turns it into an
     // exception (LangChain's ToolException), while the code's failure is data the model fixes.
     w.key("isError").value(r.is_tool_error());
@@ -269,7 +286,7 @@ struct server::state : std::enable_shared_from_this<server::state> {
             self->send(jsonrpc_error(id, internal_error, "the call failed inside moat"));
             co_return;
         }
-        self->send(jsonrpc_result(id, call_result_json(*outcome)));
+        self->send(jsonrpc_result(id, call_result_json(*outcome, self->options)));
     }
 
     static asio::awaitable<void> list_resources(std::shared_ptr<state> self, std::string id) {

@@ -6,10 +6,12 @@
 // text), resources/templates/list; notifications: notifications/initialized,
 // notifications/cancelled (cancels the running call: its process is killed and confirmed gone). A
 // tools/call whose params carry _meta.progressToken gets notifications/progress while it runs,
-// whose message carries the latest lines of its output. isError is set only for moat's own failures
-// and invalid arguments (tool_result::is_tool_error). The connection has one per-session sandbox
-// (through the tool session); when the client disconnects (EOF on stdin) running calls are
-// cancelled, the session ends and its sandbox is destroyed, confirmed, before async_run returns.
+// whose message carries the latest lines of its output. A result is one text item (the
+// tool_result's JSON), followed by image items when server_options::max_image_items allows. isError
+// is set only for moat's own failures and invalid arguments (tool_result::is_tool_error). The
+// connection has one per-session sandbox (through the tool session); when the client disconnects
+// (EOF on stdin) running calls are cancelled, the session ends and its sandbox is destroyed,
+// confirmed, before async_run returns.
 #pragma once
 
 #include <moat/tools.hpp>
@@ -31,6 +33,13 @@ struct server_options {
     // shared session that outlives the connection (moat mcp --session KEY), leave it to the next
     // connection, `moat session end KEY`, or its idle limit and TTL.
     bool end_session_on_close = true;
+    // The images a run_python cell displayed (figures, display() of a PNG or JPEG) also go to the
+    // client as MCP image content items after the result's text, for clients that pass images to
+    // their model (moat mcp --images): at most this many per call, each at most max_image_bytes
+    // (a larger one is only listed, as every image is, by its artifact path). 0: none (the
+    // default; the text lists the saved files).
+    std::size_t max_image_items = 0;
+    std::size_t max_image_bytes = 1 << 20;
 };
 
 class server {

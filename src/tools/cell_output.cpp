@@ -5,11 +5,13 @@
 
 namespace moat {
 
-cell_output::cell_output(output_limits limits) : out_(limits), err_(limits) {}
+cell_output::cell_output(output_limits limits, cell_limits cell)
+    : out_(limits), err_(limits), events_(cell) {}
 
 void cell_output::keep(output_channel channel, std::string_view data) {
     if (data.empty()) return;
     (channel == output_channel::out ? out_ : err_).append(data);
+    events_.add_stream(channel, data);
     if (sink_) sink_(channel, data);
 }
 
@@ -23,10 +25,14 @@ void cell_output::feed(std::string_view data) {
         return;
     }
     while (!data.empty() && !done_ && !broken_) {
-        if (tag_ == 'o' || tag_ == 'e') {
-            // A data record: its bytes go straight to the capture, never buffered.
+        if (tag_ == 'o' || tag_ == 'e' || tag_ == 'd') {
+            // A data record: its bytes go straight to the capture or the events, never buffered.
             const std::size_t n = std::min(remaining_, data.size());
-            keep(tag_ == 'o' ? output_channel::out : output_channel::err, data.substr(0, n));
+            if (tag_ == 'd') {
+                events_.feed(data.substr(0, n));
+            } else {
+                keep(tag_ == 'o' ? output_channel::out : output_channel::err, data.substr(0, n));
+            }
             data.remove_prefix(n);
             remaining_ -= n;
             if (remaining_ == 0) tag_ = 0;
@@ -73,8 +79,8 @@ void cell_output::consume() {
     std::size_t length = 0;
     const auto digits = header.substr(1, header.size() - 2);
     const auto parsed = std::from_chars(digits.data(), digits.data() + digits.size(), length);
-    const bool valid = (tag == 'o' || tag == 'e' || tag == 'r') && header.size() <= max_header &&
-                       !digits.empty() && parsed.ec == std::errc() &&
+    const bool valid = (tag == 'o' || tag == 'e' || tag == 'd' || tag == 'r') &&
+                       header.size() <= max_header && !digits.empty() && parsed.ec == std::errc() &&
                        parsed.ptr == digits.data() + digits.size() && length <= max_record &&
                        (tag != 'r' || length <= max_status_line + 1);
     if (!valid) {

@@ -2,9 +2,12 @@
 
 #include <moat/with_timeout.hpp>
 
+#include "core/json_writer.hpp"
 #include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
 
+#include <simdjson.h>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -46,7 +49,8 @@ struct greeting {
     std::optional<exec_result> exited;  // it ended before or right after its line
 };
 
-asio::awaitable<result<greeting>> read_greeting(process& program) {
+asio::awaitable<result<greeting>> read_greeting(process& program,
+                                                std::size_t max_line = max_greeting) {
     greeting g;
     std::string buffer;
     for (;;) {
@@ -66,10 +70,10 @@ asio::awaitable<result<greeting>> read_greeting(process& program) {
                 g.rest = buffer.substr(newline + 1);
                 co_return g;
             }
-            if (buffer.size() > max_greeting) {
-                co_return make_error(errc::backend_failure,
-                                     "the Python relay's first line is over " +
-                                         std::to_string(max_greeting) + " bytes");
+            if (buffer.size() > max_line) {
+                co_return make_error(
+                    errc::backend_failure,
+                    "the Python relay's first line is over " + std::to_string(max_line) + " bytes");
             }
             continue;
         }
@@ -108,6 +112,28 @@ asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& result
     co_return read;
 }
 
+// At `when`, asks the relay to interrupt the cell (once); then waits until cancelled.
+asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrupted) {
+    asio::steady_timer timer(co_await asio::this_coro::executor, when.when());
+    co_await timer.async_wait(asio::use_awaitable);
+    interrupted = true;
+    std::string interrupt = "i";
+    (void)co_await relay.async_write_stdin(std::move(interrupt));
+    timer.expires_at(clock::time_point::max());
+    co_await timer.async_wait(asio::use_awaitable);
+}
+
+// read_cell, with the cell interrupted at `when` if it is still running then.
+asio::awaitable<result<cell_read>> read_cell_interrupting(process& relay, cell_output& results,
+                                                          deadline when, bool& interrupted) {
+    using namespace asio::experimental::awaitable_operators;
+    auto reading = read_cell(relay, results);
+    auto interrupting = interrupt_at(relay, when, interrupted);
+    auto first = co_await (std::move(reading) || std::move(interrupting));
+    if (first.index() == 0) co_return std::move(std::get<0>(first));
+    co_return make_error(errc::backend_failure, "the interrupt outlived the cell");
+}
+
 // Waits (bounded) for a program's end, discarding what it still prints.
 asio::awaitable<void> await_end(process& program) {
     const auto limit = deadline::after(reap_grace);
@@ -118,15 +144,26 @@ asio::awaitable<void> await_end(process& program) {
     }
 }
 
-// "go <generation> <fresh>": the generation, or 0 if the line is not that.
-std::uint64_t parse_go(std::string_view line, bool& fresh) {
-    if (!line.starts_with("go ")) return 0;
+// "go <generation> <fresh> <cell number>": false if the line is not that. (The generation is 0
+// for a cell of another context while the default one has not started.)
+bool parse_go(std::string_view line, std::uint64_t& generation, bool& fresh,
+              std::uint64_t& number) {
+    if (!line.starts_with("go ")) return false;
     line.remove_prefix(3);
-    std::uint64_t generation = 0;
-    const auto parsed = std::from_chars(line.data(), line.data() + line.size(), generation);
-    if (parsed.ec != std::errc() || parsed.ptr == line.data() + line.size()) return 0;
-    fresh = std::string_view(parsed.ptr, line.data() + line.size()) == " 1";
-    return generation;
+    std::uint64_t fields[3] = {0, 0, 0};
+    const char* at = line.data();
+    const char* end = line.data() + line.size();
+    for (int i = 0; i < 3; ++i) {
+        if (i != 0 && (at == end || *at++ != ' ')) return false;
+        const auto parsed = std::from_chars(at, end, fields[i]);
+        if (parsed.ec != std::errc() || parsed.ptr == at) return false;
+        at = parsed.ptr;
+    }
+    if (at != end || fields[1] > 1) return false;
+    generation = fields[0];
+    fresh = fields[1] == 1;
+    number = fields[2];
+    return true;
 }
 
 // The supervisor's own end records: "NNN crashed <exit code> <signal>", "NNN killed".
@@ -208,30 +245,26 @@ asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadli
             (greeted->err.empty() ? std::string() : ": " + first_line(greeted->err)));
 }
 
-asio::awaitable<result<cell_outcome>> python_kernel::async_run(
-    std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
-    deadline limit, std::function<void(output_channel, std::string_view)> on_output) {
-    cell_outcome outcome;
-    const std::string framed = std::to_string(code.size()) + "\n" + code;
-    const auto turn_wait = std::min(timeout, max_turn_wait);
-    process relay;
-    greeting greeted;
+asio::awaitable<result<python_kernel::relay_answer>> python_kernel::open_relay(
+    sandbox& box, std::string frame, std::chrono::milliseconds turn_wait,
+    std::chrono::milliseconds wall, std::size_t max_line, deadline limit) {
     for (int round = 0;; ++round) {
         exec_request call;
         call.argv =
             isolated_python(python_, python_relay_source(), std::to_string(turn_wait.count()));
         call.wall_limit = std::min<std::chrono::milliseconds>(exec_request::max_spawn_wall_limit,
-                                                              timeout + turn_wait + start_bound);
-        auto spawned = co_await box->async_spawn(std::move(call), limit);
+                                                              wall + turn_wait + start_bound);
+        auto spawned = co_await box.async_spawn(std::move(call), limit);
         if (!spawned) co_return std::move(spawned).error();
-        relay = std::move(*spawned);
-        std::string frame = framed;
-        auto written = co_await relay.async_write_stdin(std::move(frame));
+        relay_answer answer;
+        answer.relay = std::move(*spawned);
+        std::string sent = frame;
+        auto written = co_await answer.relay.async_write_stdin(std::move(sent));
         if (!written && written.error().code == errc::cancelled) {
             co_return std::move(written).error();
         }
         const auto bound = earliest(limit, deadline::after(turn_wait + start_bound));
-        auto greeted_op = read_greeting(relay);  // a named local (g++ 12)
+        auto greeted_op = read_greeting(answer.relay, max_line);  // a named local (g++ 12)
         auto got = co_await with_timeout(std::move(greeted_op), bound);
         co_await asio::this_coro::reset_cancellation_state();
         if (!got) {
@@ -243,56 +276,91 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
             co_return make_error(errc::backend_failure,
                                  "the Python relay did not answer: " + got.error().detail);
         }
-        greeted = std::move(*got);
-        if (greeted.complete && greeted.line == "busy") {
-            outcome.how = cell_outcome::ending::busy;
-            co_await await_end(relay);
-            co_return outcome;
-        }
-        if (greeted.complete && greeted.line == "none") {
-            co_await await_end(relay);
+        if (got->complete && got->line == "none") {
+            co_await await_end(answer.relay);
             if (round + 1 == start_rounds) {
                 co_return make_error(
                     errc::backend_failure,
                     "the sandbox's Python interpreter could not be reached after " +
                         std::to_string(start_rounds) + " starts");
             }
-            auto started = co_await start_resident(*box, limit);
+            auto started = co_await start_resident(box, limit);
             if (!started) co_return std::move(started).error();
             continue;
         }
-        bool fresh = false;
-        outcome.generation = greeted.complete ? parse_go(greeted.line, fresh) : 0;
-        if (outcome.generation == 0) {
-            co_await await_end(relay);
-            co_return make_error(
-                errc::backend_failure,
-                "the Python relay failed" +
-                    (greeted.err.empty() ? std::string() : ": " + first_line(greeted.err)));
-        }
-        outcome.started_interpreter = fresh;
-        break;
+        answer.complete = got->complete;
+        answer.line = std::move(got->line);
+        answer.rest = std::move(got->rest);
+        answer.err = std::move(got->err);
+        co_return answer;
     }
+}
 
+asio::awaitable<result<cell_outcome>> python_kernel::async_run(
+    std::shared_ptr<sandbox> box, std::string code, std::chrono::milliseconds timeout,
+    deadline limit, std::function<void(output_channel, std::string_view)> on_output,
+    cell_event_sink on_event, cell_options options) {
+    cell_outcome outcome;
+    std::string framed;
+    if (options.context.empty() && options.env.empty()) {
+        framed = std::to_string(code.size()) + "\n" + code;
+    } else {
+        json_writer request;
+        request.begin_object().key("code").value(code).key("context").value(options.context);
+        request.key("env").begin_object();
+        for (const auto& [key, value] : options.env) request.key(key).value(value);
+        request.end_object().end_object();
+        const std::string json = request.take();
+        framed = "x" + std::to_string(json.size()) + "\n" + json;
+    }
+    const auto turn_wait = std::min(timeout, max_turn_wait);
+    auto opened =
+        co_await open_relay(*box, std::move(framed), turn_wait, timeout, max_greeting, limit);
+    if (!opened) co_return std::move(opened).error();
+    process relay = std::move(opened->relay);
+    if (opened->complete && opened->line == "busy") {
+        outcome.how = cell_outcome::ending::busy;
+        co_await await_end(relay);
+        co_return outcome;
+    }
+    if (opened->complete && opened->line == "unknown") {
+        co_await await_end(relay);
+        co_return make_error(errc::invalid_argument,
+                             "no such context: " + options.context.substr(0, 64));
+    }
+    bool fresh = false;
+    if (!opened->complete ||
+        !parse_go(opened->line, outcome.generation, fresh, outcome.cell_number)) {
+        co_await await_end(relay);
+        co_return make_error(
+            errc::backend_failure,
+            "the Python relay failed" +
+                (opened->err.empty() ? std::string() : ": " + first_line(opened->err)));
+    }
+    outcome.started_interpreter = fresh;
     cell_output results(capture_);
     if (on_output) results.on_output(on_output);
+    if (on_event) results.on_event(std::move(on_event));
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
-    const auto first = earliest(cell_limit, limit);
-    results.feed(greeted.rest);
-    auto exchange = read_cell(relay, results);
+    const auto kill_limit = deadline::after(timeout + interrupt_grace);
+    const auto first = earliest(kill_limit, limit);
+    results.feed(opened->rest);
+    bool interrupted = false;
+    auto exchange = read_cell_interrupting(relay, results, cell_limit, interrupted);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
         std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - started);
     outcome.out = results.finish_out();
     outcome.err = results.finish_err();
+    outcome.cell = results.finish_result();
 
     if (!read) {
         // The stop killed the relay (confirmed); its connection's end has the supervisor kill the
         // interpreter. A ping, served after that, confirms it (bounded).
         co_await confirm_stopped(*box);
-        const bool caller_first = !limit.is_never() && limit.when() <= cell_limit.when();
+        const bool caller_first = !limit.is_never() && limit.when() <= kill_limit.when();
         if (read.error().code == errc::deadline_exceeded && !caller_first) {
             outcome.how = cell_outcome::ending::timed_out;
             outcome.exit_code = 124;
@@ -322,7 +390,109 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     const auto status = parse_marker_line(results.status_line());
     outcome.raised = status.raised;
     outcome.exception_type = status.exception_type;
+    // An interrupt that arrived after the cell's end was ignored: the cell completed.
+    if (interrupted && status.exception_type == "KeyboardInterrupt") {
+        outcome.how = cell_outcome::ending::interrupted;
+    }
     co_return outcome;
+}
+
+namespace {
+
+// The longest answer of a context operation (a list of 32 contexts with their directories).
+constexpr std::size_t max_answer = 64 * 1024;
+
+std::string context_request(std::string_view op, std::string_view id) {
+    json_writer w;
+    w.begin_object().key("op").value(op).key("id").value(id).end_object();
+    return w.take();
+}
+
+}  // namespace
+
+asio::awaitable<result<std::string>> python_kernel::manage(sandbox& box, std::string request,
+                                                           deadline limit) {
+    std::string frame = "c" + std::to_string(request.size()) + "\n" + request;
+    auto opened =
+        co_await open_relay(box, std::move(frame), max_turn_wait, max_turn_wait, max_answer, limit);
+    if (!opened) co_return std::move(opened).error();
+    co_await await_end(opened->relay);
+    const std::string_view line = opened->line;
+    if (opened->complete && line.starts_with("ok ")) co_return std::string(line.substr(3));
+    if (opened->complete && line == "busy") {
+        co_return make_error(errc::backend_failure,
+                             "busy: a cell held the sandbox's interpreter for 30 s");
+    }
+    if (opened->complete && line.starts_with("error ")) {
+        const auto reason = line.substr(6);
+        const auto code = reason.starts_with("unsupported language") ? errc::not_supported
+                                                                     : errc::invalid_argument;
+        co_return make_error(code, std::string(reason));
+    }
+    co_return make_error(errc::backend_failure, "the Python supervisor did not answer");
+}
+
+asio::awaitable<result<python_context>> python_kernel::async_create_context(
+    std::shared_ptr<sandbox> box, std::string language, std::string cwd, deadline limit) {
+    json_writer w;
+    w.begin_object().key("op").value("create").key("language").value(language);
+    w.key("cwd").value(cwd).end_object();
+    std::string request = w.take();  // a named local (g++ 12)
+    auto made = co_await manage(*box, std::move(request), limit);
+    if (!made) co_return std::move(made).error();
+    // "<id> <language>": the language by its full name ("js" is "javascript").
+    const auto space = made->find(' ');
+    if (space == std::string::npos) {
+        co_return make_error(errc::protocol_error, "the context's creation was not confirmed");
+    }
+    python_context context;
+    context.id = made->substr(0, space);
+    context.language = made->substr(space + 1);
+    context.cwd = std::move(cwd);
+    co_return context;
+}
+
+asio::awaitable<result<void>> python_kernel::context_operation(sandbox& box, std::string_view op,
+                                                               std::string id, deadline limit) {
+    std::string request = context_request(op, id);  // a named local (g++ 12)
+    auto done = co_await manage(box, std::move(request), limit);
+    if (!done) co_return std::move(done).error();
+    co_return result<void>{};
+}
+
+asio::awaitable<result<void>> python_kernel::async_restart_context(std::shared_ptr<sandbox> box,
+                                                                   std::string id, deadline limit) {
+    return context_operation(*box, "restart", std::move(id), limit);
+}
+
+asio::awaitable<result<void>> python_kernel::async_remove_context(std::shared_ptr<sandbox> box,
+                                                                  std::string id, deadline limit) {
+    return context_operation(*box, "remove", std::move(id), limit);
+}
+
+asio::awaitable<result<std::vector<python_context>>> python_kernel::async_list_contexts(
+    std::shared_ptr<sandbox> box, deadline limit) {
+    std::string request = context_request("list", "");  // a named local (g++ 12)
+    auto listed = co_await manage(*box, std::move(request), limit);
+    if (!listed) co_return std::move(listed).error();
+    simdjson::dom::parser parser;
+    simdjson::dom::element root;
+    if (parser.parse(*listed).get(root) != simdjson::SUCCESS || !root.is_array()) {
+        co_return make_error(errc::protocol_error, "the context list is not a JSON array");
+    }
+    std::vector<python_context> contexts;
+    for (simdjson::dom::element item : root.get_array()) {
+        std::string_view id;
+        std::string_view language;
+        std::string_view cwd;
+        if (item["id"].get(id) != simdjson::SUCCESS ||
+            item["language"].get(language) != simdjson::SUCCESS ||
+            item["cwd"].get(cwd) != simdjson::SUCCESS) {
+            co_return make_error(errc::protocol_error, "a context entry lacks a field");
+        }
+        contexts.push_back({std::string(id), std::string(language), std::string(cwd)});
+    }
+    co_return contexts;
 }
 
 }  // namespace moat

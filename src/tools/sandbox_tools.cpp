@@ -1,5 +1,5 @@
-// The tools' own work in the sandbox: run_python (through the session's interpreter), run_shell,
-// write_file, read_file, list_files and the artifacts walk. Each turns what happened into a
+// The tools' own work in the sandbox: run_shell, write_file, read_file, list_files and the
+// artifacts walk (run_python is in python_tool.cpp). Each turns what happened into a
 // tool_result worded for the model: its status, what the program printed (shaped), and a message
 // and hint for what went wrong; only the caller's own stop stays an error (tool_session_state.hpp).
 #include "tools/tool_session_state.hpp"
@@ -15,12 +15,14 @@
 namespace moat {
 
 using tool_detail::capture_limits;
+using tool_detail::hint_for_python_error;
 using tool_detail::is_callers_stop;
 using tool_detail::max_inline_command;
 using tool_detail::model_message;
 using tool_detail::notice_rebuilt;
 using tool_detail::sandbox_path;
 using tool_detail::seconds_text;
+using tool_detail::signal_name;
 
 namespace {
 
@@ -32,10 +34,13 @@ constexpr int max_artifact_depth = 4;
 constexpr std::size_t max_artifact_listings = 64;
 constexpr std::size_t max_artifact_visits = 2000;
 
-const char* notice_restarted = "the interpreter restarted: variables and imports are gone";
 const char* notice_strays_killed =
     "processes the command left running in the background were stopped when it ended: a "
     "command's processes end with it";
+
+}  // namespace
+
+namespace tool_detail {
 
 const char* signal_name(int signal) {
     switch (signal) {
@@ -87,6 +92,10 @@ std::string hint_for_python_error(const std::string& type, const std::string& li
     return "read the last line of the traceback and fix the code";
 }
 
+}  // namespace tool_detail
+
+namespace {
+
 // A client's temporary file or a hidden one: not an artifact.
 bool is_hidden_artifact(std::string_view name) {
     return name.empty() || name.front() == '.' || name.ends_with(".tmp");
@@ -109,14 +118,6 @@ std::string file_error_code(const error& failure) {
         default:
             return "";
     }
-}
-
-// The stderr of a failed cell without its last traceback (the result carries that separately).
-std::string_view before_traceback(std::string_view err, const std::string& workdir) {
-    auto at = err.rfind("Traceback (most recent call last):");
-    if (at == std::string_view::npos) at = err.rfind("  File \"" + workdir + "/.cells/");
-    if (at == std::string_view::npos) return err;
-    return err.substr(0, at);
 }
 
 }  // namespace
@@ -173,117 +174,6 @@ asio::awaitable<void> tool_session::state::add_artifacts(tool_result& r, sandbox
     auto listing = co_await list_artifacts(box, limit);
     r.artifacts = std::move(listing.found);
     r.artifacts_truncated = listing.truncated;
-}
-
-asio::awaitable<result<tool_result>> tool_session::state::run_python(
-    std::string code, std::chrono::milliseconds timeout, deadline limit,
-    output_callback on_output) {
-    auto got = co_await lease(limit);
-    if (!got) co_return failed_step("run_python", std::move(got).error());
-    auto box = got->lease.box;
-    if (got->moved) generation = 0;  // a new sandbox: its interpreters count from 1
-    auto ran =
-        co_await kernel.async_run(box, std::move(code), timeout, limit, std::move(on_output));
-    // A stopped call may have taken the interpreter with it: the next cell sees a later
-    // generation then, and says so.
-    if (!ran) co_return failed_step("run_python", std::move(ran).error());
-    tool_result r;
-    r.tool = "run_python";
-    r.duration = ran->duration;
-    const auto& outcome = *ran;
-    if (outcome.how == cell_outcome::ending::busy) {
-        r.status = tool_status::error;
-        r.error_code = "busy";
-        r.message =
-            "another call is running Python in this conversation's sandbox and did "
-            "not finish within " +
-            seconds_text(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30))) +
-            "; this code did not run";
-        r.hint = "call " + named("run_python") + " again";
-        if (got->rebuilt) r.notices.emplace_back(notice_rebuilt);
-        co_return r;
-    }
-    const bool restarted_unseen = generation != 0 && outcome.generation > generation;
-    if (got->rebuilt) {
-        r.notices.emplace_back(notice_rebuilt);
-    } else if (restarted_unseen && outcome.how == cell_outcome::ending::completed) {
-        r.notices.emplace_back(notice_restarted);
-    }
-    generation = outcome.generation;
-    // A result that says the interpreter restarted announces its successor too.
-    if (outcome.how != cell_outcome::ending::completed) generation = outcome.generation + 1;
-    auto shaped_out = shape(outcome.out);
-    r.stdout_text = std::move(shaped_out.text);
-    r.stdout_omitted = shaped_out.omitted_chars;
-    switch (outcome.how) {
-        case cell_outcome::ending::completed:
-            if (!outcome.raised) {
-                r.status = tool_status::ok;
-                r.exit_code = 0;
-                set_stderr(r, shape(outcome.err));
-                if (outcome.out.total_bytes == 0 && outcome.err.total_bytes == 0) {
-                    r.notices.emplace_back(
-                        "ran successfully but printed nothing; use print() to see values");
-                }
-                break;
-            }
-            r.status = tool_status::error;
-            r.exit_code = 1;
-            {
-                const std::string err_text = outcome.err.text();
-                r.error_type = outcome.exception_type.empty() ? python_error_type(err_text)
-                                                              : outcome.exception_type;
-                r.traceback = python_traceback(err_text);
-                if (!outcome.err.is_truncated() && !r.traceback.empty()) {
-                    set_stderr(r, shape_for_model(before_traceback(err_text, layout.workdir),
-                                                  options.shaping));
-                } else {
-                    set_stderr(r, shape(outcome.err));
-                }
-            }
-            r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir,
-                                           network_off());
-            break;
-        case cell_outcome::ending::timed_out:
-            r.status = tool_status::timeout;
-            r.exit_code = 124;
-            set_stderr(r, shape(outcome.err));
-            r.message = "the code ran past its " + seconds_text(timeout) + " limit and was stopped";
-            r.hint =
-                "make it faster, work on less data, or pass a larger timeout_seconds "
-                "(at most " +
-                std::to_string(options.max_timeout.count()) +
-                "); re-run the code that defined the variables you need";
-            r.notices.emplace_back(notice_restarted);
-            break;
-        case cell_outcome::ending::crashed:
-            r.status = tool_status::error;
-            r.exit_code = outcome.exit_code;
-            set_stderr(r, shape(outcome.err));
-            if (outcome.oom_killed) {
-                r.message = "the interpreter was killed: the sandbox ran out of memory";
-                r.hint = "use less memory: process the data in parts";
-            } else if (outcome.signal != 0) {
-                r.message =
-                    std::string("the interpreter crashed (") + signal_name(outcome.signal) + ")";
-                r.hint =
-                    "avoid the call that crashed it; re-run the code that defined the "
-                    "variables you need";
-            } else {
-                r.message = "the interpreter exited with code " +
-                            std::to_string(outcome.exit_code) +
-                            " (os._exit or a fatal error) instead of finishing the cell";
-                r.hint =
-                    "do not exit the interpreter; re-run the code that defined the "
-                    "variables you need";
-            }
-            r.notices.emplace_back(notice_restarted);
-            break;
-        case cell_outcome::ending::busy:
-            break;  // answered above
-    }
-    co_await add_artifacts(r, *box, limit);
-    co_return r;
 }
 
 asio::awaitable<result<tool_result>> tool_session::state::run_shell(
@@ -381,6 +271,25 @@ asio::awaitable<result<exec_result>> tool_session::state::exec_shell(sandbox& bo
     }
 }
 
+asio::awaitable<result<std::vector<file_write_result>>> tool_session::state::write_files(
+    sandbox& box, std::vector<file_write> files, deadline limit) {
+    auto written = co_await box.async_write_files(files, limit);
+    if (!written) co_return written;
+    exec_request mkdir;
+    mkdir.argv = {"mkdir", "-p", "--"};
+    for (const auto& w : *written) {
+        if (!w.outcome && w.outcome.error().code == errc::file_not_found) {
+            mkdir.argv.push_back(std::filesystem::path(w.path).parent_path().string());
+        }
+    }
+    if (mkdir.argv.size() == 3) co_return written;
+    // A parent directory is missing: create them (as the sandbox's user) and write again.
+    mkdir.wall_limit = std::chrono::seconds(10);
+    auto made = co_await box.async_exec(std::move(mkdir), limit);
+    if (!made && is_callers_stop(made.error())) co_return std::move(made).error();
+    co_return co_await box.async_write_files(std::move(files), limit);
+}
+
 asio::awaitable<result<tool_result>> tool_session::state::write_file(std::string given,
                                                                      std::string content,
                                                                      deadline limit) {
@@ -392,17 +301,7 @@ asio::awaitable<result<tool_result>> tool_session::state::write_file(std::string
     std::vector<file_write> files(1);
     files[0].path = path;
     files[0].content = std::move(content);
-    auto written = co_await box->async_write_files(files, limit);
-    if (written && !written->front().outcome &&
-        written->front().outcome.error().code == errc::file_not_found) {
-        // The parent directory is missing: create it (as the sandbox's user) and retry.
-        exec_request mkdir;
-        mkdir.argv = {"mkdir", "-p", "--", std::filesystem::path(path).parent_path().string()};
-        mkdir.wall_limit = std::chrono::seconds(10);
-        auto made = co_await box->async_exec(std::move(mkdir), limit);
-        if (!made && is_callers_stop(made.error())) co_return std::move(made).error();
-        written = co_await box->async_write_files(std::move(files), limit);
-    }
+    auto written = co_await write_files(*box, std::move(files), limit);
     if (!written) co_return failed_step("write_file", std::move(written).error());
     tool_result r;
     r.tool = "write_file";

@@ -54,22 +54,28 @@ std::vector<tool_definition> tool_definitions(const sandbox_layout& layout, std:
     std::vector<tool_definition> tools;
     tools.push_back(tool_definition{
         p + "run_python",
-        "Run Python 3 code in this conversation's sandbox, like a notebook cell. State persists "
-        "between calls: variables, imports and functions defined in one call are available in "
-        "the next, and files stay in " +
+        "Run Python 3 code in this conversation's sandbox, like a Jupyter notebook cell. State "
+        "persists between calls: variables, imports and functions defined in one call are "
+        "available in the next, and files stay in " +
             w + " (your working directory)." + home +
-            " Only what the code "
-            "prints is visible to you (print() it); the value of a final expression is shown too. "
+            " What the code prints is shown, and so is the value of the last expression (as in "
+            "a notebook: a DataFrame as its text table; end the line with ; to hide it) and "
+            "anything passed to display(). matplotlib figures are saved automatically as PNG "
+            "files under " +
+            a +
+            " and listed in the result's images by path, media type and size (no need to call "
+            "plt.savefig; plt.show() works); you do not see the picture itself. IPython "
+            "commands work where IPython is installed (!ls, %cd, %pip, %env). "
             "Long output is cut to its head and tail, so print summaries (len(), df.head(), a "
             "slice) rather than whole datasets. Save files meant for the user under " +
             a + " (they are listed in the result as artifacts). " +
             network_sentence(network,
                              "The network is off: no pip install, no downloads; use the standard "
                              "library and what is already installed.") +
-            " A call that runs "
-            "past timeout_seconds (default 30, at most 600) is stopped and the interpreter "
-            "restarts, losing variables. An exception is reported in the result (status, "
-            "error_type, traceback): fix the code and call again.",
+            " A call that runs past timeout_seconds (default 30, at most 600) is interrupted "
+            "(KeyboardInterrupt; variables are kept); if it does not stop within 2 seconds more, "
+            "the interpreter is restarted, losing variables. An exception is reported in the "
+            "result (status, error_type, traceback): fix the code and call again.",
         R"({"type":"object","properties":{"code":{"type":"string","description":"Python source to run."},)" +
             std::string(timeout_schema) +
             R"(},"required":["code"],"additionalProperties":false})"});

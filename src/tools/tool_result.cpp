@@ -23,6 +23,20 @@ void text_if_present(json_writer& w, std::string_view name, const std::string& t
     if (!text.empty()) w.key(name).value(text);
 }
 
+void artifacts_if_present(json_writer& w, std::string_view name,
+                          const std::vector<artifact>& list) {
+    if (list.empty()) return;
+    w.key(name).begin_array();
+    for (const auto& a : list) {
+        w.begin_object();
+        w.key("path").value(a.path);
+        w.key("size").value(a.size);
+        w.key("media_type").value(a.media_type);
+        w.end_object();
+    }
+    w.end_array();
+}
+
 }  // namespace
 
 const char* to_string(tool_status status) noexcept {
@@ -92,17 +106,8 @@ std::string tool_result::to_json() const {
         }
         w.end_array();
     }
-    if (!artifacts.empty()) {
-        w.key("artifacts").begin_array();
-        for (const auto& a : artifacts) {
-            w.begin_object();
-            w.key("path").value(a.path);
-            w.key("size").value(a.size);
-            w.key("media_type").value(a.media_type);
-            w.end_object();
-        }
-        w.end_array();
-    }
+    artifacts_if_present(w, "images", images);
+    artifacts_if_present(w, "artifacts", artifacts);
     if (artifacts_truncated) w.key("artifacts_truncated").value(true);
     if (!processes.empty() || (tool == "list_processes" && is_ok)) {
         w.key("processes").begin_array();

@@ -6,9 +6,11 @@
 //   for each call (lease), the retry ceiling (finish), the results that say a call did not happen
 //   (failed, bad_arguments, unavailable, failed_step) and the session's end. It also defines the
 //   shared helpers below.
-// - sandbox_tools.cpp: the tools' own work in the sandbox (run_python, run_shell, write_file,
-//   read_file, list_files, the artifacts walk), each turning what happened into a tool_result
-//   worded for the model.
+// - sandbox_tools.cpp: the tools' own work in the sandbox (run_shell, write_file, read_file,
+//   list_files, the artifacts walk), each turning what happened into a tool_result worded for the
+//   model.
+// - python_tool.cpp: run_python: a cell through the session's interpreter (python_kernel), its
+//   results as the model reads them, its figures and images saved as artifacts.
 // - background_processes.cpp: start_process, list_processes, read_process_output, stop_process,
 //   and the pumps that read each background process until it ends (background_entry is its own).
 //
@@ -64,6 +66,18 @@ std::string sandbox_path(std::string_view given, const std::string& workdir);
 
 // `path` (normal, absolute) is `dir` or lies under it.
 bool is_under(std::string_view path, std::string_view dir);
+
+// The notice of a result whose call found (or caused) a restarted interpreter.
+inline constexpr const char* notice_restarted =
+    "the interpreter restarted: variables and imports are gone";
+
+// "SIGSEGV" for SIGSEGV, "a signal" for one without a name here (sandbox_tools.cpp).
+const char* signal_name(int signal);
+
+// What the model should do about a Python exception of `type`; `list_files` is how the model
+// sees that tool (sandbox_tools.cpp).
+std::string hint_for_python_error(const std::string& type, const std::string& list_files,
+                                  const std::string& workdir, bool network_off);
 
 // A background process (start_process); defined in background_processes.cpp.
 struct background_entry;
@@ -152,7 +166,7 @@ struct tool_session::state {
     // Any file's exact bytes (the application's reads: artifacts, workspace files).
     asio::awaitable<result<std::string>> read_exact(std::string full, deadline limit);
 
-    // --- the tools' work in the sandbox (sandbox_tools.cpp)
+    // --- the tools' work in the sandbox (sandbox_tools.cpp; run_python: python_tool.cpp)
 
     struct artifact_listing {
         std::vector<artifact> found;
@@ -163,6 +177,10 @@ struct tool_session::state {
     asio::awaitable<artifact_listing> list_artifacts(sandbox& box, deadline limit);
     asio::awaitable<void> add_artifacts(tool_result& r, sandbox& box, deadline limit);
 
+    // Saves the images among r.cell's results under the artifacts directory (figure-NNN-K.ext)
+    // and lists them in r.images; what could not be saved is a notice.
+    asio::awaitable<void> save_images(tool_result& r, sandbox& box, std::uint64_t cell_number,
+                                      deadline limit);
     asio::awaitable<result<tool_result>> run_python(std::string code,
                                                     std::chrono::milliseconds timeout,
                                                     deadline limit, output_callback on_output);
@@ -174,6 +192,9 @@ struct tool_session::state {
     static asio::awaitable<result<exec_result>> exec_shell(sandbox& box, exec_request request,
                                                            deadline limit,
                                                            output_callback on_output);
+    // Writes `files`, creating missing parent directories (as the sandbox's user).
+    static asio::awaitable<result<std::vector<file_write_result>>> write_files(
+        sandbox& box, std::vector<file_write> files, deadline limit);
     asio::awaitable<result<tool_result>> write_file(std::string given, std::string content,
                                                     deadline limit);
     asio::awaitable<result<tool_result>> read_file(std::string given, file_encoding encoding,

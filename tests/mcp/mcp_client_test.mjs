@@ -204,6 +204,12 @@ await check("run_python's description names /workspace/out, persistence and the 
     assert.ok(pythonDescription.includes('network'), pythonDescription);
 });
 
+await check("run_python's description says the last expression is shown and figures are saved", async () => {
+    assert.ok(pythonDescription.includes('value of the last expression'), pythonDescription);
+    assert.ok(pythonDescription.includes('figures are saved automatically as PNG files under /workspace/out'),
+        pythonDescription);
+});
+
 await check('run_python keeps variables from one cell to the next', async () => {
     assert.equal((await python('x = 41')).status, 'ok');
     const r = await python('print(x + 1)');
@@ -265,8 +271,21 @@ await check('long output is clamped with a marker', async () => {
     assert.ok(r.omitted_chars?.stdout > 190000, JSON.stringify(r.omitted_chars));
 });
 
-await check('a cell past its timeout is killed and the interpreter restarts empty', async () => {
-    const r = await python('while True: pass', { timeout_seconds: 1 });
+await check('a cell past its timeout is interrupted and the variables are kept', async () => {
+    const r = await python("print('looping')\nwhile True:\n    __import__('time').sleep(0.05)",
+        { timeout_seconds: 1 });
+    assert.equal(r.status, 'timeout', r.text);
+    assert.equal(r.exit_code, 124, r.text);
+    assert.equal(r.error_type, 'KeyboardInterrupt', r.text);
+    assert.equal(r.stdout, 'looping\n', r.text);
+    assert.ok(!mentions(r, 'restart'), r.text);
+    const after = await python('print(x)\nimport os; os.getpid()');
+    assert.equal(after.stdout, `41\n${pid}`, after.text);
+});
+
+await check('a cell past its timeout that ignores the interrupt is killed and the interpreter restarts empty', async () => {
+    const r = await python('import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass',
+        { timeout_seconds: 1 });
     assert.equal(r.status, 'timeout', r.text);
     assert.equal(r.exit_code, 124, r.text);
     assert.ok(mentions(r, 'restart'), r.text);
@@ -363,6 +382,28 @@ await check('files under /workspace/out are listed as artifacts without their by
     assert.ok(!r.text.includes(Buffer.from(csv).toString('base64').replace(/=+$/, '')), r.text);
 });
 
+await check('a matplotlib chart is saved as a PNG artifact, listed by path, media type and size', async () => {
+    const r = await python("import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 5])\nprint('drawn')");
+    assert.equal(r.status, 'ok', r.text);
+    assert.equal(r.stdout, 'drawn\n', r.text);
+    assert.equal(r.images?.length, 1, r.text);
+    const [image] = r.images;
+    assert.match(image.path, /^figure-\d{3}-1\.png$/, r.text);
+    assert.equal(image.media_type, 'image/png', r.text);
+    assert.ok(r.artifacts.some((a) => a.path === image.path && a.size === image.size), r.text);
+    assert.ok(!r.text.includes('iVBOR'), 'no base64 PNG in the text');
+    const read = await client.readResource({ uri: `moat://artifacts/${image.path}` });
+    const bytes = Buffer.from(read.contents[0].blob, 'base64');
+    assert.equal(bytes.length, image.size);
+    assert.deepEqual([...bytes.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+});
+
+await check("a DataFrame as a cell's last expression reaches the model as its text table", async () => {
+    const r = await python("import pandas as pd\npd.DataFrame({'city': ['Oslo', 'Lima'], 'n': [7, 9]})");
+    assert.equal(r.status, 'ok', r.text);
+    assert.match(r.stdout, /city\s+n\n0\s+Oslo\s+7\n1\s+Lima\s+9\n/, r.text);
+});
+
 await check('artifacts are MCP resources whose bytes come back exactly', async () => {
     const made = await python("open('/workspace/out/blob.bin','wb').write(bytes(range(256)) * 3)");
     assert.equal(made.status, 'ok', made.text);
@@ -428,8 +469,8 @@ await check('any file under /workspace is a resource with exact bytes', async ()
     await assert.rejects(client.readResource({ uri: 'moat://workspace/missing.txt' }));
 });
 
-await check('--tool-prefix renames the tools, and only the prefixed names are tools', async () => {
-    const prefixedTransport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel, '--tool-prefix', 'moat_'], env: environment, stderr: 'inherit' });
+await check('--tool-prefix renames the tools, only the prefixed names are tools, and --images adds a figure as image content', async () => {
+    const prefixedTransport = new StdioClientTransport({ command: moat, args: ['mcp', '--label', runLabel, '--tool-prefix', 'moat_', '--images'], env: environment, stderr: 'inherit' });
     const prefixed = new Client({ name: 'moat-mcp-client-test-prefixed', version: '1.0.0' });
     await prefixed.connect(prefixedTransport);
     try {
@@ -440,6 +481,15 @@ await check('--tool-prefix renames the tools, and only the prefixed names are to
         const ran = await prefixed.callTool({ name: 'moat_run_shell', arguments: { command: 'echo prefixed' } });
         remember(ran.content[0].text);
         assert.equal(JSON.parse(ran.content[0].text).stdout, 'prefixed\n');
+        const drawn = await prefixed.callTool({ name: 'moat_run_python',
+            arguments: { code: 'import matplotlib.pyplot as plt\nplt.plot([2, 1])\nplt.show()' } });
+        remember(drawn.content[0].text);
+        assert.equal(drawn.content.length, 2, JSON.stringify(drawn.content.map((c) => c.type)));
+        assert.equal(drawn.content[1].type, 'image');
+        assert.equal(drawn.content[1].mimeType, 'image/png');
+        const png = Buffer.from(drawn.content[1].data, 'base64');
+        assert.equal(png.length, JSON.parse(drawn.content[0].text).images[0].size);
+        assert.equal(png.subarray(1, 4).toString(), 'PNG');
         const bare = await prefixed.callTool({ name: 'run_shell', arguments: { command: 'true' } });
         remember(bare.content[0].text);
         assert.equal(bare.isError, true, JSON.stringify(bare));
