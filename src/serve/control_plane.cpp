@@ -90,6 +90,14 @@ std::int64_t unix_ms(system_clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
+// The templates a create may name: "base" (the default root), and the names E2B's Code
+// Interpreter SDKs create with by default, which name the same root until templates exist (its
+// packages are the host's: scripts/install-deps installs IPython, matplotlib, pandas, numpy).
+bool is_known_template(std::string_view name) {
+    return name == "base" || name == "code-interpreter-v1" || name == "code-interpreter" ||
+           name == "code-interpreter-beta";
+}
+
 std::string sandbox_reply_of(const registry_entry& e, const std::string& domain) {
     protocol::sandbox_reply r;
     r.sandbox_id = e.id;
@@ -297,9 +305,10 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     auto parsed = co_await parsed_body_or_400(call, protocol::parse_create_request);
     if (!parsed) co_return;
     if (parsed->template_id.empty()) parsed->template_id = "base";
-    if (parsed->template_id != "base") {
+    if (!is_known_template(parsed->template_id)) {
         std::string message = "template '" + parsed->template_id +
-                              "' not found: moat serve has only the template 'base'";
+                              "' not found: moat serve has only the template 'base' (which "
+                              "code-interpreter-v1 names too)";
         co_await send_error(call.response, 400, std::move(message));
         co_return;
     }

@@ -3,7 +3,9 @@
 #include <moat/log.hpp>
 
 #include "core/json_writer.hpp"
+#include "e2b_protocol/code_interpreter_messages.hpp"
 #include "http/stream_relay.hpp"
+#include "serve/code_interpreter.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/sandbox_names.hpp"
 #include "serve/server_secret.hpp"
@@ -23,8 +25,10 @@ namespace {
 constexpr auto port_connect_timeout = std::chrono::seconds(10);
 
 struct proxy_state {
-    explicit proxy_state(serve_context& c) : context(c) {}
+    explicit proxy_state(serve_context& c) : context(c), interpreter(c) {}
     serve_context& context;
+    // Port 49999: E2B's Code Interpreter, answered by serve itself.
+    code_interpreter interpreter;
     std::map<std::string, std::size_t, std::less<>> open;  // proxied connections per sandbox
 };
 
@@ -128,6 +132,10 @@ asio::awaitable<void> proxy(std::shared_ptr<proxy_state> s, http::server_request
                                      id, port);
             co_return;
         }
+    }
+    if (port == e2b_protocol::code_interpreter_port) {
+        co_await s->interpreter.async_serve(std::move(entry), request, response);
+        co_return;
     }
     if (port == sandbox_network::proxy_port) {
         co_await send_json_error(response, 403,

@@ -43,6 +43,9 @@ struct serve_options {
     std::size_t max_port_connections = 64;
     // A proxied port connection is closed after this long without a byte either way.
     std::chrono::milliseconds port_idle_timeout{15 * 60 * 1000};
+    // A Code Interpreter cell (port 49999) runs at most this long: then it is interrupted, and
+    // killed 2 s later if it has not ended.
+    std::chrono::milliseconds code_cell_limit{15 * 60 * 1000};
     // A file uploaded through envd is refused past this (413).
     std::uint64_t max_file_bytes = 100ull * 1024 * 1024;
     // The network of every sandbox this server creates (--allow-host, --resolve,

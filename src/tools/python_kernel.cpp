@@ -2,6 +2,7 @@
 
 #include <moat/with_timeout.hpp>
 
+#include "core/asio_compat.hpp"
 #include "core/json_writer.hpp"
 #include "tools/cell_output.hpp"
 #include "tools/python_driver.hpp"
@@ -113,25 +114,47 @@ asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& result
 }
 
 // At `when`, asks the relay to interrupt the cell (once); then waits until cancelled.
-asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrupted) {
+// Interrupts the cell at `when`, or at once when the caller asks (`trigger`), then waits
+// python_kernel::interrupt_grace and returns: the cell did not end, and the exchange is stopped.
+// Returns early (cancelled) when the cell ends first.
+asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrupted,
+                                   std::shared_ptr<cell_interrupt> trigger) {
     asio::steady_timer timer(co_await asio::this_coro::executor, when.when());
-    co_await timer.async_wait(asio::use_awaitable);
+    struct registration {
+        cell_interrupt* trigger;
+        ~registration() {
+            if (trigger) trigger->waiting = nullptr;
+        }
+    } registered{trigger.get()};
+    if (trigger) {
+        trigger->waiting = &timer;
+        if (trigger->requested()) timer.expires_at(clock::now());
+    }
+    auto [waited] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+    const auto stopped = (co_await asio::this_coro::cancellation_state).cancelled();
+    if (stopped != asio::cancellation_type::none) co_return;  // the cell ended first
+    if (waited && !(trigger && trigger->requested())) co_return;
     interrupted = true;
+    registered.trigger = nullptr;
+    if (trigger) trigger->waiting = nullptr;
     std::string interrupt = "i";
     (void)co_await relay.async_write_stdin(std::move(interrupt));
-    timer.expires_at(clock::time_point::max());
-    co_await timer.async_wait(asio::use_awaitable);
+    timer.expires_after(python_kernel::interrupt_grace);
+    co_await timer.async_wait(as_tuple(asio::use_awaitable));
 }
 
-// read_cell, with the cell interrupted at `when` if it is still running then.
+// read_cell, with the cell interrupted at `when` (or when the caller asks) if it is still running
+// then, and stopped interrupt_grace after that.
 asio::awaitable<result<cell_read>> read_cell_interrupting(process& relay, cell_output& results,
-                                                          deadline when, bool& interrupted) {
+                                                          deadline when, bool& interrupted,
+                                                          std::shared_ptr<cell_interrupt> trigger) {
     using namespace asio::experimental::awaitable_operators;
     auto reading = read_cell(relay, results);
-    auto interrupting = interrupt_at(relay, when, interrupted);
+    auto interrupting = interrupt_at(relay, when, interrupted, std::move(trigger));
     auto first = co_await (std::move(reading) || std::move(interrupting));
     if (first.index() == 0) co_return std::move(std::get<0>(first));
-    co_return make_error(errc::backend_failure, "the interrupt outlived the cell");
+    co_return make_error(errc::deadline_exceeded,
+                         "the cell did not end within the grace after its interrupt");
 }
 
 // Waits (bounded) for a program's end, discarding what it still prints.
@@ -344,10 +367,12 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     const auto started = clock::now();
     const auto cell_limit = deadline::after(timeout);
     const auto kill_limit = deadline::after(timeout + interrupt_grace);
-    const auto first = earliest(kill_limit, limit);
+    // The interrupt's own wait stops the cell at kill_limit; this bound is its backstop.
+    const auto first = earliest(deadline::after(timeout + 2 * interrupt_grace), limit);
     results.feed(opened->rest);
     bool interrupted = false;
-    auto exchange = read_cell_interrupting(relay, results, cell_limit, interrupted);
+    auto exchange =
+        read_cell_interrupting(relay, results, cell_limit, interrupted, options.interrupt);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
@@ -493,6 +518,11 @@ asio::awaitable<result<std::vector<python_context>>> python_kernel::async_list_c
         contexts.push_back({std::string(id), std::string(language), std::string(cwd)});
     }
     co_return contexts;
+}
+
+void cell_interrupt::request() noexcept {
+    requested_ = true;
+    if (waiting) waiting->cancel();
 }
 
 }  // namespace moat

@@ -14,6 +14,7 @@
 #include "tools/cell_events.hpp"
 
 #include <asio/awaitable.hpp>
+#include <asio/steady_timer.hpp>
 
 #include <sys/types.h>
 #include <chrono>
@@ -28,6 +29,21 @@
 
 namespace moat {
 
+// Lets a caller interrupt a running cell now, as its time limit would (an E2B client that went
+// away mid-cell): a KeyboardInterrupt in the cell, and a kill python_kernel::interrupt_grace
+// later if it has not ended. Confined to the kernel's executor; for one cell.
+class cell_interrupt {
+  public:
+    void request() noexcept;
+    bool requested() const noexcept { return requested_; }
+
+    // python_kernel's: the wait an interrupt request ends (null when none runs).
+    asio::steady_timer* waiting = nullptr;
+
+  private:
+    bool requested_ = false;
+};
+
 // Where and how a cell runs.
 struct cell_options {
     // The context: "" is the sandbox's default one (the tool layer's); others come from
@@ -36,6 +52,8 @@ struct cell_options {
     // Set in the interpreter's environment for this cell only, then removed or put back (a
     // `!` line and subprocesses see them too).
     std::map<std::string, std::string> env;
+    // When set, the caller may interrupt the cell before its time limit.
+    std::shared_ptr<cell_interrupt> interrupt;
 };
 
 // A context: an interpreter of its own in the sandbox (own namespace, own working directory),
