@@ -102,7 +102,8 @@ TEST_CASE_FIXTURE(kernel_fixture,
     CHECK(shown("x", other.id) == "'other'");
 
     REQUIRE(run(kernel.async_remove_context(box, other.id)));
-    auto gone = run(kernel.async_run(box, "1", 10s, {}, {}, {}, moat::cell_options{other.id, {}}));
+    auto gone =
+        run(kernel.async_run(box, "1", 10s, {}, {}, {}, moat::cell_options{other.id, {}, {}}));
     REQUIRE_FALSE(gone);
     CHECK(gone.error().code == moat::errc::invalid_argument);
     CHECK(run(kernel.async_list_contexts(box))->size() == 2);
