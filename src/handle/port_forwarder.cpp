@@ -14,13 +14,24 @@ namespace {
 
 // One relayed connection.
 struct connection {
+    explicit connection(asio::ip::tcp::socket s) : accepted(std::move(s)) {}
     std::uint64_t id = 0;
     std::string peer;
-    std::unique_ptr<http::stream> client;
-    std::unique_ptr<http::stream> sandbox;  // once connected
+    asio::ip::tcp::socket accepted;         // the client, until the sandbox's end is connected
+    std::unique_ptr<http::stream> client;   // then the client, relayed
+    std::unique_ptr<http::stream> sandbox;  // and the sandbox's end
     void close() noexcept {
+        std::error_code ignored;
+        accepted.close(ignored);
         if (client) client->close();
         if (sandbox) sandbox->close();
+    }
+    // The sandbox's port could not be reached: the client is reset, so it can never take the
+    // closed connection for an empty answer.
+    void refuse() noexcept {
+        std::error_code ignored;
+        accepted.set_option(asio::socket_base::linger(true, 0), ignored);
+        close();
     }
 };
 
@@ -78,7 +89,9 @@ asio::awaitable<void> serve_connection(std::shared_ptr<port_forwarder::state> s,
         refused.peer = c->peer;
         refused.detail = connected.error().to_string();
         s->emit(refused);
-    } else if (!s->closed && c->client->is_open()) {
+        c->refuse();
+    } else if (!s->closed && c->accepted.is_open()) {
+        c->client = http::make_tcp_stream(std::move(c->accepted));
         c->sandbox = http::make_tcp_stream(std::move(*connected));
         port_forward_event connected_event;
         connected_event.peer = c->peer;
@@ -109,10 +122,10 @@ asio::awaitable<void> accept_loop(std::shared_ptr<port_forwarder::state> s) {
             continue;
         }
         std::error_code ignored;
-        auto c = std::make_shared<connection>();
-        c->peer = endpoint_text(socket.remote_endpoint(ignored));
+        auto c = std::make_shared<connection>(std::move(socket));
+        c->peer = endpoint_text(c->accepted.remote_endpoint(ignored));
         if (s->connections.size() >= s->options.max_connections) {
-            socket.close(ignored);
+            c->refuse();
             port_forward_event over;
             over.what = port_forward_event::kind::over_cap;
             over.peer = c->peer;
@@ -121,9 +134,8 @@ asio::awaitable<void> accept_loop(std::shared_ptr<port_forwarder::state> s) {
             s->emit(over);
             continue;
         }
-        socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        c->accepted.set_option(asio::ip::tcp::no_delay(true), ignored);
         c->id = s->next_id++;
-        c->client = http::make_tcp_stream(std::move(socket));
         s->connections[c->id] = c;
         s->tasks.spawn(serve_connection(s, c));
     }

@@ -173,6 +173,23 @@ test('a 5 MB print arrives, serve stays small, and the next cell runs', async ()
     assert.equal((await sbx.runCode('2 + 2')).text, '4');
 });
 
+test('bad requests get the answers the SDK maps, and only /execute needs the access token', async () => {
+    const headers = { 'Content-Type': 'application/json', 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999' };
+    const withToken = { ...headers, 'X-Access-Token': sbx.envdAccessToken };
+    const post = (path, body, h = withToken) => fetch(serve.envd + path, { method: 'POST', headers: h, body });
+    assert.equal((await post('/execute', JSON.stringify({ code: 1 }))).status, 422);
+    assert.equal((await post('/execute', 'not json')).status, 422);
+    assert.equal((await post('/execute', JSON.stringify({ code: '1', context_id: 'default', language: 'python' }))).status, 400);
+    const unknown = await post('/execute', JSON.stringify({ code: '1', context_id: 'no-such-context' }));
+    assert.equal(unknown.status, 404);
+    assert.match(await unknown.text(), /no-such-context/);
+    assert.equal((await post('/execute', JSON.stringify({ code: '1' }), headers)).status, 401);
+    const listed = await fetch(serve.envd + '/contexts', { headers });
+    assert.equal(listed.status, 200);
+    assert.ok((await listed.json()).some((c) => c.id === 'default' && c.language === 'python'));
+    assert.equal((await fetch(serve.envd + '/no-such-route', { headers })).status, 404);
+});
+
 test('a killed sandbox answers with a clear error', async () => {
     const doomed = await Sandbox.create();
     assert.equal((await doomed.runCode('1')).text, '1');
