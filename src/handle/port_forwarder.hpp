@@ -2,8 +2,8 @@
 // `moat port-forward` runs and what sandbox::async_port_host opens on the local backend.
 //
 // Each accepted connection asks `connect` (a sandbox's async_connect_port) for its other end;
-// if that fails the connection is closed at once (the event says why). Many connections run at
-// once, at most `max_connections` (one more is closed as it is accepted); each ends when either
+// if that fails the connection is reset at once (the event says why). Many connections run at
+// once, at most `max_connections` (one more is reset as it is accepted); each ends when either
 // side has closed both ways, fails, or is idle past the relay's limit (stream_relay.hpp).
 // close() (or dropping it) stops accepting and ends every connection at once; its tasks belong to
 // a task group of its own and hold only the state they share. Confined to its executor.
