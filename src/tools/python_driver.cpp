@@ -20,10 +20,12 @@ os.environ['MPLBACKEND'] = 'Agg'
 MAX_REP = 4 << 20
 MAX_ERR = 64 << 10
 
-def forward(results, sources, ends, parent):
+def forward(results, sources, ends, parent, sync, ack):
     # The forwarder: the only writer of the results channel. Frames the cell's output, its
     # structured items and the driver's end records; a cell's bytes are never read as a record.
     # Output is drained before an item or an end record, so each follows what was printed before.
+    # The driver waits after each item until the forwarder has passed it on (a byte on `sync`,
+    # answered on `ack`), so what the cell prints after an item can never overtake it.
     def emit(tag, data):
         record = b'%c%d\n' % (tag, len(data)) + data
         while record:
@@ -46,10 +48,19 @@ def forward(results, sources, ends, parent):
     pending = b''
     try:
         while sources:
-            ready = select.select(list(sources) + ([ends] if ends >= 0 else []), [], [], 0.2)[0]
+            waits = list(sources) + [fd for fd in (ends, sync) if fd >= 0]
+            ready = select.select(waits, [], [], 0.2)[0]
             if any(fd in sources for fd in ready):
                 drain_all(b'oe')
                 drain_all(b'd')
+            if sync >= 0 and sync in ready:
+                asked = os.read(sync, 4096)
+                if not asked:
+                    sync = -1
+                else:
+                    drain_all(b'oe')
+                    drain_all(b'd')
+                    os.write(ack, b'a' * len(asked))
             if ends in ready:
                 more = os.read(ends, 4096)
                 if not more:
@@ -71,13 +82,17 @@ out_r, out_w = os.pipe()
 err_r, err_w = os.pipe()
 items_r, items_w = os.pipe()
 ends_r, ends_w = os.pipe()
+sync_r, sync_w = os.pipe()
+ack_r, ack_w = os.pipe()
 parent = os.getpid()
 if os.fork() == 0:
-    for fd in (out_w, err_w, items_w, ends_w, channel.fileno()):
+    for fd in (out_w, err_w, items_w, ends_w, sync_w, ack_r, channel.fileno()):
         os.close(fd)
-    forward(1, {out_r: ord('o'), err_r: ord('e'), items_r: ord('d')}, ends_r, parent)
-for fd in (out_r, err_r, items_r, ends_r):
+    forward(1, {out_r: ord('o'), err_r: ord('e'), items_r: ord('d')}, ends_r, parent, sync_r,
+            ack_w)
+for fd in (out_r, err_r, items_r, ends_r, sync_r, ack_w):
     os.close(fd)
+acks_owed = [0]  # acks an interrupted wait left unread
 os.dup2(out_w, 1)
 os.dup2(err_w, 2)
 os.close(out_w)
@@ -121,6 +136,15 @@ def send(data):
     flush()
     while data:
         data = data[os.write(items_w, data):]
+    # Wait until the forwarder has passed the item on (see forward()).
+    acks_owed[0] += 1
+    os.write(sync_w, b's')
+    while acks_owed[0] > 0:
+        got = os.read(ack_r, acks_owed[0])
+        if not got:
+            acks_owed[0] = 0
+            break
+        acks_owed[0] -= len(got)
 
 def is_media_type(t):
     return (isinstance(t, str) and 0 < len(t) < 128 and t.count('/') == 1 and
