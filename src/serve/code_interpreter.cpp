@@ -341,6 +341,17 @@ asio::awaitable<void> run_cell(state_ptr s, std::shared_ptr<registry_entry> sand
     x.wake.cancel();
 }
 
+// The answer's head: 200, NDJSON. False when the client is gone (the cell is then interrupted).
+asio::awaitable<bool> begin_answer(execution_lines& x, http::server_response& response) {
+    http::header_list headers;
+    headers.add("Content-Type", "application/x-ndjson");
+    auto begun = co_await response.async_begin(200, std::move(headers));
+    if (begun) co_return true;
+    x.client_gone = true;
+    x.interrupt->request();
+    co_return false;
+}
+
 // Writes the lines as they come (the head with the first), a keepalive after a quiet while;
 // stops the cell when the client is gone.
 asio::awaitable<void> write_lines(execution_lines& x, http::server_response& response,
@@ -348,14 +359,8 @@ asio::awaitable<void> write_lines(execution_lines& x, http::server_response& res
     for (;;) {
         while (!x.lines.empty()) {
             if (!response.is_started()) {
-                http::header_list headers;
-                headers.add("Content-Type", "application/x-ndjson");
-                auto begun = co_await response.async_begin(200, std::move(headers));
-                if (!begun) {
-                    x.client_gone = true;
-                    x.interrupt->request();
-                    co_return;
-                }
+                const bool begun = co_await begin_answer(x, response);
+                if (!begun) co_return;
             }
             std::string line = std::move(x.lines.front());
             x.lines.pop_front();
@@ -382,14 +387,8 @@ asio::awaitable<void> write_lines(execution_lines& x, http::server_response& res
             co_return;
         }
         if (!waited && !response.is_started() && !open && !failure) {
-            http::header_list headers;
-            headers.add("Content-Type", "application/x-ndjson");
-            auto begun = co_await response.async_begin(200, std::move(headers));
-            if (!begun) {
-                x.client_gone = true;
-                x.interrupt->request();
-                co_return;
-            }
+            const bool begun = co_await begin_answer(x, response);
+            if (!begun) co_return;
         } else if (!waited && open) {
             x.flush_open_lines();
         } else if (!waited && x.lines.empty() && !x.done && !failure) {
@@ -464,9 +463,8 @@ asio::awaitable<void> execute(state_ptr s, std::shared_ptr<registry_entry> sandb
             std::chrono::system_clock::now()));
     }
     if (!response.is_started()) {
-        http::header_list headers;
-        headers.add("Content-Type", "application/x-ndjson");
-        (void)co_await response.async_begin(200, std::move(headers));
+        const bool begun = co_await begin_answer(x, response);
+        if (!begun) co_return;
     }
     (void)co_await response.async_write(protocol::encode_end_line());
     (void)co_await response.async_end();
