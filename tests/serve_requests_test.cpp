@@ -176,6 +176,10 @@ TEST_CASE("a port request names its sandbox and port by Host, else by E2b-Sandbo
         CHECK_FALSE(parse_sandbox_host(other, "e2b.local"));
     }
     CHECK_FALSE(parse_sandbox_host("8000-sb-2.e2b.local", ""));
+    // A domain given with its trailing dot is the same domain; one with a ':' names nothing.
+    REQUIRE(parse_sandbox_host("8000-sb-2.e2b.local.", "e2b.local."));
+    CHECK(parse_sandbox_host("8000-sb-2.e2b.local", "e2b.local.")->id == "sb-2");
+    CHECK_FALSE(parse_sandbox_host("8-1.::-", ":"));
 
     // envd's own port is envd's, by name or by header.
     const auto head = [](std::string host, std::string id, std::string port) {

@@ -6,12 +6,18 @@ namespace moat::serve {
 
 std::optional<sandbox_port_name> parse_sandbox_host(std::string_view host,
                                                     std::string_view domain) {
-    if (domain.empty() || host.starts_with('[')) return std::nullopt;
+    // A domain is a DNS name (the CLI checks it): one with a ':' could not be told from a port.
+    if (domain.empty() || domain.find(':') != std::string_view::npos || host.starts_with('[')) {
+        return std::nullopt;
+    }
     auto name = host;
     if (const auto colon = name.rfind(':'); colon != std::string_view::npos) {
         name = name.substr(0, colon);
     }
     if (name.ends_with('.')) name.remove_suffix(1);
+    if (domain.ends_with('.'))
+        domain.remove_suffix(1);  // a name's trailing dot is not the domain's
+    if (domain.empty()) return std::nullopt;
     const auto dash = name.find('-');
     if (dash == std::string_view::npos) return std::nullopt;
     const auto port = moat::detail::parse_port(name.substr(0, dash));
