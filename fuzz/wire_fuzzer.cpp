@@ -1,5 +1,6 @@
 // libFuzzer target for the wire format parsers: everything the library accepts from a sandbox's
-// agent (fixed records) and everything the agent accepts from the library (exec records).
+// agent (fixed records) and everything the agent accepts from the library (exec and connect_unix
+// records).
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_wire_fuzzer &&
 //   build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60 fuzz/corpus/wire
@@ -44,6 +45,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)wire::read_fixed(record, wire::message_type::started, started);
     wire::exited_message exited{};
     (void)wire::read_fixed(record, wire::message_type::exited, exited);
+    wire::port_connected_message connected{};
+    (void)wire::read_fixed(record, wire::message_type::port_connected, connected);
+    // What the agent accepts from the library: a connect_unix path is read only within its field.
+    wire::connect_unix_message connect_unix{};
+    if (wire::read_fixed(record, wire::message_type::connect_unix, connect_unix)) {
+        const auto path = wire::read_field(connect_unix.path);
+        if (path.size() > sizeof connect_unix.path) __builtin_trap();
+        (void)wire::unix_path_problem(path);
+    }
     wire::created_message created{};
     if (wire::read_fixed(record, wire::message_type::created, created)) {
         (void)wire::read_field(created.memory_cgroup);

@@ -321,6 +321,7 @@ struct ports_outcome {
     result<sandbox_info> created = moat::make_error(errc::cancelled, "not run");
     result<moat::process> server = moat::make_error(errc::cancelled, "not run");
     bool refused_connect = false;  // async_connect_port: not_supported
+    bool refused_unix = false;     // async_connect_unix: not_supported
 };
 
 asio::awaitable<ports_outcome> start_port_server(backend* b) {
@@ -336,6 +337,8 @@ asio::awaitable<ports_outcome> start_port_server(backend* b) {
     o.server = co_await b->async_spawn(o.created->id, server);
     auto connected = co_await b->async_connect_port(o.created->id, 8000);
     o.refused_connect = !connected && connected.error().code == errc::not_supported;
+    auto unix_connected = co_await b->async_connect_unix(o.created->id, "/tmp/supervisor.sock");
+    o.refused_unix = !unix_connected && unix_connected.error().code == errc::not_supported;
     co_return o;
 }
 
@@ -364,6 +367,7 @@ TEST_CASE(
     REQUIRE_MESSAGE(o.server, o.server.error().to_string());
     // E2B reaches ports only by name: no socket from the library.
     CHECK(o.refused_connect);
+    CHECK(o.refused_unix);
     const auto host = b->port_host(o.created->id, 8000);
     REQUIRE(host);
     CHECK(*host == "8000-" + o.created->id + ".moat.test");  // the answer's domain, not e2b.app

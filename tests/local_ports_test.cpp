@@ -9,6 +9,7 @@
 
 #include "core/asio_compat.hpp"
 #include "support/async_wait.hpp"
+#include "support/connect_retry.hpp"
 #include "support/host_sharing.hpp"
 #include "support/local_fixture.hpp"
 
@@ -49,19 +50,14 @@ asio::awaitable<std::string> get(asio::ip::tcp::socket& socket, std::string path
     co_return answer;
 }
 
+using maybe_socket = std::optional<moat::result<asio::ip::tcp::socket>>;
+using moat::test::optional_of;
+
 // Connects until the server the sandbox is starting accepts (connection_refused until then).
-asio::awaitable<moat::result<asio::ip::tcp::socket>> connect_when_up(moat::backend& b,
-                                                                     std::string id,
-                                                                     std::uint16_t port) {
-    const auto limit = std::chrono::steady_clock::now() + 20s;
-    for (;;) {
-        auto connected = co_await b.async_connect_port(id, port);
-        if (connected || connected.error().code != moat::errc::connection_refused ||
-            std::chrono::steady_clock::now() > limit) {
-            co_return connected;
-        }
-        co_await moat::test::pause(50ms);
-    }
+asio::awaitable<maybe_socket> connect_when_up(moat::backend& b, std::string id,
+                                              std::uint16_t port) {
+    return moat::test::connect_when_up<asio::ip::tcp::socket>(
+        [&b, id, port] { return b.async_connect_port(id, port); });
 }
 
 // The same through a loopback address (the handle's forward, a port-forward).
@@ -69,13 +65,6 @@ asio::awaitable<std::string> get_from(asio::ip::tcp::endpoint at, std::string pa
     asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
     co_await socket.async_connect(at, asio::use_awaitable);
     co_return co_await get(socket, std::move(path));
-}
-
-// asio's co_spawn needs a default-constructible result, which a socket is not: the tests run
-// their connects through this.
-using maybe_socket = std::optional<moat::result<asio::ip::tcp::socket>>;
-asio::awaitable<maybe_socket> optional_of(asio::awaitable<moat::result<asio::ip::tcp::socket>> c) {
-    co_return co_await std::move(c);
 }
 
 asio::ip::tcp::endpoint endpoint_of(const std::string& host_port) {
@@ -94,7 +83,7 @@ TEST_CASE_FIXTURE(local_fixture,
     auto server = run(local->async_spawn(box.id, http_server(8000)));
     REQUIRE_MESSAGE(server, server.error().to_string());
 
-    auto connected = *run(optional_of(connect_when_up(*local, box.id, 8000)));
+    auto connected = *run(connect_when_up(*local, box.id, 8000));
     REQUIRE_MESSAGE(connected, connected.error().to_string());
     const auto answer = run(get(*connected, "/hello.txt"));
     CHECK(answer.starts_with("HTTP/1.0 200"));
@@ -140,7 +129,7 @@ TEST_CASE_FIXTURE(local_fixture, "a server bound to the sandbox's ::1 only is re
     }
     auto server = run(local->async_spawn(box.id, http_server(8080, "::1")));
     REQUIRE_MESSAGE(server, server.error().to_string());
-    auto connected = *run(optional_of(connect_when_up(*local, box.id, 8080)));
+    auto connected = *run(connect_when_up(*local, box.id, 8080));
     REQUIRE_MESSAGE(connected, connected.error().to_string());
     CHECK(connected->remote_endpoint().address().is_v6());
     CHECK(run(get(*connected, "/hello.txt")).ends_with("hello from the sandbox\n"));
@@ -161,7 +150,7 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox ends the connections to i
         "socketserver.ThreadingTCPServer(('127.0.0.1', 7000), Echo).serve_forever()\"";
     auto server = run(local->async_spawn(box.id, echo));
     REQUIRE_MESSAGE(server, server.error().to_string());
-    auto first = *run(optional_of(connect_when_up(*local, box.id, 7000)));
+    auto first = *run(connect_when_up(*local, box.id, 7000));
     REQUIRE_MESSAGE(first, first.error().to_string());
     auto second = *run(optional_of(local->async_connect_port(box.id, 7000)));
     REQUIRE_MESSAGE(second, second.error().to_string());

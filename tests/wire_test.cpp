@@ -69,3 +69,20 @@ TEST_CASE("fixed messages are accepted only with their exact type and size") {
     CHECK_FALSE(
         wire::read_fixed(std::as_bytes(std::span(&lying, 1)), wire::message_type::exited, out));
 }
+
+TEST_CASE("a unix socket path must be absolute, NUL-free and fit sun_path") {
+    CHECK(wire::unix_path_problem("/tmp/s") == nullptr);
+    CHECK(wire::unix_path_problem("/" + std::string(106, 'x')) == nullptr);
+    CHECK(wire::unix_path_problem("/" + std::string(107, 'x')) != nullptr);
+    CHECK(wire::unix_path_problem("") != nullptr);
+    CHECK(wire::unix_path_problem("tmp/s") != nullptr);
+    CHECK(wire::unix_path_problem(std::string_view("/tmp/a\0b", 8)) != nullptr);
+    // The longest valid path fills the field with its terminator.
+    auto m = wire::make_message<wire::connect_unix_message>(wire::message_type::connect_unix);
+    const std::string longest = "/" + std::string(106, 'x');
+    wire::copy_field(m.path, longest);
+    CHECK(wire::read_field(m.path) == longest);
+    wire::connect_unix_message out{};
+    CHECK(wire::read_fixed(std::as_bytes(std::span(&m, 1)), wire::message_type::connect_unix, out));
+    CHECK(wire::read_field(out.path) == longest);
+}

@@ -22,6 +22,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
 
 #include <chrono>
 #include <map>
@@ -208,6 +209,17 @@ class backend {
     // Cancellation: the connection is dropped.
     virtual asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
                                                                               std::uint16_t port);
+    // A stream connection to the unix-domain (SOCK_STREAM) socket at the absolute `path` in the
+    // sandbox's filesystem, connected from inside the sandbox by its agent and handed out on this
+    // backend's executor. Errors: invalid_argument when `path` is empty, not absolute, contains a
+    // NUL or is longer than 107 bytes (it must fit sockaddr_un::sun_path with its terminator),
+    // before the sandbox is asked; connection_refused when nothing listens there (no such file,
+    // not a socket, a refusal, a full backlog) or the connect failed otherwise (never a reason to
+    // quarantine); permission_denied when the socket's permissions refuse it; limit_exceeded when
+    // out of descriptors or memory; not_supported where the backend has no agent to connect
+    // (e2b). Cancellation: the connection is dropped.
+    virtual asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
+        std::string id, std::string path);
     // The name (and port) under which an HTTP(S) client reaches `port` of the sandbox, without
     // scheme: e2b "<port>-<id>.<domain>" (the provider's proxy). not_supported when the backend
     // offers no such name (local: sandbox::async_port_host forwards a loopback port instead).

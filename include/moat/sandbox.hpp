@@ -58,6 +58,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
 
 #include <chrono>
 #include <memory>
@@ -165,6 +166,16 @@ class sandbox {
     asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::uint16_t port,
                                                                       deadline limit = {},
                                                                       lane in = lane::side);
+    // A stream connection to the unix-domain (SOCK_STREAM) socket at the absolute `path` in the
+    // sandbox's filesystem (a supervisor the sandbox runs), connected from inside the sandbox by
+    // its agent, on the runtime's executor; the side lane by default, like async_connect_port.
+    // `limit` bounds the connect. Errors: invalid_argument (`path` empty, not absolute, with a NUL
+    // or longer than 107 bytes: it must fit sockaddr_un::sun_path), connection_refused (nothing
+    // listens there: no such file, not a socket, a full backlog, any other connect failure; never
+    // a reason to quarantine), permission_denied (the socket's permissions), limit_exceeded (out
+    // of descriptors or memory), not_supported (e2b). Cancellation: the connection is dropped.
+    asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
+        std::string path, deadline limit = {}, lane in = lane::side);
     // Where an HTTP(S) client reaches `port`, as "host:port" or a host name without scheme: the
     // backend's own name for it (e2b: "<port>-<id>.<domain>"), or, on a backend that connects
     // ports itself (local), "127.0.0.1:<n>": a loopback listener this handle opens on first use

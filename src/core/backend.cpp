@@ -267,6 +267,11 @@ asio::awaitable<result<asio::ip::tcp::socket>> backend::async_connect_port(std::
     co_return not_supported(name(), "connect_port");
 }
 
+asio::awaitable<result<asio::local::stream_protocol::socket>> backend::async_connect_unix(
+    std::string, std::string) {
+    co_return not_supported(name(), "connect_unix");
+}
+
 result<std::string> backend::port_host(const std::string&, std::uint16_t) const {
     return not_supported(name(), "port_host");
 }

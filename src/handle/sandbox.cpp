@@ -585,6 +585,12 @@ asio::awaitable<result<asio::ip::tcp::socket>> sandbox::async_connect_port(std::
     return connect_port_call(impl_, port, limit, in);
 }
 
+asio::awaitable<result<asio::local::stream_protocol::socket>> sandbox::async_connect_unix(
+    std::string path, deadline limit, lane in) {
+    return run_call(impl_, "connect_unix", limit, in, &backend::async_connect_unix,
+                    std::move(path));
+}
+
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     return run_call(impl_, "extend_ttl", limit, lane::ordered, &backend::async_extend_ttl, ttl);

@@ -86,29 +86,48 @@ asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::millisec
 
 asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect_port(
     std::uint16_t port, int family, deadline limit) {
-    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto message = wire::make_message<wire::connect_port_message>(wire::message_type::connect_port);
     message.request_id = next_ttl_request_++;
     message.port = port;
     message.family = static_cast<std::uint32_t>(family);
-    auto request = std::make_shared<port_request>(executor_);
-    port_requests_[message.request_id] = request;
     const auto bytes = std::as_bytes(std::span(&message, 1));
+    auto answer = co_await request_connection(bytes, message.request_id,
+                                              "port " + std::to_string(port), limit);
+    co_return answer;
+}
+
+asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect_unix(
+    std::string_view path, deadline limit) {
+    auto message = wire::make_message<wire::connect_unix_message>(wire::message_type::connect_unix);
+    message.request_id = next_ttl_request_++;
+    wire::copy_field(message.path, path);
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    auto answer = co_await request_connection(bytes, message.request_id,
+                                              "unix socket " + std::string(path), limit);
+    co_return answer;
+}
+
+asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
+    std::span<const std::byte> message, std::uint64_t request_id, std::string what,
+    deadline limit) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto request = std::make_shared<port_request>(executor_);
+    port_requests_[request_id] = request;
     const std::span<const int> no_descriptors;  // a named local (g++ 12)
-    auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
+    auto sent = co_await channel_.async_send(message, no_descriptors, limit);
     async_event::wait_outcome outcome = async_event::wait_outcome::set;
     if (sent) outcome = co_await request->answered.async_wait(limit);
-    port_requests_.erase(message.request_id);
+    port_requests_.erase(request_id);
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     if (!sent) co_return std::move(sent).error();
     if (outcome == async_event::wait_outcome::cancelled) {
-        co_return make_error(errc::cancelled, "cancelled while connecting to port " +
-                                                  std::to_string(port) + " in the sandbox");
+        co_return make_error(errc::cancelled,
+                             "cancelled while connecting to " + what + " in the sandbox");
     }
     if (!request->answered.is_set()) {
-        co_return make_error(errc::backend_failure,
-                             "the sandbox agent did not answer a connection to port " +
-                                 std::to_string(port) + " in time");
+        co_return make_error(
+            errc::backend_failure,
+            "the sandbox agent did not answer a connection to " + what + " in time");
     }
     co_return std::move(request->answer);
 }

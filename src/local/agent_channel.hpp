@@ -17,7 +17,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 namespace moat {
 
@@ -69,6 +71,9 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     };
     asio::awaitable<result<port_socket>> async_connect_port(std::uint16_t port, int family,
                                                             deadline limit);
+    // The same for a stream connection to the unix-domain socket at `path` (checked by the
+    // caller: wire::unix_path_problem) in the sandbox's filesystem; never in progress.
+    asio::awaitable<result<port_socket>> async_connect_unix(std::string_view path, deadline limit);
 
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
@@ -86,6 +91,11 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);
+    // Sends a connect request (`message`, whose id is `request_id`) and waits for its
+    // port_connected; `what` names the target in errors.
+    asio::awaitable<result<port_socket>> request_connection(std::span<const std::byte> message,
+                                                            std::uint64_t request_id,
+                                                            std::string what, deadline limit);
     // Marks the channel broken; logged at `level` (a warning unless we closed it ourselves).
     void break_channel(std::string reason, log_level level = log_level::warning);
 
@@ -99,7 +109,8 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
     std::uint64_t next_ttl_request_ = 1;
-    // connect_port requests awaiting port_connected; ids share next_ttl_request_'s sequence.
+    // connect_port and connect_unix requests awaiting port_connected; ids share next_ttl_request_'s
+    // sequence.
     struct port_request;
     std::map<std::uint64_t, std::shared_ptr<port_request>> port_requests_;
 };

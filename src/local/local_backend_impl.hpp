@@ -106,6 +106,8 @@ class local_backend final : public backend {
     // local_backend_ports.cpp
     asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
                                                                       std::uint16_t port) override;
+    asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
+        std::string id, std::string path) override;
 
     // local_backend_files.cpp. The batch calls run inline: a few system calls per file, bounded
     // by file_limits. No co_await, so there is nothing to cancel; the boundary only turns
@@ -202,6 +204,8 @@ class local_backend final : public backend {
 
     // local_backend_ports.cpp
     asio::awaitable<result<asio::ip::tcp::socket>> connect_port(std::string id, std::uint16_t port);
+    asio::awaitable<result<asio::local::stream_protocol::socket>> connect_unix(std::string id,
+                                                                               std::string path);
 
     // local_backend_files.cpp
     // What the file functions need, once the sandbox is known to be alive.

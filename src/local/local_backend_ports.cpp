@@ -1,12 +1,14 @@
 // Ports of the local backend's sandboxes (local_backend_impl.hpp is the contract between its
-// files): a connection to a server inside a sandbox. The sandbox's pid 1 connects on its own
-// loopback and hands the socket out (the egress endpoint in reverse), so the sandbox keeps its
-// loopback-only network namespace and never gets a route.
+// files): a connection to a server inside a sandbox, on a port or a unix-domain socket. The
+// sandbox's pid 1 connects on its own loopback (or to the socket's path) and hands the socket
+// out (the egress endpoint in reverse), so the sandbox keeps its loopback-only network namespace
+// and never gets a route.
 #include "local/local_backend_impl.hpp"
 
 #include "core/asio_compat.hpp"
 #include "core/exception_boundary.hpp"
 #include "local/agent_channel.hpp"
+#include "wire/protocol.hpp"
 
 #include <moat/with_timeout.hpp>
 
@@ -18,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <string_view>
 
 namespace moat {
 namespace {
@@ -44,16 +47,15 @@ asio::awaitable<result<int>> wait_connected(std::shared_ptr<asio::ip::tcp::socke
     co_return connect_errno;
 }
 
-// The agent's errno for a connection it could not make, other than a refusal. Whatever the kernel
-// says about a connect is about the sandbox's server, never a reason to stop vouching for the
-// sandbox: nothing here is backend_failure (which would quarantine the handle).
-error connect_error(const std::string& id, std::uint16_t port, int connect_errno) {
-    const std::string what = "connecting to port " + std::to_string(port) + " in sandbox " + id;
+// The agent's errno for a connection it could not make (`what`: "connecting to ... in sandbox
+// ..."), other than a refusal; `denied` says why EPERM/EACCES. Whatever the kernel says about a
+// connect is about the sandbox's server, never a reason to stop vouching for the sandbox: nothing
+// here is backend_failure (which would quarantine the handle).
+error connect_error(const std::string& what, int connect_errno, std::string_view denied) {
     switch (connect_errno) {
         case EPERM:
         case EACCES:
-            return make_error(errc::permission_denied,
-                              what + ": the sandbox's agent refused (a port moat itself uses)");
+            return make_error(errc::permission_denied, what + ": " + std::string(denied));
         case EMFILE:
         case ENFILE:
         case ENOBUFS:
@@ -63,6 +65,36 @@ error connect_error(const std::string& id, std::uint16_t port, int connect_errno
         default:
             return make_error(errc::connection_refused, what + ": " + std::strerror(connect_errno));
     }
+}
+
+std::string port_target(const std::string& id, std::uint16_t port) {
+    return "connecting to port " + std::to_string(port) + " in sandbox " + id;
+}
+
+constexpr std::string_view port_denied = "the sandbox's agent refused (a port moat itself uses)";
+
+// The descriptor the agent handed out, as a socket on `executor` (taken from `fd` on success).
+template <class Protocol>
+result<typename Protocol::socket> adopt(const asio::any_io_executor& executor,
+                                        const Protocol& protocol, unique_fd& fd,
+                                        const std::string& what) {
+    typename Protocol::socket socket(executor);
+    std::error_code assigned;
+    socket.assign(protocol, fd.get(), assigned);
+    if (assigned) return make_error(errc::limit_exceeded, what + ": " + assigned.message());
+    fd.release();  // the socket owns it now
+    return socket;
+}
+
+// At most ~200 bytes of a caller's path, control bytes (a NUL) shown as '?', for a detail.
+std::string shown_path(std::string_view path) {
+    constexpr std::size_t shown_bytes = 200;
+    std::string out(path.substr(0, shown_bytes));
+    for (auto& c : out) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    if (path.size() > shown_bytes) out += "...";
+    return out;
 }
 
 // A refusal on one loopback address: try the other (a server bound to ::1 only, or 127.0.0.1
@@ -96,22 +128,19 @@ asio::awaitable<result<asio::ip::tcp::socket>> local_backend::connect_port(std::
         auto answer = co_await agent->async_connect_port(port, family, limit);
         if (!answer) co_return std::move(answer).error();
         if (refused(answer->connect_errno)) continue;
-        if (answer->connect_errno != 0) co_return connect_error(id, port, answer->connect_errno);
-        const auto protocol = family == 4 ? asio::ip::tcp::v4() : asio::ip::tcp::v6();
-        auto socket = std::make_shared<asio::ip::tcp::socket>(executor_);
-        std::error_code assigned;
-        socket->assign(protocol, answer->socket.get(), assigned);
-        if (assigned) {
-            co_return make_error(
-                errc::limit_exceeded,
-                "connecting to port " + std::to_string(port) + ": " + assigned.message());
+        if (answer->connect_errno != 0) {
+            co_return connect_error(port_target(id, port), answer->connect_errno, port_denied);
         }
-        answer->socket.release();  // the socket owns it now
+        const auto protocol = family == 4 ? asio::ip::tcp::v4() : asio::ip::tcp::v6();
+        auto adopted = adopt(executor_, protocol, answer->socket, port_target(id, port));
+        if (!adopted) co_return std::move(adopted).error();
+        auto socket = std::make_shared<asio::ip::tcp::socket>(std::move(*adopted));
         if (answer->in_progress) {
             auto connected = co_await with_timeout(wait_connected(socket), limit);
             if (!connected) co_return std::move(connected).error();
             if (refused(*connected)) continue;
-            if (*connected != 0) co_return connect_error(id, port, *connected);
+            if (*connected != 0)
+                co_return connect_error(port_target(id, port), *connected, port_denied);
         }
         // Interactive traffic (a terminal, a page's small requests) is not held back for
         // coalescing; a bulk transfer fills segments anyway.
@@ -122,6 +151,29 @@ asio::awaitable<result<asio::ip::tcp::socket>> local_backend::connect_port(std::
     co_return make_error(errc::connection_refused,
                          "nothing listens on port " + std::to_string(port) + " in sandbox " + id +
                              " (127.0.0.1 and ::1 refused the connection)");
+}
+
+asio::awaitable<result<asio::local::stream_protocol::socket>> local_backend::async_connect_unix(
+    std::string id, std::string path) {
+    return guarded(connect_unix(std::move(id), std::move(path)));
+}
+
+asio::awaitable<result<asio::local::stream_protocol::socket>> local_backend::connect_unix(
+    std::string id, std::string path) {
+    if (const char* problem = wire::unix_path_problem(path)) {
+        co_return make_error(errc::invalid_argument,
+                             "unix socket path \"" + shown_path(path) + "\": " + problem);
+    }
+    auto found = find_running(id);
+    if (!found) co_return std::move(found).error();
+    auto agent = (*found)->agent;  // the sandbox may end while we wait
+    const std::string what = "connecting to unix socket " + path + " in sandbox " + id;
+    auto answer = co_await agent->async_connect_unix(path, deadline::after(connect_timeout));
+    if (!answer) co_return std::move(answer).error();
+    if (answer->connect_errno != 0) {
+        co_return connect_error(what, answer->connect_errno, std::strerror(answer->connect_errno));
+    }
+    co_return adopt(executor_, asio::local::stream_protocol(), answer->socket, what);
 }
 
 }  // namespace moat

@@ -12,11 +12,14 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstddef>
+#include <cstring>
 
 #include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
@@ -263,6 +266,10 @@ bool agent::handle_control(int fd) {
         if (wire::read_fixed(record, wire::message_type::connect_port, connect)) {
             handle_connect_port(fd, connect);
         }
+        wire::connect_unix_message connect_unix{};
+        if (wire::read_fixed(record, wire::message_type::connect_unix, connect_unix)) {
+            handle_connect_unix(fd, connect_unix);
+        }
         wire::set_ttl_message set_ttl{};
         if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {
             ttl_deadline_us_ = set_ttl.ttl_ms == 0 ? 0 : now_us() + set_ttl.ttl_ms * 1000;
@@ -317,6 +324,40 @@ void agent::handle_connect_port(int fd, const wire::connect_port_message& m) {
             sock = -1;
         }
     }
+    send_connected(fd, reply, sock);
+}
+
+// A unix connect never waits: with the listener's backlog full a non-blocking one fails with
+// EAGAIN, which goes back like any other errno.
+void agent::handle_connect_unix(int fd, const wire::connect_unix_message& m) {
+    static_assert(sizeof(sockaddr_un::sun_path) == wire::unix_path_bytes);
+    auto reply =
+        wire::make_message<wire::port_connected_message>(wire::message_type::port_connected);
+    reply.request_id = m.request_id;
+    const std::string_view path = wire::read_field(m.path);
+    int sock = -1;
+    if (path.size() >= sizeof m.path || wire::unix_path_problem(path) != nullptr) {
+        reply.connect_errno = EINVAL;
+    } else {
+        sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (sock < 0) reply.connect_errno = errno;
+    }
+    if (sock >= 0) {
+        sockaddr_un address{};
+        address.sun_family = AF_UNIX;
+        std::memcpy(address.sun_path, path.data(), path.size());
+        const auto length =
+            static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+        if (::connect(sock, reinterpret_cast<const sockaddr*>(&address), length) != 0) {
+            reply.connect_errno = errno;
+            ::close(sock);
+            sock = -1;
+        }
+    }
+    send_connected(fd, reply, sock);
+}
+
+void agent::send_connected(int fd, const wire::port_connected_message& reply, int sock) {
     const int attached[1] = {sock};
     std::span<const int> fds;
     if (sock >= 0) fds = attached;

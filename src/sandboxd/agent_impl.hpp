@@ -98,6 +98,10 @@ class agent {
     void handle_kill(int fd, const wire::kill_message& m);
     // Connects to a port on the sandbox's loopback and answers port_connected with the socket.
     void handle_connect_port(int fd, const wire::connect_port_message& m);
+    // Connects to a unix-domain stream socket in the sandbox; answers port_connected likewise.
+    void handle_connect_unix(int fd, const wire::connect_unix_message& m);
+    // Sends a port_connected answer with `sock` attached (when >= 0), then closes our copy.
+    void send_connected(int fd, const wire::port_connected_message& reply, int sock);
     // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
     // out), an errno that it failed (reported when it is reaped).
     void check_starts();

@@ -22,6 +22,14 @@ std::string_view read_field(std::span<const char> field) noexcept {
     return {field.data(), static_cast<std::size_t>(end - field.begin())};
 }
 
+const char* unix_path_problem(std::string_view path) noexcept {
+    if (path.empty()) return "empty";
+    if (path.find('\0') != std::string_view::npos) return "contains a NUL byte";
+    if (path.front() != '/') return "not absolute";
+    if (path.size() >= unix_path_bytes) return "longer than 107 bytes";
+    return nullptr;
+}
+
 namespace {
 
 bool has_nul(std::string_view s) {

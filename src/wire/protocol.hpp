@@ -27,7 +27,8 @@ namespace moat::wire {
 // 6: exec_resident.
 // 7: create.egress_port; ready.egress_port, with the sandbox's egress listener attached.
 // 8: connect_port / port_connected, with a socket connected inside the sandbox attached.
-inline constexpr std::uint32_t protocol_version = 8;
+// 9: connect_unix (a unix-domain stream socket in the sandbox), answered by port_connected.
+inline constexpr std::uint32_t protocol_version = 9;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -56,12 +57,14 @@ enum class message_type : std::uint32_t {
     kill = 31,
     set_ttl = 32,
     connect_port = 33,
+    connect_unix = 34,
     // agent -> library
     ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
     started = 41,
     exited = 42,
-    ttl_set = 43,         // reply to set_ttl
-    port_connected = 44,  // reply to connect_port; SCM_RIGHTS: [the socket] when it succeeded
+    ttl_set = 43,  // reply to set_ttl
+    // reply to connect_port and connect_unix; SCM_RIGHTS: [the socket] when it succeeded
+    port_connected = 44,
 };
 
 struct header {
@@ -94,6 +97,7 @@ inline constexpr std::size_t detail_bytes = 256;       // NUL terminated
 inline constexpr std::size_t path_bytes = 512;         // NUL terminated
 inline constexpr std::size_t user_name_bytes = 33;     // NUL terminated (sandbox_layout)
 inline constexpr std::size_t layout_path_bytes = 256;  // NUL terminated (sandbox_layout)
+inline constexpr std::size_t unix_path_bytes = 108;    // NUL terminated: sockaddr_un::sun_path
 
 struct hello_message {
     header h;
@@ -227,6 +231,22 @@ struct connect_port_message {
     std::uint32_t port;    // 1-65535
     std::uint32_t family;  // 4: 127.0.0.1, 6: ::1
 };
+
+// Asks pid 1 for a stream connection to the unix-domain socket at `path` in the sandbox's
+// filesystem, made without blocking (a full backlog is EAGAIN) and handed out: the agent answers
+// port_connected with the same request_id. A path that is not absolute, empty or unterminated
+// within the field is EINVAL.
+struct connect_unix_message {
+    header h;
+    std::uint64_t request_id;
+    char path[unix_path_bytes];  // read with read_field
+    std::uint8_t reserved[4];
+};
+
+// Why `path` cannot name a unix socket for connect_unix (a short phrase), or nullptr: it must be
+// absolute and fit sun_path with its terminator, without a NUL of its own. The one copy of the
+// rule, for the library (before it sends) and the agent (on what it receives).
+const char* unix_path_problem(std::string_view path) noexcept;
 
 enum port_connected_flags : std::uint32_t {
     // The connect was still under way (a full accept backlog): the library waits for the socket
