@@ -67,6 +67,7 @@ error connect_error(const std::string& what, int connect_errno, std::string_view
     }
 }
 
+// What a port's connect errors start with; why the agent refuses a port (EPERM).
 std::string port_target(const std::string& id, std::uint16_t port) {
     return "connecting to port " + std::to_string(port) + " in sandbox " + id;
 }
@@ -139,8 +140,9 @@ asio::awaitable<result<asio::ip::tcp::socket>> local_backend::connect_port(std::
             auto connected = co_await with_timeout(wait_connected(socket), limit);
             if (!connected) co_return std::move(connected).error();
             if (refused(*connected)) continue;
-            if (*connected != 0)
+            if (*connected != 0) {
                 co_return connect_error(port_target(id, port), *connected, port_denied);
+            }
         }
         // Interactive traffic (a terminal, a page's small requests) is not held back for
         // coalescing; a bulk transfer fills segments anyway.
@@ -168,7 +170,8 @@ asio::awaitable<result<asio::local::stream_protocol::socket>> local_backend::con
     if (!found) co_return std::move(found).error();
     auto agent = (*found)->agent;  // the sandbox may end while we wait
     const std::string what = "connecting to unix socket " + path + " in sandbox " + id;
-    auto answer = co_await agent->async_connect_unix(path, deadline::after(connect_timeout));
+    const auto limit = deadline::after(connect_timeout);
+    auto answer = co_await agent->async_connect_unix(path, limit);
     if (!answer) co_return std::move(answer).error();
     if (answer->connect_errno != 0) {
         co_return connect_error(what, answer->connect_errno, std::strerror(answer->connect_errno));
