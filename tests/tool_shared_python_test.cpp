@@ -67,7 +67,7 @@ struct worker {
     moat::tool_result python(const std::string& code,
                              std::optional<std::chrono::milliseconds> timeout = {}) {
         auto r = fixture.run(tools->async_run_python(code, timeout));
-        REQUIRE(r);
+        REQUIRE_MESSAGE(r, (r ? std::string() : r.error().to_string()));
         return *r;
     }
 
@@ -183,8 +183,40 @@ TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then sa
     auto after = b.python("print('ran')");
     CHECK(after.stdout_text == "ran\n");
     CHECK(after.notices.empty());
+    // The cell that did not get the turn never ran, not even once the turn was free: three cells.
+    auto cells = b.fixture.run(b.tools->async_run_shell("ls .cells"));
+    REQUIRE(cells);
+    CHECK(cells->stdout_text == "001.py\n002.py\n003.py\n");
     REQUIRE(b.fixture.run(b.tools->async_end()));
     (void)b.fixture.run(b.manager->async_shutdown());
+}
+
+TEST_CASE(
+    "on the local backend a cell reaches the shared interpreter without starting a process: one "
+    "spawn (the supervisor) for many cells from two workers") {
+    MOAT_REQUIRE_NAMESPACES();
+    auto store = moat::make_memory_session_store();
+    worker a(store);
+    worker b(store);
+    for (int i = 0; i < 5; ++i) {
+        CHECK(a.python("n = " + std::to_string(i)).status == moat::tool_status::ok);
+        CHECK(b.python("print(n)").stdout_text == std::to_string(i) + "\n");
+    }
+    const auto spawns = [](const worker& w) {
+        const auto m = w.rt->metrics();
+        const auto found = m.operations.find("spawn");
+        return found == m.operations.end() ? std::uint64_t{0} : found->second;
+    };
+    const auto connects = [](const worker& w) {
+        const auto m = w.rt->metrics();
+        const auto found = m.operations.find("connect_unix");
+        return found == m.operations.end() ? std::uint64_t{0} : found->second;
+    };
+    CHECK(spawns(a) + spawns(b) == 1);
+    CHECK(connects(a) >= 5);
+    CHECK(connects(b) >= 5);
+    REQUIRE(a.fixture.run(a.tools->async_end()));
+    (void)a.fixture.run(a.manager->async_shutdown());
 }
 
 TEST_CASE(

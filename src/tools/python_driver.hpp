@@ -55,23 +55,30 @@ std::string_view python_driver_source();
 // generation count (one per interpreter started) in .cells/.kernel/state, so a restarted
 // interpreter, whoever restarts it, numbers on.
 //
-// A cell, from any worker: the worker spawns the relay (`python3 -I -c <relay source> <turn wait
-// ms>`) and writes the framed cell to its stdin ("x" frames also name the cell's context, "" the
-// default one). The relay takes the turn lock
-// (.cells/.kernel/turn; waiting up to the turn wait, else it prints "busy" and exits), connects,
-// forwards the frame and copies everything the supervisor sends to its stdout. It prints "none"
-// and exits when there is no supervisor. The supervisor answers "go <generation> <1 if this cell
-// starts an interpreter, else 0> <the cell's number NNN>\n", then the driver's results channel
-// unchanged up to and including the cell's end record (later bytes wait for the next cell), and
-// closes the connection; a cell for an unknown context is answered "unknown\n" instead. The relay
-// passes what the worker writes on its stdin on: "i" (the cell is
-// past its time limit) has the supervisor send SIGINT to the interpreter, which goes on. It writes
-// the end record itself when the interpreter died during the cell ("NNN crashed <exit code>
-// <signal>") or when the worker stopped it: any other byte, or the relay's end, kills the
-// interpreter's process group, confirmed, and the end record is "NNN killed". A broken framing also
-// kills the interpreter. The frame "p\n" is a ping: the supervisor answers "pong" once it is done
-// with every earlier connection, so a worker that stopped a cell knows the interpreter's kill is
-// complete.
+// A cell, from any worker, goes over a link (tools/kernel_link.hpp) that carries the framed cell
+// ("x" frames also name the cell's context, "" the default one) to the supervisor and everything
+// it sends back:
+// - direct (a backend with sandbox::async_connect_unix: local): the sandbox's agent connects to
+//   the socket and hands the connection out; no process starts. The connection waits in the
+//   supervisor's queue (its listen backlog, 256) for its turn; past its turn wait the worker sends
+//   "w" (or goes away) and the supervisor, which reads what followed a frame before serving it,
+//   answers "busy" and runs nothing. A "w" that crosses the cell's "go" is ignored.
+// - a relay (`python3 -I -c <relay source> <turn wait ms>`, spawned by the worker, on a backend
+//   without that: e2b): it reads the frame from its stdin, takes the turn lock
+//   (.cells/.kernel/turn; waiting up to the turn wait, else it prints "busy" and exits),
+//   connects, forwards the frame and copies everything the supervisor sends to its stdout. It
+//   prints "none" and exits when there is no supervisor.
+// The supervisor answers "go <generation> <1 if this cell starts an interpreter, else 0> <the
+// cell's number NNN>\n", then the driver's results channel unchanged up to and including the
+// cell's end record (later bytes wait for the next cell), and closes the connection; a cell for
+// an unknown context is answered "unknown\n" instead. What the worker sends during the cell: "i"
+// (the cell is past its time limit) has the supervisor send SIGINT to the interpreter, which goes
+// on. The supervisor writes the end record itself when the interpreter died during the cell ("NNN
+// crashed <exit code> <signal>") or when the worker stopped it: any other byte, or the link's end
+// (the connection closed, the relay killed), kills the interpreter's process group, confirmed,
+// and the end record is "NNN killed". A broken framing also kills the interpreter. The frame
+// "p\n" is a ping: the supervisor answers "pong" once it is done with every earlier connection, so
+// a worker that stopped a cell knows the interpreter's kill is complete.
 //
 // Contexts. The supervisor keeps a table of contexts, each an interpreter of its own (own
 // namespace, own working directory): "" is the default one (the tool layer's; only its

@@ -5,6 +5,7 @@
 #include "core/asio_compat.hpp"
 #include "core/json_writer.hpp"
 #include "tools/cell_output.hpp"
+#include "tools/kernel_link.hpp"
 #include "tools/python_driver.hpp"
 
 #include <simdjson.h>
@@ -41,21 +42,21 @@ constexpr std::chrono::milliseconds max_turn_wait = std::chrono::seconds(30);
 constexpr std::size_t max_greeting = 256;
 constexpr std::size_t max_kept_err = 4096;
 
-// The first line a relay or a supervisor prints, and what followed it on stdout.
+// The first line a relay, a supervisor or a direct connection sends, and what followed it.
 struct greeting {
     bool complete = false;  // a whole line arrived (else the program ended first)
-    std::string line;
+    std::string line;       // the line, or what arrived of it so far
     std::string rest;
     std::string err;                    // its stderr so far (its own Python errors), capped
     std::optional<exec_result> exited;  // it ended before or right after its line
 };
 
-asio::awaitable<result<greeting>> read_greeting(process& program,
-                                                std::size_t max_line = max_greeting) {
-    greeting g;
-    std::string buffer;
-    for (;;) {
-        auto next = co_await program.async_next();
+// Reads into `g` until its line is complete or the link ends. Resumable: a wait cancelled by a
+// timeout keeps what arrived in `g`, and a later call goes on from there.
+asio::awaitable<result<void>> read_greeting(kernel_link& link, greeting& g,
+                                            std::size_t max_line = max_greeting) {
+    while (!g.complete && !g.exited) {
+        auto next = co_await link.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
             if (chunk->channel == output_channel::err) {
@@ -63,15 +64,15 @@ asio::awaitable<result<greeting>> read_greeting(process& program,
                 g.err.append(chunk->data.substr(0, room));
                 continue;
             }
-            buffer += chunk->data;
-            const auto newline = buffer.find('\n');
+            g.line += chunk->data;
+            const auto newline = g.line.find('\n');
             if (newline != std::string::npos) {
                 g.complete = true;
-                g.line = buffer.substr(0, newline);
-                g.rest = buffer.substr(newline + 1);
-                co_return g;
+                g.rest = g.line.substr(newline + 1);
+                g.line.resize(newline);
+                co_return result<void>{};
             }
-            if (buffer.size() > max_line) {
+            if (g.line.size() > max_line) {
                 co_return make_error(
                     errc::backend_failure,
                     "the Python relay's first line is over " + std::to_string(max_line) + " bytes");
@@ -79,9 +80,8 @@ asio::awaitable<result<greeting>> read_greeting(process& program,
             continue;
         }
         g.exited = std::get<exec_result>(std::move(*next));
-        g.line = std::move(buffer);
-        co_return g;
     }
+    co_return result<void>{};
 }
 
 // The first line of a program's stderr, for an error message.
@@ -94,10 +94,10 @@ struct cell_read {
     std::optional<exec_result> exited;  // set when the relay ended before the end record
 };
 
-asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& results) {
+asio::awaitable<result<cell_read>> read_cell(kernel_link& link, cell_output& results) {
     cell_read read;
     while (!results.is_done() && !results.is_broken()) {
-        auto next = co_await relay.async_next();
+        auto next = co_await link.async_next();
         if (!next) co_return std::move(next).error();
         if (auto* chunk = std::get_if<output_chunk>(&*next)) {
             if (chunk->channel == output_channel::out) {
@@ -113,11 +113,10 @@ asio::awaitable<result<cell_read>> read_cell(process& relay, cell_output& result
     co_return read;
 }
 
-// At `when`, asks the relay to interrupt the cell (once); then waits until cancelled.
 // Interrupts the cell at `when`, or at once when the caller asks (`trigger`), then waits
 // python_kernel::interrupt_grace and returns: the cell did not end, and the exchange is stopped.
 // Returns early (cancelled) when the cell ends first.
-asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrupted,
+asio::awaitable<void> interrupt_at(kernel_link& link, deadline when, bool& interrupted,
                                    std::shared_ptr<cell_interrupt> trigger) {
     asio::steady_timer timer(co_await asio::this_coro::executor, when.when());
     struct registration {
@@ -138,19 +137,19 @@ asio::awaitable<void> interrupt_at(process& relay, deadline when, bool& interrup
     registered.trigger = nullptr;
     if (trigger) trigger->waiting = nullptr;
     std::string interrupt = "i";
-    (void)co_await relay.async_write_stdin(std::move(interrupt));
+    (void)co_await link.async_write(std::move(interrupt));
     timer.expires_after(python_kernel::interrupt_grace);
     co_await timer.async_wait(as_tuple(asio::use_awaitable));
 }
 
 // read_cell, with the cell interrupted at `when` (or when the caller asks) if it is still running
 // then, and stopped interrupt_grace after that.
-asio::awaitable<result<cell_read>> read_cell_interrupting(process& relay, cell_output& results,
+asio::awaitable<result<cell_read>> read_cell_interrupting(kernel_link& link, cell_output& results,
                                                           deadline when, bool& interrupted,
                                                           std::shared_ptr<cell_interrupt> trigger) {
     using namespace asio::experimental::awaitable_operators;
-    auto reading = read_cell(relay, results);
-    auto interrupting = interrupt_at(relay, when, interrupted, std::move(trigger));
+    auto reading = read_cell(link, results);
+    auto interrupting = interrupt_at(link, when, interrupted, std::move(trigger));
     auto first = co_await (std::move(reading) || std::move(interrupting));
     if (first.index() == 0) co_return std::move(std::get<0>(first));
     co_return make_error(errc::deadline_exceeded,
@@ -158,10 +157,10 @@ asio::awaitable<result<cell_read>> read_cell_interrupting(process& relay, cell_o
 }
 
 // Waits (bounded) for a program's end, discarding what it still prints.
-asio::awaitable<void> await_end(process& program) {
+asio::awaitable<void> await_end(kernel_link& link) {
     const auto limit = deadline::after(reap_grace);
     for (;;) {
-        auto pulled = program.async_next();  // a named local (g++ 12)
+        auto pulled = link.async_next();  // a named local (g++ 12)
         auto next = co_await with_timeout(std::move(pulled), limit);
         if (!next || std::holds_alternative<exec_result>(*next)) break;
     }
@@ -217,20 +216,104 @@ std::vector<std::string> isolated_python(const std::string& python, std::string_
     return {python, "-I", "-S", "-c", std::string(source), std::move(argument)};
 }
 
+// Where the supervisor listens, as the sandbox's agent resolves it (the supervisor runs in the
+// workdir), or "" when that path does not fit a unix socket address.
+std::string supervisor_socket(const sandbox& box) {
+    std::string path = box.info().layout.workdir;
+    if (path.empty() || path.front() != '/') return {};
+    if (path.back() != '/') path += '/';
+    path += ".cells/.kernel/sock";
+    constexpr std::size_t max_socket_path = 107;  // sockaddr_un::sun_path, with its terminator
+    if (path.size() > max_socket_path) return {};
+    return path;
+}
+
+// Whether `limit`, the caller's, ends no later than `bound`: a timeout then is the caller's.
+bool caller_first(deadline limit, deadline bound) {
+    return !limit.is_never() && limit.when() <= bound.when();
+}
+
+// Sends a direct link's frame and reads the supervisor's first line into `answer`: "busy" when
+// the turn did not come within `turn_wait`. The supervisor queues a direct connection until the
+// exchange before it ends, then offers it the turn ("turn"), which the worker takes ("y"); a
+// worker past its turn wait closes the link instead, and its frame runs nothing.
+asio::awaitable<result<void>> take_turn(kernel_link& link, std::string frame, greeting& answer,
+                                        std::chrono::milliseconds turn_wait, std::size_t max_line,
+                                        deadline limit) {
+    const auto turn_bound = earliest(limit, deadline::after(turn_wait));
+    const auto busy = [&link, &answer]() -> result<void> {
+        link.close();
+        answer.complete = true;
+        answer.line = "busy";
+        return {};
+    };
+    // The turn wait covers sending the frame too: a large one fills the socket until the
+    // supervisor reads it, and a frame cut short runs nothing.
+    auto sending = link.async_write("t\n" + frame);  // a named local (g++ 12)
+    auto sent = co_await with_timeout(std::move(sending), turn_bound);
+    co_await asio::this_coro::reset_cancellation_state();
+    greeting offer;
+    if (sent) {
+        auto waiting = read_greeting(link, offer);  // a named local (g++ 12)
+        auto read = co_await with_timeout(std::move(waiting), turn_bound);
+        co_await asio::this_coro::reset_cancellation_state();
+        sent = std::move(read);
+    }
+    if (!sent) {
+        if (sent.error().code == errc::deadline_exceeded && !caller_first(limit, turn_bound)) {
+            co_return busy();
+        }
+        co_return std::move(sent).error();
+    }
+    if (!offer.complete || offer.line != "turn" || !offer.rest.empty()) {
+        answer = std::move(offer);  // the supervisor's end, or what it said instead
+        co_return result<void>{};
+    }
+    const auto answer_bound = earliest(limit, deadline::after(start_bound));
+    std::string take = "y";
+    auto taking = link.async_write(std::move(take));  // a named local (g++ 12)
+    auto taken = co_await with_timeout(std::move(taking), answer_bound);
+    co_await asio::this_coro::reset_cancellation_state();
+    if (!taken) co_return std::move(taken).error();
+    auto answering = read_greeting(link, answer, max_line);  // a named local (g++ 12)
+    auto answered = co_await with_timeout(std::move(answering), answer_bound);
+    co_await asio::this_coro::reset_cancellation_state();
+    co_return answered;
+}
+
 }  // namespace
 
-asio::awaitable<void> python_kernel::confirm_stopped(sandbox& box) {
+asio::awaitable<result<std::optional<kernel_link>>> python_kernel::reach(
+    sandbox& box, std::chrono::milliseconds relay_wait, std::chrono::milliseconds wall,
+    deadline limit) {
+    if (const auto path = supervisor_socket(box); !path.empty()) {
+        auto connected = co_await box.async_connect_unix(path, limit);
+        if (connected) co_return std::optional<kernel_link>(kernel_link(std::move(*connected)));
+        if (connected.error().code == errc::connection_refused) {
+            co_return std::optional<kernel_link>();  // no supervisor (yet)
+        }
+        if (connected.error().code != errc::not_supported) co_return std::move(connected).error();
+    }
+    // A backend without unix connections (e2b): a relay, which takes the turn itself.
     exec_request call;
-    call.argv = isolated_python(python_, python_relay_source(),
-                                std::to_string(std::chrono::milliseconds(stop_bound).count()));
-    call.wall_limit = stop_bound + start_bound;
-    const auto limit = deadline::after(stop_bound + start_bound);
+    call.argv = isolated_python(python_, python_relay_source(), std::to_string(relay_wait.count()));
+    call.wall_limit = std::min<std::chrono::milliseconds>(exec_request::max_spawn_wall_limit,
+                                                          wall + relay_wait + start_bound);
     auto spawned = co_await box.async_spawn(std::move(call), limit);
-    if (!spawned) co_return;
-    process ping = std::move(*spawned);
+    if (!spawned) co_return std::move(spawned).error();
+    co_return std::optional<kernel_link>(kernel_link(std::move(*spawned)));
+}
+
+asio::awaitable<void> python_kernel::confirm_stopped(sandbox& box) {
+    const auto limit = deadline::after(stop_bound + start_bound);
+    auto reached = co_await reach(box, stop_bound, stop_bound, limit);
+    if (!reached || !*reached) co_return;  // no supervisor: nothing is left to stop
+    kernel_link ping = std::move(**reached);
     std::string frame = "p\n";
-    (void)co_await ping.async_write_stdin(std::move(frame));
-    auto greeted_op = read_greeting(ping);  // a named local (g++ 12)
+    auto sent = co_await with_timeout(ping.async_write(std::move(frame)), limit);
+    if (!sent) co_return;
+    greeting answer;
+    auto greeted_op = read_greeting(ping, answer);  // a named local (g++ 12)
     (void)co_await with_timeout(std::move(greeted_op), limit);
     co_await await_end(ping);
 }
@@ -248,14 +331,15 @@ asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadli
     start.resident = true;
     auto spawned = co_await box.async_spawn(std::move(start), limit);
     if (!spawned) co_return std::move(spawned).error();
-    process supervisor = std::move(*spawned);
+    kernel_link supervisor(std::move(*spawned));
     const auto bound = earliest(limit, deadline::after(start_bound));
-    auto greeted_op = read_greeting(supervisor);  // a named local (g++ 12)
-    auto greeted = co_await with_timeout(std::move(greeted_op), bound);
+    greeting greeted;
+    auto greeted_op = read_greeting(supervisor, greeted);  // a named local (g++ 12)
+    auto read = co_await with_timeout(std::move(greeted_op), bound);
     co_await asio::this_coro::reset_cancellation_state();
-    if (!greeted) co_return std::move(greeted).error();
-    if (greeted->complete && greeted->line == "ready") co_return result<void>{};
-    if (greeted->complete && greeted->line == "running") {
+    if (!read) co_return std::move(read).error();
+    if (greeted.complete && greeted.line == "ready") co_return result<void>{};
+    if (greeted.complete && greeted.line == "running") {
         // Another worker's supervisor holds the lock and is about to listen.
         asio::steady_timer pause(co_await asio::this_coro::executor);
         pause.expires_after(std::chrono::milliseconds(50));
@@ -265,42 +349,53 @@ asio::awaitable<result<void>> python_kernel::start_resident(sandbox& box, deadli
     co_return make_error(
         errc::backend_failure,
         "the Python interpreter's supervisor did not start" +
-            (greeted->err.empty() ? std::string() : ": " + first_line(greeted->err)));
+            (greeted.err.empty() ? std::string() : ": " + first_line(greeted.err)));
 }
 
-asio::awaitable<result<python_kernel::relay_answer>> python_kernel::open_relay(
+asio::awaitable<result<python_kernel::link_answer>> python_kernel::open_link(
     sandbox& box, std::string frame, std::chrono::milliseconds turn_wait,
     std::chrono::milliseconds wall, std::size_t max_line, deadline limit) {
     for (int round = 0;; ++round) {
-        exec_request call;
-        call.argv =
-            isolated_python(python_, python_relay_source(), std::to_string(turn_wait.count()));
-        call.wall_limit = std::min<std::chrono::milliseconds>(exec_request::max_spawn_wall_limit,
-                                                              wall + turn_wait + start_bound);
-        auto spawned = co_await box.async_spawn(std::move(call), limit);
-        if (!spawned) co_return std::move(spawned).error();
-        relay_answer answer;
-        answer.relay = std::move(*spawned);
-        std::string sent = frame;
-        auto written = co_await answer.relay.async_write_stdin(std::move(sent));
-        if (!written && written.error().code == errc::cancelled) {
-            co_return std::move(written).error();
-        }
-        const auto bound = earliest(limit, deadline::after(turn_wait + start_bound));
-        auto greeted_op = read_greeting(answer.relay, max_line);  // a named local (g++ 12)
-        auto got = co_await with_timeout(std::move(greeted_op), bound);
-        co_await asio::this_coro::reset_cancellation_state();
-        if (!got) {
-            if (got.error().code == errc::deadline_exceeded && !limit.is_never() &&
-                limit.when() <= bound.when()) {
-                co_return std::move(got).error();
+        auto reached = co_await reach(box, turn_wait, wall, limit);
+        if (!reached) co_return std::move(reached).error();
+        bool none = !*reached;
+        std::optional<kernel_link> link = std::move(*reached);
+        greeting got;
+        if (link && link->is_direct()) {
+            auto turn = co_await take_turn(*link, frame, got, turn_wait, max_line, limit);
+            if (!turn) {
+                if (turn.error().code == errc::deadline_exceeded ||
+                    turn.error().code == errc::cancelled) {
+                    co_return std::move(turn).error();
+                }
+                co_return make_error(
+                    errc::backend_failure,
+                    "the Python interpreter did not answer: " + turn.error().detail);
             }
-            if (got.error().code == errc::cancelled) co_return std::move(got).error();
-            co_return make_error(errc::backend_failure,
-                                 "the Python relay did not answer: " + got.error().detail);
+        } else if (link) {
+            std::string sent = frame;
+            auto written = co_await link->async_write(std::move(sent));
+            if (!written && written.error().code == errc::cancelled) {
+                co_return std::move(written).error();
+            }
+            const auto bound = earliest(limit, deadline::after(turn_wait + start_bound));
+            auto greeted_op = read_greeting(*link, got, max_line);  // a named local (g++ 12)
+            auto read = co_await with_timeout(std::move(greeted_op), bound);
+            co_await asio::this_coro::reset_cancellation_state();
+            if (!read) {
+                if (read.error().code == errc::deadline_exceeded && caller_first(limit, bound)) {
+                    co_return std::move(read).error();
+                }
+                if (read.error().code == errc::cancelled) co_return std::move(read).error();
+                co_return make_error(errc::backend_failure,
+                                     "the Python relay did not answer: " + read.error().detail);
+            }
+            if (got.complete && got.line == "none") {
+                none = true;
+                co_await await_end(*link);
+            }
         }
-        if (got->complete && got->line == "none") {
-            co_await await_end(answer.relay);
+        if (none) {
             if (round + 1 == start_rounds) {
                 co_return make_error(
                     errc::backend_failure,
@@ -311,11 +406,8 @@ asio::awaitable<result<python_kernel::relay_answer>> python_kernel::open_relay(
             if (!started) co_return std::move(started).error();
             continue;
         }
-        answer.complete = got->complete;
-        answer.line = std::move(got->line);
-        answer.rest = std::move(got->rest);
-        answer.err = std::move(got->err);
-        co_return answer;
+        co_return link_answer{std::move(*link), got.complete, std::move(got.line),
+                              std::move(got.rest), std::move(got.err)};
     }
 }
 
@@ -338,23 +430,23 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     }
     const auto turn_wait = std::min(timeout, max_turn_wait);
     auto opened =
-        co_await open_relay(*box, std::move(framed), turn_wait, timeout, max_greeting, limit);
+        co_await open_link(*box, std::move(framed), turn_wait, timeout, max_greeting, limit);
     if (!opened) co_return std::move(opened).error();
-    process relay = std::move(opened->relay);
+    kernel_link link = std::move(opened->link);
     if (opened->complete && opened->line == "busy") {
         outcome.how = cell_outcome::ending::busy;
-        co_await await_end(relay);
+        co_await await_end(link);
         co_return outcome;
     }
     if (opened->complete && opened->line == "unknown") {
-        co_await await_end(relay);
+        co_await await_end(link);
         co_return make_error(errc::invalid_argument,
                              "no such context: " + options.context.substr(0, 64));
     }
     bool fresh = false;
     if (!opened->complete ||
         !parse_go(opened->line, outcome.generation, fresh, outcome.cell_number)) {
-        co_await await_end(relay);
+        co_await await_end(link);
         co_return make_error(
             errc::backend_failure,
             "the Python relay failed" +
@@ -372,7 +464,7 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     results.feed(opened->rest);
     bool interrupted = false;
     auto exchange =
-        read_cell_interrupting(relay, results, cell_limit, interrupted, options.interrupt);
+        read_cell_interrupting(link, results, cell_limit, interrupted, options.interrupt);
     auto read = co_await with_timeout(std::move(exchange), first);
     co_await asio::this_coro::reset_cancellation_state();
     outcome.duration =
@@ -382,8 +474,9 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     outcome.cell = results.finish_result();
 
     if (!read) {
-        // The stop killed the relay (confirmed); its connection's end has the supervisor kill the
+        // The link's end (the connection closed, or the relay killed) has the supervisor kill the
         // interpreter. A ping, served after that, confirms it (bounded).
+        link.close();
         co_await confirm_stopped(*box);
         const bool caller_first = !limit.is_never() && limit.when() <= kill_limit.when();
         if (read.error().code == errc::deadline_exceeded && !caller_first) {
@@ -396,14 +489,14 @@ asio::awaitable<result<cell_outcome>> python_kernel::async_run(
     if (results.is_broken() || read->exited) {
         // Only code that writes to the driver's own descriptors breaks the channel (the
         // supervisor then kills the interpreter), and only the supervisor's own end (a cell that
-        // killed it) ends the relay before the end record: either way the interpreter is gone.
-        co_await await_end(relay);
+        // killed it) ends the link before the end record: either way the interpreter is gone.
+        co_await await_end(link);
         outcome.how = cell_outcome::ending::crashed;
         outcome.signal = SIGKILL;
         outcome.exit_code = 128 + SIGKILL;
         co_return outcome;
     }
-    co_await await_end(relay);  // its exit releases the turn
+    co_await await_end(link);  // its end hands the turn on
     int exit_code = 0;
     int signal = 0;
     if (parse_crash(results.status_line(), exit_code, signal)) {
@@ -439,9 +532,9 @@ asio::awaitable<result<std::string>> python_kernel::manage(sandbox& box, std::st
                                                            deadline limit) {
     std::string frame = "c" + std::to_string(request.size()) + "\n" + request;
     auto opened =
-        co_await open_relay(box, std::move(frame), max_turn_wait, max_turn_wait, max_answer, limit);
+        co_await open_link(box, std::move(frame), max_turn_wait, max_turn_wait, max_answer, limit);
     if (!opened) co_return std::move(opened).error();
-    co_await await_end(opened->relay);
+    co_await await_end(opened->link);
     const std::string_view line = opened->line;
     if (opened->complete && line.starts_with("ok ")) co_return std::string(line.substr(3));
     if (opened->complete && line == "busy") {

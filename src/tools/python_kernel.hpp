@@ -1,6 +1,7 @@
 // The worker's side of a session's Python interpreter, a resident of the sandbox shared by every
-// worker attached to it (see python_driver.hpp for the protocol): each cell goes through a relay
-// command this worker spawns; the first cell that finds no interpreter starts its supervisor.
+// worker attached to it (see python_driver.hpp for the protocol): each cell goes through a link to
+// its supervisor (kernel_link.hpp: a connection the sandbox's agent makes, or a relay command on a
+// backend without that); the first cell that finds no interpreter starts the supervisor.
 // Confined to one executor; one cell at a time per worker (the tool session serialises calls),
 // and one at a time across workers (the sandbox's turn lock).
 #pragma once
@@ -12,6 +13,7 @@
 #include <moat/sandbox.hpp>
 
 #include "tools/cell_events.hpp"
+#include "tools/kernel_link.hpp"
 
 #include <asio/awaitable.hpp>
 #include <asio/steady_timer.hpp>
@@ -23,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -142,21 +145,27 @@ class python_kernel {
         std::shared_ptr<sandbox> box, deadline limit = {});
 
   private:
-    // A relay that reached the supervisor (its first line: "go ...", "busy", an answer), or
-    // an error.
-    struct relay_answer {
-        process relay;
+    // A link for one exchange whose frame was sent, with the supervisor's first line ("go ...",
+    // "busy", an answer), or an error.
+    struct link_answer {
+        kernel_link link;
         bool complete = false;  // a whole first line arrived
         std::string line;
         std::string rest;  // what followed the line
         std::string err;   // the relay's stderr, for an error message
     };
-    // Spawns a relay for `frame` (starting the supervisor when there is none), bounded by the
+    // A link to `box`'s supervisor: a direct connection (nullopt when none listens), or a relay
+    // (which says "none" itself) that waits for its turn at most `relay_wait`.
+    asio::awaitable<result<std::optional<kernel_link>>> reach(sandbox& box,
+                                                              std::chrono::milliseconds relay_wait,
+                                                              std::chrono::milliseconds wall,
+                                                              deadline limit);
+    // Sends `frame` over a new link (starting the supervisor when there is none), bounded by the
     // turn wait and `limit`.
-    asio::awaitable<result<relay_answer>> open_relay(sandbox& box, std::string frame,
-                                                     std::chrono::milliseconds turn_wait,
-                                                     std::chrono::milliseconds wall,
-                                                     std::size_t max_line, deadline limit);
+    asio::awaitable<result<link_answer>> open_link(sandbox& box, std::string frame,
+                                                   std::chrono::milliseconds turn_wait,
+                                                   std::chrono::milliseconds wall,
+                                                   std::size_t max_line, deadline limit);
     // A context operation: the supervisor's answer after "ok ".
     asio::awaitable<result<std::string>> manage(sandbox& box, std::string request, deadline limit);
     // restart or remove.

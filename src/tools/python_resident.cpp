@@ -34,7 +34,7 @@ server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 mask = os.umask(0o077)
 server.bind(sock_path)
 os.umask(mask)
-server.listen(16)
+server.listen(256)  # direct connections wait here for their turn
 signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 os.write(1, b'ready\n')
 null = os.open('/dev/null', os.O_RDWR)
@@ -196,6 +196,18 @@ class Records:
                 return data[:i], data[i:]
         return data, None
 
+def take_turn(conn):
+    # A worker connected directly ("t" before its frame) waits in the queue of connections for
+    # its turn, up to its turn wait. When the turn comes it is offered: the worker answers 'y', or
+    # has gone (past its turn wait it closes the connection) and its frame runs nothing. A relay
+    # took the turn lock before connecting: its frames have no "t".
+    if not send(conn, b'turn\n'):
+        return False
+    try:
+        return conn.recv(1) == b'y'
+    except OSError:
+        return False
+
 def serve(conn):
     global cells, current
     conn.settimeout(30)
@@ -206,20 +218,31 @@ def serve(conn):
             return
         frame += more
     head, _, body = frame.partition(b'\n')
+    offered = head == b't'
+    if offered:
+        frame = body
+        while b'\n' not in frame:
+            more = conn.recv(64)
+            if not more or len(frame) > 24:
+                return
+            frame += more
+        head, _, body = frame.partition(b'\n')
     if head == b'p':
         # A ping: served once every earlier connection (and any kill it caused) is done.
         send(conn, b'pong\n')
         return
     kind = head[:1] if head[:1] in (b'x', b'c') else b''
     size = int(head[len(kind):])
-    parts = [body]
-    got = len(body)
+    parts = [body[:size]]
+    got = len(parts[0])
     while got < size:
         more = conn.recv(min(1 << 20, size - got))
         if not more:
             return
         parts.append(more)
         got += len(more)
+    if offered and not take_turn(conn):
+        return
     request = {}
     if kind:
         try:
