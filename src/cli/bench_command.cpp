@@ -12,7 +12,8 @@
 // moat bench serve: see cli/bench/serve_bench.hpp.
 // moat bench e2b: see cli/bench/e2b_bench.hpp.
 // moat bench store: see cli/bench/store_bench.hpp.
-// moat bench egress, ports: see cli/bench/egress_bench.hpp, cli/bench/ports_bench.hpp.
+// moat bench egress, ports, python: see cli/bench/egress_bench.hpp, cli/bench/ports_bench.hpp,
+// cli/bench/python_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -30,6 +31,7 @@
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/bench/ports_bench.hpp"
+#include "cli/bench/python_bench.hpp"
 #include "cli/bench/serve_bench.hpp"
 #include "cli/bench/store_bench.hpp"
 #include "cli/cli_runtime.hpp"
@@ -326,7 +328,7 @@ int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
             "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, "
-            "egress or ports (see moat --help)");
+            "egress, ports or python (see moat --help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -338,9 +340,10 @@ int bench_command(int argc, char** argv) {
     if (what == "store") return bench_store(argc - 1, argv + 1);
     if (what == "egress") return bench_egress(argc - 1, argv + 1);
     if (what == "ports") return bench_ports(argc - 1, argv + 1);
+    if (what == "python") return bench_python(argc - 1, argv + 1);
     throw usage_error(
-        "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, egress "
-        "or ports, got '" +
+        "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, egress, "
+        "ports or python, got '" +
         std::string(what) + "'");
 }
 

@@ -110,6 +110,10 @@ constexpr usage_block blocks[] = {
      "  bench ports [--n N] [--mb M] [--setup-n S] [--json FILE]\n"
      "      downloads from a server in a sandbox through a forwarded port vs the same server on\n"
      "      the host: throughput ratio, connection setup p50/p99\n"},
+    {"bench",
+     "  bench python [--n N] [--json FILE]\n"
+     "      run_python(\"1+1\") round trips, a private session vs one two workers share, beside\n"
+     "      `true` commands: p50/p99 and the difference\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},
