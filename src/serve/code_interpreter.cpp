@@ -326,8 +326,11 @@ asio::awaitable<void> run_cell(state_ptr s, std::shared_ptr<registry_entry> sand
                 break;
             case cell_outcome::ending::busy:
                 x.push(
-                    protocol::encode_error_line(
-                        "BusyError", "another cell held this context's interpreter too long", ""),
+                    protocol::encode_error_line("BusyError",
+                                                "another cell of this sandbox (in any context) ran "
+                                                "for the whole 30 s this one waited; one cell runs "
+                                                "at a time per sandbox",
+                                                ""),
                     true);
                 break;
             default:
