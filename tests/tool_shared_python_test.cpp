@@ -145,7 +145,8 @@ TEST_CASE(
     (void)a.fixture.run(a.manager->async_shutdown());
 }
 
-TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then says busy") {
+TEST_CASE(
+    "a worker's cell waits for another worker's cell, bounded, then says busy and never runs") {
     MOAT_REQUIRE_NAMESPACES();
     auto store = moat::make_memory_session_store();
     worker a(store);
@@ -175,6 +176,10 @@ TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then sa
     CHECK(busy.status == moat::tool_status::error);
     CHECK(busy.error_code == "busy");
     CHECK(busy.stdout_text.empty());
+    // A cell too big for the connection's buffers is cut short when the wait ends: busy too.
+    auto big = b.python(std::string(4 << 20, '#') + "\nopen('big-ran', 'w').close()", 1s);
+    CHECK(big.status == moat::tool_status::error);
+    CHECK(big.error_code == "busy");
     REQUIRE(b.fixture.run(b.tools->async_write_file("release", "")));
     holder.join();
     REQUIRE(held);
@@ -187,6 +192,9 @@ TEST_CASE("a worker's cell waits for another worker's cell, bounded, and then sa
     auto cells = b.fixture.run(b.tools->async_run_shell("ls .cells"));
     REQUIRE(cells);
     CHECK(cells->stdout_text == "001.py\n002.py\n003.py\n");
+    auto listed = b.fixture.run(b.tools->async_run_shell("ls"));
+    REQUIRE(listed);
+    CHECK(listed->stdout_text.find("big-ran") == std::string::npos);
     REQUIRE(b.fixture.run(b.tools->async_end()));
     (void)b.fixture.run(b.manager->async_shutdown());
 }
