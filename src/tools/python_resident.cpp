@@ -208,25 +208,25 @@ def take_turn(conn):
     except OSError:
         return False
 
-def serve(conn):
-    global cells, current
-    conn.settimeout(30)
-    frame = b''
+def read_head(conn, frame):
+    # The next line of a frame (its head, at most 24 bytes) and what arrived after it, or None.
     while b'\n' not in frame:
         more = conn.recv(64)
         if not more or len(frame) > 24:
-            return
+            return None
         frame += more
-    head, _, body = frame.partition(b'\n')
-    offered = head == b't'
+    return frame.partition(b'\n')[::2]
+
+def serve(conn):
+    global cells, current
+    conn.settimeout(30)
+    parts = read_head(conn, b'')
+    offered = parts is not None and parts[0] == b't'
     if offered:
-        frame = body
-        while b'\n' not in frame:
-            more = conn.recv(64)
-            if not more or len(frame) > 24:
-                return
-            frame += more
-        head, _, body = frame.partition(b'\n')
+        parts = read_head(conn, parts[1])
+    if parts is None:
+        return
+    head, body = parts
     if head == b'p':
         # A ping: served once every earlier connection (and any kill it caused) is done.
         send(conn, b'pong\n')
