@@ -117,6 +117,22 @@ TEST_CASE("find output parses into entries, and a torn or malformed listing is r
     CHECK(serve::parse_find_output("")->empty());
 }
 
+TEST_CASE("a listing is ordered as envd's walk orders it: depth first, names bytewise") {
+    std::vector<serve::entry_info> entries;
+    for (const char* path : {"/h/t/subdir2/b", "/h/t/subdir1-x", "/h/t/file1.txt", "/h/t/subdir1",
+                             "/h/t/subdir2", "/h/t/subdir1/b", "/h/t/subdir1/a", "/h/t/B"}) {
+        serve::entry_info e;
+        e.path = path;
+        entries.push_back(e);
+    }
+    serve::sort_as_walked(entries);
+    std::vector<std::string> order;
+    for (const auto& e : entries) order.push_back(e.path);
+    CHECK(order == std::vector<std::string>{"/h/t/B", "/h/t/file1.txt", "/h/t/subdir1",
+                                            "/h/t/subdir1/a", "/h/t/subdir1/b", "/h/t/subdir1-x",
+                                            "/h/t/subdir2", "/h/t/subdir2/b"});
+}
+
 TEST_CASE("file URL signatures match the SDK's and expire") {
     // Computed as the SDK does (sha256 base64 without padding, "v1_" prefix).
     CHECK(serve::file_signature("/home/user/a.txt", serve::file_operation::read, "", "tok",

@@ -1,5 +1,6 @@
 #include "serve/envd_entry.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <ctime>
 
@@ -191,6 +192,25 @@ std::vector<std::string> stat_command(const std::string& path) {
     return sh(R"([ -e "$1" ] || [ -h "$1" ] || exit 3
 exec find -P "$1" -maxdepth 0 -printf "$2")",
               {path, std::string(find_format())});
+}
+
+void sort_as_walked(std::vector<entry_info>& entries) {
+    // Component by component: "a/x" before "a-b", since "a" < "a-b".
+    const auto walked_before = [](const entry_info& left, const entry_info& right) {
+        std::string_view a = left.path;
+        std::string_view b = right.path;
+        while (!a.empty() && !b.empty()) {
+            const auto a_end = std::min(a.find('/'), a.size());
+            const auto b_end = std::min(b.find('/'), b.size());
+            const auto a_part = a.substr(0, a_end);
+            const auto b_part = b.substr(0, b_end);
+            if (a_part != b_part) return a_part < b_part;
+            a.remove_prefix(std::min(a.size(), a_end + 1));
+            b.remove_prefix(std::min(b.size(), b_end + 1));
+        }
+        return a.empty() && !b.empty();  // a parent before its entries
+    };
+    std::stable_sort(entries.begin(), entries.end(), walked_before);
 }
 
 std::vector<std::string> list_command(const std::string& path, std::uint32_t depth) {

@@ -50,6 +50,11 @@ std::string_view find_format();
 // is not a whole number of well-formed entries.
 result<std::vector<entry_info>> parse_find_output(std::string_view output);
 
+// Puts a listing in the order envd's walk gives it (filepath.WalkDir): depth first, each
+// directory's entries by name, bytewise; so a directory's entries follow it, before a sibling
+// whose name extends its own ("a", "a/x", "a-b").
+void sort_as_walked(std::vector<entry_info>& entries);
+
 // What each in-sandbox command exits with, beside 0 (done) and anything else (failed: stderr
 // names why).
 inline constexpr int exit_not_found = 3;

@@ -190,7 +190,9 @@ outcome list_dir_answer(const protocol::list_dir_request& request, const command
     if (ran.exit_code == exit_not_directory)
         return fail(connect::code::invalid_argument,
                     "path is not a directory: '" + request.path + "'");
-    return ok(protocol::encode_list_dir_response(ran.entries));
+    auto entries = ran.entries;
+    sort_as_walked(entries);  // find prints a directory's entries in the order readdir gives them
+    return ok(protocol::encode_list_dir_response(entries));
 }
 
 outcome make_dir_answer(const std::string& path, const command_outcome& ran) {

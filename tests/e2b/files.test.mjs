@@ -86,6 +86,11 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 for (const n of ['bin', 'empty', 'made', 'notes']) assert.ok(names.includes(n), `list lacks ${n}: ${names}`);
                 const deep = await sbx.files.list('made', { depth: 3 });
                 assert.deepEqual(deep.map((e) => e.path).sort(), [`${home}/made/deep`, `${home}/made/deep/er`]);
+                // In envd's order (its walk's), not the directory's: depth first, names bytewise.
+                for (const d of ['order/b', 'order/a/z', 'order/a/y']) await sbx.files.makeDir(d);
+                await sbx.files.write('order/a-b', 'x');
+                const walked = (await sbx.files.list('order', { depth: 2 })).map((e) => e.path.slice(home.length + 7));
+                assert.deepEqual(walked, ['a', 'a/y', 'a/z', 'a-b', 'b']);
 
                 const moved = await sbx.files.rename('notes/a.txt', 'elsewhere/b.txt');
                 assert.equal(moved.path, `${home}/elsewhere/b.txt`);

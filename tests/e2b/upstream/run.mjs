@@ -1,0 +1,70 @@
+// Runs E2B's own JS SDK test suite (packages/js-sdk/tests of an e2b-dev/E2B checkout, against that
+// checkout's SDK source) against a `moat serve` this script starts, and prints what passed and
+// failed. A dev tool, not part of scripts/test: the suite is not in this repository and CI has no
+// network to fetch it.
+//
+//     npm ci --prefix tests/e2b/upstream        # once: vitest and the SDK source's dependencies
+//     node tests/e2b/upstream/run.mjs build/dev/moat ~/src/E2B [test files or name filters...]
+//
+// The checkout's packages/js-sdk/{src,tests} are copied to a temporary directory; nothing is
+// written to the checkout. The summary (one line per test: pass, fail or skip, with the first
+// line of a failure) goes to stdout, and the whole vitest JSON report to
+// $MOAT_UPSTREAM_REPORT when set. Exit code: vitest's.
+import { spawn } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const [checkout, ...filters] = process.argv.slice(3);
+const sdkDir = checkout ? path.join(checkout, 'packages', 'js-sdk') : '';
+if (!checkout || !existsSync(path.join(sdkDir, 'tests', 'setup.ts'))) {
+    console.error('usage: node run.mjs MOAT_BINARY E2B_CHECKOUT [test files or name filters...]');
+    process.exit(2);
+}
+if (!existsSync(path.join(here, 'node_modules', 'vitest'))) {
+    console.error(`no ${here}/node_modules: run npm ci --prefix ${here}`);
+    process.exit(2);
+}
+const { startServe } = await import('../harness.mjs');
+
+const work = mkdtempSync(path.join(os.tmpdir(), 'moat-upstream-'));
+for (const part of ['src', 'tests', 'package.json', 'tsconfig.json']) {
+    if (existsSync(path.join(sdkDir, part))) cpSync(path.join(sdkDir, part), path.join(work, part), { recursive: true });
+}
+cpSync(path.join(here, 'vitest.config.mts'), path.join(work, 'vitest.moat.mts'));
+symlinkSync(path.join(here, 'node_modules'), path.join(work, 'node_modules'));
+
+// The suite builds URLs and host names from E2B_DOMAIN; serve answers them for --domain.
+const serve = await startServe({ args: ['--domain', 'moat.test'] });
+const report = path.join(work, 'report.json');
+const vitest = path.join(here, 'node_modules', 'vitest', 'vitest.mjs');
+const child = spawn(process.execPath, [vitest, 'run', '--config', 'vitest.moat.mts', '--reporter=json',
+    `--outputFile=${report}`, ...filters], {
+    cwd: work, stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, E2B_DOMAIN: 'moat.test' },
+});
+const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? 128)));
+const served = await serve.stop();
+
+let counts = { passed: 0, failed: 0, skipped: 0 };
+if (existsSync(report)) {
+    const json = JSON.parse(readFileSync(report, 'utf8'));
+    for (const file of json.testResults) {
+        const name = path.relative(work, file.name);
+        if (file.assertionResults.length === 0 && file.status === 'failed') {
+            counts.failed++;
+            console.log(`fail  ${name}: ${(file.message || '').split('\n')[0]}`);
+        }
+        for (const t of file.assertionResults) {
+            const status = t.status === 'passed' ? 'pass' : t.status === 'failed' ? 'fail' : 'skip';
+            counts[status === 'pass' ? 'passed' : status === 'fail' ? 'failed' : 'skipped']++;
+            const why = status === 'fail' ? ': ' + (t.failureMessages[0] || '').split('\n')[0].slice(0, 300) : '';
+            console.log(`${status}  ${name} > ${t.fullName}${why}`);
+        }
+    }
+    if (process.env.MOAT_UPSTREAM_REPORT) cpSync(report, process.env.MOAT_UPSTREAM_REPORT);
+}
+console.log(`${counts.passed} passed, ${counts.failed} failed, ${counts.skipped} skipped (moat serve exited ${served})`);
+rmSync(work, { recursive: true, force: true });
+process.exit(code);
