@@ -119,23 +119,22 @@ signature_check check_signature(const file_request& parsed, file_operation opera
 // is one SHA-256 of a short string, about a microsecond: a tenth of a core at most).
 constexpr double unnamed_checks_per_second = 100'000;
 
-std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
-                                                 signature_scan_budget& budget,
-                                                 const http::server_request& request,
-                                                 const std::shared_ptr<registry_entry>& named) {
+signature_verdict verify_signature(sandbox_registry& registry, signature_scan_budget& budget,
+                                   const http::server_request& request,
+                                   const std::shared_ptr<registry_entry>& named) {
     // The query is parsed once, however many tokens it is checked against.
     auto parsed = parse_file_request(request);
-    if (!parsed || !parsed->signature) return nullptr;
+    if (!parsed || !parsed->signature) return {};
     // GET (and HEAD, which runs the GET route) reads; POST writes.
     auto operation = file_operation::read;
     if (request.method() == "POST") operation = file_operation::write;
     const auto now = now_unix();
     if (named) {
-        if (check_signature(*parsed, operation, now, *named) == signature_check::valid)
-            return named;
-        return nullptr;
+        const auto checked = check_signature(*parsed, operation, now, *named);
+        if (checked == signature_check::valid) return {named};
+        return {nullptr, checked == signature_check::expired};
     }
-    if (!is_well_formed_signature(*parsed->signature)) return nullptr;
+    if (!is_well_formed_signature(*parsed->signature)) return {};
     auto live = registry.live();
     if (!budget.take(live.size())) {
         if (budget.should_warn())
@@ -144,12 +143,15 @@ std::shared_ptr<registry_entry> verify_signature(sandbox_registry& registry,
                 "a signed /files request that names no sandbox was refused: the server-wide "
                 "budget of signature checks is spent (name the sandbox with E2b-Sandbox-Id "
                 "or its host name)");
-        return nullptr;
+        return {};
     }
-    for (auto& entry : live)
-        if (check_signature(*parsed, operation, now, *entry) == signature_check::valid)
-            return entry;
-    return nullptr;
+    signature_verdict verdict;
+    for (auto& entry : live) {
+        const auto checked = check_signature(*parsed, operation, now, *entry);
+        if (checked == signature_check::valid) return {entry};
+        verdict.expired = verdict.expired || checked == signature_check::expired;
+    }
+    return verdict;
 }
 
 // `message` must outlive the call (a literal, or a named local of the caller).

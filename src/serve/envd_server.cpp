@@ -69,14 +69,16 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
     }
     bool verified = entry && token_matches(request, *entry);
     if (!verified) {
+        signature_verdict verdict;
         if (route.auth == envd_auth::token_or_signature && s->routes.verifier()) {
-            entry = s->routes.verifier()(request, entry);
-        } else {
-            entry = nullptr;
+            verdict = s->routes.verifier()(request, entry);
         }
+        entry = std::move(verdict.entry);
         if (!entry) {
             if (!id && route.auth == envd_auth::token) {
                 co_await send_sandbox_not_found(response, "");
+            } else if (verdict.expired) {
+                (void)co_await response.async_send_error(401, "signature is already expired");
             } else {
                 co_await send_unauthorized(response);
             }

@@ -20,7 +20,8 @@
 // envd_auth::token_or_signature runs the handler without a valid X-Access-Token when a signature
 // verifier (set_signature_verifier) accepts the request. The verifier gets the sandbox named by
 // the request (header or Host), or null when the request names none, and returns the entry the
-// signature is valid for (null: 401). It is the files service's to implement.
+// signature is valid for (none: 401, "signature is already expired" when it was right but
+// expired). It is the files service's to implement.
 //
 // Handlers run on the server's executor, one coroutine per request; a handler that must keep
 // working after its request ends spawns into serve_context::background.
@@ -58,7 +59,14 @@ enum class envd_auth {
     token_or_signature,  // GET/POST /files: the token, or a signed URL (see above)
 };
 
-using signature_verifier = std::function<std::shared_ptr<registry_entry>(
+// What a signature verifier found: the sandbox the signature is valid for, or none; `expired`
+// when the signature was right for a sandbox but its expiration has passed (envd answers that
+// with its own message).
+struct signature_verdict {
+    std::shared_ptr<registry_entry> entry;
+    bool expired = false;
+};
+using signature_verifier = std::function<signature_verdict(
     const http::server_request& request, const std::shared_ptr<registry_entry>& named)>;
 
 class envd_routes {

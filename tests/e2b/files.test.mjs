@@ -189,9 +189,20 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 const expired = await sbx.downloadUrl('signed.txt', { useSignatureExpiration: -10 });
                 r = await fetch(expired);
                 assert.equal(r.status, 401);
-                assert.equal((await r.json()).code, 401);
+                assert.deepEqual(await r.json(), { code: 401, message: 'signature is already expired' });
+                // Also without naming the sandbox (the signature finds it) and for an upload.
+                r = await fetch(expired, { headers: { 'E2b-Sandbox-Id': '' } });
+                assert.equal(r.status, 401);
+                const expiredUpload = await sbx.uploadUrl('never.txt', { useSignatureExpiration: -10 });
+                const late = new FormData();
+                late.append('file', new Blob(['late']), 'never.txt');
+                r = await fetch(expiredUpload, { method: 'POST', body: late });
+                assert.deepEqual(await r.json(), { code: 401, message: 'signature is already expired' });
+                assert.equal(await sbx.files.exists('never.txt'), false);
+                // A wrong path or a forged signature is not "expired": nothing says a signature was right.
                 r = await fetch(url.replace('signed.txt', 'other.txt'));
                 assert.equal(r.status, 401);
+                assert.notEqual((await r.json()).message, 'signature is already expired');
                 r = await fetch(url.replace(/signature=[^&]+/, 'signature=v1_forged'));
                 assert.equal(r.status, 401);
 
