@@ -175,6 +175,10 @@ class server_response {
     asio::awaitable<result<void>> async_begin(int status, header_list headers);
     asio::awaitable<result<void>> async_write(std::string_view frame);
     asio::awaitable<result<void>> async_end();
+    // A started response is cut off when the handler returns: no last chunk, the connection
+    // closed, so the client sees the body end early (what a peer that died mid-answer looks like).
+    // Before the response started it does nothing.
+    void abort() noexcept;
 
     bool is_started() const noexcept;
 

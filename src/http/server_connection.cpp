@@ -207,7 +207,7 @@ asio::awaitable<void> server_connection::async_answer_parse_error() {
 void server_connection::begin_request() noexcept {
     ++state_->counters.requests;
     close_after_ = false;
-    response_started_ = streaming_ = stream_ended_ = chunked_ = head_only_ = false;
+    response_started_ = streaming_ = stream_ended_ = chunked_ = head_only_ = aborted_ = false;
     body_done_ = !parser_.has_body();
     continue_sent_ = false;
     body_read_started_ = false;
@@ -296,7 +296,7 @@ asio::awaitable<void> server_connection::async_run_handler(const server::state::
         co_await async_answer_error(500, "internal error");
         co_return;
     }
-    if (taken_over_) {
+    if (taken_over_ || (aborted_ && response_started_)) {
         close_after_ = true;
         stream_->close();
         co_return;
@@ -567,6 +567,9 @@ asio::awaitable<result<void>> server_response::async_write(std::string_view fram
 }
 asio::awaitable<result<void>> server_response::async_end() {
     return connection_->async_end();
+}
+void server_response::abort() noexcept {
+    connection_->abort_response();
 }
 bool server_response::is_started() const noexcept {
     return connection_->is_response_started();

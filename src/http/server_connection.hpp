@@ -64,6 +64,7 @@ class server_connection {
     asio::awaitable<result<void>> async_write_frame(std::string_view frame);
     asio::awaitable<result<void>> async_end();
     bool is_response_started() const noexcept { return response_started_; }
+    void abort_response() noexcept { aborted_ = true; }
     result<taken_connection> take_over();
     bool has_body() const noexcept { return parser_.has_body(); }
     std::optional<std::uint64_t> content_length() const noexcept {
@@ -121,6 +122,7 @@ class server_connection {
     bool continue_sent_ = false;
     bool write_failed_ = false;
     bool taken_over_ = false;         // a handler took the connection over (take_over)
+    bool aborted_ = false;            // the handler aborted its response (server_response::abort)
     bool body_read_started_ = false;  // the handler asked for the body
     int body_error_status_ = 0;       // what the server answers when a body read failed (413, 400)
 };

@@ -104,6 +104,13 @@ asio::awaitable<result<void>> connect_stream::async_finish(std::string payload) 
     co_return co_await response_->async_end();
 }
 
+asio::awaitable<void> connect_stream::async_abort() {
+    if (ended_) co_return;
+    (void)co_await async_begin();
+    ended_ = true;
+    response_->abort();
+}
+
 asio::awaitable<result<void>> connect_stream::async_end() {
     std::string payload = "{}";
     co_return co_await async_finish(std::move(payload));

@@ -63,6 +63,11 @@ class connect_stream {
     asio::awaitable<result<void>> async_end();
     asio::awaitable<result<void>> async_end(http::connect::code code, std::string_view message);
 
+    // Cuts the started stream off (http::server_response::abort) instead of ending it: envd's
+    // answer when its sandbox dies under a stream, whose client then asks whether the sandbox
+    // still runs. Begins the stream first if needed.
+    asio::awaitable<void> async_abort();
+
     bool is_ended() const noexcept { return ended_; }
 
   private:

@@ -169,6 +169,7 @@ struct follow_options {
     deadline stream_end;                               // the stream's Connect-Timeout-Ms
     std::optional<std::chrono::milliseconds> timeout;  // for the message
     bool is_start = false;                             // the stream's deadline is the process's too
+    const async_event* sandbox_ended = nullptr;        // the sandbox's end (registry_entry::ended)
 };
 
 // Streams a subscription after its start event: data, keepalives, the end, the end-stream.
@@ -181,6 +182,12 @@ asio::awaitable<void> follow(connect_stream& stream, process_table::subscription
         const auto wake = earlier(keepalive_due, options.stream_end);
         auto next = co_await subscription.async_next(wake);
         if (!next) {
+            if (options.sandbox_ended && options.sandbox_ended->is_set()) {
+                // As envd's stream when its sandbox dies: cut off, so the SDK asks /health,
+                // hears 502 and says the sandbox was killed or reached its end of life.
+                co_await stream.async_abort();
+                co_return;
+            }
             co_await end_with(stream, next.error());
             co_return;
         }
@@ -227,6 +234,7 @@ follow_options stream_options(const envd_call& call) {
     if (options.timeout && options.timeout->count() > 0)
         options.stream_end = deadline::after(*options.timeout);
     options.keepalive = keepalive_interval(call.request).value_or(default_keepalive);
+    options.sandbox_ended = &call.sandbox->ended;
     return options;
 }
 
