@@ -12,10 +12,16 @@
 #include <moat/deadline.hpp>
 #include <moat/sandbox.hpp>
 
+#include "core/asio_compat.hpp"
 #include "core/async_event.hpp"
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +42,8 @@ constexpr std::chrono::seconds default_keepalive{90};
 // when the client set no Connect-Timeout-Ms.
 constexpr std::chrono::seconds spawn_limit{30};
 constexpr std::chrono::seconds unary_limit{30};
+// How long SendSignal with SIGKILL waits for the process's end before it answers anyway.
+constexpr std::chrono::seconds kill_confirm_bound{3};
 // The name USER and LOGNAME carry when the sandbox's layout names no user.
 constexpr std::string_view default_user = "user";
 // no_new_privs makes sudo useless in a sandbox: bash (every SDK command runs under /bin/bash -l
@@ -478,6 +486,17 @@ asio::awaitable<void> close_stdin(service_ptr service, envd_call& call) {
     co_await answer(call, closed);
 }
 
+// After a SIGKILL, waits (at most kill_confirm_bound) until the process's end is recorded, so the
+// answer comes once it has exited and been reaped, as envd's does: a `kill -0` right after fails.
+asio::awaitable<void> await_reaped(process_table& table, const process_selector& selector) {
+    const auto limit = deadline::after(kill_confirm_bound);
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    while (table.check_live(selector) && !limit.has_expired()) {
+        pause.expires_after(std::chrono::milliseconds(5));
+        (void)co_await pause.async_wait(as_tuple(asio::use_awaitable));
+    }
+}
+
 asio::awaitable<void> send_signal(service_ptr service, envd_call& call) {
     auto parsed = co_await read_unary<protocol::send_signal_request>(
         call, protocol::parse_send_signal_request);
@@ -496,7 +515,8 @@ asio::awaitable<void> send_signal(service_ptr service, envd_call& call) {
     }
     auto selector = parsed->process;
     const int signal = parsed->signal;
-    auto signalled = co_await table->async_signal(std::move(selector), signal);
+    auto signalled = co_await table->async_signal(selector, signal);
+    if (signalled && signal == SIGKILL) co_await await_reaped(*table, selector);
     co_await answer(call, signalled);
 }
 

@@ -181,6 +181,16 @@ for (const [version, sdk] of Object.entries(sdks)) {
             assert.equal(await sbx.commands.kill(handle.pid), false);
         });
 
+        test('kill answers once the process is gone: kill -0 right after fails, every time', async () => {
+            // envd answers a SIGKILL once the process has exited and been reaped; E2B's suite
+            // checks with `kill -0` at once (it used to succeed now and then under load).
+            for (let round = 0; round < 10; round++) {
+                const handle = await sbx.commands.run('sleep 30', { background: true });
+                assert.equal(await sbx.commands.kill(handle.pid), true);
+                await assert.rejects(sbx.commands.run(`kill -0 ${handle.pid}`), CommandExitError);
+            }
+        });
+
         test('a disconnected command runs on, and connect replays its output and its end', async () => {
             const m = marker(version);
             const flag = `/tmp/resume-${m}`;
