@@ -322,6 +322,7 @@ struct ports_outcome {
     result<moat::process> server = moat::make_error(errc::cancelled, "not run");
     bool refused_connect = false;  // async_connect_port: not_supported
     bool refused_unix = false;     // async_connect_unix: not_supported
+    bool refused_usage = false;    // async_usage: not_supported
 };
 
 asio::awaitable<ports_outcome> start_port_server(backend* b) {
@@ -339,6 +340,8 @@ asio::awaitable<ports_outcome> start_port_server(backend* b) {
     o.refused_connect = !connected && connected.error().code == errc::not_supported;
     auto unix_connected = co_await b->async_connect_unix(o.created->id, "/tmp/supervisor.sock");
     o.refused_unix = !unix_connected && unix_connected.error().code == errc::not_supported;
+    auto usage = co_await b->async_usage(o.created->id);
+    o.refused_usage = !usage && usage.error().code == errc::not_supported;
     co_return o;
 }
 
@@ -368,6 +371,7 @@ TEST_CASE(
     // E2B reaches ports only by name: no socket from the library.
     CHECK(o.refused_connect);
     CHECK(o.refused_unix);
+    CHECK(o.refused_usage);
     const auto host = b->port_host(o.created->id, 8000);
     REQUIRE(host);
     CHECK(*host == "8000-" + o.created->id + ".moat.test");  // the answer's domain, not e2b.app

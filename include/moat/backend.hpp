@@ -18,6 +18,7 @@
 #include <moat/files.hpp>
 #include <moat/result.hpp>
 #include <moat/sandbox_spec.hpp>
+#include <moat/usage.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -103,6 +104,11 @@ class backend {
     // Sandboxes whose labels match (local: every sandbox recorded on this host, this backend's
     // first; sandbox_info::owned tells them apart).
     virtual asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) = 0;
+
+    // What the sandbox uses now (moat/usage.hpp): CPU time, memory, disk. local: its cgroups and
+    // its writable filesystems, read from the host (no message to the sandbox); e2b: not_supported
+    // (the default). sandbox_not_found if unknown, sandbox_unavailable once it has ended.
+    virtual asio::awaitable<result<sandbox_usage>> async_usage(std::string id);
 
     // Moves the sandbox's end to `ttl` from now (1 ms to sandbox_spec::max_ttl), confirmed by the
     // sandbox itself (its pid 1 enforces the TTL), and returns the updated info. Errors:

@@ -156,6 +156,10 @@ class sandbox {
                                                                    lane in = lane::ordered);
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::chrono::milliseconds ttl,
                                                            deadline limit = {});
+    // What the sandbox uses now (backend::async_usage, moat/usage.hpp), on the side lane by
+    // default: a reading never waits behind a long command. Keep readings in a usage_history for
+    // a series (CPU as a share of the sandbox's CPUs between two readings).
+    asio::awaitable<result<sandbox_usage>> async_usage(deadline limit = {}, lane in = lane::side);
 
     // Ports (backend.hpp): a TCP connection to `port` on the sandbox's own loopback, made from
     // inside the sandbox, on the runtime's executor; the sandbox never gets a route. The side lane

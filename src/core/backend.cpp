@@ -170,6 +170,10 @@ asio::awaitable<result<host_report>> backend::async_host_report() {
     co_return not_supported(name(), "host_report");
 }
 
+asio::awaitable<result<sandbox_usage>> backend::async_usage(std::string) {
+    co_return not_supported(name(), "usage");
+}
+
 asio::awaitable<result<std::vector<janitor_action>>> backend::async_janitor(bool) {
     co_return not_supported(name(), "janitor");
 }

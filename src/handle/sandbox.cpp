@@ -591,6 +591,10 @@ asio::awaitable<result<asio::local::stream_protocol::socket>> sandbox::async_con
                     std::move(path));
 }
 
+asio::awaitable<result<sandbox_usage>> sandbox::async_usage(deadline limit, lane in) {
+    return run_call(impl_, "usage", limit, in, &backend::async_usage);
+}
+
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     return run_call(impl_, "extend_ttl", limit, lane::ordered, &backend::async_extend_ttl, ttl);

@@ -55,6 +55,26 @@ std::optional<std::uint64_t> read_memory_used(const std::vector<std::string>& di
     return std::nullopt;
 }
 
+std::optional<std::uint64_t> read_cpu_time_us(const std::vector<std::string>& dirs) {
+    for (const auto& dir : dirs) {
+        if (auto v2 = keyed_number(dir + "/cpu.stat", "usage_usec")) return v2;
+    }
+    for (const auto& dir : dirs) {
+        std::ifstream in(dir + "/cpuacct.usage");
+        std::uint64_t ns = 0;
+        if (in >> ns) return ns / 1000;
+    }
+    return std::nullopt;
+}
+
+std::optional<std::uint64_t> read_memory_cache(const std::vector<std::string>& dirs) {
+    for (const auto& dir : dirs) {
+        if (auto v1 = keyed_number(dir + "/memory.stat", "cache")) return v1;
+        if (auto v2 = keyed_number(dir + "/memory.stat", "file")) return v2;
+    }
+    return std::nullopt;
+}
+
 int remove_cgroup_tree(const std::string& dir) {
     // Never killed from here: an "orphan" under a shared parent may be a live sandbox of another
     // state directory, which only its own helper or a destroy through its record may end.

@@ -34,6 +34,15 @@ std::optional<std::uint64_t> read_cgroup_number(const std::vector<std::string>& 
 // has either.
 std::optional<std::uint64_t> read_memory_used(const std::vector<std::string>& dirs);
 
+// CPU time used, in microseconds: `usage_usec` of cpu.stat in the first of `dirs` that is a
+// cgroup v2 directory (a hybrid host's unified tree has one for every sandbox), else
+// cpuacct.usage (nanoseconds) of a v1 cpuacct directory among them. nullopt if none has either.
+std::optional<std::uint64_t> read_cpu_time_us(const std::vector<std::string>& dirs);
+
+// The page cache the memory cgroup among `dirs` holds: `cache` of memory.stat (v1) or `file`
+// (v2). nullopt if none has it.
+std::optional<std::uint64_t> read_memory_cache(const std::vector<std::string>& dirs);
+
 // Removes a sandbox cgroup directory and the cgroups below it (v2: init/, commands/), children
 // first. A v2 cgroup that still reports `populated 1` in cgroup.events is left alone (nothing is
 // killed here). 0 (also when it is already gone), EBUSY while a process is still counted, or

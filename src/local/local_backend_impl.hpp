@@ -89,6 +89,8 @@ class local_backend final : public backend {
     asio::awaitable<result<host_report>> async_host_report() override;
     // This backend's sandboxes, then every other one recorded in the state directory.
     asio::awaitable<result<std::vector<sandbox_info>>> async_list(label_filter filter) override;
+    // local_backend_usage.cpp
+    asio::awaitable<result<sandbox_usage>> async_usage(std::string id) override;
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
                                                            std::chrono::milliseconds ttl) override;
 
@@ -204,6 +206,7 @@ class local_backend final : public backend {
 
     // local_backend_ports.cpp
     asio::awaitable<result<asio::ip::tcp::socket>> connect_port(std::string id, std::uint16_t port);
+    asio::awaitable<result<sandbox_usage>> usage(std::string id);
     asio::awaitable<result<asio::local::stream_protocol::socket>> connect_unix(std::string id,
                                                                                std::string path);
 
