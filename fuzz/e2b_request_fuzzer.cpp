@@ -2,19 +2,22 @@
 // (src/e2b_protocol/sandbox_requests.hpp, which moat serve runs): the create, timeout, connect and
 // refresh bodies, the list query and its metadata filter, RFC 3339 times and base64url page
 // tokens (core/base64.hpp); and the Code Interpreter's requests and answer lines
-// (src/e2b_protocol/code_interpreter_messages.hpp). The first byte picks the parser; the rest is
-// its input. What parses is written back and must parse to the same.
+// (src/e2b_protocol/code_interpreter_messages.hpp); and the metrics queries
+// (src/e2b_protocol/sandbox_metrics.hpp). The first byte picks the parser; the rest is its input.
+// What parses is written back and must parse to the same.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_e2b_request_fuzzer &&
 //   build/fuzz/fuzz/moat_e2b_request_fuzzer -max_total_time=60 fuzz/corpus/e2b_request
 #include "core/base64.hpp"
 #include "e2b_protocol/code_interpreter_messages.hpp"
+#include "e2b_protocol/sandbox_metrics.hpp"
 #include "e2b_protocol/sandbox_requests.hpp"
 
 #include <simdjson.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -128,6 +131,36 @@ void check_code_interpreter(std::uint8_t selector, std::string_view input) {
     }
 }
 
+// The metrics queries: an interval in order, the ids 1 to 100, unique and not empty; the ids
+// written as the answer's keys make valid JSON.
+void check_metrics(std::uint8_t selector, std::string_view input) {
+    if (selector % 2 == 0) {
+        auto r = protocol::parse_metrics_request(input);
+        if (!r) {
+            require(r.error().code == moat::errc::invalid_argument);
+            return;
+        }
+        if (r->start && r->end) require(*r->start <= *r->end);
+        return;
+    }
+    auto ids = protocol::parse_metrics_list_request(input);
+    if (!ids) {
+        require(ids.error().code == moat::errc::invalid_argument);
+        return;
+    }
+    require(!ids->empty() && ids->size() <= protocol::max_metrics_sandboxes);
+    std::map<std::string, protocol::sandbox_metric> latest;
+    for (const auto& id : *ids) {
+        require(!id.empty());
+        require(latest.emplace(id, protocol::sandbox_metric{}).second);
+    }
+    const std::string json = protocol::encode_sandboxes_with_metrics(latest);
+    simdjson::dom::parser parser;
+    const simdjson::padded_string padded(json);
+    simdjson::dom::element root;
+    require(parser.parse(padded).get(root) == simdjson::SUCCESS);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -136,6 +169,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // A first byte from 0xc0 up: the Code Interpreter's messages (below it, as before).
     if (data[0] >= 0xc0) {
         check_code_interpreter(data[0], input);
+        return 0;
+    }
+    // From 0xb0 to 0xbf: the metrics queries.
+    if (data[0] >= 0xb0) {
+        check_metrics(data[0], input);
         return 0;
     }
     switch (data[0] % 7) {

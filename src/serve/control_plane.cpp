@@ -6,6 +6,7 @@
 #include "e2b_protocol/network_names.hpp"
 #include "e2b_protocol/sandbox_replies.hpp"
 #include "egress/address_policy.hpp"
+#include "serve/sandbox_metrics.hpp"
 #include "serve/server_secret.hpp"
 
 #include <algorithm>
@@ -14,6 +15,10 @@
 #include <utility>
 
 namespace moat::serve {
+
+std::string sandbox_not_found_message(std::string_view id) {
+    return "Sandbox \"" + std::string(id) + "\" doesn't exist or you don't have access to it";
+}
 
 struct control_plane::state {
     state(serve_context& c, http::server_options o)
@@ -40,6 +45,13 @@ struct control_call {
 
 using control_handler = asio::awaitable<void> (*)(control_call&);
 
+// The routes other files answer over the server's context (sandbox_metrics.hpp).
+template <asio::awaitable<void> (*answer)(serve_context&, http::server_request&,
+                                          http::server_response&)>
+asio::awaitable<void> in_context(control_call& call) {
+    co_await answer(call.s.context, call.request, call.response);
+}
+
 asio::awaitable<void> send_json(http::server_response& response, int status, std::string body) {
     http::header_list headers;
     headers.add("Content-Type", "application/json");
@@ -54,10 +66,6 @@ asio::awaitable<void> send_no_content(http::server_response& response) {
 
 asio::awaitable<void> send_error(http::server_response& response, int status, std::string message) {
     (void)co_await response.async_send_error(status, message);
-}
-
-std::string not_found_message(std::string_view id) {
-    return "Sandbox \"" + std::string(id) + "\" doesn't exist or you don't have access to it";
 }
 
 // The status E2B would answer for a moat error.
@@ -395,7 +403,7 @@ asio::awaitable<std::shared_ptr<registry_entry>> find_or_404(control_call& call)
     const std::string id(call.request.param("id"));
     auto entry = call.s.context.registry.find(id);
     if (!entry) {
-        std::string message = not_found_message(id);
+        std::string message = sandbox_not_found_message(id);
         co_await send_error(call.response, 404, std::move(message));
     }
     co_return entry;
@@ -615,7 +623,7 @@ asio::awaitable<void> unsupported(control_call& call) {
         std::string(call.request.method()) + " " + std::string(call.request.path());
     std::string message = what +
                           " is not supported by moat serve (no pause, resume, snapshots, "
-                          "templates, volumes, network updates or metrics)";
+                          "templates, volumes or network updates)";
     co_await send_error(call.response, 501, std::move(message));
 }
 
@@ -648,6 +656,8 @@ constexpr route_spec routes[] = {
     {"POST", "/sandboxes", create_v1},
     {"GET", "/v2/sandboxes", list_v2},
     {"GET", "/sandboxes", list_v1},
+    // Before /sandboxes/{id}, which "metrics" would match otherwise.
+    {"GET", "/sandboxes/metrics", in_context<answer_sandboxes_metrics>},
     {"GET", "/sandboxes/{id}", get_sandbox},
     {"DELETE", "/sandboxes/{id}", kill_sandbox},
     {"POST", "/sandboxes/{id}/timeout", set_timeout},
@@ -661,8 +671,7 @@ constexpr route_spec routes[] = {
     {"GET", "/snapshots", unsupported},
     {"DELETE", "/snapshots/{id}", unsupported},
     {"POST", "/sandboxes/{id}/fork", unsupported},
-    {"GET", "/sandboxes/{id}/metrics", unsupported},
-    {"GET", "/sandboxes/metrics", unsupported},
+    {"GET", "/sandboxes/{id}/metrics", in_context<answer_sandbox_metrics>},
     {"GET", "/sandboxes/{id}/logs", unsupported},
     {"GET", "/v2/sandboxes/{id}/logs", unsupported},
     {"PUT", "/sandboxes/{id}/network", unsupported},

@@ -16,7 +16,8 @@
 //   POST /sandboxes/{id}/refreshes            204: extends only (at least 15 s)
 //   POST /sandboxes/{id}/connect, /v2/...     200 Sandbox: extends only; 404
 //   GET /health                               200 once the backend can create sandboxes
-//   pause, resume, snapshots, fork, templates, volumes, network, metrics, logs: 501 naming it
+//   GET /sandboxes/{id}/metrics, GET /sandboxes/metrics   sandbox_metrics.hpp
+//   pause, resume, snapshots, fork, templates, volumes, network, logs: 501 naming it
 //
 // A create past --max-sandboxes answers 429 with no Retry-After (the SDK retries only when one is
 // given). Request fields never widen the operator's policy (see narrow_network).
@@ -34,6 +35,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace moat::serve {
@@ -53,6 +55,9 @@ inline constexpr std::string_view reported_envd_version = "0.6.4";
 // is not a valid pattern (or has a port) is invalid_argument naming it.
 result<sandbox_network> narrow_network(const sandbox_network& operator_network,
                                        const e2b_protocol::create_request& request);
+
+// E2B's 404 message for a sandbox id this server does not have.
+std::string sandbox_not_found_message(std::string_view id);
 
 class control_plane : public http_listener {
   public:

@@ -27,6 +27,8 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 
+#include <moat/usage.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -64,6 +66,8 @@ struct registry_entry {
     async_event ended;
     // The destroy in flight, which another async_destroy joins; null when none runs.
     std::shared_ptr<destroy_attempt> destroying;
+    // Its usage readings of the last hour (sandbox_metrics.hpp reads them in).
+    std::shared_ptr<usage_history> usage = std::make_shared<usage_history>();
 
     // Past its end (the moat TTL): the registry drops it on its next lookup. Nothing else drops
     // an entry but a confirmed destroy.

@@ -8,6 +8,7 @@
 #include "http/tls_server_stream.hpp"
 #include "serve/control_plane.hpp"
 #include "serve/envd_server.hpp"
+#include "serve/sandbox_metrics.hpp"
 #include "serve/sandbox_registry.hpp"
 #include "serve/serve_context.hpp"
 #include "serve/server_secret.hpp"
@@ -185,6 +186,7 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     }
     task_group background(executor, "serve");
     serve_context context{executor, box_runtime, registry, options, background};
+    background.spawn(run_metrics_sampler(context));
 
     int code = 0;
     {

@@ -180,6 +180,62 @@ for (const [version, sdk] of Object.entries(sdks)) {
     });
 }
 
+describe('metrics', () => {
+    test('getMetrics shows CPU, memory and disk over time, by range; the list form and bad queries', async () => {
+        const { Sandbox } = current;
+        const start = new Date();
+        const sbx = await Sandbox.create();
+        try {
+            // 16 MiB on the workspace's disk, and a busy CPU until the readings show both (CPU
+            // is a share between two readings, 5 s apart).
+            await sbx.commands.run('head -c 16777216 /dev/zero > fill');
+            const busy = await sbx.commands.run('exec python3 -c "while True: pass"', { background: true });
+            let metrics = [];
+            const seen = await waitFor(async () => {
+                metrics = await sbx.getMetrics();
+                return metrics.some((m) => m.cpuUsedPct > 50) && metrics.at(-1).diskUsed >= 16 << 20;
+            }, 30_000, 500);
+            await busy.kill();
+            assert.ok(seen, `no busy reading with the file: ${JSON.stringify(metrics)}`);
+            const last = metrics.at(-1);
+            assert.equal(last.cpuCount, 1);
+            assert.equal(last.memTotal, 1 << 30);
+            assert.ok(last.memUsed > 0 && last.memUsed < last.memTotal);
+            assert.ok(last.diskTotal >= last.diskUsed);
+            for (const m of metrics) assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m));
+            // In time order, within the range asked for; none before the sandbox.
+            const times = metrics.map((m) => m.timestamp.getTime());
+            assert.deepEqual([...times].sort((a, b) => a - b), times);
+            const ranged = await sbx.getMetrics({ start, end: new Date() });
+            assert.ok(ranged.length > 0);
+            for (const m of ranged) assert.ok(m.timestamp.getTime() >= Math.floor(start.getTime() / 1000) * 1000);
+            assert.deepEqual(await sbx.getMetrics({ start: new Date(start - 3_600_000), end: new Date(start - 1_800_000) }), []);
+
+            const headers = { 'X-API-Key': serve.key };
+            const listed = await fetch(`${serve.api}/sandboxes/metrics?sandbox_ids=${sbx.sandboxId},sb-unknown`, { headers });
+            assert.equal(listed.status, 200);
+            const body = await listed.json();
+            assert.deepEqual(Object.keys(body.sandboxes), [sbx.sandboxId]);
+            assert.equal(body.sandboxes[sbx.sandboxId].memTotal, 1 << 30);
+            for (const query of ['', 'sandbox_ids=', 'sandbox_ids=a,a', 'sandbox_ids=a,,b']) {
+                const bad = await fetch(`${serve.api}/sandboxes/metrics?${query}`, { headers });
+                assert.equal(bad.status, 400, query);
+            }
+            for (const query of ['start=x', 'end=-1', 'start=20&end=10']) {
+                const bad = await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}/metrics?${query}`, { headers });
+                assert.equal(bad.status, 400, query);
+                assert.match((await bad.json()).message, /start|end/);
+            }
+            const unknown = await fetch(`${serve.api}/sandboxes/sb-unknown/metrics`, { headers });
+            assert.equal(unknown.status, 404);
+            const keyless = await fetch(`${serve.api}/sandboxes/${sbx.sandboxId}/metrics`);
+            assert.equal(keyless.status, 401);
+        } finally {
+            assert.equal(await sbx.kill(), true);
+        }
+    });
+});
+
 describe('scope', () => {
     test("the application's own sandbox is invisible through serve", async () => {
         const made = await runMoat(['create', '--ttl', '120', '--label', 'who=app']);
