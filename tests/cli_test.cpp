@@ -392,6 +392,19 @@ TEST_CASE("moat inventory shows usage and moat smoke passes") {
     CHECK(o.output.find("\"memory_used_bytes\":null") == std::string::npos);
     CHECK(o.output.find("\"pids_current\":1") != std::string::npos);
     CHECK(o.output.find("\"owner_instance\":\"") != std::string::npos);
+    CHECK(o.output.find("\"cpu_time_us\":null") == std::string::npos);
+    CHECK(o.output.find("\"cpu_time_us\":") != std::string::npos);
+    CHECK(o.output.find("\"disk_total_bytes\":null") == std::string::npos);
+    // A file written in the workspace shows in the disk's use.
+    REQUIRE(moat_cli("exec " + id + " -- sh -c 'head -c 3000000 /dev/zero > /workspace/f'")
+                .exit_code == 0);
+    auto filled = moat_stdout("inventory --json --label test=inventory");
+    const auto at = filled.output.find("\"disk_used_bytes\":");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stoull(filled.output.substr(at + 18)) >= 3000000);
+    auto table = moat_stdout("inventory --label test=inventory");
+    CHECK(table.output.find(" CPU ") != std::string::npos);
+    CHECK(table.output.find(" DISK ") != std::string::npos);
     CHECK(moat_cli("destroy " + id).exit_code == 0);
     const auto smoke = moat_cli("smoke");
     CHECK_MESSAGE(smoke.exit_code == 0, smoke.output);

@@ -193,6 +193,10 @@ struct sandbox_info {
     // backend::async_list (not by inspect, which stays cheap), as of the call.
     std::optional<std::uint64_t> memory_used_bytes;
     std::optional<std::uint64_t> pids_current;
+    // CPU time its processes used so far, and its writable filesystems' use (sandbox_usage).
+    std::optional<std::uint64_t> cpu_time_us;
+    std::optional<std::uint64_t> disk_used_bytes;
+    std::optional<std::uint64_t> disk_total_bytes;
     // Local backend, a sandbox with a network: bytes its egress moved over its life, and the host
     // memory its proxied connections hold now (as last measured by the processes serving it).
     std::optional<std::uint64_t> egress_bytes_used;

@@ -1,8 +1,9 @@
 // moat ls and moat inventory: every sandbox recorded on this host (the shared state directory),
 // whichever process created it: a table for people, or a JSON array with --json. A sandbox whose
 // pid 1 is gone but whose record remains (its creator died; the janitor removes it) shows as
-// `exited`. The inventory adds the owner instance, current memory and pids usage, and for a
-// sandbox with a network the bytes its egress moved and the host memory its tunnels hold.
+// `exited`. The inventory adds the owner instance, current memory and pids usage, the CPU time
+// used so far and the writable filesystems' use, and for a sandbox with a network the bytes its
+// egress moved and the host memory its tunnels hold.
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
@@ -27,6 +28,14 @@ std::string megabytes(const std::optional<std::uint64_t>& bytes) {
     return text;
 }
 
+// CPU time as seconds with one decimal ("12.3s"), or "-".
+std::string cpu_seconds(const std::optional<std::uint64_t>& us) {
+    if (!us) return "-";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1fs", static_cast<double>(*us) / 1e6);
+    return text;
+}
+
 std::string labels_text(const std::map<std::string, std::string>& labels) {
     std::string text;
     for (const auto& [k, v] : labels) {
@@ -45,20 +54,22 @@ asio::awaitable<int> list_sandboxes(backend& b, ls_options o) {
     } else if (o.inventory) {
         const auto now = std::chrono::system_clock::now();
         char line[768];
-        std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-9s %-9s %-28s %s\n",
-                      "ID", "STATE", "AGE", "EXPIRES", "MEMORY", "PIDS", "EGRESS", "BUFFERED",
-                      "OWNER", "LABELS");
+        std::snprintf(line, sizeof line,
+                      "%-24s %-8s %-8s %-10s %-9s %-5s %-8s %-9s %-9s %-9s %-28s %s\n", "ID",
+                      "STATE", "AGE", "EXPIRES", "MEMORY", "PIDS", "CPU", "DISK", "EGRESS",
+                      "BUFFERED", "OWNER", "LABELS");
         out = line;
         for (const auto& info : *listed) {
             const std::string pids = info.pids_current ? std::to_string(*info.pids_current) : "-";
-            std::snprintf(line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-9s %-9s %-28s %s\n",
-                          info.id.c_str(), to_string(info.state),
-                          format_span(now - info.created_at).c_str(),
-                          format_span(info.expires_at - now).c_str(),
-                          megabytes(info.memory_used_bytes).c_str(), pids.c_str(),
-                          megabytes(info.egress_bytes_used).c_str(),
-                          megabytes(info.egress_buffered_bytes).c_str(),
-                          info.owner_instance.c_str(), labels_text(info.labels).c_str());
+            std::snprintf(
+                line, sizeof line, "%-24s %-8s %-8s %-10s %-9s %-5s %-8s %-9s %-9s %-9s %-28s %s\n",
+                info.id.c_str(), to_string(info.state), format_span(now - info.created_at).c_str(),
+                format_span(info.expires_at - now).c_str(),
+                megabytes(info.memory_used_bytes).c_str(), pids.c_str(),
+                cpu_seconds(info.cpu_time_us).c_str(), megabytes(info.disk_used_bytes).c_str(),
+                megabytes(info.egress_bytes_used).c_str(),
+                megabytes(info.egress_buffered_bytes).c_str(), info.owner_instance.c_str(),
+                labels_text(info.labels).c_str());
             out += line;
         }
     } else {

@@ -63,6 +63,9 @@ void write_sandbox_json(json_writer& w, const sandbox_info& info) {
     w.end_object();
     write_optional(w, "memory_used_bytes", info.memory_used_bytes);
     write_optional(w, "pids_current", info.pids_current);
+    write_optional(w, "cpu_time_us", info.cpu_time_us);
+    write_optional(w, "disk_used_bytes", info.disk_used_bytes);
+    write_optional(w, "disk_total_bytes", info.disk_total_bytes);
     write_optional(w, "egress_bytes_used", info.egress_bytes_used);
     write_optional(w, "egress_buffered_bytes", info.egress_buffered_bytes);
     w.key("layers").begin_array();

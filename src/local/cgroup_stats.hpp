@@ -3,6 +3,8 @@
 // first, then the v2 one.
 #pragma once
 
+#include <moat/usage.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +44,11 @@ std::optional<std::uint64_t> read_cpu_time_us(const std::vector<std::string>& di
 // The page cache the memory cgroup among `dirs` holds: `cache` of memory.stat (v1) or `file`
 // (v2). nullopt if none has it.
 std::optional<std::uint64_t> read_memory_cache(const std::vector<std::string>& dirs);
+
+// Used and total bytes of a sandbox's writable filesystems (its workspace, /tmp and home, each
+// counted once), through `root`, a descriptor of its "/" (local_backend_usage.cpp); unset when
+// none can be read.
+void read_disk_usage(int root, sandbox_usage& usage);
 
 // Removes a sandbox cgroup directory and the cgroups below it (v2: init/, commands/), children
 // first. A v2 cgroup that still reports `populated 1` in cgroup.events is left alone (nothing is

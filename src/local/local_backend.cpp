@@ -24,6 +24,7 @@
 #include <asio/thread_pool.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -141,9 +142,21 @@ std::string default_owner_instance() {
 void add_usage(sandbox_info& info, const sandbox_record& r, const sandbox_records& records) {
     info.memory_used_bytes.reset();
     info.pids_current.reset();
+    info.cpu_time_us.reset();
+    info.disk_used_bytes.reset();
+    info.disk_total_bytes.reset();
     if (info.state != sandbox_state::running) return;
     info.memory_used_bytes = read_memory_used(r.cgroups);
     info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
+    info.cpu_time_us = read_cpu_time_us(r.cgroups);
+    const std::string root = "/proc/" + std::to_string(r.init_pid) + "/root";
+    if (const int fd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+        sandbox_usage disk;
+        read_disk_usage(fd, disk);
+        ::close(fd);
+        info.disk_used_bytes = disk.disk_used_bytes;
+        info.disk_total_bytes = disk.disk_total_bytes;
+    }
     if (r.network.mode == network_mode::none) return;
     if (auto meter = egress::read_meter_file(records.egress_meter_path(r.id))) {
         info.egress_bytes_used = meter->bytes_used;

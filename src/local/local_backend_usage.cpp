@@ -18,9 +18,11 @@ namespace {
 // The writable filesystems a local sandbox has (tmpfs each, sized by its limits).
 constexpr const char* writable_mounts[] = {"workspace", "tmp", "home"};
 
+}  // namespace
+
 // Used and total bytes of the sandbox's writable filesystems, each counted once (by its fsid),
 // through its root directory: a path in the sandbox resolves inside it, never on the host.
-void read_disk(int root, sandbox_usage& usage) {
+void read_disk_usage(int root, sandbox_usage& usage) {
     if (root < 0) return;
     std::vector<std::pair<int, int>> seen;
     std::uint64_t used = 0;
@@ -48,8 +50,6 @@ void read_disk(int root, sandbox_usage& usage) {
     usage.disk_total_bytes = total;
 }
 
-}  // namespace
-
 asio::awaitable<result<sandbox_usage>> local_backend::async_usage(std::string id) {
     return guarded(usage(std::move(id)));
 }
@@ -69,7 +69,7 @@ asio::awaitable<result<sandbox_usage>> local_backend::usage(std::string id) {
     if (used) usage.memory_used_bytes = cache && *cache <= *used ? *used - *cache : *used;
     usage.memory_cache_bytes = cache;
     usage.memory_limit_bytes = sandbox.record.limits.memory_bytes.value_or(0);
-    read_disk(sandbox.root.get(), usage);
+    read_disk_usage(sandbox.root.get(), usage);
     co_return usage;
 }
 
