@@ -117,6 +117,10 @@ constexpr usage_block blocks[] = {
      "  bench python [--n N] [--json FILE]\n"
      "      run_python(\"1+1\") round trips, a private session vs one two workers share, beside\n"
      "      `true` commands: p50/p99 and the difference\n"},
+    {"bench",
+     "  bench pty [--n N] [--json FILE]\n"
+     "      one-byte echo round trips through a sandbox's terminal beside a spawned cat's pipes:\n"
+     "      p50/p99 and the ratio\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},
