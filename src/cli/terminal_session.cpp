@@ -45,10 +45,11 @@ class raw_mode {
         if (::tcgetattr(STDIN_FILENO, &saved_) != 0) return;
         termios raw = saved_;
         ::cfmakeraw(&raw);
-        active_ = ::tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw) == 0;
+        // TCSANOW, not TCSAFLUSH: what was typed ahead goes to the command, not away.
+        active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
     }
     ~raw_mode() {
-        if (active_) ::tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved_);
+        if (active_) ::tcsetattr(STDIN_FILENO, TCSADRAIN, &saved_);
     }
     raw_mode(const raw_mode&) = delete;
     raw_mode& operator=(const raw_mode&) = delete;
@@ -112,6 +113,14 @@ asio::awaitable<void> pump_resizes(terminal& t) {
     }
 }
 
+// The session's outcome: the output pump's, or, when a cancellation (SIGTERM, SIGHUP) ended
+// another pump first (and the output pump, cancelled, killed the command), cancelled.
+template <class Outcome>
+result<exec_result> output_of(Outcome outcome) {
+    if (outcome.index() == 0) return std::get<0>(std::move(outcome));
+    return make_error(errc::cancelled, "the terminal session was interrupted");
+}
+
 asio::awaitable<result<exec_result>> run_on_terminal(std::shared_ptr<sandbox> box,
                                                      exec_request request, bool interactive) {
     auto opened = co_await box->async_open_terminal(std::move(request), window_size());
@@ -119,11 +128,11 @@ asio::awaitable<result<exec_result>> run_on_terminal(std::shared_ptr<sandbox> bo
     terminal t = std::move(*opened);
     if (!interactive) {
         auto outcome = co_await (pump_output(t) || pump_resizes(t));
-        co_return std::get<0>(std::move(outcome));
+        co_return output_of(std::move(outcome));
     }
     raw_mode raw;
     auto outcome = co_await (pump_output(t) || pump_input(t) || pump_resizes(t));
-    co_return std::get<0>(std::move(outcome));
+    co_return output_of(std::move(outcome));
 }
 
 }  // namespace

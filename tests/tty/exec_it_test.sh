@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `moat exec -it` in a real terminal: a tmux pane runs a host shell, which runs
 # `moat exec -it ID -- bash`; the test types into the pane, resizes it, sends Ctrl-C, exits, and
-# checks that the pane's terminal is back in cooked mode afterwards, also when the sandbox is
-# destroyed from outside mid-session. Every step waits for text in the pane (no fixed sleeps).
+# checks that the pane's terminal is back in cooked mode afterwards, also after a SIGTERM to moat
+# and when the sandbox is destroyed from outside mid-session. Every step waits for text in the pane (no fixed sleeps).
 # Usage: exec_it_test.sh MOAT_BINARY
 set -euo pipefail
 moat="$1"
@@ -53,8 +53,9 @@ type_line "$cooked_modes"
 wait_for 'isig,icanon,echo,'
 
 # The session: a prompt of the sandbox's bash.
-type_line "$moat exec -it --env PS1='sbx\$ ' $id -- bash --norc --noprofile -i"
-wait_for 'sbx$ '
+# (Each prompt is computed, so the host's echo of the command line never matches it.)
+type_line "$moat exec -it --env PS1='sbx-\$((6 * 7))\$ ' $id -- bash --norc --noprofile -i"
+wait_for 'sbx-42$ '
 type_line 'echo typed-$((1 + 1)); test -t 0 && echo tty-$((2 + 2))'
 wait_for 'typed-2'
 wait_for 'tty-4'
@@ -81,15 +82,29 @@ wait_for 'rc-3'
 type_line "$cooked_modes"
 wait_for 'isig,icanon,echo,' 2
 
-# The sandbox destroyed from outside mid-session: moat ends, the terminal is restored.
-type_line "$moat exec -it --env PS1='again\$ ' $id -- bash --norc --noprofile -i"
-wait_for 'again$ '
-"$moat" destroy "$id" >/dev/null || fail "moat destroy failed"
-id=""
+# SIGTERM to moat mid-session (as a closing window's SIGHUP would be): the session is cancelled,
+# the command killed, the terminal restored, and moat exits 128 + 15.
+type_line "$moat exec -it --env PS1='term-\$((6 * 7))\$ ' $id -- bash --norc --noprofile -i"
+wait_for 'term-42$ '
+shell_pid=$(tm list-panes -t t -F '#{pane_pid}')
+moat_pid=$(pgrep -P "$shell_pid" | head -n 1)
+[ -n "$moat_pid" ] || fail "no moat process below the pane's shell"
+kill -TERM "$moat_pid"
 wait_for 'host$ ' 3
 type_line 'echo rc-$?'
-wait_for 'rc-'
-if tm capture-pane -p -J -S - -t t | grep -q -x 'rc-0'; then fail "moat exited 0 after the sandbox went"; fi
+wait_for 'rc-143'
 type_line "$cooked_modes"
 wait_for 'isig,icanon,echo,' 3
+
+# The sandbox destroyed from outside mid-session: moat ends, the terminal is restored.
+type_line "$moat exec -it --env PS1='again-\$((6 * 7))\$ ' $id -- bash --norc --noprofile -i"
+wait_for 'again-42$ '
+"$moat" destroy "$id" >/dev/null || fail "moat destroy failed"
+id=""
+wait_for 'host$ ' 4
+type_line 'echo "status $(($? + 1000))"'
+wait_for 'status 1'
+if tm capture-pane -p -J -S - -t t | grep -q -x 'status 1000'; then fail "moat exited 0 after the sandbox went"; fi
+type_line "$cooked_modes"
+wait_for 'isig,icanon,echo,' 4
 echo "PASS"
