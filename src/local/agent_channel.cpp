@@ -116,27 +116,41 @@ asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect
     co_return answer;
 }
 
+asio::awaitable<agent_channel::awaited> agent_channel::send_and_await(
+    std::span<const std::byte> message, async_event& answered, deadline limit) {
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
+    awaited out;
+    out.sent = co_await channel_.async_send(message, no_descriptors, limit);
+    if (out.sent) {
+        const auto outcome = co_await answered.async_wait(limit);
+        out.cancelled = outcome == async_event::wait_outcome::cancelled;
+    }
+    co_return out;
+}
+
+std::optional<error> agent_channel::unanswered(const awaited& a, const async_event& answered,
+                                               std::string_view doing,
+                                               std::string_view request) const {
+    if (broken_) return make_error(errc::sandbox_unavailable, *broken_);
+    if (!a.sent) return a.sent.error();
+    if (a.cancelled) return make_error(errc::cancelled, "cancelled while " + std::string(doing));
+    if (answered.is_set()) return std::nullopt;
+    return make_error(errc::backend_failure,
+                      "the sandbox agent did not answer " + std::string(request) + " in time");
+}
+
 asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
     std::span<const std::byte> message, std::uint64_t request_id, std::string what,
     deadline limit) {
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto request = std::make_shared<port_request>(executor_);
     port_requests_[request_id] = request;
-    const std::span<const int> no_descriptors;  // a named local (g++ 12)
-    auto sent = co_await channel_.async_send(message, no_descriptors, limit);
-    async_event::wait_outcome outcome = async_event::wait_outcome::set;
-    if (sent) outcome = co_await request->answered.async_wait(limit);
+    auto waited = co_await send_and_await(message, request->answered, limit);
     port_requests_.erase(request_id);
-    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
-    if (!sent) co_return std::move(sent).error();
-    if (outcome == async_event::wait_outcome::cancelled) {
-        co_return make_error(errc::cancelled,
-                             "cancelled while connecting to " + what + " in the sandbox");
-    }
-    if (!request->answered.is_set()) {
-        co_return make_error(
-            errc::backend_failure,
-            "the sandbox agent did not answer a connection to " + what + " in time");
+    if (auto failed =
+            unanswered(waited, request->answered, "connecting to " + what + " in the sandbox",
+                       "a connection to " + what)) {
+        co_return std::move(*failed);
     }
     co_return std::move(request->answer);
 }
@@ -149,22 +163,16 @@ asio::awaitable<result<agent_channel::terminal_attachment>> agent_channel::async
     message.pid = pid;
     auto request = std::make_shared<attach_request>(executor_);
     attach_requests_[exec_id] = request;
-    const std::span<const int> no_descriptors;  // a named local (g++ 12)
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
-    async_event::wait_outcome outcome = async_event::wait_outcome::set;
-    if (sent) outcome = co_await request->answered.async_wait(limit);
+    auto waited = co_await send_and_await(bytes, request->answered, limit);
     attach_requests_.erase(exec_id);
-    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
-    if (!sent) co_return std::move(sent).error();
     const std::string what = "the terminal of pid " + std::to_string(pid);
-    if (!request->answered.is_set()) {
-        // An answer that comes later is dropped; an attachment it made is forgotten at the exit.
-        if (outcome == async_event::wait_outcome::cancelled) {
-            co_return make_error(errc::cancelled, "cancelled while attaching to " + what);
-        }
-        co_return make_error(errc::backend_failure,
-                             "the sandbox agent did not answer an attach to " + what + " in time");
+    // An answer that comes later is dropped; an attachment made meanwhile is forgotten at the
+    // command's exit (release), and its master closed here.
+    if (auto failed =
+            unanswered(waited, request->answered, "attaching to " + what, "an attach to " + what)) {
+        if (request->answered.is_set() && request->attach_errno == 0) release(exec_id);
+        co_return std::move(*failed);
     }
     switch (request->attach_errno) {
         case 0:
@@ -224,6 +232,14 @@ asio::awaitable<void> agent_channel::read_loop() {
     }
 }
 
+template <class Message>
+agent_channel::command_map::iterator agent_channel::command_of(const received_record& record,
+                                                               wire::message_type type,
+                                                               Message& m) {
+    if (!wire::read_fixed(record.data, type, m)) return commands_.end();
+    return commands_.find(m.exec_id);
+}
+
 void agent_channel::dispatch(received_record& record) {
     wire::header h{};
     if (!wire::read_header(record.data, h))
@@ -278,10 +294,7 @@ void agent_channel::dispatch(received_record& record) {
     switch (static_cast<wire::message_type>(h.type)) {
         case wire::message_type::exited: {
             wire::exited_message m{};
-            auto it = commands_.end();
-            if (wire::read_fixed(record.data, wire::message_type::exited, m)) {
-                it = commands_.find(m.exec_id);
-            }
+            auto it = command_of(record, wire::message_type::exited, m);
             if (it == commands_.end() || it->second->exit) {
                 return break_channel("protocol error: bad exited record");
             }
@@ -313,10 +326,7 @@ void agent_channel::dispatch(received_record& record) {
 // had no descriptor free for is lost, not a violation).
 void agent_channel::dispatch_started(received_record& record) {
     wire::started_message m{};
-    auto it = commands_.end();
-    if (wire::read_fixed(record.data, wire::message_type::started, m)) {
-        it = commands_.find(m.exec_id);
-    }
+    auto it = command_of(record, wire::message_type::started, m);
     if (it == commands_.end() || it->second->start) {
         return break_channel("protocol error: bad started record");
     }

@@ -110,11 +110,28 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);
+    // Sends `message` and waits until `answered` is set, `limit` passes or a cancellation comes.
+    struct awaited {
+        result<void> sent;
+        bool cancelled = false;  // the wait was cancelled
+    };
+    asio::awaitable<awaited> send_and_await(std::span<const std::byte> message,
+                                            async_event& answered, deadline limit);
+    // After send_and_await: why there is no answer to use (the channel broke, the send failed,
+    // "cancelled while <doing>", "the sandbox agent did not answer <request> in time"), or
+    // nullopt.
+    std::optional<error> unanswered(const awaited& a, const async_event& answered,
+                                    std::string_view doing, std::string_view request) const;
     // Sends a connect request (`message`, whose id is `request_id`) and waits for its
     // port_connected; `what` names the target in errors.
     asio::awaitable<result<port_socket>> request_connection(std::span<const std::byte> message,
                                                             std::uint64_t request_id,
                                                             std::string what, deadline limit);
+    using command_map = std::map<std::uint64_t, std::shared_ptr<command_state>>;
+    // The command a `started` or `exited` record names (read into `m`), or commands_.end().
+    template <class Message>
+    command_map::iterator command_of(const received_record& record, wire::message_type type,
+                                     Message& m);
     // `started` (with a terminal's master) and pty_attached, the records that may carry one.
     void dispatch_started(received_record& record);
     void dispatch_attached(received_record& record);
@@ -128,7 +145,7 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     unique_fd egress_listener_;
     std::uint16_t egress_port_ = 0;
     std::optional<std::string> broken_;
-    std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
+    command_map commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
     std::uint64_t next_ttl_request_ = 1;
     // connect_port and connect_unix requests awaiting port_connected; ids share next_ttl_request_'s

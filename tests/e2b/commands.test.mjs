@@ -4,10 +4,9 @@
 // ending its live streams. Every case checks from the host that what it ended is gone.
 // Run: node tests/e2b/commands.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 
-import { descendantsOf, requireSdk, startServe, waitFor } from './harness.mjs';
+import { processesBelow, requireSdk, startServe, waitFor } from './harness.mjs';
 
 const sdks = await requireSdk();
 
@@ -21,17 +20,7 @@ after(async () => {
 
 // Host pids below the server whose command line contains `needle`.
 function hostProcesses(needle) {
-    const found = [];
-    for (const p of descendantsOf(serve.pid)) {
-        let cmdline = '';
-        try {
-            cmdline = readFileSync(`/proc/${p.pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
-        } catch {
-            continue;
-        }
-        if (cmdline.includes(needle)) found.push(p.pid);
-    }
-    return found;
+    return processesBelow(serve.pid, needle);
 }
 
 async function assertGoneFromHost(needle) {

@@ -4,10 +4,9 @@
 // kill that ends it (gone from the host too). On the wire, output comes as `pty` data.
 // Run: node tests/e2b/pty.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import { after, before, test } from 'node:test';
 
-import { descendantsOf, requireSdk, startServe, waitFor } from './harness.mjs';
+import { processesBelow, requireSdk, startServe, waitFor } from './harness.mjs';
 
 const sdks = await requireSdk();
 const { Sandbox, CommandExitError } = sdks['e2b 2.51.0'];
@@ -20,20 +19,6 @@ after(async () => {
     if (serve) await serve.stop();
 });
 
-// Host pids below the server whose command line contains `needle`.
-function hostProcesses(needle) {
-    const found = [];
-    for (const p of descendantsOf(serve.pid)) {
-        let cmdline = '';
-        try {
-            cmdline = readFileSync(`/proc/${p.pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
-        } catch {
-            continue;
-        }
-        if (cmdline.includes(needle)) found.push(p.pid);
-    }
-    return found;
-}
 
 // What a pty printed, decoded as the SDK's users do, with a wait for text.
 function screen() {
@@ -78,8 +63,8 @@ test('a pty runs REPL lines, resizes, takes ^C, is reattached and killed', async
 
         // ^C interrupts the foreground sleep, not the shell.
         await send('sleep 30; echo SLEPT-$((1 + 1))\n');
-        await waitFor(() => hostProcesses('sleep 30').length === 1, 10_000);
-        assert.equal(hostProcesses('sleep 30').length, 1);
+        await waitFor(() => processesBelow(serve.pid, 'sleep 30').length === 1, 10_000);
+        assert.equal(processesBelow(serve.pid, 'sleep 30').length, 1);
         await send('\x03');
         from = first.text.length;
         await send('echo after-$((2 + 2))\n');
@@ -97,8 +82,8 @@ test('a pty runs REPL lines, resizes, takes ^C, is reattached and killed', async
 
         assert.equal(await sbx.pty.kill(pty.pid), true);
         await assert.rejects(again.wait(), (e) => e instanceof CommandExitError && e.exitCode === -1);
-        const gone = await waitFor(() => hostProcesses('bash -i -l').length === 0, 10_000);
-        assert.ok(gone, `host processes left: ${hostProcesses('bash -i -l')}`);
+        const gone = await waitFor(() => processesBelow(serve.pid, 'bash -i -l').length === 0, 10_000);
+        assert.ok(gone, `host processes left: ${processesBelow(serve.pid, 'bash -i -l')}`);
         assert.equal(await sbx.pty.kill(pty.pid), false);
     } finally {
         await sbx.kill();
