@@ -267,6 +267,23 @@ TEST_CASE("e2b protocol: the process service's requests round-trip") {
     CHECK(pty->has_pty);
     CHECK_FALSE(pty->tag);
     CHECK(pty->process.cwd.empty());
+    CHECK(pty->pty.cols == 0);
+    start.pty = {132, 40};
+    auto sized = protocol::parse_start_request(protocol::encode_start_request(start));
+    REQUIRE(sized);
+    CHECK(sized->pty.cols == 132);
+    CHECK(sized->pty.rows == 40);
+    auto too_wide = protocol::parse_start_request(
+        R"({"process":{"cmd":"bash"},"pty":{"size":{"cols":5000,"rows":24}}})");
+    REQUIRE_FALSE(too_wide);
+    CHECK(too_wide.error().detail.find("pty.size.cols") != std::string::npos);
+    auto resize = protocol::parse_update_request(
+        R"({"process":{"pid":7},"pty":{"size":{"cols":"90","rows":30}}})");
+    REQUIRE(resize);
+    CHECK(resize->has_pty);
+    CHECK(resize->pty.cols == 90);
+    CHECK(resize->pty.rows == 30);
+    CHECK(protocol::encode_pty_data_event("hi\n") == R"({"event":{"data":{"pty":"aGkK"}}})");
 
     protocol::process_selector by_pid;
     by_pid.pid = 4242;

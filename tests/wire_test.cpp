@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,32 @@ TEST_CASE("the exec encoder refuses NUL bytes, empty argv and oversize records")
     const std::vector<std::string> bad_env = {"NOEQUALS"};
     CHECK_FALSE(wire::encode_exec(1, 0, argv, bad_env, "/", record));
     CHECK(record.empty());
+}
+
+TEST_CASE("a terminal's size travels only with exec_terminal, each side 1..1000") {
+    const std::vector<std::string> argv = {"bash"};
+    std::vector<std::byte> record;
+    REQUIRE(wire::encode_exec(3, 0, argv, {}, "/", record, wire::exec_terminal, {40, 1000}));
+    wire::exec_request_view view;
+    REQUIRE(wire::decode_exec(record, view));
+    CHECK(view.flags == wire::exec_terminal);
+    CHECK(view.rows == 40);
+    CHECK(view.cols == 1000);
+    std::vector<std::byte> refused;
+    CHECK_FALSE(wire::encode_exec(3, 0, argv, {}, "/", refused, wire::exec_terminal, {0, 80}));
+    CHECK_FALSE(wire::encode_exec(3, 0, argv, {}, "/", refused, wire::exec_terminal, {24, 1001}));
+    CHECK_FALSE(wire::encode_exec(3, 0, argv, {}, "/", refused, wire::exec_none, {24, 80}));
+    CHECK(refused.empty());
+    // A record that lies about either is refused by the agent's decoder.
+    for (const std::uint32_t flags : {0u, std::uint32_t{wire::exec_terminal}}) {
+        auto forged = record;
+        wire::exec_message m{};
+        std::memcpy(&m, forged.data(), sizeof m);
+        m.flags = flags;
+        m.rows = flags == 0 ? 40 : 0;
+        std::memcpy(forged.data(), &m, sizeof m);
+        CHECK_FALSE(wire::decode_exec(forged, view));
+    }
 }
 
 TEST_CASE("the exec decoder rejects every truncation and a missing terminator") {

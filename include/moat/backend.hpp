@@ -18,6 +18,7 @@
 #include <moat/files.hpp>
 #include <moat/result.hpp>
 #include <moat/sandbox_spec.hpp>
+#include <moat/terminal.hpp>
 #include <moat/usage.hpp>
 
 #include <asio/any_io_executor.hpp>
@@ -139,6 +140,20 @@ class backend {
     // Sends `signal` to the process group of a command started by async_spawn.
     virtual asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
                                                        int signal);
+
+    // Starts a command on a terminal of `size` (terminal.hpp) and returns its handle once it has
+    // started. The request is a spawn's (exec_request::resident decides the lifetime; stdin_data
+    // must be empty: write input to the terminal; the wall limit is at most
+    // max_spawn_wall_limit). TERM is xterm-256color unless the request or the sandbox sets it.
+    // Errors: invalid_argument (a size side outside 1..terminal_size::max_side), limit_exceeded
+    // (the sandbox has no terminal left), not_supported (the default).
+    virtual asio::awaitable<result<terminal>> async_open_terminal(std::string id,
+                                                                  exec_request request,
+                                                                  terminal_size size);
+    // Reattaches to the running terminal command `pid` (terminal::pid) of the sandbox, whoever
+    // started it: a handle that does not kill the command when dropped. invalid_argument when no
+    // terminal command with that pid runs (it ended, or is no terminal); not_supported (default).
+    virtual asio::awaitable<result<terminal>> async_attach_terminal(std::string id, int pid);
 
     // File transfer. The contract is in files.hpp: absolute paths resolved only inside the
     // sandbox, the sandbox user's permissions, per-path results with normalized errors, sizes

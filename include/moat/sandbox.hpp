@@ -129,6 +129,15 @@ class sandbox {
     // moat::process). `limit` bounds the start only.
     asio::awaitable<result<process>> async_spawn(exec_request request, deadline limit = {},
                                                  lane in = lane::ordered);
+    // A command on a terminal of the sandbox's own, and a reattachment to one (terminal.hpp,
+    // backend.hpp). Like a spawn, the call returns once the command runs and the terminal never
+    // holds a place in a lane; the side lane by default, so opening one neither waits for nor
+    // holds up the ordered queue.
+    asio::awaitable<result<terminal>> async_open_terminal(exec_request request, terminal_size size,
+                                                          deadline limit = {},
+                                                          lane in = lane::side);
+    asio::awaitable<result<terminal>> async_attach_terminal(int pid, deadline limit = {},
+                                                            lane in = lane::side);
     asio::awaitable<result<std::vector<file_write_result>>> async_write_files(
         std::vector<file_write> files, deadline limit = {}, lane in = lane::ordered);
     asio::awaitable<result<std::vector<file_read_result>>> async_read_files(

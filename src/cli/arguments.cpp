@@ -59,8 +59,16 @@ bool command_flag(int argc, char** argv, int& i, command_flags& flags) {
         flags.raw = true;
     } else if (arg == "--stdin") {
         flags.read_stdin = true;
+    } else if (arg == "-i" || arg == "--interactive") {
+        flags.interactive = true;
+    } else if (arg == "-t" || arg == "--tty") {
+        flags.terminal = true;
+    } else if (arg == "-it" || arg == "-ti") {
+        flags.interactive = true;
+        flags.terminal = true;
     } else if (auto seconds = flag_value("--timeout", argc, argv, i)) {
         flags.request.wall_limit = parse_wall_limit("--timeout", *seconds);
+        flags.wall_limit_set = true;
     } else if (auto pair = flag_value("--env", argc, argv, i)) {
         auto [key, value] = parse_key_value("--env", *pair);
         flags.request.env[key] = value;

@@ -77,6 +77,11 @@ struct command_flags {
     bool json = false;
     bool raw = false;
     bool read_stdin = false;
+    // -t: the command runs on a terminal of the sandbox's own; with -i (-it) this process's
+    // terminal is its terminal (terminal_session.hpp). -i alone reads stdin like --stdin.
+    bool terminal = false;
+    bool interactive = false;
+    bool wall_limit_set = false;  // --timeout was given
 };
 
 // Consumes the command flag at argv[i] (advancing i past its value); false if argv[i] is none.

@@ -12,8 +12,8 @@
 // moat bench serve: see cli/bench/serve_bench.hpp.
 // moat bench e2b: see cli/bench/e2b_bench.hpp.
 // moat bench store: see cli/bench/store_bench.hpp.
-// moat bench egress, ports, python: see cli/bench/egress_bench.hpp, cli/bench/ports_bench.hpp,
-// cli/bench/python_bench.hpp.
+// moat bench egress, ports, python, pty: see cli/bench/egress_bench.hpp, cli/bench/ports_bench.hpp,
+// cli/bench/python_bench.hpp, cli/bench/pty_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -31,6 +31,7 @@
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
 #include "cli/bench/ports_bench.hpp"
+#include "cli/bench/pty_bench.hpp"
 #include "cli/bench/python_bench.hpp"
 #include "cli/bench/serve_bench.hpp"
 #include "cli/bench/store_bench.hpp"
@@ -328,7 +329,7 @@ int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
             "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, "
-            "egress, ports or python (see moat --help)");
+            "egress, ports, python or pty (see moat --help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -341,9 +342,10 @@ int bench_command(int argc, char** argv) {
     if (what == "egress") return bench_egress(argc - 1, argv + 1);
     if (what == "ports") return bench_ports(argc - 1, argv + 1);
     if (what == "python") return bench_python(argc - 1, argv + 1);
+    if (what == "pty") return bench_pty(argc - 1, argv + 1);
     throw usage_error(
         "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, egress, "
-        "ports or python, got '" +
+        "ports, python or pty, got '" +
         std::string(what) + "'");
 }
 

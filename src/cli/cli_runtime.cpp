@@ -4,6 +4,7 @@
 #include <moat/local_backend.hpp>
 
 #include "cli/host_files.hpp"
+#include "cli/terminal_session.hpp"
 #include "core/json_writer.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -167,7 +168,9 @@ int finish_command(std::string_view command, const std::string& id,
 
 int run_command_with_backend(std::string_view command, command_flags& flags,
                              const std::function<asio::awaitable<int>(backend&)>& body) {
-    if (flags.read_stdin) {
+    if (auto problem = terminal_flags_problem(flags)) throw usage_error(*problem);
+    // -i without -t: stdin is the command's, read whole first (as --stdin).
+    if (flags.read_stdin || (flags.interactive && !flags.terminal)) {
         if (auto failed = read_stdin_into(command, flags.request)) return *failed;
     }
     return run_with_backend(body);

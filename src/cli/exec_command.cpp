@@ -5,6 +5,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/terminal_session.hpp"
 
 namespace moat::cli {
 namespace {
@@ -44,7 +45,7 @@ asio::awaitable<int> exec_in_sandbox(backend& b, exec_options o) {
     if (!attached) co_return report_error("exec", attached.error());
     auto box = std::move(*attached);
     const command_flags& c = o.command;
-    auto outcome = co_await exec_for_terminal(box, c.request, c.json, c.raw);
+    auto outcome = co_await run_in_box(box, c);
     co_return finish_command("exec", o.id, outcome, c);
 }
 

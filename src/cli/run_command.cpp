@@ -5,6 +5,7 @@
 #include "cli/arguments.hpp"
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
+#include "cli/terminal_session.hpp"
 
 #include <asio/this_coro.hpp>
 
@@ -65,7 +66,7 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
     }
     auto box = std::move(*created);
     const command_flags& c = o.command;
-    auto outcome = co_await exec_for_terminal(box, c.request, c.json, c.raw);
+    auto outcome = co_await run_in_box(box, c);
     // Destroy whatever happened, cancellation included, and confirm it.
     co_await asio::this_coro::reset_cancellation_state();
     auto destroyed = co_await box->async_destroy();

@@ -17,17 +17,20 @@ struct usage_block {
 // In the order `moat --help` prints them. "(network)" is the note on the network flags.
 constexpr usage_block blocks[] = {
     {"run",
-     "  run [--timeout S] [--stdin] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] "
+     "  run [-it] [--timeout S] [--stdin] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] "
      "[--json] -- CMD...\n"
      "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's "
-     "code\n"},
+     "code\n"
+     "      (-t: on a terminal of the sandbox's own; -it: this terminal is its terminal, raw,\n"
+     "      Ctrl-C goes to CMD; -i alone: stdin read whole first, as --stdin)\n"},
     {"create",
      "  create [--ttl S] [--label K=V]... [--memory MB] [--env K=V]... [--workdir DIR] [--json]\n"
      "      create a sandbox that outlives this command (until its TTL, default 1 h, or destroy);\n"
      "      prints its id on the last line\n"},
     {"exec",
-     "  exec [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
-     "      run CMD in sandbox ID, stream its output, exit with CMD's code\n"},
+     "  exec [-it] [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
+     "      run CMD in sandbox ID, stream its output, exit with CMD's code (-t, -it, -i: as "
+     "run)\n"},
     {"port-forward",
      "  port-forward ID [LOCAL_ADDR:]LOCAL_PORT:PORT...\n"
      "      relay connections to local ports (on 127.0.0.1 unless LOCAL_ADDR; LOCAL_PORT 0 or\n"
@@ -114,6 +117,10 @@ constexpr usage_block blocks[] = {
      "  bench python [--n N] [--json FILE]\n"
      "      run_python(\"1+1\") round trips, a private session vs one two workers share, beside\n"
      "      `true` commands: p50/p99 and the difference\n"},
+    {"bench",
+     "  bench pty [--n N] [--json FILE]\n"
+     "      one-byte echo round trips through a sandbox's terminal beside a spawned cat's pipes:\n"
+     "      p50/p99 and the ratio\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},

@@ -182,6 +182,15 @@ asio::awaitable<result<process>> backend::async_spawn(std::string, exec_request)
     co_return not_supported(name(), "spawn");
 }
 
+asio::awaitable<result<terminal>> backend::async_open_terminal(std::string, exec_request,
+                                                               terminal_size) {
+    co_return not_supported(name(), "terminals");
+}
+
+asio::awaitable<result<terminal>> backend::async_attach_terminal(std::string, int) {
+    co_return not_supported(name(), "terminals");
+}
+
 asio::awaitable<result<void>> backend::async_signal(std::string, std::uint64_t, int) {
     co_return not_supported(name(), "signal");
 }

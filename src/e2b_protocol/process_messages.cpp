@@ -72,10 +72,24 @@ result<Request> selected_request(std::string_view json, std::string_view message
     return out;
 }
 
-bool has_object(const object& o, std::string_view name) {
-    auto e = field(o, name);
-    object inner;
-    return e && e->get_object().get(inner) == simdjson::SUCCESS;
+// The request's "pty" object: whether there is one, and its size (0 where absent).
+result<bool> read_pty(const object& request, pty_size& out) {
+    auto e = field(request, "pty");
+    object pty;
+    if (!e || e->get_object().get(pty) != simdjson::SUCCESS) return false;
+    auto size = field(pty, "size");
+    object sides;
+    if (!size || size->get_object().get(sides) != simdjson::SUCCESS) return true;
+    for (auto [name, side] : {std::pair{"cols", &out.cols}, std::pair{"rows", &out.rows}}) {
+        auto v = field(sides, name);
+        if (!v) continue;
+        auto n = as_integer<std::uint32_t>(*v);
+        if (!n || *n > 4096) {
+            return invalid(std::string("pty.size.") + name + " must be a number up to 4096");
+        }
+        *side = *n;
+    }
+    return true;
 }
 
 result<void> read_config(const object& process, process_config& out) {
@@ -313,7 +327,14 @@ std::string encode_start_request(const start_request& r) {
     json_writer w;
     w.begin_object().key("process");
     write_config(w, r.process);
-    if (r.has_pty) w.key("pty").begin_object().end_object();
+    if (r.has_pty) {
+        w.key("pty").begin_object();
+        if (r.pty.cols != 0 || r.pty.rows != 0) {
+            w.key("size").begin_object().key("cols").value(static_cast<std::uint64_t>(r.pty.cols));
+            w.key("rows").value(static_cast<std::uint64_t>(r.pty.rows)).end_object();
+        }
+        w.end_object();
+    }
     if (r.tag) w.key("tag").value(*r.tag);
     w.key("stdin").value(r.stdin_open);
     w.end_object();
@@ -332,7 +353,9 @@ result<start_request> parse_start_request(std::string_view json) {
         return invalid("the Start request has no \"process\" object");
     }
     if (auto read = read_config(process, out.process); !read) return std::move(read).error();
-    out.has_pty = has_object(request, "pty");
+    auto pty = read_pty(request, out.pty);
+    if (!pty) return std::move(pty).error();
+    out.has_pty = *pty;
     auto tag = optional_string(request, "tag", "");
     if (!tag) return std::move(tag).error();
     out.tag = std::move(*tag);
@@ -429,7 +452,9 @@ result<update_request> parse_update_request(std::string_view json) {
     detail::document doc;
     auto out = selected_request<update_request>(json, "Update", doc);
     if (!out) return out;
-    out->has_pty = has_object(doc.root, "pty");
+    auto pty = read_pty(doc.root, out->pty);
+    if (!pty) return std::move(pty).error();
+    out->has_pty = *pty;
     return out;
 }
 
@@ -442,6 +467,10 @@ std::string encode_data_event(output_channel channel, std::string_view bytes) {
     return event("data", [channel, bytes](json_writer& w) {
         w.key(channel == output_channel::out ? "stdout" : "stderr").value(base64_encode(bytes));
     });
+}
+
+std::string encode_pty_data_event(std::string_view bytes) {
+    return event("data", [bytes](json_writer& w) { w.key("pty").value(base64_encode(bytes)); });
 }
 
 std::string encode_end_event(const end_event& end) {

@@ -39,11 +39,19 @@ struct process_selector {
     std::optional<std::string> tag;
 };
 
+// PTY: {"size":{"cols":u32,"rows":u32}}. A pty object without a size (or a side 0) is parsed as
+// 0, which moat serve reads as envd's default; a side above 4096 is invalid_argument.
+struct pty_size {
+    std::uint32_t cols = 0;
+    std::uint32_t rows = 0;
+};
+
 // process.StartRequest: {"process":{"cmd","args","envs","cwd"?},"pty"?,"tag"?,"stdin"?}. The tag
 // names the command before its pid is known (a kill after a cancelled Start uses it).
 struct start_request {
     process_config process;  // cmd is required and non-empty
-    bool has_pty = false;    // a "pty" object was sent (written as {})
+    bool has_pty = false;    // a "pty" object was sent (written with its size when not 0)
+    pty_size pty;
     std::optional<std::string> tag;
     bool stdin_open = true;  // an absent "stdin" means true (envd's legacy default)
 };
@@ -76,11 +84,12 @@ struct send_signal_request {
 std::optional<std::string> encode_send_signal_request(const send_signal_request& request);
 result<send_signal_request> parse_send_signal_request(std::string_view json);
 
-// process.UpdateRequest: {"process":..., "pty"?:{"size":{...}}} (moat has no pty to resize, so
-// only moat serve reads it).
+// process.UpdateRequest: {"process":..., "pty"?:{"size":{...}}} (a terminal's resize; only moat
+// serve reads it).
 struct update_request {
     process_selector process;
     bool has_pty = false;
+    pty_size pty;
 };
 result<update_request> parse_update_request(std::string_view json);
 
@@ -109,6 +118,8 @@ using process_event = std::variant<start_event, data_event, end_event, keepalive
 
 std::string encode_start_event(std::uint32_t pid);
 std::string encode_data_event(output_channel channel, std::string_view bytes);
+// {"event":{"data":{"pty":b64}}}: a terminal's output.
+std::string encode_pty_data_event(std::string_view bytes);
 std::string encode_end_event(const end_event& end);
 std::string encode_keepalive_event();
 // One stream message. A data event that carries pty bytes only is protocol_error (moat never

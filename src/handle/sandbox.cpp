@@ -673,6 +673,17 @@ asio::awaitable<result<process>> sandbox::async_spawn(exec_request request, dead
     return run_call(impl_, "spawn", limit, in, &backend::async_spawn, std::move(request));
 }
 
+asio::awaitable<result<terminal>> sandbox::async_open_terminal(exec_request request,
+                                                               terminal_size size, deadline limit,
+                                                               lane in) {
+    return run_call(impl_, "open_terminal", limit, in, &backend::async_open_terminal,
+                    std::move(request), size);
+}
+
+asio::awaitable<result<terminal>> sandbox::async_attach_terminal(int pid, deadline limit, lane in) {
+    return run_call(impl_, "attach_terminal", limit, in, &backend::async_attach_terminal, pid);
+}
+
 asio::awaitable<result<void>> sandbox::async_destroy() {
     return guarded(destroy_and_wait(impl_));
 }

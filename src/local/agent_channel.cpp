@@ -3,6 +3,7 @@
 #include <moat/log.hpp>
 
 #include <cerrno>
+#include <cstring>
 
 namespace moat {
 namespace {
@@ -12,6 +13,13 @@ constexpr std::size_t max_agent_record = 256;
 static_assert(sizeof(wire::exited_message) <= max_agent_record);
 
 }  // namespace
+
+struct agent_channel::attach_request {
+    explicit attach_request(const asio::any_io_executor& ex) : answered(ex) {}
+    async_event answered;
+    int attach_errno = 0;
+    terminal_attachment answer;
+};
 
 struct agent_channel::port_request {
     explicit port_request(const asio::any_io_executor& ex) : answered(ex) {}
@@ -49,6 +57,7 @@ asio::awaitable<result<std::shared_ptr<command_state>>> agent_channel::async_exe
     deadline limit) {
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto state = std::make_shared<command_state>(executor_);
+    state->terminal = stdio.empty();
     commands_[exec_id] = state;
     auto sent = co_await channel_.async_send(record, stdio, limit);
     if (!sent) {
@@ -107,29 +116,78 @@ asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect
     co_return answer;
 }
 
+asio::awaitable<agent_channel::awaited> agent_channel::send_and_await(
+    std::span<const std::byte> message, async_event& answered, deadline limit) {
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
+    awaited out;
+    out.sent = co_await channel_.async_send(message, no_descriptors, limit);
+    if (out.sent) {
+        const auto outcome = co_await answered.async_wait(limit);
+        out.cancelled = outcome == async_event::wait_outcome::cancelled;
+    }
+    co_return out;
+}
+
+std::optional<error> agent_channel::unanswered(const awaited& a, const async_event& answered,
+                                               std::string_view doing,
+                                               std::string_view request) const {
+    if (broken_) return make_error(errc::sandbox_unavailable, *broken_);
+    if (!a.sent) return a.sent.error();
+    if (a.cancelled) return make_error(errc::cancelled, "cancelled while " + std::string(doing));
+    if (answered.is_set()) return std::nullopt;
+    return make_error(errc::backend_failure,
+                      "the sandbox agent did not answer " + std::string(request) + " in time");
+}
+
 asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
     std::span<const std::byte> message, std::uint64_t request_id, std::string what,
     deadline limit) {
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto request = std::make_shared<port_request>(executor_);
     port_requests_[request_id] = request;
-    const std::span<const int> no_descriptors;  // a named local (g++ 12)
-    auto sent = co_await channel_.async_send(message, no_descriptors, limit);
-    async_event::wait_outcome outcome = async_event::wait_outcome::set;
-    if (sent) outcome = co_await request->answered.async_wait(limit);
+    auto waited = co_await send_and_await(message, request->answered, limit);
     port_requests_.erase(request_id);
-    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
-    if (!sent) co_return std::move(sent).error();
-    if (outcome == async_event::wait_outcome::cancelled) {
-        co_return make_error(errc::cancelled,
-                             "cancelled while connecting to " + what + " in the sandbox");
-    }
-    if (!request->answered.is_set()) {
-        co_return make_error(
-            errc::backend_failure,
-            "the sandbox agent did not answer a connection to " + what + " in time");
+    if (auto failed =
+            unanswered(waited, request->answered, "connecting to " + what + " in the sandbox",
+                       "a connection to " + what)) {
+        co_return std::move(*failed);
     }
     co_return std::move(request->answer);
+}
+
+asio::awaitable<result<agent_channel::terminal_attachment>> agent_channel::async_attach_terminal(
+    std::uint64_t exec_id, int pid, deadline limit) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto message = wire::make_message<wire::pty_attach_message>(wire::message_type::pty_attach);
+    message.exec_id = exec_id;
+    message.pid = pid;
+    auto request = std::make_shared<attach_request>(executor_);
+    attach_requests_[exec_id] = request;
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    auto waited = co_await send_and_await(bytes, request->answered, limit);
+    attach_requests_.erase(exec_id);
+    const std::string what = "the terminal of pid " + std::to_string(pid);
+    // An answer that comes later is dropped; an attachment made meanwhile is forgotten at the
+    // command's exit (release), and its master closed here.
+    if (auto failed =
+            unanswered(waited, request->answered, "attaching to " + what, "an attach to " + what)) {
+        if (request->answered.is_set() && request->attach_errno == 0) release(exec_id);
+        co_return std::move(*failed);
+    }
+    switch (request->attach_errno) {
+        case 0:
+            co_return std::move(request->answer);
+        case ESRCH:
+            co_return make_error(
+                errc::invalid_argument,
+                "no terminal command with pid " + std::to_string(pid) + " runs in the sandbox");
+        case EMFILE:
+            co_return make_error(errc::limit_exceeded,
+                                 "no file descriptor free to attach to " + what);
+        default:
+            co_return make_error(errc::backend_failure, "attaching to " + what + ": " +
+                                                            std::strerror(request->attach_errno));
+    }
 }
 
 result<void> agent_channel::kill(std::uint64_t exec_id, int signal) {
@@ -174,6 +232,14 @@ asio::awaitable<void> agent_channel::read_loop() {
     }
 }
 
+template <class Message>
+agent_channel::command_map::iterator agent_channel::command_of(const received_record& record,
+                                                               wire::message_type type,
+                                                               Message& m) {
+    if (!wire::read_fixed(record.data, type, m)) return commands_.end();
+    return commands_.find(m.exec_id);
+}
+
 void agent_channel::dispatch(received_record& record) {
     wire::header h{};
     if (!wire::read_header(record.data, h))
@@ -216,29 +282,19 @@ void agent_channel::dispatch(received_record& record) {
         it->second->answered.set();
         return;
     }
+    if (h.type == static_cast<std::uint32_t>(wire::message_type::started)) {
+        return dispatch_started(record);
+    }
+    if (h.type == static_cast<std::uint32_t>(wire::message_type::pty_attached)) {
+        return dispatch_attached(record);
+    }
     if (!record.fds.empty() || record.descriptors_lost) {
         return break_channel("protocol error: the agent sent descriptors");
     }
     switch (static_cast<wire::message_type>(h.type)) {
-        case wire::message_type::started: {
-            wire::started_message m{};
-            auto it = commands_.end();
-            if (wire::read_fixed(record.data, wire::message_type::started, m)) {
-                it = commands_.find(m.exec_id);
-            }
-            if (it == commands_.end() || it->second->start) {
-                return break_channel("protocol error: bad started record");
-            }
-            it->second->start = m;
-            it->second->started.set();
-            return;
-        }
         case wire::message_type::exited: {
             wire::exited_message m{};
-            auto it = commands_.end();
-            if (wire::read_fixed(record.data, wire::message_type::exited, m)) {
-                it = commands_.find(m.exec_id);
-            }
+            auto it = command_of(record, wire::message_type::exited, m);
             if (it == commands_.end() || it->second->exit) {
                 return break_channel("protocol error: bad exited record");
             }
@@ -266,6 +322,50 @@ void agent_channel::dispatch(received_record& record) {
     }
 }
 
+// `started` carries the master exactly when the command is a terminal (a master this process
+// had no descriptor free for is lost, not a violation).
+void agent_channel::dispatch_started(received_record& record) {
+    wire::started_message m{};
+    auto it = command_of(record, wire::message_type::started, m);
+    if (it == commands_.end() || it->second->start) {
+        return break_channel("protocol error: bad started record");
+    }
+    auto& state = *it->second;
+    const std::size_t expected = state.terminal && !record.descriptors_lost ? 1u : 0u;
+    if (record.fds.size() != expected || (record.descriptors_lost && !state.terminal)) {
+        return break_channel("protocol error: bad started record");
+    }
+    if (expected == 1) state.master = std::move(record.fds.front());
+    state.master_lost = record.descriptors_lost;
+    state.start = m;
+    state.started.set();
+}
+
+// pty_attached carries the master exactly when the attach succeeded; the command is registered
+// under its exec id at once, since its `exited` may be the very next record.
+void agent_channel::dispatch_attached(received_record& record) {
+    wire::pty_attached_message m{};
+    const bool read = wire::read_fixed(record.data, wire::message_type::pty_attached, m);
+    const std::size_t expected = m.attach_errno == 0 && !record.descriptors_lost ? 1u : 0u;
+    if (!read || m.attach_errno < 0 || record.fds.size() != expected ||
+        (record.descriptors_lost && m.attach_errno != 0) || commands_.contains(m.exec_id)) {
+        return break_channel("protocol error: bad pty_attached record");
+    }
+    auto it = attach_requests_.find(m.exec_id);
+    auto state = std::make_shared<command_state>(executor_);
+    state->terminal = true;
+    if (m.attach_errno == 0) {
+        // Attached in pid 1 (even if the master was lost here): its exit will come.
+        state->abandoned = it == attach_requests_.end() || record.descriptors_lost;
+        state->started.set();
+        commands_[m.exec_id] = state;
+    }
+    if (it == attach_requests_.end()) return;
+    it->second->attach_errno = record.descriptors_lost ? EMFILE : m.attach_errno;
+    if (expected == 1) it->second->answer = {state, std::move(record.fds.front())};
+    it->second->answered.set();
+}
+
 void agent_channel::break_channel(std::string reason, log_level level) {
     if (broken_) return;
     detail::log(level, "agent", reason, sandbox_id_);
@@ -274,6 +374,7 @@ void agent_channel::break_channel(std::string reason, log_level level) {
     ready_.set();
     for (auto& [id, request] : ttl_requests_) request->set();
     for (auto& [id, request] : port_requests_) request->answered.set();
+    for (auto& [id, request] : attach_requests_) request->answered.set();
     for (auto& [id, command] : commands_) {
         command->started.set();
         command->exited.set();

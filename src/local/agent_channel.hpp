@@ -32,6 +32,11 @@ struct command_state {
     std::optional<wire::started_message> start;
     std::optional<wire::exited_message> exit;
     bool abandoned = false;  // nobody reads the result; forget the command when it exits
+    // exec_terminal: `started` carries the terminal's master, kept here for the taker. When this
+    // process had no descriptor free for it, master_lost is set instead.
+    bool terminal = false;
+    unique_fd master;
+    bool master_lost = false;
 };
 
 class agent_channel : public std::enable_shared_from_this<agent_channel> {
@@ -49,7 +54,8 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     unique_fd take_egress_listener();
     std::uint16_t egress_port() const noexcept { return egress_port_; }
 
-    // Sends an exec record with [stdin, stdout, stderr] attached and registers the command.
+    // Sends an exec record with [stdin, stdout, stderr] attached (none for an exec_terminal
+    // command, whose `started` brings its terminal's master) and registers the command.
     // Fails with backend_failure if the agent does not take the record by `limit`.
     asio::awaitable<result<std::shared_ptr<command_state>>> async_exec(
         std::uint64_t exec_id, std::span<const std::byte> record, std::span<const int> stdio,
@@ -75,6 +81,19 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // caller: wire::unix_path_problem) in the sandbox's filesystem; never in progress.
     asio::awaitable<result<port_socket>> async_connect_unix(std::string_view path, deadline limit);
 
+    // Reattaches to the running terminal command `pid` of the sandbox (pty_attach): its master,
+    // and the command registered under `exec_id` (an id of this connection's sequence, unused),
+    // whose exit arrives like any other. Errors: invalid_argument (no such terminal command),
+    // limit_exceeded (no descriptor free, here or in pid 1), sandbox_unavailable (the channel
+    // broke), backend_failure (no answer by `limit`), cancelled (the answer is dropped then, and
+    // with it the attachment).
+    struct terminal_attachment {
+        std::shared_ptr<command_state> state;
+        unique_fd master;
+    };
+    asio::awaitable<result<terminal_attachment>> async_attach_terminal(std::uint64_t exec_id,
+                                                                       int pid, deadline limit);
+
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
 
@@ -91,11 +110,31 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);
+    // Sends `message` and waits until `answered` is set, `limit` passes or a cancellation comes.
+    struct awaited {
+        result<void> sent;
+        bool cancelled = false;  // the wait was cancelled
+    };
+    asio::awaitable<awaited> send_and_await(std::span<const std::byte> message,
+                                            async_event& answered, deadline limit);
+    // After send_and_await: why there is no answer to use (the channel broke, the send failed,
+    // "cancelled while <doing>", "the sandbox agent did not answer <request> in time"), or
+    // nullopt.
+    std::optional<error> unanswered(const awaited& a, const async_event& answered,
+                                    std::string_view doing, std::string_view request) const;
     // Sends a connect request (`message`, whose id is `request_id`) and waits for its
     // port_connected; `what` names the target in errors.
     asio::awaitable<result<port_socket>> request_connection(std::span<const std::byte> message,
                                                             std::uint64_t request_id,
                                                             std::string what, deadline limit);
+    using command_map = std::map<std::uint64_t, std::shared_ptr<command_state>>;
+    // The command a `started` or `exited` record names (read into `m`), or commands_.end().
+    template <class Message>
+    command_map::iterator command_of(const received_record& record, wire::message_type type,
+                                     Message& m);
+    // `started` (with a terminal's master) and pty_attached, the records that may carry one.
+    void dispatch_started(received_record& record);
+    void dispatch_attached(received_record& record);
     // Marks the channel broken; logged at `level` (a warning unless we closed it ourselves).
     void break_channel(std::string reason, log_level level = log_level::warning);
 
@@ -106,13 +145,16 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     unique_fd egress_listener_;
     std::uint16_t egress_port_ = 0;
     std::optional<std::string> broken_;
-    std::map<std::uint64_t, std::shared_ptr<command_state>> commands_;
+    command_map commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
     std::uint64_t next_ttl_request_ = 1;
     // connect_port and connect_unix requests awaiting port_connected; ids share next_ttl_request_'s
     // sequence.
     struct port_request;
     std::map<std::uint64_t, std::shared_ptr<port_request>> port_requests_;
+    // pty_attach requests awaiting pty_attached, by the exec id they attach under.
+    struct attach_request;
+    std::map<std::uint64_t, std::shared_ptr<attach_request>> attach_requests_;
 };
 
 }  // namespace moat

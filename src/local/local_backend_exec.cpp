@@ -1,7 +1,7 @@
 // Commands in the local backend's sandboxes (local_backend_impl.hpp is the contract between its
-// files): exec, spawn and signal. A command is one `exec` record to the sandbox's agent with its
-// stdio (stdin a socket, stdout and stderr pipes) and environment; its output stream owns it from
-// the moment the record is sent.
+// files): exec, spawn, signal and terminals. A command is one `exec` record to the sandbox's agent
+// with its stdio (stdin a socket, stdout and stderr pipes) and environment; its output stream owns
+// it from the moment the record is sent.
 #include "local/local_backend_impl.hpp"
 
 #include "core/asio_compat.hpp"
@@ -11,6 +11,7 @@
 #include "local/agent_channel.hpp"
 #include "local/local_exec_stream.hpp"
 #include "local/local_process.hpp"
+#include "local/local_terminal.hpp"
 #include "local/spec_validation.hpp"
 #include "wire/protocol.hpp"
 
@@ -56,6 +57,7 @@ asio::awaitable<void> feed_stdin(std::shared_ptr<asio::posix::stream_descriptor>
 struct local_backend::started_command {
     std::unique_ptr<local_exec_stream> stream;
     unique_fd stdin_socket;
+    unique_fd master;  // a terminal command's (its stream reads a duplicate)
     std::shared_ptr<agent_channel> agent;
     std::uint64_t exec_id = 0;
     int pid = 0;
@@ -81,11 +83,7 @@ asio::awaitable<result<void>> local_backend::async_signal(std::string id, std::u
     if ((*found)->gone_reason)
         co_return make_error(errc::sandbox_unavailable, *(*found)->gone_reason);
     if (!(*found)->agent) co_return make_error(errc::sandbox_unavailable, "the sandbox has ended");
-    if (signal <= 0 || signal >= 65) {
-        co_return make_error(errc::invalid_argument,
-                             "signal must be between 1 and 64, got " + std::to_string(signal));
-    }
-    co_return (*found)->agent->kill(process_id, signal);
+    co_return signal_command(*(*found)->agent, process_id, signal);
 }
 
 asio::awaitable<result<exec_stream>> local_backend::start_exec(std::string id,
@@ -122,9 +120,79 @@ asio::awaitable<result<process>> local_backend::spawn(std::string id, exec_reque
     co_return process(std::move(handle));
 }
 
+asio::awaitable<result<terminal>> local_backend::async_open_terminal(std::string id,
+                                                                     exec_request request,
+                                                                     terminal_size size) {
+    return guarded(open_terminal(std::move(id), std::move(request), size));
+}
+
+asio::awaitable<result<terminal>> local_backend::async_attach_terminal(std::string id, int pid) {
+    return guarded(attach_terminal(std::move(id), pid));
+}
+
+asio::awaitable<result<terminal>> local_backend::open_terminal(std::string id, exec_request request,
+                                                               terminal_size size) {
+    if (!valid_terminal_size(size)) {
+        co_return make_error(errc::invalid_argument,
+                             "a terminal has 1-1000 rows and columns, not " +
+                                 std::to_string(size.rows) + "x" + std::to_string(size.cols));
+    }
+    if (!request.stdin_data.empty()) {
+        co_return make_error(errc::invalid_argument,
+                             "a terminal's input is written with terminal::async_write instead of "
+                             "exec_request::stdin_data");
+    }
+    // What the command leaves behind when it ends dies with it, as a terminal's session hangs up.
+    std::uint32_t flags = wire::exec_terminal | wire::exec_own_cgroup;
+    if (request.resident) flags |= wire::exec_resident;
+    const wire::terminal_size wire_size{size.rows, size.cols};
+    auto started = co_await start_command(std::move(id), std::move(request),
+                                          exec_request::max_spawn_wall_limit, flags, wire_size);
+    if (!started) co_return std::move(started).error();
+    auto handle = std::make_unique<local_terminal>(
+        executor_, std::move(started->stream), std::move(started->master),
+        std::move(started->agent), started->exec_id, started->pid);
+    co_return terminal(std::move(handle));
+}
+
+asio::awaitable<result<terminal>> local_backend::attach_terminal(std::string id, int pid) {
+    auto found = find(id);
+    if (!found) co_return std::move(found).error();
+    auto sandbox = *found;
+    if (sandbox->gone_reason)
+        co_return make_error(errc::sandbox_unavailable, *sandbox->gone_reason);
+    if (!sandbox->agent) co_return make_error(errc::sandbox_unavailable, "the sandbox has ended");
+    auto ended = make_ended_stdio();
+    if (!ended) co_return std::move(ended).error();
+    const std::uint64_t exec_id = next_exec_id_++;
+    const auto limit = deadline::after(start_timeout);
+    auto attached = co_await sandbox->agent->async_attach_terminal(exec_id, pid, limit);
+    if (!attached) co_return std::move(attached).error();
+    unique_fd output(::fcntl(attached->master.get(), F_DUPFD_CLOEXEC, 0));
+    if (!output.is_open()) {
+        sandbox->agent->release(exec_id);
+        co_return stdio_error("dup");
+    }
+    local_command command;
+    command.agent = sandbox->agent;
+    command.exec_id = exec_id;
+    command.state = std::move(attached->state);
+    command.program = "the terminal of pid " + std::to_string(pid);
+    command.oom = sandbox->oom;
+    command.kill_grace = options_.kill_grace;
+    command.backstop = deadline::after(exec_request::max_spawn_wall_limit + wall_limit_slack);
+    command.resident = true;  // a reattachment never ends the command when it is dropped
+    auto stream = std::make_unique<local_exec_stream>(
+        executor_, std::move(command), std::move(output), std::move(ended->err_ours));
+    auto handle = std::make_unique<local_terminal>(
+        executor_, std::move(stream), std::move(attached->master), sandbox->agent, exec_id, pid);
+    co_return terminal(std::move(handle));
+}
+
 asio::awaitable<result<local_backend::started_command>> local_backend::start_command(
     std::string id, exec_request request, std::chrono::milliseconds ceiling,
-    std::uint32_t exec_flags) {
+    std::uint32_t exec_flags, wire::terminal_size size) {
+    const bool on_terminal = (exec_flags & wire::exec_terminal) != 0;
     auto found = find(id);
     if (!found) co_return std::move(found).error();
     auto sandbox = *found;
@@ -138,6 +206,8 @@ asio::awaitable<result<local_backend::started_command>> local_backend::start_com
     std::map<std::string, std::string> env = base_environment(sandbox->record.layout);
     for (const auto& [k, v] : sandbox->record.env) env[k] = v;
     for (const auto& [k, v] : request.env) env[k] = v;
+    // As E2B's SDKs start a terminal: a capable terminal type unless the caller names one.
+    if (on_terminal) env.try_emplace("TERM", "xterm-256color");
     // Forced: the sandbox's code cannot point them elsewhere (there is nowhere else anyway).
     for (auto& [k, v] :
          egress::proxy_environment(sandbox->record.network.mode, sandbox_network::proxy_port))
@@ -149,13 +219,13 @@ asio::awaitable<result<local_backend::started_command>> local_backend::start_com
     const std::uint64_t exec_id = next_exec_id_++;
     std::vector<std::byte> record;
     if (!wire::encode_exec(exec_id, static_cast<std::uint64_t>(request.wall_limit.count()), argv,
-                           env_list, cwd, record, exec_flags)) {
+                           env_list, cwd, record, exec_flags, size)) {
         co_return make_error(errc::invalid_argument,
                              "command, environment and cwd exceed " +
                                  std::to_string(wire::max_message_bytes / 1024) + " KiB");
     }
 
-    auto stdio = make_stdio();
+    auto stdio = on_terminal ? make_ended_stdio() : make_stdio();
     if (!stdio) co_return std::move(stdio).error();
     auto& pipes = *stdio;
     local_command command;
@@ -169,8 +239,10 @@ asio::awaitable<result<local_backend::started_command>> local_backend::start_com
 
     const int child_ends[3] = {pipes.stdin_theirs.get(), pipes.out_theirs.get(),
                                pipes.err_theirs.get()};
+    std::span<const int> stdio_sent = child_ends;
+    if (on_terminal) stdio_sent = {};
     const auto start_limit = deadline::after(start_timeout);
-    auto state = co_await sandbox->agent->async_exec(exec_id, record, child_ends, start_limit);
+    auto state = co_await sandbox->agent->async_exec(exec_id, record, stdio_sent, start_limit);
     pipes.stdin_theirs.reset();
     pipes.out_theirs.reset();
     pipes.err_theirs.reset();
@@ -221,6 +293,17 @@ asio::awaitable<result<local_backend::started_command>> local_backend::start_com
         co_return make_error(errc::backend_failure, "the sandbox agent did not start the command");
     }
     if ((*state)->start) started.pid = (*state)->start->pid;
+    if ((*state)->master.is_open()) {
+        unique_fd output(::fcntl((*state)->master.get(), F_DUPFD_CLOEXEC, 0));
+        if (!output.is_open()) co_return stdio_error("dup");  // the stream kills the command
+        ::fcntl(output.get(), F_SETFL, O_NONBLOCK);  // the master's, shared by both duplicates
+        started.stream->replace_output(std::move(output));
+        started.master = std::move((*state)->master);
+    } else if ((*state)->master_lost) {
+        co_return make_error(errc::limit_exceeded,
+                             "the application is out of file descriptors (RLIMIT_NOFILE) for "
+                             "the terminal");
+    }
     co_return started;
 }
 
@@ -255,6 +338,17 @@ result<local_backend::stdio_set> local_backend::make_stdio() {
     ::fcntl(s.out_ours.get(), F_SETFL, O_NONBLOCK);
     ::fcntl(s.err_ours.get(), F_SETFL, O_NONBLOCK);
     ::fcntl(s.stdin_ours.get(), F_SETFL, O_NONBLOCK);
+    return s;
+}
+
+result<local_backend::stdio_set> local_backend::make_ended_stdio() {
+    stdio_set s;
+    int pair[2];
+    for (unique_fd* ours : {&s.out_ours, &s.err_ours}) {
+        if (::pipe2(pair, O_CLOEXEC | O_NONBLOCK) != 0) return stdio_error("pipe");
+        ours->reset(pair[0]);
+        ::close(pair[1]);
+    }
     return s;
 }
 

@@ -21,6 +21,7 @@
 #include "local/cgroup_stats.hpp"
 #include "local/sandbox_files.hpp"
 #include "local/sandbox_records.hpp"
+#include "wire/protocol.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -104,6 +105,9 @@ class local_backend final : public backend {
     asio::awaitable<result<process>> async_spawn(std::string id, exec_request request) override;
     asio::awaitable<result<void>> async_signal(std::string id, std::uint64_t process_id,
                                                int signal) override;
+    asio::awaitable<result<terminal>> async_open_terminal(std::string id, exec_request request,
+                                                          terminal_size size) override;
+    asio::awaitable<result<terminal>> async_attach_terminal(std::string id, int pid) override;
 
     // local_backend_ports.cpp
     asio::awaitable<result<asio::ip::tcp::socket>> async_connect_port(std::string id,
@@ -196,12 +200,20 @@ class local_backend final : public backend {
     struct stdio_set;
     asio::awaitable<result<exec_stream>> start_exec(std::string id, exec_request request);
     asio::awaitable<result<process>> spawn(std::string id, exec_request request);
+    asio::awaitable<result<terminal>> open_terminal(std::string id, exec_request request,
+                                                    terminal_size size);
+    asio::awaitable<result<terminal>> attach_terminal(std::string id, int pid);
+    // A command on the sandbox's agent; on a terminal of `size` when its rows are not 0.
     asio::awaitable<result<started_command>> start_command(std::string id, exec_request request,
                                                            std::chrono::milliseconds ceiling,
-                                                           std::uint32_t exec_flags);
+                                                           std::uint32_t exec_flags,
+                                                           wire::terminal_size size = {});
     // Out of descriptors is a capacity limit (the caller may retry later), not a broken backend.
     static error stdio_error(const char* call);
     static result<stdio_set> make_stdio();
+    // A terminal command's: no stdio of its own, and output pipes that have already ended (the
+    // stream reads the terminal's master once it comes).
+    static result<stdio_set> make_ended_stdio();
     static std::map<std::string, std::string> base_environment(const sandbox_layout& layout);
 
     // local_backend_ports.cpp

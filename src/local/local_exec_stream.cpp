@@ -35,6 +35,12 @@ local_exec_stream::~local_exec_stream() {
     command_.agent->release(command_.exec_id);
 }
 
+void local_exec_stream::replace_output(unique_fd out) {
+    std::error_code ignored;
+    out_.close(ignored);
+    out_.assign(out.release(), ignored);
+}
+
 bool local_exec_stream::try_read(asio::posix::stream_descriptor& pipe, std::string& chunk) {
     if (!pipe.is_open()) return false;
     chunk.resize(chunk_bytes);

@@ -35,6 +35,10 @@ class local_exec_stream final : public exec_stream::impl {
 
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override;
 
+    // A terminal's: its one output (the master) arrives once the command has started; until
+    // then `out` was an ended pipe.
+    void replace_output(unique_fd out);
+
   private:
     asio::awaitable<result<std::variant<output_chunk, exec_result>>> next();
     enum class wait_outcome { readable, timer, cancelled };

@@ -25,14 +25,22 @@ asio::awaitable<result<std::variant<output_chunk, exec_result>>> local_process::
 }
 
 asio::awaitable<result<void>> local_process::async_write_stdin(std::string data) {
+    return write_input(stdin_, std::move(data), input_kind::socket, "the process's stdin");
+}
+
+asio::awaitable<result<void>> write_input(asio::posix::stream_descriptor& to, std::string data,
+                                          input_kind kind, std::string what) {
     std::size_t offset = 0;
     auto token = as_tuple(asio::use_awaitable);
     while (offset < data.size()) {
-        if (!stdin_.is_open()) {
-            co_return make_error(errc::invalid_argument, "the process's stdin is closed");
-        }
-        const ssize_t n = ::send(stdin_.native_handle(), data.data() + offset, data.size() - offset,
-                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (!to.is_open()) co_return make_error(errc::invalid_argument, what + " is closed");
+        const char* at = data.data() + offset;
+        const std::size_t left = data.size() - offset;
+        // A socket is written with MSG_NOSIGNAL (EPIPE, never SIGPIPE); a terminal's master
+        // never raises SIGPIPE (EIO once its slave is closed).
+        const ssize_t n = kind == input_kind::socket
+                              ? ::send(to.native_handle(), at, left, MSG_NOSIGNAL | MSG_DONTWAIT)
+                              : ::write(to.native_handle(), at, left);
         if (n > 0) {
             offset += static_cast<std::size_t>(n);
             continue;
@@ -40,17 +48,15 @@ asio::awaitable<result<void>> local_process::async_write_stdin(std::string data)
         if (n < 0 && errno != EAGAIN && errno != EINTR) {
             const int err = errno;
             std::error_code ignored;
-            stdin_.close(ignored);
-            co_return make_error(
-                errc::invalid_argument,
-                std::string("the process no longer reads its stdin (") + std::strerror(err) + ")");
+            to.close(ignored);
+            co_return make_error(errc::invalid_argument,
+                                 what + " no longer takes input (" + std::strerror(err) + ")");
         }
-        auto [ec] = co_await stdin_.async_wait(asio::posix::descriptor_base::wait_write, token);
+        auto [ec] = co_await to.async_wait(asio::posix::descriptor_base::wait_write, token);
         if (ec) {
             co_await asio::this_coro::reset_cancellation_state();
-            co_return make_error(errc::cancelled,
-                                 "writing to the process's stdin was cancelled after " +
-                                     std::to_string(offset) + " bytes");
+            co_return make_error(errc::cancelled, "writing to " + what + " was cancelled after " +
+                                                      std::to_string(offset) + " bytes");
         }
     }
     co_return result<void>{};
@@ -63,11 +69,15 @@ asio::awaitable<result<void>> local_process::async_close_stdin() {
 }
 
 asio::awaitable<result<void>> local_process::async_signal(int signal) {
+    co_return signal_command(*agent_, exec_id_, signal);
+}
+
+result<void> signal_command(agent_channel& agent, std::uint64_t exec_id, int signal) {
     if (signal <= 0 || signal >= 65) {
-        co_return make_error(errc::invalid_argument,
-                             "signal must be between 1 and 64, got " + std::to_string(signal));
+        return make_error(errc::invalid_argument,
+                          "signal must be between 1 and 64, got " + std::to_string(signal));
     }
-    co_return agent_->kill(exec_id_, signal);
+    return agent.kill(exec_id, signal);
 }
 
 }  // namespace moat

@@ -1,5 +1,6 @@
 // The local backend's process (backend::async_spawn): a local_exec_stream for the output plus our
-// end of the program's stdin socket and the agent channel for signals.
+// end of the program's stdin socket and the agent channel for signals; and what its terminal
+// (local_terminal.hpp) shares with it: writing input, signalling.
 #pragma once
 
 #include <moat/exec.hpp>
@@ -13,6 +14,17 @@
 #include <memory>
 
 namespace moat {
+
+enum class input_kind { socket, terminal };
+
+// Writes all of `data` to `to` (non-blocking), waiting while it is full; `what` names it in
+// errors. invalid_argument once it is closed or refuses input for good (and it is closed then);
+// cancelled (terminal cancellation) with the count written so far.
+asio::awaitable<result<void>> write_input(asio::posix::stream_descriptor& to, std::string data,
+                                          input_kind kind, std::string what);
+
+// Sends `signal` (1..64, else invalid_argument) to a command's process group.
+result<void> signal_command(agent_channel& agent, std::uint64_t exec_id, int signal);
 
 class local_process final : public process::impl {
   public:

@@ -207,6 +207,7 @@ bool agent::close_connections() {
         // What a connection started dies with it: nobody is left to read its result. A
         // resident is the sandbox's, not the connection's: it runs on, reported to nobody.
         for (auto& running : commands_) {
+            std::erase_if(running.attached, [&c](const auto& a) { return a.first == c.fd; });
             if (running.connection != c.fd) continue;
             if (!running.resident) signal_command(running.pid, SIGKILL);
             running.connection = -1;
@@ -270,6 +271,10 @@ bool agent::handle_control(int fd) {
         if (wire::read_fixed(record, wire::message_type::connect_unix, connect_unix)) {
             handle_connect_unix(fd, connect_unix);
         }
+        wire::pty_attach_message attach{};
+        if (wire::read_fixed(record, wire::message_type::pty_attach, attach)) {
+            handle_pty_attach(fd, attach);
+        }
         wire::set_ttl_message set_ttl{};
         if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {
             ttl_deadline_us_ = set_ttl.ttl_ms == 0 ? 0 : now_us() + set_ttl.ttl_ms * 1000;
@@ -324,7 +329,7 @@ void agent::handle_connect_port(int fd, const wire::connect_port_message& m) {
             sock = -1;
         }
     }
-    send_connected(fd, reply, sock);
+    send_attached(fd, std::as_bytes(std::span(&reply, 1)), sock);
 }
 
 // A unix connect never waits: with the listener's backlog full a non-blocking one fails with
@@ -354,23 +359,29 @@ void agent::handle_connect_unix(int fd, const wire::connect_unix_message& m) {
             sock = -1;
         }
     }
-    send_connected(fd, reply, sock);
+    send_attached(fd, std::as_bytes(std::span(&reply, 1)), sock);
 }
 
-void agent::send_connected(int fd, const wire::port_connected_message& reply, int sock) {
-    const int attached[1] = {sock};
+void agent::send_attached(int fd, std::span<const std::byte> record, int descriptor) {
+    const int attached[1] = {descriptor};
     std::span<const int> fds;
-    if (sock >= 0) fds = attached;
-    const auto bytes = std::as_bytes(std::span(&reply, 1));
-    if (wire::send_record(fd, bytes, fds, MSG_DONTWAIT) < 0) mark_closing(fd);
-    if (sock >= 0) ::close(sock);
+    if (descriptor >= 0) fds = attached;
+    if (wire::send_record(fd, record, fds, MSG_DONTWAIT) < 0) mark_closing(fd);
+    if (descriptor >= 0) ::close(descriptor);
 }
 
 void agent::handle_kill(int fd, const wire::kill_message& m) {
     if (m.signal < 0 || m.signal >= NSIG) return;
-    // Exec ids are chosen by each connection: a connection signals only its own commands.
+    // Exec ids are chosen by each connection: a connection signals only its own commands and the
+    // terminals it attached to.
     for (const auto& c : commands_) {
-        if (c.exec_id == m.exec_id && c.connection == fd) signal_command(c.pid, m.signal);
+        bool attached = false;
+        for (const auto& [peer, id] : c.attached) {
+            attached = attached || (peer == fd && id == m.exec_id);
+        }
+        if ((c.exec_id == m.exec_id && c.connection == fd) || attached) {
+            signal_command(c.pid, m.signal);
+        }
     }
 }
 

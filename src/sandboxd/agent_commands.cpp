@@ -66,7 +66,8 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
                         bool descriptors_lost) {
     wire::exec_request_view request;
     const bool decoded = wire::decode_exec(record, request);
-    if (!decoded || fds.size() != 3) {
+    const bool terminal = decoded && (request.flags & wire::exec_terminal) != 0;
+    if (!decoded || fds.size() != (terminal ? 0u : 3u)) {
         for (const int f : fds) ::close(f);
         // A request that names its command is answered, so the library never waits in vain.
         if (decoded) {
@@ -83,6 +84,21 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, now_us());
         return;
     }
+    // A terminal command's stdio is its terminal's slave, in all three places.
+    int master = -1;
+    int slave = -1;
+    if (terminal && !open_terminal(request.rows, request.cols, master, slave)) {
+        const int err = errno;
+        blocks_.release(block.base, block.bytes);
+        send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, now_us());
+        return;
+    }
+    int stdio[3] = {slave, slave, slave};
+    for (std::size_t i = 0; i < fds.size(); ++i) stdio[i] = fds[i];
+    const auto close_stdio = [&fds, slave] {
+        for (const int f : fds) ::close(f);
+        if (slave >= 0) ::close(slave);
+    };
     const bool own_cgroup = (request.flags & wire::exec_own_cgroup) != 0;
     cgroup_slot slot;
     if (own_cgroup) slot = acquire_cgroup();
@@ -90,24 +106,27 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     const std::uint64_t start = now_us();
     if (::pipe2(status, O_CLOEXEC | O_NONBLOCK) != 0) {
         const int err = errno;
-        for (const int f : fds) ::close(f);
+        close_stdio();
+        if (master >= 0) ::close(master);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
         blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, err, start);
         return;
     }
-    for (int i = 0; i < 3; ++i) block.args->stdio[i] = fds[static_cast<std::size_t>(i)];
+    for (int i = 0; i < 3; ++i) block.args->stdio[i] = stdio[i];
     block.args->status_pipe = status[1];
     block.args->join_procs = -1;
+    block.args->terminal = terminal;
     // Spawned processes go to the commands' cgroup (they outlive execs); an exec to its own.
     const int cgroup_dir = slot.dir >= 0 ? slot.dir : command_cgroup_;
     const pid_t pid = start_child(block, cgroup_dir);
     const int clone_errno = errno;
     ::close(status[1]);
-    for (const int f : fds) ::close(f);
+    close_stdio();
 
     if (pid < 0) {
         ::close(status[0]);
+        if (master >= 0) ::close(master);
         if (slot.dir >= 0) idle_cgroups_.push_back(slot);
         blocks_.release(block.base, block.bytes);
         send_exited(fd, request.exec_id, 0, wire::exited_spawn_failed, clone_errno, start);
@@ -118,6 +137,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     // `started` follows once the child has exec'd (check_starts), never waited for here.
     command c{request.exec_id, pid, start, deadline, fd, status[0], slot};
     c.resident = (request.flags & wire::exec_resident) != 0;
+    c.pty_master = master;
     c.block = block.base;
     c.block_bytes = block.bytes;
     commands_.push_back(c);
@@ -135,10 +155,7 @@ void agent::check_starts() {
             ::close(c.status_pipe);
             c.status_pipe = -1;
             blocks_.release(c.block, c.block_bytes);
-            auto started = wire::make_message<wire::started_message>(wire::message_type::started);
-            started.exec_id = c.exec_id;
-            started.pid = c.pid;
-            send(c.connection, started);
+            send_started(c);
         }
         // An errno: the child exits at once (on its start block still), and reap() reports it.
         if (n == static_cast<ssize_t>(sizeof spawn_errno) && spawn_errno != 0) {
@@ -311,13 +328,13 @@ void agent::reap() {
                 flags = wire::exited_spawn_failed;
             } else if (!c.started) {
                 // It exec'd and ended before its status pipe was read: started, then exited.
-                auto started =
-                    wire::make_message<wire::started_message>(wire::message_type::started);
-                started.exec_id = c.exec_id;
-                started.pid = c.pid;
-                send(c.connection, started);
+                send_started(c);
             }
             send_exited(c.connection, c.exec_id, status, flags, spawn_errno, c.start_us);
+            for (const auto& [peer, id] : c.attached) {
+                send_exited(peer, id, status, flags, spawn_errno, c.start_us);
+            }
+            if (c.pty_master >= 0) ::close(c.pty_master);
             command_ended = true;
             break;
         }

@@ -4,6 +4,8 @@
 //                       their control messages, the TTL and wall-limit deadlines
 //   agent_commands.cpp  commands: the start of each (a command child, command_child.hpp), its
 //                       `started` and `exited` reports, reaping, and the per-command cgroups
+//   agent_terminals.cpp terminals: a command's pseudo-terminal on the sandbox's devpts, the
+//                       master handed out with `started` and to each pty_attach
 //
 // Single-threaded: everything runs on pid 1's one loop (agent::run).
 #pragma once
@@ -73,6 +75,10 @@ class agent {
         // Its start block (start_blocks), released once the child has exec'd or died.
         void* block = nullptr;
         std::size_t block_bytes = 0;
+        // exec_terminal: pid 1's copy of the master, closed when the command is reaped, and the
+        // connections that attached to it (pty_attach), each under its own exec id.
+        int pty_master = -1;
+        std::vector<std::pair<int, std::uint64_t>> attached = {};
     };
 
     struct connection {
@@ -96,12 +102,20 @@ class agent {
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
     void handle_kill(int fd, const wire::kill_message& m);
+    // A pseudo-terminal for a command: the master (kept, close-on-exec) in `master` and the slave
+    // (close-on-exec, owned by the sandbox's user) in `slave`, sized; false with errno set.
+    bool open_terminal(std::uint16_t rows, std::uint16_t cols, int& master, int& slave);
+    // Answers pty_attach with a duplicate of the master of the terminal command it names.
+    void handle_pty_attach(int fd, const wire::pty_attach_message& m);
+    // `started` for a command, with a duplicate of its terminal's master attached if it has one.
+    void send_started(const command& c);
     // Connects to a port on the sandbox's loopback and answers port_connected with the socket.
     void handle_connect_port(int fd, const wire::connect_port_message& m);
     // Connects to a unix-domain stream socket in the sandbox; answers port_connected likewise.
     void handle_connect_unix(int fd, const wire::connect_unix_message& m);
-    // Sends a port_connected answer with `sock` attached (when >= 0), then closes our copy.
-    void send_connected(int fd, const wire::port_connected_message& reply, int sock);
+    // Sends an answer (port_connected, pty_attached) with `descriptor` attached (when >= 0),
+    // then closes our copy.
+    void send_attached(int fd, std::span<const std::byte> record, int descriptor);
     // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
     // out), an errno that it failed (reported when it is reaped).
     void check_starts();

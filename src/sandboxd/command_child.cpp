@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -103,6 +104,8 @@ long exec_search(const command_args& a) {
         r = a.stdio[fd] == fd ? raw(SYS_fcntl, fd, F_GETFD) : raw(SYS_dup3, a.stdio[fd], fd, 0);
         if (r < 0) command_fail(a, r);
     }
+    // The new session's controlling terminal: job control, ^C, and the hang-up at its end.
+    if (a.terminal && (r = raw(SYS_ioctl, 0, TIOCSCTTY, 0)) != 0) command_fail(a, r);
     // Everything above 2 closes at exec, the status pipe included.
     if ((r = raw(SYS_close_range, 3, ~0u, CLOSE_RANGE_CLOEXEC)) != 0) command_fail(a, r);
     // Limits, the bounding set and the groups were set once in pid 1 (agent::setup) and are

@@ -20,6 +20,7 @@ struct command_args {
     int stdio[3];
     int status_pipe;  // close-on-exec write end: the errno if the child fails, EOF once it execs
     int join_procs;   // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
+    bool terminal;    // stdio is a terminal's slave: it becomes the controlling terminal
     const char* cwd;
     char* const* argv;
     std::size_t argc;

@@ -43,6 +43,7 @@ enum class step : int {
     mount_proc,
     mount_tmp,
     mount_shm,
+    mount_devpts,
     mount_workspace,
     layout_etc,
     mount_home,
@@ -81,6 +82,7 @@ constexpr const char* step_names[] = {
     "mount /proc",
     "mount /tmp",
     "mount /dev/shm",
+    "mount /dev/pts",
     "mount /workspace",
     "layout: bind /etc/passwd and /etc/group",
     "mount /home",
@@ -120,6 +122,15 @@ long checked(child_args& a, step failed, long number, Args... args) {
 
 long mount_tmpfs(child_args& a, step failed, const char* target, const char* options) {
     return checked(a, failed, SYS_mount, "tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options);
+}
+
+// The sandbox's own terminals: a new devpts instance, mounted in its user namespace (and so owned
+// by it), whose ptmx the template's /dev/ptmx names. Never the host's /dev/pts: its terminals
+// are not listed here, let alone opened. A mount is possible only now (seccomp forbids one
+// later); `max` bounds the terminals one sandbox can hold open.
+void mount_devpts(child_args& a) {
+    checked(a, step::mount_devpts, SYS_mount, "devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620,max=256");
 }
 
 // The layout's own /etc/passwd and /etc/group: written to a scratch tmpfs on the /tmp mount point
@@ -348,6 +359,7 @@ int child_main(void* opaque) {
     if (a.has_layout_etc) bind_layout_etc(a);
     mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
     mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
+    mount_devpts(a);
     mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
     if (a.mount_home) mount_tmpfs(a, step::mount_home, "home", a.home_options);
     make_layout_dirs(a);

@@ -137,7 +137,9 @@ int build_dev(builder& b) {
     if (::mount("tmpfs", dev.c_str(), "tmpfs", flags, "mode=0755,size=64k") != 0) {
         return b.fail("mount tmpfs", dev);
     }
-    // No /dev/tty: commands have no controlling terminal, and the host's would be its own.
+    // No /dev/tty: commands have no controlling terminal (except those started on a terminal of
+    // the sandbox's own, which reach it through their descriptors), and the host's would be its
+    // own.
     for (const char* node :
          {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}) {
         // Device nodes stay writable through a read-only mount; their own mounts must not be nodev.
@@ -154,6 +156,10 @@ int build_dev(builder& b) {
         if (const int err = b.make_symlink(link.name, link.target)) return err;
     }
     if (const int err = b.make_dir("dev/shm", 01777)) return err;
+    // The mount point of each sandbox's own devpts instance (sandbox_child.cpp), and the
+    // multiplexer every terminal is opened through, which names that instance's.
+    if (const int err = b.make_dir("dev/pts")) return err;
+    if (const int err = b.make_symlink("dev/ptmx", "pts/ptmx")) return err;
     if (::mount(nullptr, dev.c_str(), nullptr, MS_REMOUNT | MS_RDONLY | flags, nullptr) != 0) {
         return b.fail("remount ro", dev);
     }

@@ -1,6 +1,7 @@
-// envd's process service (process.Process/*) over the sandbox handle's async_spawn: Start,
-// Connect, List, SendInput, CloseStdin, SendSignal and Update, with envd's semantics
-// (docs/serve.md, "Processes"). Each sandbox gets a process table (process_table.hpp) on its
+// envd's process service (process.Process/*) over the sandbox handle's async_spawn and
+// async_open_terminal: Start (with or without a pty), Connect, List, SendInput (stdin or pty),
+// CloseStdin, SendSignal and Update (a pty's resize), with envd's semantics (docs/serve.md,
+// "Processes"). Each sandbox gets a process table (process_table.hpp) on its
 // first process call; a watcher in serve_context::background closes it the moment the sandbox
 // ends (its live streams end with `unavailable`, its processes are killed) or the server stops.
 //
@@ -11,6 +12,8 @@
 
 #include <moat/deadline.hpp>
 #include <moat/sandbox.hpp>
+#include <moat/terminal.hpp>
+#include <moat/with_timeout.hpp>
 
 #include "core/asio_compat.hpp"
 #include "core/async_event.hpp"
@@ -53,10 +56,35 @@ constexpr std::string_view sudo_function =
     "() {  echo 'moat: sudo is not available in a moat sandbox (commands already run as the "
     "sandbox user, and no_new_privs forbids gaining privileges)' >&2; return 1\n}";
 
+// A terminal as a process table holds it (its output, its signals); its input and size go to the
+// terminal itself (process_service::terminals). It has no stdin of its own, as under envd.
+class terminal_process final : public process::impl {
+  public:
+    explicit terminal_process(std::shared_ptr<terminal> t) : terminal_(std::move(t)) {}
+    std::uint64_t id() const override { return terminal_->id(); }
+    int pid() const override { return terminal_->pid(); }
+    asio::awaitable<result<std::variant<output_chunk, exec_result>>> async_next() override {
+        return terminal_->async_next();
+    }
+    asio::awaitable<result<void>> async_write_stdin(std::string) override {
+        co_return make_error(errc::invalid_argument, "stdin not enabled (the process has a pty)");
+    }
+    asio::awaitable<result<void>> async_close_stdin() override { co_return result<void>{}; }
+    asio::awaitable<result<void>> async_signal(int signal) override {
+        return terminal_->async_signal(signal);
+    }
+
+  private:
+    std::shared_ptr<terminal> terminal_;
+};
+
 struct process_service {
     explicit process_service(serve_context& c) : context(c) {}
     serve_context& context;
     std::map<std::string, std::shared_ptr<process_table>, std::less<>> tables;  // by sandbox id
+    // The pty processes of each sandbox's table, by pid: a pid listed is a pty (its output is
+    // `pty` data, also once it ended); the terminal is reachable while the table holds it.
+    std::map<std::string, std::map<std::uint32_t, std::weak_ptr<terminal>>, std::less<>> terminals;
     // What every process of this server may hold of output, together (process_table.hpp).
     std::shared_ptr<output_budget> output = std::make_shared<output_budget>();
 };
@@ -84,6 +112,7 @@ std::shared_ptr<process_table> table_for(const service_ptr& service,
     options.budget = service->output;
     auto table = std::make_shared<process_table>(service->context.executor, std::move(options));
     service->tables.insert_or_assign(sandbox->id, table);
+    service->terminals.erase(sandbox->id);
     service->context.background.spawn(watch_sandbox(service, sandbox, table));
     return table;
 }
@@ -98,6 +127,34 @@ std::shared_ptr<process_table> existing_table(const service_ptr& service,
 code code_of(const error& e) {
     return http::connect::from_errc(e.code);
 }
+
+// Whether the selected process of `table` is a pty, and its terminal while it lives.
+struct pty_lookup {
+    bool is_pty = false;
+    std::shared_ptr<terminal> live;
+};
+
+pty_lookup find_pty(const service_ptr& service, const registry_entry& sandbox,
+                    const process_table& table, const process_selector& selector) {
+    auto info = table.info(selector);
+    auto of_sandbox = service->terminals.find(sandbox.id);
+    if (!info || of_sandbox == service->terminals.end()) return {};
+    auto it = of_sandbox->second.find(info->pid);
+    if (it == of_sandbox->second.end()) return {};
+    return {true, it->second.lock()};
+}
+
+// envd's size for a pty that names none (or a side of 0); moat's bound above.
+terminal_size size_of(const protocol::pty_size& pty) {
+    const auto side = [](std::uint32_t v, std::uint16_t fallback) {
+        if (v == 0) return fallback;
+        return static_cast<std::uint16_t>(std::min<std::uint32_t>(v, terminal_size::max_side));
+    };
+    return {side(pty.rows, 24), side(pty.cols, 80)};
+}
+
+// envd's answer for pty input or a resize of a process without one.
+const std::string_view no_tty = "tty not assigned to process";
 
 process_selector by_pid(std::uint32_t pid) {
     process_selector s;
@@ -178,6 +235,7 @@ struct follow_options {
     std::optional<std::chrono::milliseconds> timeout;  // for the message
     bool is_start = false;                             // the stream's deadline is the process's too
     const async_event* sandbox_ended = nullptr;        // the sandbox's end (registry_entry::ended)
+    bool pty = false;                                  // output goes out as `pty` data
 };
 
 // Streams a subscription after its start event: data, keepalives, the end, the end-stream.
@@ -200,7 +258,12 @@ asio::awaitable<void> follow(connect_stream& stream, process_table::subscription
             co_return;
         }
         if (next->type == process_event::kind::output) {
-            const auto json = encode_data_event(next->output.channel, next->output.data);
+            std::string json;
+            if (options.pty) {
+                json = protocol::encode_pty_data_event(next->output.data);
+            } else {
+                json = encode_data_event(next->output.channel, next->output.data);
+            }
             auto sent = co_await stream.async_send(json);
             if (!sent) co_return;  // the client went away; the process runs on
             keepalive_due = deadline::after(options.keepalive);
@@ -309,6 +372,21 @@ asio::awaitable<std::string> start_failure_reason(process& p, deadline limit) {
     co_return reason;
 }
 
+// The process a Start asks for: a spawn, or a command on a terminal (kept in `pty` too).
+asio::awaitable<result<process>> launch(std::shared_ptr<registry_entry> sandbox,
+                                        exec_request request, protocol::start_request start,
+                                        deadline limit, std::shared_ptr<terminal>& pty) {
+    if (!start.has_pty) {
+        co_return co_await sandbox->handle->async_spawn(std::move(request), limit, lane::side);
+    }
+    const terminal_size size = size_of(start.pty);
+    auto opened =
+        co_await sandbox->handle->async_open_terminal(std::move(request), size, limit, lane::side);
+    if (!opened) co_return std::move(opened).error();
+    pty = std::make_shared<terminal>(std::move(*opened));
+    co_return process(std::make_unique<terminal_process>(pty));
+}
+
 asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
     auto options = stream_options(call);
@@ -316,13 +394,6 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     auto parsed = co_await read_request<protocol::start_request>(call, &stream,
                                                                  protocol::parse_start_request);
     if (!parsed) co_return;
-    if (parsed->has_pty) {
-        const std::string message =
-            "moat serve has no pty: run the command without one (commands.run) and write its "
-            "stdin instead";
-        (void)co_await stream.async_end(code::unimplemented, message);
-        co_return;
-    }
     auto table = table_for(service, call.sandbox);
     if (auto room = table->check_capacity(); !room) {
         co_await end_with(stream, room.error());
@@ -353,8 +424,8 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     if (options.timeout && options.timeout->count() > 0) {
         request.wall_limit = std::min(*options.timeout, exec_request::max_spawn_wall_limit);
     }
-    auto spawned =
-        co_await call.sandbox->handle->async_spawn(std::move(request), start_limit, lane::side);
+    std::shared_ptr<terminal> pty;
+    auto spawned = co_await launch(call.sandbox, std::move(request), *parsed, start_limit, pty);
     if (!spawned) {
         co_await end_with(stream, spawned.error());
         co_return;
@@ -373,6 +444,13 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         co_await end_with(stream, pid.error());
         co_return;
     }
+    auto& ptys = service->terminals[call.sandbox->id];
+    if (pty) {
+        ptys[*pid] = pty;
+    } else {
+        ptys.erase(*pid);  // a reused pid
+    }
+    options.pty = pty != nullptr;
     const auto selector = by_pid(*pid);
     // Attached before anything suspends: until a subscription is there the pump drains without
     // backpressure into the bounded buffer, and a fast printer would overrun it unread.
@@ -381,13 +459,13 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         co_await end_with(stream, subscription.error());
         co_return;
     }
-    if (!parsed->stdin_open) (void)co_await table->async_close_stdin(selector);
+    if (!parsed->stdin_open && !pty) (void)co_await table->async_close_stdin(selector);
     co_await start_and_follow(stream, *subscription, *pid, options);
 }
 
 asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
     connect_stream stream(call.response);
-    const auto options = stream_options(call);
+    auto options = stream_options(call);
     auto selector =
         co_await read_request<process_selector>(call, &stream, protocol::parse_selector_request);
     if (!selector) co_return;
@@ -399,6 +477,7 @@ asio::awaitable<void> connect_process(service_ptr service, envd_call& call) {
         co_return;
     }
     const auto pid = subscription->pid();
+    options.pty = find_pty(service, *call.sandbox, *table, *selector).is_pty;
     co_await start_and_follow(stream, *subscription, pid, options);
 }
 
@@ -451,17 +530,24 @@ asio::awaitable<void> send_input(service_ptr service, envd_call& call) {
         co_await answer(call, missing);
         co_return;
     }
+    const auto limit = unary_deadline(call);
     if (parsed->is_pty) {
         auto live = table->check_live(parsed->process);
         if (!live) {
             co_await answer(call, live);
             co_return;
         }
-        const std::string message = "moat serve has no pty: write the process's stdin instead";
-        (void)co_await async_send_unary_error(call.response, code::unimplemented, message);
+        auto pty = find_pty(service, *call.sandbox, *table, parsed->process).live;
+        if (!pty) {
+            const std::string message = "error writing to tty: " + std::string(no_tty);
+            (void)co_await async_send_unary_error(call.response, code::internal, message);
+            co_return;
+        }
+        auto bytes = std::move(parsed->bytes);
+        auto written = co_await with_timeout(pty->async_write(std::move(bytes)), limit);
+        co_await answer(call, written);
         co_return;
     }
-    const auto limit = unary_deadline(call);
     auto selector = parsed->process;
     auto bytes = std::move(parsed->bytes);
     auto written = co_await table->async_write_stdin(std::move(selector), std::move(bytes), limit);
@@ -528,9 +614,13 @@ asio::awaitable<void> update_process(service_ptr service, envd_call& call) {
     result<void> live = not_found(parsed->process);
     if (table) live = table->check_live(parsed->process);
     if (live && parsed->has_pty) {
-        const std::string message = "moat serve has no pty, so there is none to resize";
-        (void)co_await async_send_unary_error(call.response, code::unimplemented, message);
-        co_return;
+        auto pty = find_pty(service, *call.sandbox, *table, parsed->process).live;
+        if (!pty) {
+            const std::string message = "error resizing tty: " + std::string(no_tty);
+            (void)co_await async_send_unary_error(call.response, code::internal, message);
+            co_return;
+        }
+        live = co_await pty->async_resize(size_of(parsed->pty));
     }
     co_await answer(call, live);
 }

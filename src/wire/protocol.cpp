@@ -36,12 +36,20 @@ bool has_nul(std::string_view s) {
     return s.find('\0') != std::string_view::npos;
 }
 
+bool size_fits(std::uint32_t flags, std::uint32_t rows, std::uint32_t cols) {
+    if ((flags & exec_terminal) == 0) return rows == 0 && cols == 0;
+    return rows >= 1 && rows <= max_terminal_side && cols >= 1 && cols <= max_terminal_side;
+}
+
 }  // namespace
 
 bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
                  std::span<const std::string> argv, std::span<const std::string> env,
-                 std::string_view cwd, std::vector<std::byte>& out, std::uint32_t flags) {
-    if (argv.empty() || has_nul(cwd)) return false;
+                 std::string_view cwd, std::vector<std::byte>& out, std::uint32_t flags,
+                 terminal_size terminal) {
+    if (argv.empty() || has_nul(cwd) || !size_fits(flags, terminal.rows, terminal.cols)) {
+        return false;
+    }
     std::size_t size = sizeof(exec_message) + cwd.size() + 1;
     for (const auto& s : argv) {
         if (has_nul(s)) return false;
@@ -60,6 +68,8 @@ bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
     m.argc = static_cast<std::uint32_t>(argv.size());
     m.envc = static_cast<std::uint32_t>(env.size());
     m.flags = flags;
+    m.rows = terminal.rows;
+    m.cols = terminal.cols;
     const std::size_t start = out.size();
     out.resize(start + size);
     std::byte* p = out.data() + start;
@@ -85,7 +95,9 @@ bool decode_exec(std::span<const std::byte> record, exec_request_view& out) {
     exec_message m{};
     std::memcpy(&m, record.data(), sizeof m);
     const std::size_t strings = std::size_t{m.argc} + m.envc + 1;
-    if (m.argc == 0 || strings > record.size()) return false;
+    if (m.argc == 0 || strings > record.size() || !size_fits(m.flags, m.rows, m.cols)) {
+        return false;
+    }
 
     const char* p = reinterpret_cast<const char*>(record.data()) + sizeof m;
     const char* const end = reinterpret_cast<const char*>(record.data()) + record.size();
@@ -104,6 +116,8 @@ bool decode_exec(std::span<const std::byte> record, exec_request_view& out) {
     out.exec_id = m.exec_id;
     out.wall_limit_ms = m.wall_limit_ms;
     out.flags = m.flags;
+    out.rows = m.rows;
+    out.cols = m.cols;
     out.argv.assign(all.begin(), all.begin() + m.argc);
     out.env.assign(all.begin() + m.argc, all.begin() + m.argc + m.envc);
     out.cwd = all.back();

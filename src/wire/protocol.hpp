@@ -28,7 +28,8 @@ namespace moat::wire {
 // 7: create.egress_port; ready.egress_port, with the sandbox's egress listener attached.
 // 8: connect_port / port_connected, with a socket connected inside the sandbox attached.
 // 9: connect_unix (a unix-domain stream socket in the sandbox), answered by port_connected.
-inline constexpr std::uint32_t protocol_version = 9;
+// 10: watch_* (file watches) and pty_* (terminals).
+inline constexpr std::uint32_t protocol_version = 10;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -58,6 +59,7 @@ enum class message_type : std::uint32_t {
     set_ttl = 32,
     connect_port = 33,
     connect_unix = 34,
+    pty_attach = 37,  // another duplicate of a running terminal command's master (pty_attached)
     // agent -> library
     ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
     started = 41,
@@ -65,6 +67,8 @@ enum class message_type : std::uint32_t {
     ttl_set = 43,  // reply to set_ttl
     // reply to connect_port and connect_unix; SCM_RIGHTS: [the socket] when it succeeded
     port_connected = 44,
+    // reply to pty_attach; SCM_RIGHTS: [the terminal's master] when it succeeded
+    pty_attached = 47,
 };
 
 struct header {
@@ -187,7 +191,16 @@ enum exec_flags : std::uint32_t {
     // cgroups) so the idle sweep spares it and its own leftovers die with it, and ends by itself,
     // by its wall limit or with the sandbox.
     exec_resident = 1u << 1,
+    // A command on a terminal of its own (exec_message::rows and cols, each 1..max_terminal_side):
+    // the record carries no descriptors; pid 1 opens a pseudo-terminal on the sandbox's own
+    // devpts, the child gets its slave as stdin, stdout, stderr and controlling terminal, and
+    // `started` carries a duplicate of the master. pid 1 keeps one until the command exits, for
+    // pty_attach.
+    exec_terminal = 1u << 2,
 };
+
+// The largest number of rows or columns a terminal may have (and the smallest is 1).
+inline constexpr std::uint32_t max_terminal_side = 1000;
 
 // Followed by `argc` argv strings, then `envc` "K=V" strings, then the working directory; each
 // NUL terminated. argv[0] is looked up in the PATH of the given environment.
@@ -198,7 +211,8 @@ struct exec_message {
     std::uint32_t argc;
     std::uint32_t envc;
     std::uint32_t flags;  // exec_flags
-    std::uint32_t reserved;
+    std::uint16_t rows;   // exec_terminal only, else 0
+    std::uint16_t cols;   // exec_terminal only, else 0
 };
 
 struct kill_message {
@@ -269,10 +283,32 @@ struct ready_message {
     std::uint32_t egress_port;
 };
 
+// SCM_RIGHTS: [a duplicate of the terminal's master] for an exec_terminal command, else none.
 struct started_message {
     header h;
     std::uint64_t exec_id;
     std::int32_t pid;  // inside the sandbox's pid namespace; also the process group id
+    std::uint32_t reserved;
+};
+
+// Asks pid 1 for another duplicate of the master of the running terminal command `pid` (any
+// connection's, by its pid in the sandbox, since exec ids are each connection's own). From the
+// answer on, this connection follows the command under its own `exec_id`: it gets `exited` with
+// that id when the command ends and may signal it with kill; its own end does not end the
+// command (only the starting connection's does, for a command that is not resident).
+struct pty_attach_message {
+    header h;
+    std::uint64_t exec_id;  // chosen by this connection, unused by its other commands
+    std::int32_t pid;
+    std::uint32_t reserved;
+};
+
+// SCM_RIGHTS: [the master] when attach_errno is 0. ESRCH: no running terminal command has that
+// pid; EMFILE: pid 1 could not duplicate it; EBUSY: exec_id is in use on this connection.
+struct pty_attached_message {
+    header h;
+    std::uint64_t exec_id;
+    std::int32_t attach_errno;
     std::uint32_t reserved;
 };
 
@@ -326,19 +362,29 @@ struct exec_request_view {
     std::uint64_t exec_id = 0;
     std::uint64_t wall_limit_ms = 0;
     std::uint32_t flags = 0;
+    std::uint16_t rows = 0;  // exec_terminal only
+    std::uint16_t cols = 0;
     std::vector<std::string_view> argv;  // views into the record
     std::vector<std::string_view> env;
     std::string_view cwd;
 };
 
+// A terminal's size in an exec record (exec_terminal).
+struct terminal_size {
+    std::uint16_t rows = 0;
+    std::uint16_t cols = 0;
+};
+
 // Appends an exec record to `out`. False (out untouched) if the record would exceed
-// max_message_bytes, argv is empty, or a string contains a NUL byte.
+// max_message_bytes, argv is empty, a string contains a NUL byte, or exec_terminal is set
+// without a size within 1..max_terminal_side (the size is sent only with exec_terminal).
 bool encode_exec(std::uint64_t exec_id, std::uint64_t wall_limit_ms,
                  std::span<const std::string> argv, std::span<const std::string> env,
-                 std::string_view cwd, std::vector<std::byte>& out,
-                 std::uint32_t flags = exec_none);
+                 std::string_view cwd, std::vector<std::byte>& out, std::uint32_t flags = exec_none,
+                 terminal_size size = {});
 
-// Parses an exec record; false if any count, length or terminator is inconsistent.
+// Parses an exec record; false if any count, length or terminator is inconsistent, or the
+// terminal size is out of bounds (or present without exec_terminal).
 bool decode_exec(std::span<const std::byte> record, exec_request_view& out);
 
 }  // namespace moat::wire

@@ -4,10 +4,9 @@
 // ending its live streams. Every case checks from the host that what it ended is gone.
 // Run: node tests/e2b/commands.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 
-import { descendantsOf, requireSdk, startServe, waitFor } from './harness.mjs';
+import { processesBelow, requireSdk, startServe, waitFor } from './harness.mjs';
 
 const sdks = await requireSdk();
 
@@ -21,17 +20,7 @@ after(async () => {
 
 // Host pids below the server whose command line contains `needle`.
 function hostProcesses(needle) {
-    const found = [];
-    for (const p of descendantsOf(serve.pid)) {
-        let cmdline = '';
-        try {
-            cmdline = readFileSync(`/proc/${p.pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
-        } catch {
-            continue;
-        }
-        if (cmdline.includes(needle)) found.push(p.pid);
-    }
-    return found;
+    return processesBelow(serve.pid, needle);
 }
 
 async function assertGoneFromHost(needle) {
@@ -253,9 +242,14 @@ for (const [version, sdk] of Object.entries(sdks)) {
             assert.deepEqual(frames.at(-2).message.event.end, { exited: true, status: 'exit status 0' });
             assert.deepEqual(frames.at(-1).message, {});
 
+            // A pty's output is one stream of `pty` data (tests/e2b/pty.test.mjs drives the SDK).
             const pty = await connectStream(`${serve.envd}/process.Process/Start`, headers,
-                { process: { cmd: '/bin/bash' }, pty: { size: { cols: 80, rows: 24 } } });
-            assert.equal(pty.at(-1).message.error.code, 'unimplemented');
+                { process: { cmd: '/bin/bash', args: ['-c', 'stty size'] }, pty: { size: { cols: 80, rows: 24 } } });
+            const ptyKinds = pty.map((f) => (f.flags === 2 ? 'end-stream' : Object.keys(f.message.event)[0]));
+            assert.deepEqual([ptyKinds[0], ...ptyKinds.slice(-2)], ['start', 'end', 'end-stream']);
+            const ptyData = pty.filter((f) => f.flags === 0 && f.message.event.data).map((f) => f.message.event.data);
+            assert.ok(ptyData.length > 0 && ptyData.every((d) => Object.keys(d).join() === 'pty'));
+            assert.equal(Buffer.concat(ptyData.map((d) => Buffer.from(d.pty, 'base64'))).toString(), '24 80\r\n');
 
             await assert.rejects(sbx.commands.connect(999999), /process with pid 999999 not found/);
 

@@ -160,6 +160,21 @@ export function isAlive(pid) {
 }
 
 // Polls `check` until it returns truthy or `timeoutMs` passes; returns the last value.
+// Host pids below `pid` (a server's) whose command line contains `needle`.
+export function processesBelow(pid, needle) {
+    const found = [];
+    for (const p of descendantsOf(pid)) {
+        let cmdline = '';
+        try {
+            cmdline = readFileSync(`/proc/${p.pid}/cmdline`, 'utf8').replaceAll('\0', ' ');
+        } catch {
+            continue;
+        }
+        if (cmdline.includes(needle)) found.push(p.pid);
+    }
+    return found;
+}
+
 export async function waitFor(check, timeoutMs = 10_000, intervalMs = 50) {
     const end = Date.now() + timeoutMs;
     for (;;) {
