@@ -1,6 +1,7 @@
 // Runs E2B's own JS SDK test suite (packages/js-sdk/tests of an e2b-dev/E2B checkout, against that
 // checkout's SDK source) against a `moat serve` this script starts, and prints what passed and
-// failed. A dev tool, not part of scripts/test: the suite is not in this repository and CI has no
+// failed: the server cases, and apart from them the client cases (the files that mock E2B's API
+// with msw, run without moat serve's URLs). A dev tool, not part of scripts/test: the suite is not in this repository and CI has no
 // network to fetch it.
 //
 //     npm ci --prefix tests/e2b/upstream        # once: vitest and the SDK source's dependencies
@@ -11,7 +12,7 @@
 // line of a failure) goes to stdout, and the whole vitest JSON report to
 // $MOAT_UPSTREAM_REPORT when set. Exit code: vitest's.
 import { spawn } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -36,35 +37,63 @@ for (const part of ['src', 'tests', 'package.json', 'tsconfig.json']) {
 cpSync(path.join(here, 'vitest.config.mts'), path.join(work, 'vitest.moat.mts'));
 symlinkSync(path.join(here, 'node_modules'), path.join(work, 'node_modules'));
 
-// The suite builds URLs and host names from E2B_DOMAIN; serve answers them for --domain.
-const serve = await startServe({ args: ['--domain', 'moat.test'] });
-const report = path.join(work, 'report.json');
+// The files that mock E2B's API with msw test the client alone: they run in a pass of their own
+// without moat serve's URLs (which would send their requests past the mocks). The rest talk to
+// the server this script starts.
+const testFiles = readdirSync(path.join(work, 'tests'), { recursive: true })
+    .filter((f) => f.endsWith('.test.ts') && !/^(runtimes|template)\//.test(f))
+    .map((f) => path.join('tests', f));
+const mocked = testFiles.filter((f) => /from ['"]msw/.test(readFileSync(path.join(work, f), 'utf8')));
+const chosen = (files) => files.filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)));
 const vitest = path.join(here, 'node_modules', 'vitest', 'vitest.mjs');
-const child = spawn(process.execPath, [vitest, 'run', '--config', 'vitest.moat.mts', '--reporter=json',
-    `--outputFile=${report}`, ...filters], {
-    cwd: work, stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, E2B_DOMAIN: 'moat.test' },
-});
-const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? 128)));
-const served = await serve.stop();
 
-let counts = { passed: 0, failed: 0, skipped: 0 };
-if (existsSync(report)) {
+async function pass(files, env, report) {
+    if (files.length === 0) return 0;
+    const child = spawn(process.execPath, [vitest, 'run', '--config', 'vitest.moat.mts', '--reporter=json',
+        `--outputFile=${report}`, ...files], { cwd: work, stdio: ['ignore', 'ignore', 'inherit'], env });
+    return await new Promise((resolve) => child.on('exit', (c) => resolve(c ?? 128)));
+}
+
+function summarize(label, report) {
+    const counts = { passed: 0, failed: 0, skipped: 0 };
+    if (!existsSync(report)) return counts;
     const json = JSON.parse(readFileSync(report, 'utf8'));
     for (const file of json.testResults) {
         const name = path.relative(work, file.name);
         if (file.assertionResults.length === 0 && file.status === 'failed') {
             counts.failed++;
-            console.log(`fail  ${name}: ${(file.message || '').split('\n')[0]}`);
+            console.log(`fail  [${label}] ${name}: ${(file.message || '').split('\n')[0]}`);
         }
         for (const t of file.assertionResults) {
             const status = t.status === 'passed' ? 'pass' : t.status === 'failed' ? 'fail' : 'skip';
             counts[status === 'pass' ? 'passed' : status === 'fail' ? 'failed' : 'skipped']++;
             const why = status === 'fail' ? ': ' + (t.failureMessages[0] || '').split('\n')[0].slice(0, 300) : '';
-            console.log(`${status}  ${name} > ${t.fullName}${why}`);
+            console.log(`${status}  [${label}] ${name} > ${t.fullName}${why}`);
         }
     }
-    if (process.env.MOAT_UPSTREAM_REPORT) cpSync(report, process.env.MOAT_UPSTREAM_REPORT);
+    return counts;
 }
-console.log(`${counts.passed} passed, ${counts.failed} failed, ${counts.skipped} skipped (moat serve exited ${served})`);
+
+const clientEnv = { ...process.env };
+for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_DOMAIN']) delete clientEnv[name];
+const clientReport = path.join(work, 'client.json');
+const clientCode = await pass(chosen(mocked), clientEnv, clientReport);
+
+// The suite builds URLs and host names from E2B_DOMAIN; serve answers them for --domain.
+const serve = await startServe({ args: ['--domain', 'moat.test'] });
+const serverReport = path.join(work, 'server.json');
+const serverCode = await pass(chosen(testFiles.filter((f) => !mocked.includes(f))),
+    { ...process.env, E2B_DOMAIN: 'moat.test' }, serverReport);
+const served = await serve.stop();
+
+const client = summarize('client', clientReport);
+const server = summarize('server', serverReport);
+if (process.env.MOAT_UPSTREAM_REPORT) {
+    for (const [label, report] of [['client', clientReport], ['server', serverReport]]) {
+        if (existsSync(report)) cpSync(report, `${process.env.MOAT_UPSTREAM_REPORT}.${label}.json`);
+    }
+}
+console.log(`server cases: ${server.passed} passed, ${server.failed} failed, ${server.skipped} skipped (moat serve exited ${served})`);
+console.log(`client cases (API mocked, no server): ${client.passed} passed, ${client.failed} failed, ${client.skipped} skipped`);
 rmSync(work, { recursive: true, force: true });
-process.exit(code);
+process.exit(serverCode || clientCode);
