@@ -4,6 +4,7 @@
 //                       their control messages, the TTL and wall-limit deadlines
 //   agent_commands.cpp  commands: the start of each (a command child, command_child.hpp), its
 //                       `started` and `exited` reports, reaping, and the per-command cgroups
+//   agent_watch.cpp     file watches: an inotify watch added in the sandbox's mount namespace
 //
 // Single-threaded: everything runs on pid 1's one loop (agent::run).
 #pragma once
@@ -100,6 +101,10 @@ class agent {
     void handle_connect_port(int fd, const wire::connect_port_message& m);
     // Connects to a unix-domain stream socket in the sandbox; answers port_connected likewise.
     void handle_connect_unix(int fd, const wire::connect_unix_message& m);
+    // Adds an inotify watch on a directory of the sandbox (wire::watch_dir_message) to the
+    // attached instance, or to a new one it hands out; answers watch_added. Closes `fds`.
+    void handle_watch_dir(int fd, std::span<const std::byte> record, std::span<int> fds,
+                          bool descriptors_lost);
     // Sends a port_connected answer with `sock` attached (when >= 0), then closes our copy.
     void send_connected(int fd, const wire::port_connected_message& reply, int sock);
     // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
