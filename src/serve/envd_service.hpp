@@ -86,6 +86,8 @@ class envd_routes {
 // The services, each in its own file; each adds its routes.
 void add_process_service(envd_routes& routes, serve_context& context);     // envd_process.cpp
 void add_filesystem_service(envd_routes& routes, serve_context& context);  // envd_filesystem.cpp
-void add_file_routes(envd_routes& routes, serve_context& context);         // envd_files.cpp
+// WatchDir and the polling watchers, added by add_filesystem_service.
+void add_watch_routes(envd_routes& routes, serve_context& context);  // envd_watch.cpp
+void add_file_routes(envd_routes& routes, serve_context& context);   // envd_files.cpp
 
 }  // namespace moat::serve
