@@ -66,6 +66,13 @@ std::size_t open_descriptors() {
     return n;
 }
 
+// A handle to a new sandbox of `rt`; the test fails if there is none.
+std::shared_ptr<moat::sandbox> new_handle(local_fixture& f, moat::runtime& rt) {
+    auto created = f.run(rt.async_create({}));
+    REQUIRE_MESSAGE(created, created.error().to_string());
+    return *created;
+}
+
 std::string joined(const std::vector<std::string>& lines) {
     std::string out;
     for (const auto& line : lines) out += line + "\n";
@@ -185,9 +192,7 @@ TEST_CASE_FIXTURE(local_fixture,
                       moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
-    auto created = run(rt.async_create({}));
-    REQUIRE_MESSAGE(created, created.error().to_string());
-    auto box = *created;
+    auto box = new_handle(*this, rt);
     REQUIRE(run(box->async_exec(moat::test::shell("echo x > /workspace/file")))->exit_code == 0);
 
     auto missing = *run(optional_of(box->async_watch_dir("/workspace/missing")));
@@ -216,13 +221,6 @@ TEST_CASE_FIXTURE(local_fixture,
 
 namespace {
 
-asio::awaitable<void> exec_into(
-    std::shared_ptr<moat::sandbox> box, std::string command,
-    std::shared_ptr<std::optional<moat::result<moat::exec_result>>> out) {
-    auto request = moat::test::shell(command);
-    out->emplace(co_await box->async_exec(std::move(request)));
-}
-
 asio::awaitable<void> pull_into(moat::dir_watch* w,
                                 std::shared_ptr<std::optional<std::string>> out) {
     auto got = co_await w->async_next();
@@ -241,13 +239,11 @@ TEST_CASE_FIXTURE(local_fixture,
                       moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
-    auto created = run(rt.async_create({}));
-    REQUIRE_MESSAGE(created, created.error().to_string());
-    auto box = *created;
+    auto box = new_handle(*this, rt);
 
     // A command holds the ordered lane: a watch opens and reports beside it.
     auto long_command = std::make_shared<std::optional<moat::result<moat::exec_result>>>();
-    tasks.spawn(exec_into(box, "sleep 3", long_command));
+    tasks.spawn(moat::test::exec_into(box, "sleep 3", long_command));
     run(moat::test::pause(200ms));
     auto watch = *run(optional_of(box->async_watch_dir("/tmp")));
     REQUIRE_MESSAGE(watch, watch.error().to_string());

@@ -53,6 +53,14 @@ struct envd_call {
 
 using envd_handler = std::function<asio::awaitable<void>(envd_call&)>;
 
+// A handler of a service with state of its own (the process table, the watchers): `handler`
+// called with the service and the call.
+template <class Service>
+envd_handler with_service(const std::shared_ptr<Service>& service,
+                          asio::awaitable<void> (*handler)(std::shared_ptr<Service>, envd_call&)) {
+    return [service, handler](envd_call& call) { return handler(service, call); };
+}
+
 enum class envd_auth {
     token,               // X-Access-Token required (every Connect RPC)
     token_or_signature,  // GET/POST /files: the token, or a signed URL (see above)

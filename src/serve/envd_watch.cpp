@@ -310,12 +310,6 @@ asio::awaitable<void> remove_watcher(service_ptr service, envd_call& call) {
     (void)co_await async_send_unary(call.response, "{}");
 }
 
-using service_handler = asio::awaitable<void> (*)(service_ptr, envd_call&);
-
-envd_handler with_service(const service_ptr& service, service_handler handler) {
-    return [service, handler](envd_call& call) { return handler(service, call); };
-}
-
 }  // namespace
 
 void add_watch_routes(envd_routes& routes, serve_context& context) {

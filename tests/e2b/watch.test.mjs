@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { requireSdk, runMoat, startServe, waitFor } from './harness.mjs';
+import { inSandbox, requireSdk, startServe, waitFor } from './harness.mjs';
 
 const sdks = await requireSdk();
 
@@ -19,12 +19,6 @@ before(async () => {
 after(async () => {
     if (serve) assert.equal(await serve.stop(), 0);
 });
-
-async function inSandbox(sbx, command) {
-    const r = await runMoat(['exec', sbx.sandboxId, '--', '/bin/sh', '-c', command]);
-    assert.equal(r.code, 0, `in-sandbox command failed: ${command}: ${r.stderr}`);
-    return r.stdout;
-}
 
 // One unary envd RPC as Connect JSON; {status, body}.
 async function envdRpc(sbx, method, message) {
