@@ -161,9 +161,11 @@ asio::awaitable<result<agent_channel::watch_answer>> agent_channel::async_watch_
     co_return out;
 }
 
-void agent_channel::on_broken(std::function<void(const std::string&)> on_end) {
+void agent_channel::on_broken(std::weak_ptr<void> owner,
+                              std::function<void(const std::string&)> on_end) {
     if (broken_) return on_end(*broken_);
-    on_broken_.push_back(std::move(on_end));
+    std::erase_if(on_broken_, [](const broken_observer& o) { return o.owner.expired(); });
+    on_broken_.push_back({std::move(owner), std::move(on_end)});
 }
 
 result<void> agent_channel::kill(std::uint64_t exec_id, int signal) {
@@ -334,7 +336,9 @@ void agent_channel::break_channel(std::string reason, log_level level) {
         command->exited.set();
     }
     auto observers = std::exchange(on_broken_, {});
-    for (auto& observer : observers) observer(*broken_);
+    for (auto& observer : observers) {
+        if (!observer.owner.expired()) observer.on_end(*broken_);
+    }
 }
 
 }  // namespace moat

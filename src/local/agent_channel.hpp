@@ -91,9 +91,10 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
                                                           std::uint32_t mask, int instance,
                                                           deadline limit);
 
-    // Runs `on_end(reason)` once, when the channel breaks (pid 1 exited, destroy, detach); at
-    // once if it has. For what must end with the sandbox (a watch): hold weak state.
-    void on_broken(std::function<void(const std::string&)> on_end);
+    // Runs `on_end(reason)` once, when the channel breaks (pid 1 exited, destroy, detach), if
+    // `owner` is still alive then; at once if it has broken. For what must end with the sandbox
+    // (a watch). Registrations whose owner is gone are dropped as new ones come.
+    void on_broken(std::weak_ptr<void> owner, std::function<void(const std::string&)> on_end);
 
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
@@ -137,7 +138,11 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // connect_port, connect_unix and watch_dir requests awaiting port_connected or watch_added;
     // ids share next_ttl_request_'s sequence.
     std::map<std::uint64_t, std::shared_ptr<port_request>> port_requests_;
-    std::vector<std::function<void(const std::string&)>> on_broken_;
+    struct broken_observer {
+        std::weak_ptr<void> owner;
+        std::function<void(const std::string&)> on_end;
+    };
+    std::vector<broken_observer> on_broken_;
 };
 
 }  // namespace moat

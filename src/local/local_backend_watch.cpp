@@ -213,7 +213,7 @@ asio::awaitable<result<dir_watch>> local_backend::watch_dir(std::string id, std:
     core->root = answer->watch_descriptor;
     core->paths[core->root] = "";
     std::weak_ptr<watch_core> weak = core;
-    agent->on_broken([weak](const std::string& reason) {
+    agent->on_broken(core, [weak](const std::string& reason) {
         if (auto c = weak.lock()) c->finish(watch_end::reason::sandbox_ended, reason);
     });
     if (options.recursive) co_await watch_tree(core, "", false);
