@@ -82,7 +82,7 @@ for (const [version, sdk] of Object.entries(sdks)) {
             }
         });
 
-        test('the polling watcher RPCs: create, events in order, remove, unknown ids, missing directory', async () => {
+        test('the polling watcher RPCs: create, events in order, remove, unknown ids, missing directory, the cap', async () => {
             const sbx = await Sandbox.create({ timeoutMs: 120_000 });
             try {
                 await sbx.files.makeDir('p');
@@ -113,6 +113,19 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 const missing = await envdRpc(sbx, 'CreateWatcher', { path: 'nowhere' });
                 assert.equal(missing.status, 404);
                 assert.equal(missing.body.code, 'not_found');
+                // At most 32 watchers per sandbox: one more is resource_exhausted until one goes.
+                const ids = [];
+                for (let i = 0; i < 32; i++) {
+                    const made = await envdRpc(sbx, 'CreateWatcher', { path: 'p' });
+                    assert.equal(made.status, 200, JSON.stringify(made.body));
+                    ids.push(made.body.watcherId);
+                }
+                assert.equal(new Set(ids).size, 32);
+                const refused = await envdRpc(sbx, 'CreateWatcher', { path: 'p' });
+                assert.equal(refused.status, 429);
+                assert.equal(refused.body.code, 'resource_exhausted');
+                assert.equal((await envdRpc(sbx, 'RemoveWatcher', { watcherId: ids.pop() })).status, 200);
+                assert.equal((await envdRpc(sbx, 'CreateWatcher', { path: 'p' })).status, 200);
             } finally {
                 await sbx.kill();
             }
