@@ -50,7 +50,8 @@ asio::awaitable<std::vector<std::string>> pull(moat::dir_watch& w, std::size_t c
     std::vector<std::string> out;
     while (out.size() < count) {
         auto next = w.async_next();
-        auto got = co_await moat::with_timeout(std::move(next), moat::deadline::after(quiet));
+        const auto limit = moat::deadline::after(quiet);
+        auto got = co_await moat::with_timeout(std::move(next), limit);
         if (!got) break;
         out.push_back(text_of(*got));
         if (std::holds_alternative<moat::watch_end>(*got)) break;

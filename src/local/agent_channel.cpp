@@ -133,9 +133,10 @@ agent_channel::request_descriptor(std::span<const std::byte> message, std::span<
 asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
     std::span<const std::byte> message, std::uint64_t request_id, std::string what,
     deadline limit) {
-    const std::span<const int> no_descriptors;  // a named local (g++ 12)
-    auto answered = co_await request_descriptor(message, no_descriptors, request_id,
-                                                "connecting to " + what, limit);
+    const std::span<const int> no_descriptors;  // named locals (g++ 12)
+    std::string doing = "connecting to " + what;
+    auto answered =
+        co_await request_descriptor(message, no_descriptors, request_id, std::move(doing), limit);
     if (!answered) co_return std::move(answered).error();
     co_return std::move((*answered)->answer);
 }
@@ -151,8 +152,9 @@ asio::awaitable<result<agent_channel::watch_answer>> agent_channel::async_watch_
     const int attached[1] = {instance};
     std::span<const int> attach;
     if (instance >= 0) attach = attached;
+    std::string doing = "watching a directory";  // a named local (g++ 12)
     auto answered =
-        co_await request_descriptor(message, attach, request_id, "watching a directory", limit);
+        co_await request_descriptor(message, attach, request_id, std::move(doing), limit);
     if (!answered) co_return std::move(answered).error();
     watch_answer out;
     out.instance = std::move((*answered)->answer.socket);

@@ -201,8 +201,9 @@ asio::awaitable<result<dir_watch>> local_backend::watch_dir(std::string id, std:
         co_return std::move(listable).error();
     }
     const std::string base = trimmed(path);
-    auto answer =
-        co_await agent->async_watch_dir(base, "", watch_mask(), -1, deadline::after(agent_timeout));
+    const std::string_view itself;  // named locals before the co_await (g++ 12)
+    const auto limit = deadline::after(agent_timeout);
+    auto answer = co_await agent->async_watch_dir(base, itself, watch_mask(), -1, limit);
     if (!answer) co_return std::move(answer).error();
     if (answer->watch_errno != 0) co_return watch_error(path, answer->watch_errno);
     auto core = std::make_shared<watch_core>(executor_, id, base, options, agent);
@@ -216,7 +217,10 @@ asio::awaitable<result<dir_watch>> local_backend::watch_dir(std::string id, std:
     agent->on_broken(core, [weak](const std::string& reason) {
         if (auto c = weak.lock()) c->finish(watch_end::reason::sandbox_ended, reason);
     });
-    if (options.recursive) co_await watch_tree(core, "", false);
+    if (options.recursive) {
+        std::string below;  // a named local (g++ 12): the watched directory itself
+        co_await watch_tree(core, std::move(below), false);
+    }
     if (core->stopped()) co_return make_error(errc::sandbox_unavailable, core->end->detail);
     tasks_.spawn(pump_watch(core));
     co_return dir_watch(std::make_unique<local_dir_watch>(core));
@@ -239,8 +243,9 @@ asio::awaitable<void> local_backend::watch_tree(std::shared_ptr<watch_core> c, s
         }
         if (!dir.empty()) {
             const int instance = c->inotify.native_handle();
-            auto added = co_await c->agent->async_watch_dir(c->base, dir, watch_mask(), instance,
-                                                            deadline::after(agent_timeout));
+            const auto limit = deadline::after(agent_timeout);
+            auto added =
+                co_await c->agent->async_watch_dir(c->base, dir, watch_mask(), instance, limit);
             if (!added || c->stopped()) co_return;  // the sandbox ended, or the watch did
             // Gone already, or swapped for a symlink: nothing to watch there.
             if (added->watch_errno != 0) continue;
@@ -268,8 +273,9 @@ asio::awaitable<void> local_backend::pump_watch(std::shared_ptr<watch_core> c) {
     std::vector<std::byte> buffer(read_buffer_bytes);
     std::vector<inotify_record> records;
     while (!c->stopped()) {
-        auto [waited] = co_await c->inotify.async_wait(asio::posix::stream_descriptor::wait_read,
-                                                       as_tuple(asio::use_awaitable));
+        const auto token = as_tuple(asio::use_awaitable);
+        auto [waited] =
+            co_await c->inotify.async_wait(asio::posix::stream_descriptor::wait_read, token);
         if (waited || c->stopped()) break;
         for (;;) {
             const ssize_t n = ::read(c->inotify.native_handle(), buffer.data(), buffer.size());

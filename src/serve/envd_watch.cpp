@@ -107,8 +107,8 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
     }
     watch_options options;
     options.recursive = request->recursive;
-    auto opened = co_await call.sandbox->handle->async_watch_dir(
-        *path, options, deadline::after(open_limit), lane::side);
+    const auto limit = deadline::after(open_limit);  // named locals (g++ 12)
+    auto opened = co_await call.sandbox->handle->async_watch_dir(*path, options, limit, lane::side);
     if (!opened) {
         out.failure = connect::from_errc(opened.error().code);
         if (opened.error().code == errc::backend_failure) out.failure = code::internal;
@@ -123,7 +123,8 @@ asio::awaitable<void> watch_dir(envd_call& call) {
     connect_stream stream(call.response);
     auto body = co_await async_read_stream_request(call.request);
     if (!body) {
-        (void)co_await stream.async_end(connect::from_errc(body.error().code), body.error().detail);
+        const auto failure = connect::from_errc(body.error().code);
+        (void)co_await stream.async_end(failure, body.error().detail);
         co_return;
     }
     auto opened = co_await open_watch(call, *body);
@@ -140,7 +141,8 @@ asio::awaitable<void> watch_dir(envd_call& call) {
     auto keepalive_due = deadline::after(keepalive);
     for (;;) {
         auto pull = opened.watch->async_next();
-        auto next = co_await with_timeout(std::move(pull), earliest(keepalive_due, stream_end));
+        const auto wake = earliest(keepalive_due, stream_end);
+        auto next = co_await with_timeout(std::move(pull), wake);
         if (next) {
             if (const auto* event = std::get_if<watch_event>(&*next)) {
                 const auto json = protocol::encode_watch_event(*event);
@@ -149,10 +151,9 @@ asio::awaitable<void> watch_dir(envd_call& call) {
                 continue;
             }
             if (const auto* lost = std::get_if<watch_overflow>(&*next)) {
-                (void)co_await stream.async_end(
-                    code::resource_exhausted,
-                    "events were lost (" + std::to_string(lost->lost) +
-                        ", 0: unknown): the client did not read them in time");
+                const std::string message = "events were lost (" + std::to_string(lost->lost) +
+                                            ", 0: unknown): the client did not read them in time";
+                (void)co_await stream.async_end(code::resource_exhausted, message);
                 co_return;
             }
             const auto& end = std::get<watch_end>(*next);
@@ -164,13 +165,13 @@ asio::awaitable<void> watch_dir(envd_call& call) {
             co_return;
         }
         if (next.error().code != errc::deadline_exceeded) {
-            (void)co_await stream.async_end(connect::from_errc(next.error().code),
-                                            next.error().detail);
+            const auto failure = connect::from_errc(next.error().code);
+            (void)co_await stream.async_end(failure, next.error().detail);
             co_return;
         }
         if (stream_end.has_expired()) {
-            (void)co_await stream.async_end(code::deadline_exceeded,
-                                            "the stream outlived its Connect-Timeout-Ms");
+            const std::string_view message = "the stream outlived its Connect-Timeout-Ms";
+            (void)co_await stream.async_end(code::deadline_exceeded, message);
             co_return;
         }
         if (keepalive_due.has_expired()) {
@@ -187,7 +188,8 @@ asio::awaitable<void> pump_watcher(service_ptr service, std::shared_ptr<watcher>
                                    dir_watch watch) {
     for (;;) {
         auto pull = watch.async_next();
-        auto next = co_await with_timeout(std::move(pull), deadline::after(idle_check));
+        const auto limit = deadline::after(idle_check);
+        auto next = co_await with_timeout(std::move(pull), limit);
         if (!next) {
             if (next.error().code != errc::deadline_exceeded) break;  // removed, or stopping
             if (std::chrono::steady_clock::now() - w->polled > idle_watcher_limit) break;
@@ -210,7 +212,8 @@ asio::awaitable<void> pump_watcher(service_ptr service, std::shared_ptr<watcher>
             asio::steady_timer timer(service->context.executor);
             while (std::chrono::steady_clock::now() - w->polled <= idle_watcher_limit) {
                 timer.expires_after(idle_check);
-                auto [waited] = co_await timer.async_wait(as_tuple(asio::use_awaitable));
+                const auto token = as_tuple(asio::use_awaitable);
+                auto [waited] = co_await timer.async_wait(token);
                 if (waited) break;  // removed, or stopping
             }
             break;
@@ -236,10 +239,10 @@ asio::awaitable<void> create_watcher(service_ptr service, envd_call& call) {
     }
     auto& mine = service->watchers[call.sandbox->id];
     if (mine.size() >= max_watchers) {
-        (void)co_await async_send_unary_error(
-            call.response, code::resource_exhausted,
-            "this sandbox has " + std::to_string(max_watchers) +
-                " watchers, moat serve's limit: remove one first (RemoveWatcher)");
+        const std::string message = "this sandbox has " + std::to_string(max_watchers) +
+                                    " watchers, moat serve's limit: remove one first "
+                                    "(RemoveWatcher)";
+        (void)co_await async_send_unary_error(call.response, code::resource_exhausted, message);
         co_return;
     }
     auto opened = co_await open_watch(call, *body);
@@ -279,8 +282,8 @@ asio::awaitable<std::shared_ptr<watcher>> find_watcher(service_ptr service, envd
         if (it != sandbox->second.end()) found = it->second;
     }
     if (!found) {
-        (void)co_await async_send_unary_error(call.response, code::not_found,
-                                              "watcher with id " + *id + " not found");
+        const std::string message = "watcher with id " + *id + " not found";
+        (void)co_await async_send_unary_error(call.response, code::not_found, message);
     }
     co_return found;
 }
@@ -298,7 +301,8 @@ asio::awaitable<void> get_watcher_events(service_ptr service, envd_call& call) {
         (void)co_await async_send_unary_error(call.response, code::resource_exhausted, message);
         co_return;
     }
-    const auto json = protocol::encode_watcher_events_response(std::exchange(w->events, {}));
+    const auto events = std::exchange(w->events, {});
+    const auto json = protocol::encode_watcher_events_response(events);
     (void)co_await async_send_unary(call.response, json);
 }
 
@@ -307,7 +311,8 @@ asio::awaitable<void> remove_watcher(service_ptr service, envd_call& call) {
     if (!w) co_return;
     service->forget(*w);
     service->context.background.cancel(w->task);
-    (void)co_await async_send_unary(call.response, "{}");
+    std::string empty = "{}";  // a named local (g++ 12)
+    (void)co_await async_send_unary(call.response, std::move(empty));
 }
 
 }  // namespace
