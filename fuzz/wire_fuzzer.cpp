@@ -1,6 +1,6 @@
 // libFuzzer target for the wire format parsers: everything the library accepts from a sandbox's
-// agent (fixed records) and everything the agent accepts from the library (exec and connect_unix
-// records).
+// agent (fixed records) and everything the agent accepts from the library (exec, connect_unix and
+// watch_dir records).
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_wire_fuzzer &&
 //   build/fuzz/fuzz/moat_wire_fuzzer -max_total_time=60 fuzz/corpus/wire
@@ -54,6 +54,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (path.size() > sizeof connect_unix.path) __builtin_trap();
         (void)wire::unix_path_problem(path);
     }
+    // A watch_dir record: whatever decodes re-encodes to the same bytes (reserved zeroed).
+    wire::watch_dir_view watch;
+    if (wire::decode_watch_dir(record, watch)) {
+        std::vector<std::byte> again;
+        if (!wire::encode_watch_dir(watch.request_id, watch.mask, watch.base, watch.relative,
+                                    again)) {
+            __builtin_trap();
+        }
+        std::vector<std::byte> expected(record.begin(), record.end());
+        std::memset(expected.data() + offsetof(wire::watch_dir_message, reserved), 0,
+                    sizeof(wire::watch_dir_message::reserved));
+        if (again != expected) __builtin_trap();
+    }
+    wire::watch_added_message added{};
+    (void)wire::read_fixed(record, wire::message_type::watch_added, added);
     wire::created_message created{};
     if (wire::read_fixed(record, wire::message_type::created, created)) {
         (void)wire::read_field(created.memory_cgroup);

@@ -11,6 +11,7 @@
 #include "e2b_protocol/process_messages.hpp"
 #include "e2b_protocol/sandbox_replies.hpp"
 #include "e2b_protocol/sandbox_requests.hpp"
+#include "e2b_protocol/watch_messages.hpp"
 
 #include <doctest/doctest.h>
 
@@ -538,4 +539,39 @@ TEST_CASE(
           R"({"type":"number_of_executions","execution_count":3})"
           "\n");
     CHECK(protocol::encode_end_line() == "{\"type\":\"end_of_execution\"}\n");
+}
+
+TEST_CASE(
+    "envd watches: WatchDir and watcher requests parse as the SDK sends them, events as envd") {
+    auto full =
+        protocol::parse_watch_dir_request(R"({"path":"w","recursive":true,"includeEntry":false})");
+    REQUIRE(full);
+    CHECK(full->path == "w");
+    CHECK(full->recursive);
+    CHECK_FALSE(full->include_entry);
+    auto bare = protocol::parse_watch_dir_request("{}");
+    REQUIRE(bare);
+    CHECK(bare->path.empty());
+    CHECK_FALSE(bare->recursive);
+    auto bad = protocol::parse_watch_dir_request(R"({"recursive":"yes"})");
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == errc::invalid_argument);
+    CHECK(bad.error().detail.find("recursive") != std::string::npos);
+    CHECK_FALSE(protocol::parse_watch_dir_request("[]"));
+    CHECK(protocol::encode_watch_start() == R"({"start":{}})");
+    CHECK(protocol::encode_watch_keepalive() == R"({"keepalive":{}})");
+    moat::watch_event event{"a/b", moat::watch_event_type::chmod, false};
+    CHECK(protocol::encode_watch_event(event) ==
+          R"({"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD"}})");
+    CHECK(protocol::encode_create_watcher_response("w01") == R"({"watcherId":"w01"})");
+    auto id = protocol::parse_watcher_id_request(R"({"watcherId":"w01"})");
+    REQUIRE(id);
+    CHECK(*id == "w01");
+    CHECK_FALSE(protocol::parse_watcher_id_request(R"({"watcherId":1})"));
+    std::vector<moat::watch_event> events = {{"f", moat::watch_event_type::create, false},
+                                             {"f", moat::watch_event_type::remove, false}};
+    CHECK(protocol::encode_watcher_events_response(events) ==
+          R"({"events":[{"name":"f","type":"EVENT_TYPE_CREATE"},)"
+          R"({"name":"f","type":"EVENT_TYPE_REMOVE"}]})");
+    CHECK(protocol::encode_watcher_events_response({}) == R"({"events":[]})");
 }

@@ -146,13 +146,6 @@ asio::awaitable<void> connect_into(std::shared_ptr<moat::sandbox> box, std::stri
     out->emplace(std::move(connected));
 }
 
-asio::awaitable<void> exec_into(
-    std::shared_ptr<moat::sandbox> box, std::string command,
-    std::shared_ptr<std::optional<moat::result<moat::exec_result>>> out) {
-    auto request = moat::test::shell(command);
-    out->emplace(co_await box->async_exec(std::move(request)));
-}
-
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture,
@@ -171,7 +164,7 @@ TEST_CASE_FIXTURE(local_fixture,
 
     // A command holds the ordered lane: a connect is not held behind it.
     auto long_command = std::make_shared<std::optional<moat::result<moat::exec_result>>>();
-    tasks.spawn(exec_into(box, "sleep 3", long_command));
+    tasks.spawn(moat::test::exec_into(box, "sleep 3", long_command));
     run(moat::test::pause(200ms));
     // Two connects at once.
     auto one = std::make_shared<maybe_socket>();

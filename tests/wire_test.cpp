@@ -113,3 +113,30 @@ TEST_CASE("a unix socket path must be absolute, NUL-free and fit sun_path") {
     CHECK(wire::read_fixed(std::as_bytes(std::span(&m, 1)), wire::message_type::connect_unix, out));
     CHECK(wire::read_field(out.path) == longest);
 }
+
+TEST_CASE("a watch_dir record round-trips its paths and refuses bad ones and every truncation") {
+    std::vector<std::byte> record;
+    REQUIRE(wire::encode_watch_dir(7, 0x2c6, "/workspace/r", "a/b", record));
+    wire::watch_dir_view view;
+    REQUIRE(wire::decode_watch_dir(record, view));
+    CHECK(view.request_id == 7);
+    CHECK(view.mask == 0x2c6);
+    CHECK(view.base == "/workspace/r");
+    CHECK(view.relative == "a/b");
+    for (std::size_t cut = 0; cut < record.size(); ++cut) {
+        std::vector<std::byte> shorter(record.begin(), record.begin() + cut);
+        if (shorter.size() >= sizeof(wire::header)) {
+            auto size = static_cast<std::uint32_t>(cut);
+            std::memcpy(shorter.data() + offsetof(wire::header, size), &size, sizeof size);
+        }
+        CHECK_FALSE(wire::decode_watch_dir(shorter, view));
+    }
+    std::vector<std::byte> refused;
+    CHECK_FALSE(wire::encode_watch_dir(1, 0, "relative", "", refused));
+    CHECK_FALSE(wire::encode_watch_dir(1, 0, "", "", refused));
+    CHECK_FALSE(wire::encode_watch_dir(1, 0, std::string_view("/a\0b", 4), "", refused));
+    CHECK_FALSE(wire::encode_watch_dir(1, 0, "/a", std::string_view("b\0", 2), refused));
+    CHECK_FALSE(
+        wire::encode_watch_dir(1, 0, "/" + std::string(4000, 'x'), std::string(95, 'y'), refused));
+    CHECK(refused.empty());
+}

@@ -20,6 +20,7 @@
 #include <moat/sandbox_spec.hpp>
 #include <moat/terminal.hpp>
 #include <moat/usage.hpp>
+#include <moat/watch.hpp>
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -241,6 +242,17 @@ class backend {
     // (e2b). Cancellation: the connection is dropped.
     virtual asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
         std::string id, std::string path);
+
+    // A watch of the directory at the absolute `path` in the sandbox (watch.hpp): its events
+    // read from inside the sandbox (local: an inotify instance the sandbox's pid 1 makes, its
+    // watches added there, its events read by this process). The path is resolved as the file
+    // calls resolve it, with the sandbox user's permissions. Errors: the per-path ones of
+    // files.hpp (file_not_found: no such directory; invalid_path: not a directory, or a malformed
+    // path; permission_denied), limit_exceeded (the sandbox's inotify limits, or out of
+    // descriptors), not_supported (a backend without watches: the default, e2b).
+    virtual asio::awaitable<result<dir_watch>> async_watch_dir(std::string id, std::string path,
+                                                               watch_options options);
+
     // The name (and port) under which an HTTP(S) client reaches `port` of the sandbox, without
     // scheme: e2b "<port>-<id>.<domain>" (the provider's proxy). not_supported when the backend
     // offers no such name (local: sandbox::async_port_host forwards a loopback port instead).

@@ -90,6 +90,8 @@ struct handle_options {
     // (the time a pull takes does not count), and for one call of a write's byte_source. Zero:
     // no limit.
     std::chrono::milliseconds transfer_stall_limit = std::chrono::seconds(30);
+    // Directory watches (async_watch_dir) one handle may have open at once.
+    std::size_t max_watches = 64;
 };
 
 class sandbox {
@@ -189,6 +191,17 @@ class sandbox {
     // of descriptors or memory), not_supported (e2b). Cancellation: the connection is dropped.
     asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
         std::string path, deadline limit = {}, lane in = lane::side);
+    // A watch of the directory at the absolute `path` in the sandbox (watch.hpp): its events,
+    // pulled with dir_watch::async_next. The side lane by default: opening it neither waits for
+    // nor holds up the ordered lane, and once open the watch holds no place in either lane.
+    // `limit` bounds the opening. At most handle_options::max_watches per handle
+    // (limit_exceeded past it, until one is dropped). The watch ends (a watch_end) when the
+    // directory is removed or the sandbox ends (destroyed, quarantined); dropping it releases
+    // everything it holds. Errors: the per-path ones of files.hpp (file_not_found: no such
+    // directory; invalid_path: not a directory, a malformed path; permission_denied),
+    // limit_exceeded, not_supported (e2b); none of them quarantines.
+    asio::awaitable<result<dir_watch>> async_watch_dir(std::string path, watch_options options = {},
+                                                       deadline limit = {}, lane in = lane::side);
     // Where an HTTP(S) client reaches `port`, as "host:port" or a host name without scheme: the
     // backend's own name for it (e2b: "<port>-<id>.<domain>"), or, on a backend that connects
     // ports itself (local), "127.0.0.1:<n>": a loopback listener this handle opens on first use

@@ -285,6 +285,27 @@ asio::awaitable<result<asio::local::stream_protocol::socket>> backend::async_con
     co_return not_supported(name(), "connect_unix");
 }
 
+asio::awaitable<result<dir_watch>> backend::async_watch_dir(std::string, std::string,
+                                                            watch_options) {
+    co_return not_supported(name(), "watch_dir");
+}
+
+const char* to_string(watch_event_type type) noexcept {
+    switch (type) {
+        case watch_event_type::create:
+            return "create";
+        case watch_event_type::write:
+            return "write";
+        case watch_event_type::remove:
+            return "remove";
+        case watch_event_type::rename:
+            return "rename";
+        case watch_event_type::chmod:
+            return "chmod";
+    }
+    return "unknown";
+}
+
 result<std::string> backend::port_host(const std::string&, std::uint16_t) const {
     return not_supported(name(), "port_host");
 }

@@ -595,6 +595,13 @@ asio::awaitable<result<sandbox_usage>> sandbox::async_usage(deadline limit, lane
     return run_call(impl_, "usage", limit, in, &backend::async_usage);
 }
 
+asio::awaitable<result<dir_watch>> watch_dir_call(std::shared_ptr<sandbox::impl> state,
+                                                  std::string path, watch_options options,
+                                                  deadline limit, lane in) {
+    return run_call(std::move(state), "watch_dir", limit, in, &backend::async_watch_dir,
+                    std::move(path), options);
+}
+
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     return run_call(impl_, "extend_ttl", limit, lane::ordered, &backend::async_extend_ttl, ttl);

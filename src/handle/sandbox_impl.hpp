@@ -107,6 +107,8 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     // async_port_host's loopback forwards (backends without port names), by sandbox port; closed
     // when the handle stops vouching for the sandbox (quarantine, destroy) or is dropped.
     std::map<std::uint16_t, std::unique_ptr<port_forwarder>> forwards;
+    // Directory watches open now, or being opened (at most options.max_watches).
+    std::size_t watches = 0;
     void close_forwards() noexcept;
 
     // Reports one finished operation (metrics and the runtime's on_operation).
@@ -125,5 +127,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
 // forwards connect with.
 asio::awaitable<result<asio::ip::tcp::socket>> connect_port_call(
     std::shared_ptr<sandbox::impl> state, std::uint16_t port, deadline limit, moat::lane in);
+
+// The backend's async_watch_dir in its lane (sandbox.cpp); sandbox_watch.cpp wraps the watch.
+asio::awaitable<result<dir_watch>> watch_dir_call(std::shared_ptr<sandbox::impl> state,
+                                                  std::string path, watch_options options,
+                                                  deadline limit, moat::lane in);
 
 }  // namespace moat

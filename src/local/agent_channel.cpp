@@ -25,6 +25,7 @@ struct agent_channel::port_request {
     explicit port_request(const asio::any_io_executor& ex) : answered(ex) {}
     async_event answered;
     port_socket answer;
+    std::int32_t watch_descriptor = -1;  // watch_added
 };
 
 asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self) {
@@ -117,10 +118,10 @@ asio::awaitable<result<agent_channel::port_socket>> agent_channel::async_connect
 }
 
 asio::awaitable<agent_channel::awaited> agent_channel::send_and_await(
-    std::span<const std::byte> message, async_event& answered, deadline limit) {
-    const std::span<const int> no_descriptors;  // a named local (g++ 12)
+    std::span<const std::byte> message, std::span<const int> attach, async_event& answered,
+    deadline limit) {
     awaited out;
-    out.sent = co_await channel_.async_send(message, no_descriptors, limit);
+    out.sent = co_await channel_.async_send(message, attach, limit);
     if (out.sent) {
         const auto outcome = co_await answered.async_wait(limit);
         out.cancelled = outcome == async_event::wait_outcome::cancelled;
@@ -139,20 +140,58 @@ std::optional<error> agent_channel::unanswered(const awaited& a, const async_eve
                       "the sandbox agent did not answer " + std::string(request) + " in time");
 }
 
-asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
-    std::span<const std::byte> message, std::uint64_t request_id, std::string what,
-    deadline limit) {
+asio::awaitable<result<std::shared_ptr<agent_channel::port_request>>>
+agent_channel::request_descriptor(std::span<const std::byte> message, std::span<const int> attach,
+                                  std::uint64_t request_id, std::string what, deadline limit) {
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto request = std::make_shared<port_request>(executor_);
     port_requests_[request_id] = request;
-    auto waited = co_await send_and_await(message, request->answered, limit);
+    auto waited = co_await send_and_await(message, attach, request->answered, limit);
     port_requests_.erase(request_id);
-    if (auto failed =
-            unanswered(waited, request->answered, "connecting to " + what + " in the sandbox",
-                       "a connection to " + what)) {
+    if (auto failed = unanswered(waited, request->answered, what + " in the sandbox", what)) {
         co_return std::move(*failed);
     }
-    co_return std::move(request->answer);
+    co_return request;
+}
+
+asio::awaitable<result<agent_channel::port_socket>> agent_channel::request_connection(
+    std::span<const std::byte> message, std::uint64_t request_id, std::string what,
+    deadline limit) {
+    const std::span<const int> no_descriptors;  // named locals (g++ 12)
+    std::string doing = "connecting to " + what;
+    auto answered =
+        co_await request_descriptor(message, no_descriptors, request_id, std::move(doing), limit);
+    if (!answered) co_return std::move(answered).error();
+    co_return std::move((*answered)->answer);
+}
+
+asio::awaitable<result<agent_channel::watch_answer>> agent_channel::async_watch_dir(
+    std::string_view base, std::string_view relative, std::uint32_t mask, int instance,
+    deadline limit) {
+    const std::uint64_t request_id = next_ttl_request_++;
+    std::vector<std::byte> message;
+    if (!wire::encode_watch_dir(request_id, mask, base, relative, message)) {
+        co_return make_error(errc::invalid_path, "the path is too long to watch");
+    }
+    const int attached[1] = {instance};
+    std::span<const int> attach;
+    if (instance >= 0) attach = attached;
+    std::string doing = "watching a directory";  // a named local (g++ 12)
+    auto answered =
+        co_await request_descriptor(message, attach, request_id, std::move(doing), limit);
+    if (!answered) co_return std::move(answered).error();
+    watch_answer out;
+    out.instance = std::move((*answered)->answer.socket);
+    out.watch_errno = (*answered)->answer.connect_errno;
+    out.watch_descriptor = (*answered)->watch_descriptor;
+    co_return out;
+}
+
+void agent_channel::on_broken(std::weak_ptr<void> owner,
+                              std::function<void(const std::string&)> on_end) {
+    if (broken_) return on_end(*broken_);
+    std::erase_if(on_broken_, [](const broken_observer& o) { return o.owner.expired(); });
+    on_broken_.push_back({std::move(owner), std::move(on_end)});
 }
 
 asio::awaitable<result<agent_channel::terminal_attachment>> agent_channel::async_attach_terminal(
@@ -164,7 +203,8 @@ asio::awaitable<result<agent_channel::terminal_attachment>> agent_channel::async
     auto request = std::make_shared<attach_request>(executor_);
     attach_requests_[exec_id] = request;
     const auto bytes = std::as_bytes(std::span(&message, 1));
-    auto waited = co_await send_and_await(bytes, request->answered, limit);
+    const std::span<const int> no_descriptors;  // a named local (g++ 12)
+    auto waited = co_await send_and_await(bytes, no_descriptors, request->answered, limit);
     attach_requests_.erase(exec_id);
     const std::string what = "the terminal of pid " + std::to_string(pid);
     // An answer that comes later is dropped; an attachment made meanwhile is forgotten at the
@@ -288,6 +328,27 @@ void agent_channel::dispatch(received_record& record) {
     if (h.type == static_cast<std::uint32_t>(wire::message_type::pty_attached)) {
         return dispatch_attached(record);
     }
+    // watch_added carries the new inotify instance when the request attached none and it worked.
+    if (h.type == static_cast<std::uint32_t>(wire::message_type::watch_added)) {
+        wire::watch_added_message m{};
+        auto it = port_requests_.end();
+        if (wire::read_fixed(record.data, wire::message_type::watch_added, m)) {
+            it = port_requests_.find(m.request_id);
+        }
+        const bool valid = m.request_id != 0 && m.request_id < next_ttl_request_ &&
+                           m.watch_errno >= 0 && record.fds.size() <= 1 &&
+                           (record.fds.empty() || m.watch_errno == 0) &&
+                           (m.watch_errno != 0 || m.watch_descriptor >= 0);
+        if (!valid) return break_channel("protocol error: bad watch_added record");
+        if (it == port_requests_.end()) return;  // its waiter gave up
+        auto& request = *it->second;
+        request.answer.connect_errno = m.watch_errno;
+        if (record.descriptors_lost && m.watch_errno == 0) request.answer.connect_errno = EMFILE;
+        request.watch_descriptor = m.watch_descriptor;
+        if (!record.fds.empty()) request.answer.socket = std::move(record.fds.front());
+        request.answered.set();
+        return;
+    }
     if (!record.fds.empty() || record.descriptors_lost) {
         return break_channel("protocol error: the agent sent descriptors");
     }
@@ -378,6 +439,10 @@ void agent_channel::break_channel(std::string reason, log_level level) {
     for (auto& [id, command] : commands_) {
         command->started.set();
         command->exited.set();
+    }
+    auto observers = std::exchange(on_broken_, {});
+    for (auto& observer : observers) {
+        if (!observer.owner.expired()) observer.on_end(*broken_);
     }
 }
 

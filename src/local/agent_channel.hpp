@@ -14,12 +14,14 @@
 #include "wire/protocol.hpp"
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moat {
 
@@ -94,6 +96,25 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     asio::awaitable<result<terminal_attachment>> async_attach_terminal(std::uint64_t exec_id,
                                                                        int pid, deadline limit);
 
+    // Asks the agent for an inotify watch on the directory `base`/`relative` in the sandbox
+    // (wire::watch_dir_message): added to `instance` when it is open (the agent's copy is
+    // closed), else to a new instance the agent makes and hands out. Errors as the connects':
+    // the agent's errno is data (`watch_errno`), the channel's failures are errors.
+    struct watch_answer {
+        unique_fd instance;  // the new instance, when none was given and the watch was added
+        int watch_errno = 0;
+        std::int32_t watch_descriptor = -1;
+    };
+    asio::awaitable<result<watch_answer>> async_watch_dir(std::string_view base,
+                                                          std::string_view relative,
+                                                          std::uint32_t mask, int instance,
+                                                          deadline limit);
+
+    // Runs `on_end(reason)` once, when the channel breaks (pid 1 exited, destroy, detach), if
+    // `owner` is still alive then; at once if it has broken. For what must end with the sandbox
+    // (a watch). Registrations whose owner is gone are dropped as new ones come.
+    void on_broken(std::weak_ptr<void> owner, std::function<void(const std::string&)> on_end);
+
     // Sends `signal` to the command's process group without waiting (small record).
     result<void> kill(std::uint64_t exec_id, int signal);
 
@@ -110,13 +131,15 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);
-    // Sends `message` and waits until `answered` is set, `limit` passes or a cancellation comes.
+    // Sends `message` (with `attach` by SCM_RIGHTS) and waits until `answered` is set, `limit`
+    // passes or a cancellation comes.
     struct awaited {
         result<void> sent;
         bool cancelled = false;  // the wait was cancelled
     };
     asio::awaitable<awaited> send_and_await(std::span<const std::byte> message,
-                                            async_event& answered, deadline limit);
+                                            std::span<const int> attach, async_event& answered,
+                                            deadline limit);
     // After send_and_await: why there is no answer to use (the channel broke, the send failed,
     // "cancelled while <doing>", "the sandbox agent did not answer <request> in time"), or
     // nullopt.
@@ -124,6 +147,11 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
                                     std::string_view doing, std::string_view request) const;
     // Sends a connect request (`message`, whose id is `request_id`) and waits for its
     // port_connected; `what` names the target in errors.
+    // `attach`: descriptors sent with the request.
+    struct port_request;
+    asio::awaitable<result<std::shared_ptr<port_request>>> request_descriptor(
+        std::span<const std::byte> message, std::span<const int> attach, std::uint64_t request_id,
+        std::string what, deadline limit);
     asio::awaitable<result<port_socket>> request_connection(std::span<const std::byte> message,
                                                             std::uint64_t request_id,
                                                             std::string what, deadline limit);
@@ -148,13 +176,17 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     command_map commands_;
     std::map<std::uint64_t, std::shared_ptr<async_event>> ttl_requests_;
     std::uint64_t next_ttl_request_ = 1;
-    // connect_port and connect_unix requests awaiting port_connected; ids share next_ttl_request_'s
-    // sequence.
-    struct port_request;
+    // connect_port, connect_unix and watch_dir requests awaiting port_connected or watch_added;
+    // ids share next_ttl_request_'s sequence.
     std::map<std::uint64_t, std::shared_ptr<port_request>> port_requests_;
     // pty_attach requests awaiting pty_attached, by the exec id they attach under.
     struct attach_request;
     std::map<std::uint64_t, std::shared_ptr<attach_request>> attach_requests_;
+    struct broken_observer {
+        std::weak_ptr<void> owner;
+        std::function<void(const std::string&)> on_end;
+    };
+    std::vector<broken_observer> on_broken_;
 };
 
 }  // namespace moat

@@ -7,6 +7,7 @@
 //   local_backend_exec.cpp     commands: exec, spawn, signal, the stdio pipes and environment
 //   local_backend_files.cpp    file access: the inline batch calls and the streamed read and write
 //   local_backend_ports.cpp    ports: a connection to a server in the sandbox, made by its pid 1
+//   local_backend_watch.cpp    file watches: inotify, the watches added by the sandbox's pid 1
 //
 // Everything here runs on the backend's executor (files' blocking steps on its file threads). A
 // sandbox this backend holds is one local_sandbox in sandboxes_, from create or attach until
@@ -50,6 +51,9 @@ class helper_client;
 struct egress_listener;
 // A sandbox's root descriptor of a file job's own (local_backend_files.cpp).
 struct pinned_root;
+// One directory watch (local_backend_watch.cpp), and a record its inotify instance handed out.
+struct watch_core;
+struct inotify_record;
 
 // One destroy of one sandbox, shared by every caller that asks while it runs.
 struct destroy_flight {
@@ -114,6 +118,10 @@ class local_backend final : public backend {
                                                                       std::uint16_t port) override;
     asio::awaitable<result<asio::local::stream_protocol::socket>> async_connect_unix(
         std::string id, std::string path) override;
+
+    // local_backend_watch.cpp
+    asio::awaitable<result<dir_watch>> async_watch_dir(std::string id, std::string path,
+                                                       watch_options options) override;
 
     // local_backend_files.cpp. The batch calls run inline: a few system calls per file, bounded
     // by file_limits. No co_await, so there is nothing to cancel; the boundary only turns
@@ -221,6 +229,13 @@ class local_backend final : public backend {
     asio::awaitable<result<sandbox_usage>> usage(std::string id);
     asio::awaitable<result<asio::local::stream_protocol::socket>> connect_unix(std::string id,
                                                                                std::string path);
+
+    // local_backend_watch.cpp
+    asio::awaitable<result<dir_watch>> watch_dir(std::string id, std::string path,
+                                                 watch_options options);
+    asio::awaitable<void> watch_tree(std::shared_ptr<watch_core> c, std::string start, bool report);
+    asio::awaitable<void> pump_watch(std::shared_ptr<watch_core> c);
+    asio::awaitable<void> handle_watch_record(std::shared_ptr<watch_core> c, inotify_record record);
 
     // local_backend_files.cpp
     // What the file functions need, once the sandbox is known to be alive.

@@ -116,6 +116,22 @@ std::string random_temp_name() {
     return name + ".tmp";
 }
 
+}  // namespace
+
+bool is_temporary_name(std::string_view name) noexcept {
+    constexpr std::string_view prefix = ".moat-";
+    constexpr std::string_view suffix = ".tmp";
+    if (name.size() != prefix.size() + 16 + suffix.size() || !name.starts_with(prefix) ||
+        !name.ends_with(suffix)) {
+        return false;
+    }
+    const auto digits = name.substr(prefix.size(), 16);
+    return std::all_of(digits.begin(), digits.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+namespace {
+
 result<void> write_all(int fd, std::string_view data, std::string_view path) {
     while (!data.empty()) {
         const ssize_t n = ::write(fd, data.data(), data.size());
@@ -597,20 +613,40 @@ result<file_stat> stat_path(const sandbox_root& root, const std::string& path) {
     return out;
 }
 
+namespace {
+
+// The directory at `path` opened for reading, as the sandbox user (whose identity the caller
+// holds).
+result<unique_fd> open_listable_dir(const sandbox_root& root, const std::string& path) {
+    unique_fd fd(resolve(root.root_fd, path, O_RDONLY | O_DIRECTORY));
+    if (fd.is_open()) return fd;
+    const int err = errno;
+    // ENOTDIR is also "a directory on the way is missing": tell the two apart.
+    if (err == ENOTDIR && unique_fd(resolve(root.root_fd, path, O_PATH)).is_open()) {
+        return path_error(errc::invalid_path, path, "not a directory");
+    }
+    return errno_error(err, path);
+}
+
+}  // namespace
+
+result<void> check_listable_dir(const sandbox_root& root, const std::string& path) {
+    if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
+    const sandbox_identity identity(root.uid, root.gid);
+    if (auto switched = identity.status(); !switched) return switched.error();
+    auto opened = open_listable_dir(root, path);
+    if (!opened) return std::move(opened).error();
+    return {};
+}
+
 result<std::vector<dir_entry>> list_dir(const sandbox_root& root, const std::string& path,
                                         const file_limits& limits) {
     if (auto invalid = validate_path(path); !invalid) return std::move(invalid).error();
     const sandbox_identity identity(root.uid, root.gid);
     if (auto switched = identity.status(); !switched) return switched.error();
-    unique_fd fd(resolve(root.root_fd, path, O_RDONLY | O_DIRECTORY));
-    if (!fd.is_open()) {
-        const int err = errno;
-        // ENOTDIR is also "a directory on the way is missing": tell the two apart.
-        if (err == ENOTDIR && unique_fd(resolve(root.root_fd, path, O_PATH)).is_open()) {
-            return path_error(errc::invalid_path, path, "not a directory");
-        }
-        return errno_error(err, path);
-    }
+    auto opened = open_listable_dir(root, path);
+    if (!opened) return std::move(opened).error();
+    unique_fd fd = std::move(*opened);
     DIR* dir = ::fdopendir(fd.get());
     if (dir == nullptr) return errno_error(errno, path);
     fd.release();  // owned by `dir` now

@@ -46,6 +46,10 @@ struct path_parts {
 };
 path_parts split_path(std::string_view path);
 
+// Whether `name` is one of the temporary files the writes below make (".moat-<16 hex>.tmp"),
+// renamed over their target once written: a watch reports the target instead.
+bool is_temporary_name(std::string_view name) noexcept;
+
 // Opens /proc/<host_pid>/root (O_PATH | O_DIRECTORY) and checks through `pidfd` that the process
 // was still alive afterwards, so a reused pid can never hand out another process's root.
 result<unique_fd> open_sandbox_root(int host_pid, int pidfd);
@@ -133,6 +137,10 @@ result<std::vector<file_metadata_result>> read_metadata(const sandbox_root& root
 
 // lstat-like: a final symlink is reported as a symlink.
 result<file_stat> stat_path(const sandbox_root& root, const std::string& path);
+
+// Whether the sandbox user could list the directory at `path` (what a watch of it needs): the
+// errors of list_dir (file_not_found, invalid_path "not a directory", permission_denied).
+result<void> check_listable_dir(const sandbox_root& root, const std::string& path);
 
 // Entries other than "." and "..", sorted by name; too_large past limits.max_dir_entries.
 result<std::vector<dir_entry>> list_dir(const sandbox_root& root, const std::string& path,

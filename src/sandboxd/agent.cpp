@@ -261,6 +261,10 @@ bool agent::handle_control(int fd) {
             handle_exec(fd, record, std::span(fds, fd_count), descriptors_lost);
             return true;
         }
+        if (h.type == static_cast<std::uint32_t>(wire::message_type::watch_dir)) {
+            handle_watch_dir(fd, record, std::span(fds, fd_count), descriptors_lost);
+            return true;
+        }
         wire::kill_message kill{};
         if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(fd, kill);
         wire::connect_port_message connect{};

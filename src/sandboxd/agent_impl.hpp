@@ -6,6 +6,7 @@
 //                       `started` and `exited` reports, reaping, and the per-command cgroups
 //   agent_terminals.cpp terminals: a command's pseudo-terminal on the sandbox's devpts, the
 //                       master handed out with `started` and to each pty_attach
+//   agent_watch.cpp     file watches: an inotify watch added in the sandbox's mount namespace
 //
 // Single-threaded: everything runs on pid 1's one loop (agent::run).
 #pragma once
@@ -113,8 +114,12 @@ class agent {
     void handle_connect_port(int fd, const wire::connect_port_message& m);
     // Connects to a unix-domain stream socket in the sandbox; answers port_connected likewise.
     void handle_connect_unix(int fd, const wire::connect_unix_message& m);
-    // Sends an answer (port_connected, pty_attached) with `descriptor` attached (when >= 0),
-    // then closes our copy.
+    // Adds an inotify watch on a directory of the sandbox (wire::watch_dir_message) to the
+    // attached instance, or to a new one it hands out; answers watch_added. Closes `fds`.
+    void handle_watch_dir(int fd, std::span<const std::byte> record, std::span<int> fds,
+                          bool descriptors_lost);
+    // Sends an answer (port_connected, pty_attached, watch_added) with `descriptor` attached
+    // (when >= 0), then closes our copy.
     void send_attached(int fd, std::span<const std::byte> record, int descriptor);
     // Reads the status pipes that turned readable: EOF means the child exec'd (`started` goes
     // out), an errno that it failed (reported when it is reaped).

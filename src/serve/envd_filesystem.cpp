@@ -3,8 +3,7 @@
 // safe with hostile names and planted symlinks). Error codes as envd's: not_found for a missing
 // path, already_exists for MakeDir on a directory, invalid_argument for MakeDir on a non-directory
 // or ListDir of one and for a bad path, unauthenticated for a user other than the sandbox's,
-// internal for the rest. WatchDir and the polling watcher RPCs answer `unimplemented` (see
-// docs/serve.md).
+// internal for the rest. WatchDir and the polling watcher RPCs are envd_watch.cpp's.
 #include "serve/connect_rpc.hpp"
 #include "serve/envd_entry.hpp"
 #include "serve/envd_files.hpp"
@@ -246,31 +245,16 @@ asio::awaitable<void> unary(envd_call& call) {
     }
 }
 
-asio::awaitable<void> unimplemented_stream(envd_call& call) {
-    connect_stream stream(call.response);
-    const std::string message =
-        std::string(call.request.path()) + " is not supported by moat serve (no directory watches)";
-    (void)co_await stream.async_end(connect::code::unimplemented, message);
-}
-
-asio::awaitable<void> unimplemented_unary(envd_call& call) {
-    const std::string message =
-        std::string(call.request.path()) + " is not supported by moat serve (no directory watches)";
-    (void)co_await async_send_unary_error(call.response, connect::code::unimplemented, message);
-}
-
 }  // namespace
 
-void add_filesystem_service(envd_routes& routes, serve_context&) {
+void add_filesystem_service(envd_routes& routes, serve_context& context) {
     routes.add("POST", "/filesystem.Filesystem/Stat", unary<std::string, stat_rpc>);
     routes.add("POST", "/filesystem.Filesystem/ListDir",
                unary<protocol::list_dir_request, list_dir_rpc>);
     routes.add("POST", "/filesystem.Filesystem/MakeDir", unary<std::string, make_dir_rpc>);
     routes.add("POST", "/filesystem.Filesystem/Move", unary<protocol::move_request, move_rpc>);
     routes.add("POST", "/filesystem.Filesystem/Remove", unary<std::string, remove_rpc>);
-    routes.add("POST", "/filesystem.Filesystem/WatchDir", unimplemented_stream);
-    for (const char* method : {"CreateWatcher", "GetWatcherEvents", "RemoveWatcher"})
-        routes.add("POST", std::string("/filesystem.Filesystem/") + method, unimplemented_unary);
+    add_watch_routes(routes, context);
 }
 
 }  // namespace moat::serve

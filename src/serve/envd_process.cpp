@@ -632,12 +632,6 @@ asio::awaitable<void> stream_input(envd_call& call) {
     (void)co_await stream.async_end(code::unimplemented, message);
 }
 
-using service_handler = asio::awaitable<void> (*)(service_ptr, envd_call&);
-
-envd_handler with_service(const service_ptr& service, service_handler handler) {
-    return [service, handler](envd_call& call) { return handler(service, call); };
-}
-
 }  // namespace
 
 void add_process_service(envd_routes& routes, serve_context& context) {

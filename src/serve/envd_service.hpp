@@ -54,6 +54,14 @@ struct envd_call {
 
 using envd_handler = std::function<asio::awaitable<void>(envd_call&)>;
 
+// A handler of a service with state of its own (the process table, the watchers): `handler`
+// called with the service and the call.
+template <class Service>
+envd_handler with_service(const std::shared_ptr<Service>& service,
+                          asio::awaitable<void> (*handler)(std::shared_ptr<Service>, envd_call&)) {
+    return [service, handler](envd_call& call) { return handler(service, call); };
+}
+
 enum class envd_auth {
     token,               // X-Access-Token required (every Connect RPC)
     token_or_signature,  // GET/POST /files: the token, or a signed URL (see above)
@@ -94,6 +102,8 @@ class envd_routes {
 // The services, each in its own file; each adds its routes.
 void add_process_service(envd_routes& routes, serve_context& context);     // envd_process.cpp
 void add_filesystem_service(envd_routes& routes, serve_context& context);  // envd_filesystem.cpp
-void add_file_routes(envd_routes& routes, serve_context& context);         // envd_files.cpp
+// WatchDir and the polling watchers, added by add_filesystem_service.
+void add_watch_routes(envd_routes& routes, serve_context& context);  // envd_watch.cpp
+void add_file_routes(envd_routes& routes, serve_context& context);   // envd_files.cpp
 
 }  // namespace moat::serve

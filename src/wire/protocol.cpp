@@ -124,4 +124,47 @@ bool decode_exec(std::span<const std::byte> record, exec_request_view& out) {
     return true;
 }
 
+bool encode_watch_dir(std::uint64_t request_id, std::uint32_t mask, std::string_view base,
+                      std::string_view relative, std::vector<std::byte>& out) {
+    if (has_nul(base) || has_nul(relative) || base.empty() || base.front() != '/' ||
+        base.size() + relative.size() > max_watch_path_bytes) {
+        return false;
+    }
+    const std::size_t size = sizeof(watch_dir_message) + base.size() + relative.size();
+    auto m = make_message<watch_dir_message>(message_type::watch_dir);
+    m.h.size = static_cast<std::uint32_t>(size);
+    m.request_id = request_id;
+    m.mask = mask;
+    m.base_bytes = static_cast<std::uint32_t>(base.size());
+    m.relative_bytes = static_cast<std::uint32_t>(relative.size());
+    const std::size_t start = out.size();
+    out.resize(start + size);
+    std::byte* p = out.data() + start;
+    std::memcpy(p, &m, sizeof m);
+    std::memcpy(p + sizeof m, base.data(), base.size());
+    std::memcpy(p + sizeof m + base.size(), relative.data(), relative.size());
+    return true;
+}
+
+bool decode_watch_dir(std::span<const std::byte> record, watch_dir_view& out) {
+    header h{};
+    if (!read_header(record, h) || h.type != static_cast<std::uint32_t>(message_type::watch_dir) ||
+        h.size < sizeof(watch_dir_message)) {
+        return false;
+    }
+    watch_dir_message m{};
+    std::memcpy(&m, record.data(), sizeof m);
+    const std::size_t paths = std::size_t{m.base_bytes} + m.relative_bytes;
+    if (paths > max_watch_path_bytes || sizeof m + paths != record.size()) return false;
+    const char* p = reinterpret_cast<const char*>(record.data()) + sizeof m;
+    const std::string_view base(p, m.base_bytes);
+    const std::string_view relative(p + m.base_bytes, m.relative_bytes);
+    if (base.empty() || base.front() != '/' || has_nul(base) || has_nul(relative)) return false;
+    out.request_id = m.request_id;
+    out.mask = m.mask;
+    out.base = base;
+    out.relative = relative;
+    return true;
+}
+
 }  // namespace moat::wire

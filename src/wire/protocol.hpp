@@ -59,6 +59,7 @@ enum class message_type : std::uint32_t {
     set_ttl = 32,
     connect_port = 33,
     connect_unix = 34,
+    watch_dir = 35,   // SCM_RIGHTS: [] (a new inotify instance) or [the inotify instance to add to]
     pty_attach = 37,  // another duplicate of a running terminal command's master (pty_attached)
     // agent -> library
     ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
@@ -67,6 +68,9 @@ enum class message_type : std::uint32_t {
     ttl_set = 43,  // reply to set_ttl
     // reply to connect_port and connect_unix; SCM_RIGHTS: [the socket] when it succeeded
     port_connected = 44,
+    // reply to watch_dir; SCM_RIGHTS: [the new inotify instance] when the request attached none
+    // and the watch was added
+    watch_added = 45,
     // reply to pty_attach; SCM_RIGHTS: [the terminal's master] when it succeeded
     pty_attached = 47,
 };
@@ -274,6 +278,51 @@ struct port_connected_message {
     std::int32_t connect_errno;  // 0: the socket is attached; else why not (ECONNREFUSED, EPERM)
     std::uint32_t flags;         // port_connected_flags
 };
+
+// Asks pid 1 to add an inotify watch on a directory of the sandbox: `base` (an absolute path,
+// symlinks followed inside the sandbox, as any path a process there opens), then each component
+// of `relative` (a path below it, "" for base itself) opened without following a symlink, so a
+// subdirectory swapped for a link while the library asked is refused (ENOTDIR), never watched
+// elsewhere. The watch is added by descriptor (O_PATH, IN_ONLYDIR): no second lookup of the
+// path. With no descriptor attached, pid 1 makes a new inotify instance (IN_CLOEXEC |
+// IN_NONBLOCK) and hands it out with the answer; with one attached (the library's instance) it
+// adds the watch there and closes its copy: pid 1 keeps nothing. Followed by `base_bytes` bytes of
+// base, then `relative_bytes` bytes of relative (no terminators). The agent answers watch_added
+// with the same request_id.
+struct watch_dir_message {
+    header h;
+    std::uint64_t request_id;
+    std::uint32_t mask;  // inotify event bits (IN_ONLYDIR is added)
+    std::uint32_t base_bytes;
+    std::uint32_t relative_bytes;
+    std::uint32_t reserved;
+};
+
+struct watch_added_message {
+    header h;
+    std::uint64_t request_id;
+    std::int32_t watch_errno;  // 0: added; else why not (ENOENT, ENOTDIR, EACCES, EMFILE, ENOSPC)
+    std::int32_t watch_descriptor;  // the inotify watch descriptor when added
+};
+
+// The longest `base` plus `relative` a watch_dir record carries (PATH_MAX without its NUL).
+inline constexpr std::size_t max_watch_path_bytes = 4095;
+
+// Appends a watch_dir record to `out`. False (out untouched) if a path contains a NUL byte, base
+// is not absolute, or the two are longer than max_watch_path_bytes together.
+bool encode_watch_dir(std::uint64_t request_id, std::uint32_t mask, std::string_view base,
+                      std::string_view relative, std::vector<std::byte>& out);
+
+struct watch_dir_view {
+    std::uint64_t request_id = 0;
+    std::uint32_t mask = 0;
+    std::string_view base;  // views into the record
+    std::string_view relative;
+};
+
+// Parses a watch_dir record; false if a length, the record's size or a path breaks the rules of
+// encode_watch_dir.
+bool decode_watch_dir(std::span<const std::byte> record, watch_dir_view& out);
 
 struct ready_message {
     header h;

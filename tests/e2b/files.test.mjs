@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
-import { removeDir, requireSdk, runMoat, startServe, waitFor } from './harness.mjs';
+import { inSandbox, removeDir, requireSdk, startServe, waitFor } from './harness.mjs';
 
 const sdks = await requireSdk();
 
@@ -24,13 +24,6 @@ before(async () => {
 after(async () => {
     if (serve) assert.equal(await serve.stop(), 0);
 });
-
-// Runs a shell command inside the sandbox (through the moat CLI, which attaches to it).
-async function inSandbox(sbx, command) {
-    const r = await runMoat(['exec', sbx.sandboxId, '--', '/bin/sh', '-c', command]);
-    assert.equal(r.code, 0, `in-sandbox command failed: ${command}: ${r.stderr}`);
-    return r.stdout;
-}
 
 // The server's peak resident set size so far, in bytes.
 function servePeakRss() {
@@ -167,7 +160,9 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 await assert.rejects(sbx.files.makeDir('afile'), sdk.InvalidArgumentError);
                 await assert.rejects(sbx.files.read('afile', { user: 'root' }), sdk.AuthenticationError);
                 await assert.rejects(sbx.files.getInfo('afile', { user: 'root' }), sdk.AuthenticationError);
-                await assert.rejects(sbx.files.watchDir('adir', () => {}), sdk.SandboxError);
+                // Watches work now (tests/e2b/watch.test.mjs): a file or a missing directory fails.
+                await assert.rejects(sbx.files.watchDir('afile', () => {}), sdk.SandboxError);
+                await assert.rejects(sbx.files.watchDir('nope', () => {}), sdk.FileNotFoundError);
             } finally {
                 await killAndCheck(sbx);
             }

@@ -203,3 +203,11 @@ export function runMoat(args, timeoutMs = 60_000) {
 export function removeDir(dir) {
     rmSync(dir, { recursive: true, force: true });
 }
+
+// Runs a shell command inside the sandbox (through the moat CLI, which attaches to it) and
+// returns its stdout; fails the test when it exits non-zero.
+export async function inSandbox(sbx, command) {
+    const r = await runMoat(['exec', sbx.sandboxId, '--', '/bin/sh', '-c', command]);
+    if (r.code !== 0) throw new Error(`in-sandbox command failed: ${command}: ${r.stderr}`);
+    return r.stdout;
+}

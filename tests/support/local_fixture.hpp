@@ -2,6 +2,7 @@
 #pragma once
 
 #include <moat/local_backend.hpp>
+#include <moat/sandbox.hpp>
 #include <moat/task_group.hpp>
 
 #include "support/async_test.hpp"
@@ -9,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace moat::test {
@@ -30,6 +32,14 @@ inline exec_request shell(const std::string& command) {
     exec_request request;
     request.shell = command;
     return request;
+}
+
+// Runs `command` through the handle's ordered lane and stores its outcome in `out` (for a
+// command a test starts beside what it checks).
+inline asio::awaitable<void> exec_into(std::shared_ptr<sandbox> box, std::string command,
+                                       std::shared_ptr<std::optional<result<exec_result>>> out) {
+    auto request = shell(command);
+    out->emplace(co_await box->async_exec(std::move(request)));
 }
 
 struct local_fixture {
