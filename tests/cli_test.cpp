@@ -396,8 +396,9 @@ TEST_CASE("moat inventory shows usage and moat smoke passes") {
     CHECK(o.output.find("\"cpu_time_us\":") != std::string::npos);
     CHECK(o.output.find("\"disk_total_bytes\":null") == std::string::npos);
     // A file written in the workspace shows in the disk's use.
-    REQUIRE(moat_cli("exec " + id + " -- sh -c 'head -c 3000000 /dev/zero > /workspace/f'")
-                .exit_code == 0);
+    REQUIRE(
+        moat_cli("exec " + id + " -- sh -c 'head -c 3000000 /dev/zero > /workspace/f'").exit_code ==
+        0);
     auto filled = moat_stdout("inventory --json --label test=inventory");
     const auto at = filled.output.find("\"disk_used_bytes\":");
     REQUIRE(at != std::string::npos);
