@@ -230,7 +230,7 @@ TEST_CASE_FIXTURE(
 }
 
 TEST_CASE_FIXTURE(local_fixture,
-                  "a terminal dropped before its end kills its command; a bad size is refused" *
+                  "a terminal dropped before its end kills its command, and a bad size is refused" *
                       moat::test::shares_host) {
     MOAT_REQUIRE_NAMESPACES();
     moat::runtime rt(*local);
