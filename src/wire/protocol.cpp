@@ -13,7 +13,7 @@ bool read_header(std::span<const std::byte> record, header& out) noexcept {
 void copy_field(std::span<char> field, std::string_view text) noexcept {
     if (field.empty()) return;
     const std::size_t n = std::min(text.size(), field.size() - 1);
-    std::memcpy(field.data(), text.data(), n);
+    if (n != 0) std::memcpy(field.data(), text.data(), n);  // an empty view's data may be null
     std::fill(field.begin() + static_cast<std::ptrdiff_t>(n), field.end(), '\0');
 }
 
@@ -142,7 +142,9 @@ bool encode_watch_dir(std::uint64_t request_id, std::uint32_t mask, std::string_
     std::byte* p = out.data() + start;
     std::memcpy(p, &m, sizeof m);
     std::memcpy(p + sizeof m, base.data(), base.size());
-    std::memcpy(p + sizeof m + base.size(), relative.data(), relative.size());
+    // An empty view may hold a null pointer, which memcpy must never get (even for 0 bytes).
+    if (!relative.empty())
+        std::memcpy(p + sizeof m + base.size(), relative.data(), relative.size());
     return true;
 }
 
