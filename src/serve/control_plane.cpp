@@ -2,10 +2,10 @@
 
 #include <moat/log.hpp>
 
-#include "core/base64.hpp"
 #include "e2b_protocol/network_names.hpp"
 #include "e2b_protocol/sandbox_replies.hpp"
 #include "egress/address_policy.hpp"
+#include "serve/sandbox_listing.hpp"
 #include "serve/sandbox_metrics.hpp"
 #include "serve/server_secret.hpp"
 
@@ -92,10 +92,6 @@ std::string client_message(std::string_view what, const error& e) {
     if (status_for(e) != 500) return std::string(what) + ": " + e.to_string();
     detail::log(log_level::warning, "serve", std::string(what) + ": " + e.to_string());
     return std::string(what) + ": " + code_name(e) + " (the server's log has the detail)";
-}
-
-std::int64_t unix_ms(system_clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
 // The templates a create may name: "base" (the default root), and the names E2B's Code
@@ -503,66 +499,7 @@ asio::awaitable<void> connect(control_call& call) {
     co_await send_json(call.response, 200, std::move(reply));
 }
 
-// ---- list --------------------------------------------------------------------------------------
-
-// A list request as this server reads it: E2B's parameters, and its own page cursor decoded
-// from nextToken.
-struct list_query {
-    protocol::list_request request;
-    bool running = true;  // the running state was asked for (moat has no paused sandboxes)
-    bool descending = true;
-    std::size_t limit = 100;
-    std::optional<std::pair<std::int64_t, std::string>> after;  // the next token's cursor
-};
-
-// The cursor of the page after the one ending at `last`: base64url of "<ms>__<id>[__asc]".
-std::string next_token(const registry_entry& last, bool descending) {
-    std::string cursor = std::to_string(unix_ms(last.started_at)) + "__" + last.id;
-    if (!descending) cursor += "__asc";
-    return base64url_encode(cursor);
-}
-
-std::optional<std::pair<std::int64_t, std::string>> parse_next_token(std::string_view token,
-                                                                     bool descending) {
-    const auto decoded = base64url_decode(token);
-    if (!decoded) return std::nullopt;
-    const std::string_view suffix = "__asc";
-    std::string_view text = *decoded;
-    const bool asc = text.ends_with(suffix);
-    if (asc) text.remove_suffix(suffix.size());
-    const auto sep = text.find("__");
-    long long ms = 0;
-    if (sep == std::string_view::npos || asc == descending || sep + 2 >= text.size() ||
-        std::from_chars(text.data(), text.data() + sep, ms).ptr != text.data() + sep)
-        return std::nullopt;
-    return std::make_pair(static_cast<std::int64_t>(ms), std::string(text.substr(sep + 2)));
-}
-
-result<list_query> parse_list_query(std::string_view raw, bool paged) {
-    auto request = protocol::parse_list_request(raw, paged);
-    if (!request) return std::move(request).error();
-    list_query q;
-    q.request = std::move(*request);
-    const auto& r = q.request;
-    if (!r.state.empty()) q.running = ("," + r.state + ",").find(",running,") != std::string::npos;
-    if (!r.order.empty()) q.descending = r.order == "desc";
-    q.limit = r.limit.value_or(100);
-    if (!r.next_token.empty()) {
-        q.after = parse_next_token(r.next_token, q.descending);
-        if (!q.after) return make_error(errc::invalid_argument, "Invalid next token");
-    }
-    return q;
-}
-
-bool matches(const registry_entry& e, const protocol::list_request& q) {
-    for (const auto& [k, v] : q.metadata) {
-        const auto it = e.metadata.find(k);
-        if (it == e.metadata.end() || it->second != v) return false;
-    }
-    if (!q.template_id.empty() && q.template_id != e.template_id) return false;
-    if (q.started_after && e.started_at <= *q.started_after) return false;
-    return true;
-}
+// ---- list (sandbox_listing.hpp picks the page) ------------------------------------------------
 
 asio::awaitable<void> list(control_call& call, bool paged) {
     auto q = parse_list_query(call.request.query(), paged);
@@ -570,34 +507,14 @@ asio::awaitable<void> list(control_call& call, bool paged) {
         co_await send_bad_request(call.response, q.error());
         co_return;
     }
-    std::vector<std::shared_ptr<registry_entry>> picked;
-    if (q->running) {
-        for (auto& e : call.s.context.registry.live()) {
-            if (matches(*e, q->request)) picked.push_back(e);
-        }
-    }
-    const auto key = [](const registry_entry& e) {
-        return std::make_pair(unix_ms(e.started_at), std::string_view(e.id));
-    };
-    std::sort(picked.begin(), picked.end(), [&](const auto& a, const auto& b) {
-        return q->descending ? key(*b) < key(*a) : key(*a) < key(*b);
-    });
-    const std::size_t total = picked.size();
-    if (q->after) {
-        const auto cursor = std::make_pair(q->after->first, std::string_view(q->after->second));
-        std::erase_if(picked, [&](const auto& e) {
-            return q->descending ? !(key(*e) < cursor) : !(cursor < key(*e));
-        });
-    }
-    const bool more = paged && picked.size() > q->limit;
-    if (paged && picked.size() > q->limit) picked.resize(q->limit);
+    const auto page = select_page(call.s.context.registry.live(), *q, paged);
     std::vector<protocol::sandbox_detail> listed;
-    for (const auto& e : picked)
+    for (const auto& e : page.entries)
         listed.push_back(detail_of(*e, false, call.s.context.options.domain));
     http::header_list headers;
     headers.add("Content-Type", "application/json");
-    if (paged && q->running) headers.add("X-Total-Running", std::to_string(total));
-    if (more) headers.add("X-Next-Token", next_token(*picked.back(), q->descending));
+    if (paged && q->running) headers.add("X-Total-Running", std::to_string(page.total));
+    if (page.next_token) headers.add("X-Next-Token", *page.next_token);
     std::string body = protocol::encode_sandbox_list(listed);
     (void)co_await call.response.async_send(200, std::move(headers), std::move(body));
 }
