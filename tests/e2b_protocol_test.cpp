@@ -560,16 +560,32 @@ TEST_CASE(
     CHECK_FALSE(protocol::parse_watch_dir_request("[]"));
     CHECK(protocol::encode_watch_start() == R"({"start":{}})");
     CHECK(protocol::encode_watch_keepalive() == R"({"keepalive":{}})");
-    moat::watch_event event{"a/b", moat::watch_event_type::chmod, false};
+    protocol::filesystem_event event{{"a/b", moat::watch_event_type::chmod, false}, {}};
     CHECK(protocol::encode_watch_event(event) ==
           R"({"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD"}})");
+    // includeEntry: the entry follows the type, written as Stat's EntryInfo.
+    protocol::entry_info entry;
+    entry.name = "b";
+    entry.type = protocol::entry_type::file;
+    entry.path = "/home/user/a/b";
+    entry.size = 3;
+    entry.mode = 0644;
+    entry.permissions = "-rw-r--r--";
+    entry.owner = "user";
+    entry.group = "user";
+    event.entry = entry;
+    CHECK(protocol::encode_watch_event(event) ==
+          R"({"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD","entry":{"name":"b",)"
+          R"("type":"FILE_TYPE_FILE","path":"/home/user/a/b","size":"3","mode":420,)"
+          R"("permissions":"-rw-r--r--","owner":"user","group":"user"}}})");
     CHECK(protocol::encode_create_watcher_response("w01") == R"({"watcherId":"w01"})");
     auto id = protocol::parse_watcher_id_request(R"({"watcherId":"w01"})");
     REQUIRE(id);
     CHECK(*id == "w01");
     CHECK_FALSE(protocol::parse_watcher_id_request(R"({"watcherId":1})"));
-    std::vector<moat::watch_event> events = {{"f", moat::watch_event_type::create, false},
-                                             {"f", moat::watch_event_type::remove, false}};
+    std::vector<protocol::filesystem_event> events = {
+        {{"f", moat::watch_event_type::create, false}, {}},
+        {{"f", moat::watch_event_type::remove, false}, {}}};
     CHECK(protocol::encode_watcher_events_response(events) ==
           R"({"events":[{"name":"f","type":"EVENT_TYPE_CREATE"},)"
           R"({"name":"f","type":"EVENT_TYPE_REMOVE"}]})");

@@ -32,9 +32,14 @@ result<std::string> string_field(const simdjson::dom::object& o, std::string_vie
     return std::string(s);
 }
 
-void write_event(json_writer& w, const watch_event& event) {
-    w.begin_object().key("name").value(event.name);
-    w.key("type").value(event_type_name(event.type)).end_object();
+void write_event(json_writer& w, const filesystem_event& e) {
+    w.begin_object().key("name").value(e.event.name);
+    w.key("type").value(event_type_name(e.event.type));
+    if (e.entry) {
+        w.key("entry");
+        write_entry_info(w, *e.entry);
+    }
+    w.end_object();
 }
 
 }  // namespace
@@ -79,7 +84,7 @@ std::string encode_watch_keepalive() {
     return R"({"keepalive":{}})";
 }
 
-std::string encode_watch_event(const watch_event& event) {
+std::string encode_watch_event(const filesystem_event& event) {
     json_writer w;
     w.begin_object().key("filesystem");
     write_event(w, event);
@@ -99,7 +104,7 @@ std::string encode_create_watcher_response(std::string_view watcher_id) {
     return w.take();
 }
 
-std::string encode_watcher_events_response(const std::vector<watch_event>& events) {
+std::string encode_watcher_events_response(const std::vector<filesystem_event>& events) {
     json_writer w;
     w.begin_object().key("events").begin_array();
     for (const auto& event : events) write_event(w, event);

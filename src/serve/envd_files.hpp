@@ -39,6 +39,12 @@ std::string sandbox_user(const registry_entry& sandbox);
 asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
                                                   std::vector<entry_info>& entries);
 
+// What Stat answers for `path` (clean and absolute), or nothing when it does not exist or cannot
+// be read (best effort: watch events' entries, envd_watch.cpp). envd_filesystem.cpp.
+asio::awaitable<std::optional<entry_info>> async_stat_entry(serve_context& context,
+                                                            const registry_entry& sandbox,
+                                                            std::string path);
+
 // An RPC's user (Authorization: Basic base64("<user>:")): nullopt when absent or the sandbox's
 // user, else the one-line reason to refuse it (unauthenticated).
 std::optional<std::string> check_rpc_user(const envd_call& call);

@@ -70,11 +70,13 @@ struct listing_turn {
 };
 
 // `output_cap`: max_listing_bytes for a listing, which first waits for a server-wide turn.
-asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<std::string> argv,
+asio::awaitable<result<command_outcome>> async_run(serve_context& context,
+                                                   const registry_entry& sandbox,
+                                                   std::vector<std::string> argv,
                                                    std::size_t output_cap = max_entry_bytes) {
     listing_turn turn;
     if (output_cap > max_entry_bytes) {
-        auto& turns = listing_turns(call.context);
+        auto& turns = listing_turns(context);
         const auto limit = deadline::after(listing_wait);
         const auto granted = co_await turns.async_acquire(limit);
         if (granted != operation_queue::turn::granted)
@@ -89,8 +91,8 @@ asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<
     request.wall_limit = command_wall_limit;
     request.output.head_bytes = output_cap;
     request.output.tail_bytes = 0;
-    auto ran = co_await call.sandbox->handle->async_exec(std::move(request), deadline::never(),
-                                                         lane::side);
+    auto ran =
+        co_await sandbox.handle->async_exec(std::move(request), deadline::never(), lane::side);
     if (!ran) co_return ran.error();
     command_outcome out;
     out.exit_code = ran->exit_code;
@@ -103,7 +105,7 @@ asio::awaitable<result<command_outcome>> async_run(envd_call& call, std::vector<
         auto parsed = parse_find_output(ran->out.head);
         if (!parsed) co_return parsed.error();
         out.entries = std::move(*parsed);
-        if (auto filled = co_await async_fill_metadata(*call.sandbox, out.entries); !filled)
+        if (auto filled = co_await async_fill_metadata(sandbox, out.entries); !filled)
             co_return std::move(filled).error();
     } else if (ran->exit_code != exit_not_found && ran->exit_code != exit_not_directory &&
                ran->exit_code != exit_already_exists) {
@@ -166,7 +168,7 @@ asio::awaitable<outcome> run_rpc(envd_call& call) {
     if (auto resolved = resolve_paths(*sent, *call.sandbox); !resolved)
         co_return fail(connect::code::invalid_argument, resolved.error().detail);
     auto argv = Rpc.command(*sent);
-    auto ran = co_await async_run(call, std::move(argv), Rpc.output_cap);
+    auto ran = co_await async_run(call.context, *call.sandbox, std::move(argv), Rpc.output_cap);
     if (!ran) co_return from_error(ran.error());
     co_return Rpc.answer(*sent, *ran);
 }
@@ -246,6 +248,15 @@ asio::awaitable<void> unary(envd_call& call) {
 }
 
 }  // namespace
+
+asio::awaitable<std::optional<entry_info>> async_stat_entry(serve_context& context,
+                                                            const registry_entry& sandbox,
+                                                            std::string path) {
+    auto argv = stat_command(path);
+    auto ran = co_await async_run(context, sandbox, std::move(argv));
+    if (!ran || ran->exit_code != 0 || ran->entries.size() != 1) co_return std::nullopt;
+    co_return std::move(ran->entries[0]);
+}
 
 void add_filesystem_service(envd_routes& routes, serve_context& context) {
     routes.add("POST", "/filesystem.Filesystem/Stat", unary<std::string, stat_rpc>);

@@ -10,6 +10,10 @@
 // when the client goes (seen at the next send), or with resource_exhausted when events were
 // lost because the client read too slowly.
 //
+// includeEntry: each event carries what Stat answers for its path, read when serve takes the
+// event from the watch (one command on the side lane per event; best effort, as envd's: an entry
+// gone by then, a removal for one, has none).
+//
 // The polling watchers are serve's: a random id per watcher, at most max_watchers per sandbox,
 // at most max_buffered_events kept between two polls (a poll after a loss fails once with
 // resource_exhausted saying how many were lost; the watcher goes on), removed with the sandbox,
@@ -53,7 +57,7 @@ struct watcher {
     std::string id;
     std::string sandbox_id;
     std::uint64_t task = 0;  // its pump, in the server's background group
-    std::vector<watch_event> events;
+    std::vector<protocol::filesystem_event> events;
     std::uint64_t lost = 0;
     std::chrono::steady_clock::time_point polled = std::chrono::steady_clock::now();
     std::optional<std::string> ended;  // why its watch ended
@@ -77,9 +81,25 @@ using service_ptr = std::shared_ptr<watch_service>;
 // Opens the watch a request asks for; the Connect error to answer with when it cannot.
 struct opened_watch {
     std::optional<dir_watch> watch;
+    std::string path;  // the directory watched, resolved
+    bool include_entry = false;
     code failure = code::internal;
     std::string message;
 };
+
+// An event as the SDK gets it: with its entry when the watch asked for entries.
+asio::awaitable<protocol::filesystem_event> sdk_event(serve_context& context,
+                                                      const registry_entry& sandbox,
+                                                      const opened_watch& opened,
+                                                      watch_event event) {
+    protocol::filesystem_event out{std::move(event), std::nullopt};
+    if (!opened.include_entry) co_return out;
+    std::string path = opened.path;
+    if (path != "/") path += '/';
+    path += out.event.name;
+    out.entry = co_await async_stat_entry(context, sandbox, std::move(path));
+    co_return out;
+}
 
 asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body) {
     opened_watch out;
@@ -92,11 +112,6 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
     if (!request) {
         out.failure = code::invalid_argument;
         out.message = request.error().detail;
-        co_return out;
-    }
-    if (request->include_entry) {
-        out.failure = code::unimplemented;
-        out.message = "includeEntry is not supported by moat serve (events carry no entry)";
         co_return out;
     }
     auto path = resolve_envd_path(request->path, sandbox_home(*call.sandbox));
@@ -116,6 +131,8 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
         co_return out;
     }
     out.watch = std::move(*opened);
+    out.path = std::move(*path);
+    out.include_entry = request->include_entry;
     co_return out;
 }
 
@@ -144,8 +161,10 @@ asio::awaitable<void> watch_dir(envd_call& call) {
         const auto wake = earliest(keepalive_due, stream_end);
         auto next = co_await with_timeout(std::move(pull), wake);
         if (next) {
-            if (const auto* event = std::get_if<watch_event>(&*next)) {
-                const auto json = protocol::encode_watch_event(*event);
+            if (auto* event = std::get_if<watch_event>(&*next)) {
+                auto sent =
+                    co_await sdk_event(call.context, *call.sandbox, opened, std::move(*event));
+                const auto json = protocol::encode_watch_event(sent);
                 if (!co_await stream.async_send(json)) co_return;  // the client went away
                 keepalive_due = deadline::after(keepalive);
                 continue;
@@ -185,9 +204,9 @@ asio::awaitable<void> watch_dir(envd_call& call) {
 // Moves a polling watcher's events into its buffer until the watch ends, nobody polls it for
 // idle_watcher_limit, or it is removed (its task cancelled).
 asio::awaitable<void> pump_watcher(service_ptr service, std::shared_ptr<watcher> w,
-                                   dir_watch watch) {
+                                   std::shared_ptr<registry_entry> sandbox, opened_watch opened) {
     for (;;) {
-        auto pull = watch.async_next();
+        auto pull = opened.watch->async_next();
         const auto limit = deadline::after(idle_check);
         auto next = co_await with_timeout(std::move(pull), limit);
         if (!next) {
@@ -197,7 +216,9 @@ asio::awaitable<void> pump_watcher(service_ptr service, std::shared_ptr<watcher>
         }
         if (auto* event = std::get_if<watch_event>(&*next)) {
             if (w->events.size() < max_buffered_events) {
-                w->events.push_back(std::move(*event));
+                auto kept =
+                    co_await sdk_event(service->context, *sandbox, opened, std::move(*event));
+                w->events.push_back(std::move(kept));
             } else {
                 ++w->lost;
             }
@@ -256,7 +277,8 @@ asio::awaitable<void> create_watcher(service_ptr service, envd_call& call) {
     w->id = id;
     w->sandbox_id = call.sandbox->id;
     service->watchers[w->sandbox_id][id] = w;
-    w->task = service->context.background.spawn(pump_watcher(service, w, std::move(*opened.watch)));
+    w->task = service->context.background.spawn(
+        pump_watcher(service, w, call.sandbox, std::move(opened)));
     const auto json = protocol::encode_create_watcher_response(id);
     (void)co_await async_send_unary(call.response, json);
 }

@@ -2,7 +2,7 @@
 // files.watchDir (recursive events in order, a directory made after the watch, a write through
 // the SDK reported as envd reports it, a missing directory's and a file's errors, stop() ending
 // the stream), and envd's polling RPCs (CreateWatcher, GetWatcherEvents, RemoveWatcher), which the
-// JS SDK does not call, by raw Connect JSON over fetch. Also prints the watch event latency
+// JS SDK does not call, by raw Connect JSON over fetch; includeEntry in both. Also prints the watch event latency
 // (a write in the sandbox to its event at the SDK), p50/p99, for docs/benchmarks.md.
 // Run: node tests/e2b/watch.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
@@ -77,6 +77,57 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 await assert.rejects(sbx.files.watchDir('missing_dir', () => {}), FileNotFoundError);
                 await sbx.files.write('plain.txt', 'x');
                 await assert.rejects(sbx.files.watchDir('plain.txt', () => {}), SandboxError);
+            } finally {
+                await sbx.kill();
+            }
+        });
+
+        test('includeEntry: each event carries its entry while the path exists, in the stream and the polling RPCs', async () => {
+            const { FileType } = sdk;
+            const sbx = await Sandbox.create({ timeoutMs: 120_000 });
+            try {
+                const home = (await sbx.commands.run('echo -n $HOME')).stdout;
+                await sbx.files.makeDir('e/sub');
+                const events = [];
+                const handle = await sbx.files.watchDir('e', (e) => { events.push(e); },
+                    { recursive: true, includeEntry: true });
+                await sbx.files.write('e/sub/f.txt', 'twelve bytes');
+                // The write's event (and so its entry) before the file goes.
+                assert.ok(await waitFor(() => events.some((e) => e.type === FilesystemEventType.WRITE), 10_000),
+                    JSON.stringify(events));
+                await inSandbox(sbx, 'mkdir ~/e/d && rm ~/e/sub/f.txt');
+                assert.ok(await waitFor(() => events.some((e) => e.type === FilesystemEventType.REMOVE), 10_000),
+                    JSON.stringify(events));
+                await handle.stop();
+                const write = events.find((e) => e.type === FilesystemEventType.WRITE && e.name === 'sub/f.txt');
+                assert.ok(write, JSON.stringify(events));
+                assert.ok(write.entry, JSON.stringify(write));
+                assert.equal(write.entry.name, 'f.txt');
+                assert.equal(write.entry.path, `${home}/e/sub/f.txt`);
+                assert.equal(write.entry.type, FileType.FILE);
+                assert.equal(write.entry.size, 12);
+                const dir = events.find((e) => e.type === FilesystemEventType.CREATE && e.name === 'd');
+                assert.ok(dir, JSON.stringify(events));
+                if (dir.entry) assert.equal(dir.entry.type, FileType.DIR);
+                const removal = events.find((e) => e.type === FilesystemEventType.REMOVE);
+                assert.equal(removal.name, 'sub/f.txt');
+                assert.equal(removal.entry, undefined, 'a removed path has no entry');
+
+                // The polling RPCs carry the entry as EntryInfo JSON.
+                const created = await envdRpc(sbx, 'CreateWatcher', { path: 'e', includeEntry: true });
+                assert.equal(created.status, 200, JSON.stringify(created.body));
+                await sbx.files.write('e/g.txt', 'x');
+                let got = [];
+                assert.ok(await waitFor(async () => {
+                    const polled = await envdRpc(sbx, 'GetWatcherEvents', { watcherId: created.body.watcherId });
+                    got = got.concat(polled.body.events || []);
+                    return got.some((e) => e.type === 'EVENT_TYPE_WRITE');
+                }, 10_000, 200), JSON.stringify(got));
+                const polledWrite = got.find((e) => e.type === 'EVENT_TYPE_WRITE');
+                assert.equal(polledWrite.name, 'g.txt');
+                assert.equal(polledWrite.entry.path, `${home}/e/g.txt`);
+                assert.equal(polledWrite.entry.type, 'FILE_TYPE_FILE');
+                assert.equal(polledWrite.entry.size, '1');
             } finally {
                 await sbx.kill();
             }
