@@ -96,6 +96,9 @@ struct local_options {
     std::size_t file_threads = 2;
     // Limits of the egress proxy of each sandbox this backend creates.
     local_egress_limits egress;
+    // Where templates live on disk (templates.hpp); "" is default_data_dir() (/var/lib/moat as
+    // root).
+    std::string data_dir;
 };
 
 std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,

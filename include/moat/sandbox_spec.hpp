@@ -136,8 +136,10 @@ struct sandbox_network {
 const char* to_string(network_mode mode) noexcept;  // "none", "allow-list", "all"
 
 struct sandbox_spec {
-    // Root filesystem: "" is the backend's default (local: the host's /usr read-only plus a
-    // curated /etc; e2b: the provider's default template).
+    // Root filesystem: "" is the backend's default (local: "base", the host's /usr read-only plus
+    // a curated /etc; e2b: the provider's default template). Local: a template of the data
+    // directory (templates.hpp), whose root the sandbox gets writable (an overlay with a tmpfs
+    // upper, charged to its memory); an unknown name is invalid_argument.
     std::string template_name;
     // Environment every command sees, on top of PATH, HOME and LANG. Per-exec env overrides it.
     std::map<std::string, std::string> env;
@@ -175,6 +177,10 @@ struct sandbox_info {
     std::vector<std::string> layers;
     // The effective limits (see resource_limits).
     resource_limits limits;
+    // Local backend: the template it runs ("base" for the default root) and, for a template of
+    // the data directory, its layer's digest ("sha256:...", templates.hpp).
+    std::string template_name;
+    std::string template_digest;
     // The effective layout (see sandbox_layout): kept in the local backend's record, so attach,
     // inspect and list from another process report it too.
     sandbox_layout layout;

@@ -86,6 +86,8 @@ bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec) {
         spec.env[key] = value;
     } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
         spec.layout.workdir = parse_absolute_path("--workdir", *dir);
+    } else if (auto name = flag_value("--template", argc, argv, i)) {
+        spec.template_name = *name;
     } else {
         return false;
     }

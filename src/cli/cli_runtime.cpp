@@ -55,6 +55,11 @@ void select_backend(backend_choice choice) {
     selected_backend = choice;
 }
 
+std::string data_dir_from_environment() {
+    const char* dir = std::getenv("MOAT_DATA_DIR");
+    return dir != nullptr ? std::string(dir) : std::string();
+}
+
 int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) {
     // The CLI is the application: it may own signals. Ctrl-C cancels the work, which kills what
     // it started before the command exits.
@@ -64,7 +69,9 @@ int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) 
     if (selected_backend == backend_choice::e2b) {
         local = make_e2b_backend(io.get_executor(), e2b_config_from_environment());
     } else {
-        local = make_local_backend(io.get_executor());
+        local_options options;
+        options.data_dir = data_dir_from_environment();
+        local = make_local_backend(io.get_executor(), std::move(options));
     }
     asio::cancellation_signal cancel;
     asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);

@@ -31,6 +31,9 @@ std::optional<backend_choice> parse_backend_choice(std::string_view name);
 // Every other command runs on the local backend.
 void select_backend(backend_choice choice);
 
+// MOAT_DATA_DIR, or "" (the default data directory, templates.hpp).
+std::string data_dir_from_environment();
+
 // Runs `body` on a fresh io_context with the selected backend (local unless select_backend said
 // otherwise). SIGINT, SIGTERM and SIGHUP cancel it (terminal cancellation), once. Returns its exit
 // code, or exit_failure if it threw. The backend is shut down before returning.

@@ -28,6 +28,7 @@ int bench_command(int argc, char** argv);      // moat bench create|advise: late
 int mcp_command(int argc, char** argv);        // moat mcp: an MCP tool server on stdio
 int demo_command(int argc, char** argv);       // moat demo: a scripted model conversation
 int serve_command(int argc, char** argv);      // moat serve: an E2B-compatible sandbox host
+int template_command(int argc, char** argv);   // moat template: the local backend's templates
 
 // moat port-forward: local ports relayed to ports inside an existing sandbox.
 int port_forward_command(int argc, char** argv);

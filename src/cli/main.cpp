@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
             {"mcp", moat::cli::mcp_command},
             {"demo", moat::cli::demo_command},
             {"serve", moat::cli::serve_command},
+            {"template", moat::cli::template_command},
         };
         for (const auto& [name, run] : commands) {
             if (command == name) return run(argc - 2, argv + 2);

@@ -18,13 +18,14 @@ struct usage_block {
 constexpr usage_block blocks[] = {
     {"run",
      "  run [-it] [--timeout S] [--stdin] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] "
-     "[--json] -- CMD...\n"
+     "[--template NAME] [--json] -- CMD...\n"
      "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's "
      "code\n"
      "      (-t: on a terminal of the sandbox's own; -it: this terminal is its terminal, raw,\n"
      "      Ctrl-C goes to CMD; -i alone: stdin read whole first, as --stdin)\n"},
     {"create",
-     "  create [--ttl S] [--label K=V]... [--memory MB] [--env K=V]... [--workdir DIR] [--json]\n"
+     "  create [--ttl S] [--label K=V]... [--memory MB] [--env K=V]... [--workdir DIR]\n"
+     "         [--template NAME] [--json]\n"
      "      create a sandbox that outlives this command (until its TTL, default 1 h, or destroy);\n"
      "      prints its id on the last line\n"},
     {"exec",
@@ -59,6 +60,11 @@ constexpr usage_block blocks[] = {
      "      copy one file in or out; one side is ID:/absolute/path, the other a host path or -\n"
      "      (run, exec and cp to - show a sandbox's control characters on a terminal as ^[;\n"
      "      --raw passes them unchanged)\n"},
+    {"template",
+     "  template build NAME --from-dir DIR | ls [--json] | rm NAME | verify NAME\n"
+     "      the local backend's templates (a writable root per sandbox over a read-only layer);\n"
+     "      kept in --data-dir, MOAT_DATA_DIR or /var/lib/moat; --template NAME on run and\n"
+     "      create picks one (default: base, the host's /usr read-only)\n"},
     {"destroy",
      "  destroy ID...\n"
      "      end sandboxes and confirm they are gone\n"},

@@ -5,6 +5,7 @@
 #include "local/local_backend_impl.hpp"
 
 #include <moat/log.hpp>
+#include <moat/templates.hpp>
 
 #include "core/asio_compat.hpp"
 #include "core/cancellation.hpp"
@@ -176,6 +177,9 @@ sandbox_info describe(const sandbox_record& r) {
     info.limits = r.limits;
     info.layout = r.layout;
     info.network = r.network;
+    info.template_name =
+        r.template_name.empty() ? std::string(base_template_name) : r.template_name;
+    info.template_digest = r.template_digest;
     info.owner_instance = r.owner_instance;
     info.survive_owner = r.survive_owner;
     info.owned = false;
@@ -205,6 +209,7 @@ local_backend::local_backend(asio::any_io_executor executor, local_options optio
       tasks_(executor_, "local backend") {
     if (options_.state_dir.empty()) options_.state_dir = default_state_dir();
     if (options_.owner_instance.empty()) options_.owner_instance = default_owner_instance();
+    if (options_.data_dir.empty()) options_.data_dir = default_data_dir();
     records_ = sandbox_records(options_.state_dir);
     helper_ = std::make_shared<helper_client>(executor_, tasks_, options_);
     helper_->on_reaped = [this](const wire::reaped_message& m) { on_reaped(m); };
@@ -247,6 +252,15 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     // reach) fails every create with the helper's own reason, before anything is recorded.
     if (auto unusable = helper_->setup_error()) co_return *unusable;
 
+    // A template of the data directory: its record is read now (a small file), its layer is
+    // mounted by the helper.
+    std::optional<template_info> chosen;
+    if (!spec.template_name.empty() && spec.template_name != base_template_name) {
+        auto found = template_store(options_.data_dir).find(spec.template_name);
+        if (!found) co_return std::move(found).error();
+        chosen = std::move(*found);
+    }
+
     auto made_id = make_sandbox_id();
     if (!made_id) co_return std::move(made_id).error();
     const std::string id = std::move(*made_id);
@@ -269,6 +283,13 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     wire::copy_field(request.home, spec.layout.home);
     wire::copy_field(request.workdir, spec.layout.workdir);
     wire::copy_field(request.artifacts_dir, spec.layout.artifacts_dir);
+    if (chosen) {
+        const std::string layer = template_store(options_.data_dir).layer_root(chosen->digest);
+        if (layer.size() >= sizeof request.template_layer)
+            co_return make_error(errc::invalid_argument,
+                                 "data_dir: the template layer path " + layer + " is too long");
+        wire::copy_field(request.template_layer, layer);
+    }
 
     // The record exists before the sandbox does, so a crash at any point leaves something
     // for the janitor to find.
@@ -287,6 +308,10 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     record.limits = limits;
     record.network = spec.network;
     record.egress = options_.egress;
+    if (chosen) {
+        record.template_name = chosen->name;
+        record.template_digest = chosen->digest;
+    }
     if (auto written = records_.write(record); !written) co_return std::move(written).error();
 
     const auto create_limit = deadline::after(create_timeout);

@@ -153,6 +153,8 @@ std::string to_json(const sandbox_record& r) {
     w.key("home").value(r.layout.home);
     w.key("workdir").value(r.layout.workdir);
     w.key("artifacts_dir").value(r.layout.artifacts_dir);
+    w.key("template").value(r.template_name);
+    w.key("template_digest").value(r.template_digest);
     w.key("network");
     w.begin_object();
     w.key("mode").value(std::string(to_string(r.network.mode)));
@@ -224,6 +226,11 @@ result<sandbox_record> record_from_json(std::string_view json) {
         if (o[name].error() == simdjson::NO_SUCH_FIELD) continue;
         if (!read_string(o, name, *field)) return bad_field(name);
     }
+    // Records written before templates: base.
+    if (o["template"].error() != simdjson::NO_SUCH_FIELD &&
+        (!read_string(o, "template", r.template_name) ||
+         !read_string(o, "template_digest", r.template_digest)))
+        return bad_field("template");
     // Records written before the network field: none.
     if (o["network"].error() != simdjson::NO_SUCH_FIELD) {
         simdjson::dom::object network;

@@ -47,6 +47,9 @@ struct sandbox_record {
     sandbox_layout layout;  // the effective one (user resolved)
     resource_limits limits;
     sandbox_network network;  // as asked for (validated at create)
+    // The template of the data directory it runs, and its layer's digest; "" for base.
+    std::string template_name;
+    std::string template_digest;
     std::vector<std::string> layers;
     local_egress_limits egress;  // its egress proxy's limits (records without them: defaults)
     // A destroy was asked for and not confirmed: the janitor finishes it.

@@ -135,10 +135,6 @@ result<void> validate_layout(const sandbox_layout& layout) {
 
 result<void> validate_spec(const sandbox_spec& spec) {
     const auto& l = spec.limits;
-    if (!spec.template_name.empty()) {
-        return make_error(errc::invalid_argument,
-                          "template_name: the local backend has only the default root ('')");
-    }
     if (auto limits = validate_limits(l); !limits) return limits;
     if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
     if (auto layout = validate_layout(spec.layout); !layout) return layout;

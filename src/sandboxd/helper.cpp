@@ -411,7 +411,9 @@ void helper::run() {
 }
 
 bool helper::handle_control() {
-    alignas(8) std::byte buffer[1024];
+    // The largest request the library sends is a create.
+    alignas(8) std::byte buffer[4096];
+    static_assert(sizeof(wire::create_message) <= sizeof buffer);
     int fds[wire::max_fds_per_message];
     std::size_t fd_count = 0;
     bool descriptors_lost = false;  // the library sends none; any that came are closed
@@ -487,6 +489,12 @@ void helper::handle_create(const wire::create_message& m) {
             m.request_id, moat::errc::invalid_argument, 0,
             "egress port " + std::to_string(m.egress_port) + " is not a port");
     }
+    if (const auto layer = wire::read_field(m.template_layer);
+        !layer.empty() && (layer.front() != '/' || layer.find("/..") != std::string_view::npos)) {
+        return send_create_failed(
+            m.request_id, moat::errc::invalid_argument, 0,
+            "template layer " + std::string(layer) + " is not a clean absolute path");
+    }
     uid_slot slot;
     if (const int err = slots_.claim(slot)) {
         const auto code = err == EAGAIN ? moat::errc::limit_exceeded : moat::errc::backend_failure;
@@ -530,6 +538,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.home = wire::read_field(m.home);
     request.workdir = wire::read_field(m.workdir);
     request.artifacts_dir = wire::read_field(m.artifacts_dir);
+    request.template_layer = wire::read_field(m.template_layer);
     spawned_sandbox spawned;
     spawn_failure failure;
     const bool ok = spawner_.spawn(request, slot, cgroups_, s.cgroups, spawned, failure);

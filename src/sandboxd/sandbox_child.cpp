@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <linux/keyctl.h>
+#include <linux/mount.h>
 #include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
@@ -18,6 +19,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <csignal>
+#include <cstddef>
 #include <iterator>
 
 #include "sandboxd/raw_syscall.hpp"
@@ -40,6 +42,13 @@ enum class step : int {
     setsid,
     pdeathsig,
     owner_gone,
+    layer_receive,
+    layer_scratch,
+    layer_attach,
+    layer_overlay,
+    layer_dev,
+    layer_etc,
+    layer_chdir,
     mount_proc,
     mount_tmp,
     mount_shm,
@@ -79,6 +88,13 @@ constexpr const char* step_names[] = {
     "setsid",
     "PR_SET_PDEATHSIG",
     "helper exited during create",
+    "receive the template layer",
+    "mount the layer's upper tmpfs",
+    "attach the template layer",
+    "mount the overlay root",
+    "bind /dev into the overlay root",
+    "write /etc into the overlay root",
+    "chdir overlay root",
     "mount /proc",
     "mount /tmp",
     "mount /dev/shm",
@@ -171,6 +187,91 @@ void make_layout_dirs(child_args& a) {
         while (*path != '\0') ++path;
         ++path;
     }
+}
+
+// The idmapped layer the parent sends on the layer socket (spawn_sandbox.cpp, send_layer).
+long receive_layer(child_args& a) {
+    char byte = 0;
+    iovec data{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr message{};
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    const long got =
+        checked(a, step::layer_receive, SYS_recvmsg, a.layer_socket, &message, MSG_CMSG_CLOEXEC);
+    const cmsghdr* header = CMSG_FIRSTHDR(&message);
+    if (got != 1 || header == nullptr || header->cmsg_level != SOL_SOCKET ||
+        header->cmsg_type != SCM_RIGHTS || header->cmsg_len != CMSG_LEN(sizeof(int)))
+        child_fail(a, step::layer_receive, -EPROTO);
+    int fd = -1;
+    __builtin_memcpy(&fd, CMSG_DATA(header), sizeof fd);
+    return fd;
+}
+
+// `to` (in the overlay root's /etc) replaced by a new file holding `length` bytes of `text`; a
+// link or file the template had there is removed first (never followed).
+void write_etc_file(child_args& a, const char* to, const char* text, std::size_t length) {
+    const long removed = raw(SYS_unlinkat, AT_FDCWD, to, 0);
+    if (removed < 0 && removed != -ENOENT) child_fail(a, step::layer_etc, removed);
+    const long fd = checked(a, step::layer_etc, SYS_openat, AT_FDCWD, to,
+                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    checked(a, step::layer_etc, SYS_fchown, fd, 0, 0);
+    const long written = checked(a, step::layer_etc, SYS_write, fd, text, length);
+    raw(SYS_close, fd);
+    if (static_cast<std::size_t>(written) != length) child_fail(a, step::layer_etc, -EIO);
+}
+
+// The template root's file `from` copied to `to` as write_etc_file writes.
+void copy_etc_file(child_args& a, const char* from, const char* to) {
+    char buffer[4096];
+    const long in = checked(a, step::layer_etc, SYS_openat, AT_FDCWD, from, O_RDONLY | O_CLOEXEC);
+    const long length = checked(a, step::layer_etc, SYS_read, in, buffer, sizeof buffer);
+    raw(SYS_close, in);
+    write_etc_file(a, to, buffer, static_cast<std::size_t>(length));
+}
+
+// A template sandbox's root (cwd: the template root, whose /dev and /etc it borrows): a tmpfs
+// on .layer holds the upper and the overlay's work directory; the idmapped layer the parent sent
+// is attached as the lower; the overlay is mounted on .layer/root with the template's /dev bound
+// in and moat's /etc files written over the layer's (in the upper). The cwd moves into it, and
+// the mount steps that follow build on it as they do on the template root.
+void build_layer_root(child_args& a) {
+    const long layer = receive_layer(a);
+    raw(SYS_close, a.layer_socket);
+    checked(a, step::layer_scratch, SYS_mount, "tmpfs", ".layer", "tmpfs", MS_NOSUID | MS_NODEV,
+            a.layer_options);
+    // Owned by the sandbox's root and group 0 (pid 1's group is already the user's): the
+    // upper's root is the sandbox's "/".
+    for (const char* dir : {".layer/lower", ".layer/upper", ".layer/work", ".layer/root"}) {
+        checked(a, step::layer_scratch, SYS_mkdirat, AT_FDCWD, dir, 0755);
+        checked(a, step::layer_scratch, SYS_fchownat, AT_FDCWD, dir, 0, 0, AT_SYMLINK_NOFOLLOW);
+    }
+    checked(a, step::layer_attach, SYS_move_mount, layer, "", AT_FDCWD, ".layer/lower",
+            MOVE_MOUNT_F_EMPTY_PATH);
+    raw(SYS_close, layer);
+    checked(a, step::layer_overlay, SYS_mount, "overlay", ".layer/root", "overlay",
+            MS_NOSUID | MS_NODEV,
+            "lowerdir=.layer/lower,upperdir=.layer/upper,workdir=.layer/work");
+    checked(a, step::layer_dev, SYS_mount, "dev", ".layer/root/dev", nullptr, MS_BIND | MS_REC,
+            nullptr);
+    for (const char* file : {"hosts", "hostname", "resolv.conf", "nsswitch.conf"}) {
+        char from[32] = "etc/";
+        char to[48] = ".layer/root/etc/";
+        std::size_t f = 4;
+        std::size_t t = 16;
+        for (const char* c = file; *c != '\0'; ++c) from[f++] = to[t++] = *c;
+        copy_etc_file(a, from, to);
+    }
+    if (a.has_layout_etc) {
+        write_etc_file(a, ".layer/root/etc/passwd", a.passwd_text, a.passwd_length);
+        write_etc_file(a, ".layer/root/etc/group", a.group_text, a.group_length);
+    } else {
+        copy_etc_file(a, "etc/passwd", ".layer/root/etc/passwd");
+        copy_etc_file(a, "etc/group", ".layer/root/etc/group");
+    }
+    checked(a, step::layer_chdir, SYS_chdir, ".layer/root");
 }
 
 void bring_up_loopback(child_args& a) {
@@ -352,11 +453,12 @@ int child_main(void* opaque) {
         if ((owner.revents & (POLLHUP | POLLERR)) != 0) child_fail(a, step::owner_gone, -ESRCH);
     }
 
+    if (a.layer_socket >= 0) build_layer_root(a);
     // A fresh /proc may only be mounted while a full one is visible: before pivot_root.
     checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
             MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
     limit_socket_buffers(a);
-    if (a.has_layout_etc) bind_layout_etc(a);
+    if (a.has_layout_etc && a.layer_socket < 0) bind_layout_etc(a);
     mount_tmpfs(a, step::mount_tmp, "tmp", a.tmp_options);
     mount_tmpfs(a, step::mount_shm, "dev/shm", a.tmp_options);
     mount_devpts(a);

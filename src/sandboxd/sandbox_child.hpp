@@ -27,6 +27,9 @@ struct child_args {
     int slot_lock;
     int agent_exe;
     int listen_socket;  // survivors: the attach socket, else -1
+    // A template sandbox: the socket the parent sends the idmapped layer on, else -1.
+    int layer_socket;
+    char layer_options[64];  // its upper's tmpfs options
     bool survive_owner;
     const char* template_path;
     char tmp_options[64];

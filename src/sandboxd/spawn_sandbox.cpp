@@ -5,6 +5,7 @@
 #include "sandboxd/spawn_sandbox.hpp"
 
 #include <fcntl.h>
+#include <linux/mount.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
@@ -26,6 +27,7 @@
 #include "sandboxd/raw_syscall.hpp"
 #include "sandboxd/sandbox_child.hpp"
 #include "sandboxd/template_root.hpp"
+#include "wire/fd_passing.hpp"
 #include "wire/protocol.hpp"
 
 namespace moat::sandboxd {
@@ -85,6 +87,52 @@ int prepare_child(pid_t pid, const uid_slot& slot, std::string& detail) {
         return err;
     }
     return 0;
+}
+
+// Host root's part of a template sandbox, once the child's maps are written: the layer cloned as
+// a detached mount, made read-only, nosuid, nodev and idmapped onto the child's user namespace
+// (the layer stores ids as the sandbox sees them), and sent to the child on `socket`.
+int send_layer(pid_t pid, std::string_view layer, int socket, moat::errc& code,
+               std::string& detail) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+    const int userns = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) {
+        const int err = errno;
+        detail = std::string("open the sandbox's user namespace: ") + errno_name(err);
+        return err;
+    }
+    const std::string layer_path(layer);
+    const int tree = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, layer_path.c_str(),
+                                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+    int err = tree < 0 ? errno : 0;
+    if (err != 0) {
+        detail = "open the template layer " + layer_path + ": " + errno_name(err);
+        if (err == ENOSYS) code = moat::errc::layer_unavailable;
+    }
+    if (err == 0) {
+        mount_attr attr{};
+        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        attr.userns_fd = static_cast<std::uint64_t>(userns);
+        if (::syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+            err = errno;
+            code = moat::errc::layer_unavailable;
+            detail = std::string("idmapped mount of the template layer: ") + errno_name(err) +
+                     " (templates need idmapped mounts: Linux 5.12 or later, on a data "
+                     "directory whose file system supports them)";
+        }
+    }
+    if (err == 0) {
+        const std::byte marker{0};
+        const int fds[1] = {tree};
+        if (wire::send_record(socket, std::span(&marker, 1), fds, 0) != 1) {
+            err = errno;
+            detail = std::string("send the template layer: ") + errno_name(err);
+        }
+    }
+    if (tree >= 0) ::close(tree);
+    ::close(userns);
+    return err;
 }
 
 // Field 22 of /proc/<pid>/stat, counted after the parenthesised command name.
@@ -266,6 +314,25 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.slot_lock = slot.lock_fd;
     args.agent_exe = agent_exe_fd_;
     args.listen_socket = request.listen_socket;
+    // A template sandbox's layer goes to the child on a socket of its own once its maps exist.
+    int layer_parent = -1;
+    args.layer_socket = -1;
+    if (!request.template_layer.empty()) {
+        int layer_pair[2];
+        if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, layer_pair) != 0) {
+            const int err = errno;
+            for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
+                           exec_write}) {
+                ::close(fd);
+            }
+            return fail(moat::errc::backend_failure, err,
+                        std::string("socketpair: ") + errno_name(err));
+        }
+        layer_parent = layer_pair[0];
+        args.layer_socket = layer_pair[1];
+        format_options(args.layer_options, sizeof args.layer_options, request.workspace_bytes,
+                       "mode=0755");
+    }
     args.survive_owner = request.survive_owner;
     args.template_path = template_path_.c_str();
     format_options(args.tmp_options, sizeof args.tmp_options, request.tmp_bytes, "mode=1777");
@@ -310,8 +377,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         if (const int err =
                 hierarchy.open_join(group, attach_fds, request.best_effort, attach_detail)) {
             for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
-                           exec_write}) {
-                ::close(fd);
+                           exec_write, layer_parent, args.layer_socket}) {
+                if (fd >= 0) ::close(fd);
             }
             return fail(moat::errc::layer_unavailable, err, std::move(attach_detail));
         }
@@ -374,8 +441,12 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     errno = clone_errno;
     ::close(exec_write);
     ::close(release_read);
+    // The child's copy of its layer socket stays; ours goes (args itself is the child's now:
+    // never written after clone).
+    if (args.layer_socket >= 0) ::close(args.layer_socket);
     if (pid < 0) {
         const int err = errno;
+        close_fd(layer_parent);
         for (int fd : {library_socket, agent_socket, release_write, exec_read}) ::close(fd);
         return fail(moat::errc::backend_failure, err, std::string("clone: ") + errno_name(err));
     }
@@ -383,6 +454,9 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     moat::errc code = moat::errc::backend_failure;
     std::string detail;
     int err = prepare_child(pid, slot, detail);
+    if (err == 0 && layer_parent >= 0)
+        err = send_layer(pid, request.template_layer, layer_parent, code, detail);
+    close_fd(layer_parent);
     if (err == 0 && ::write(release_write, "x", 1) != 1) {
         err = errno;
         detail = std::string("release child: ") + errno_name(err);

@@ -53,6 +53,10 @@ struct spawn_request {
     std::string_view home;
     std::string_view workdir;
     std::string_view artifacts_dir;
+    // "" or a template's layer (absolute): the sandbox's root is then an overlay of that layer,
+    // mounted read-only and idmapped onto the sandbox's uid range, with a tmpfs upper of
+    // workspace_bytes (docs/architecture.md, "Layers and ownership").
+    std::string_view template_layer;
 };
 
 struct spawned_sandbox {

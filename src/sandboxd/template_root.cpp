@@ -216,7 +216,8 @@ int build_template_root(const std::string& path, std::string& detail) {
     for (const char* host : {"/bin", "/sbin", "/lib", "/lib64"}) {
         if (const int err = b.mirror(host)) return err;
     }
-    for (const char* dir : {"proc", "tmp", "workspace", "root", "home"}) {
+    // ".layer": where a sandbox of a template (create.template_layer) mounts its overlay.
+    for (const char* dir : {"proc", "tmp", "workspace", "root", "home", ".layer"}) {
         if (const int err = b.make_dir(dir)) return err;
     }
     if (const int err = build_etc(b)) return err;

@@ -10,6 +10,7 @@
 //   /dev         tmpfs (ro,nosuid,nodev,noexec) with read-only binds of null, zero, full, random,
 //                urandom, tty; fd, stdin, stdout, stderr symlinks into /proc/self/fd; shm/
 //   /proc /tmp /workspace /dev/shm /root /home   empty mount points
+//   /.layer      the mount point a sandbox of a template builds its root on (sandbox_child.cpp)
 //   /opt/moat/bin  python -> /usr/bin/python3 and pip -> /usr/bin/pip3, each only when the host
 //                lacks /usr/bin/python (pip) and has its target; last on the default PATH
 //

@@ -29,7 +29,8 @@ namespace moat::wire {
 // 8: connect_port / port_connected, with a socket connected inside the sandbox attached.
 // 9: connect_unix (a unix-domain stream socket in the sandbox), answered by port_connected.
 // 10: watch_* (file watches) and pty_* (terminals).
-inline constexpr std::uint32_t protocol_version = 10;
+// 11: create.template_layer (a writable root over a template's layer).
+inline constexpr std::uint32_t protocol_version = 11;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
 inline constexpr std::size_t max_message_bytes = 128 * 1024;
@@ -146,6 +147,9 @@ struct create_message {
     char home[layout_path_bytes];
     char workdir[layout_path_bytes];
     char artifacts_dir[layout_path_bytes];
+    // "" for the default (read-only) root; else the absolute path of the template layer the
+    // sandbox's root is an overlay of (templates.hpp), which the helper mounts idmapped.
+    char template_layer[path_bytes];
 };
 
 struct created_message {

@@ -1,0 +1,306 @@
+// The data directory's templates (templates.hpp):
+//
+//   <data_dir>/                  0700
+//     layers/<hex>/              a layer's tree, named by its digest (content-addressed)
+//     templates/<name>.json      {"name","digest","size_bytes","built_at_ms","source"}
+//     staging/<random>/          a build under way (removed whatever its outcome)
+//
+// A build copies into staging, checks the root, computes the digest, renames the tree into
+// layers/ (or drops it when that layer exists), and only then writes the template's record
+// (a temporary file renamed over it): a reader sees the old template or the new, never half.
+#include <moat/templates.hpp>
+
+#include "core/json_writer.hpp"
+#include "core/unique_fd.hpp"
+#include "templates/layer_tree.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <simdjson.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+namespace moat {
+namespace {
+
+constexpr std::size_t max_name_bytes = 63;
+constexpr std::size_t max_record_bytes = 64 * 1024;
+
+bool valid_name(std::string_view name) {
+    if (name.empty() || name.size() > max_name_bytes) return false;
+    const auto lower_or_digit = [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    };
+    if (!lower_or_digit(name[0])) return false;
+    return std::all_of(name.begin(), name.end(), [&](char c) {
+        return lower_or_digit(c) || c == '.' || c == '_' || c == '-';
+    });
+}
+
+result<void> check_name(std::string_view name) {
+    if (name == base_template_name)
+        return make_error(errc::invalid_argument,
+                          "template name 'base' is the host-derived default root; choose another");
+    if (!valid_name(name))
+        return make_error(errc::invalid_argument,
+                          "template name '" + std::string(name.substr(0, 80)) +
+                              "' is not [a-z0-9][a-z0-9._-]* of at most 63 bytes");
+    return {};
+}
+
+bool valid_digest(std::string_view digest) {
+    constexpr std::string_view prefix = "sha256:";
+    if (!digest.starts_with(prefix) || digest.size() != prefix.size() + 64) return false;
+    return std::all_of(digest.begin() + prefix.size(), digest.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+result<void> make_dir(const std::string& path, mode_t mode) {
+    if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return {};
+    return make_error(errc::backend_failure,
+                      "template store: mkdir " + path + ": " + std::strerror(errno));
+}
+
+std::int64_t unix_ms(std::chrono::system_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+std::string record_json(const template_info& t) {
+    json_writer w;
+    w.begin_object();
+    w.key("name").value(t.name);
+    w.key("digest").value(t.digest);
+    w.key("size_bytes").value(t.size_bytes);
+    w.key("built_at_ms").value(unix_ms(t.built_at));
+    w.key("source").value(t.source);
+    w.end_object();
+    return w.take();
+}
+
+result<template_info> parse_record(std::string_view json, const std::string& path) {
+    const auto bad = [&path](const char* field) {
+        return make_error(errc::backend_failure,
+                          "template record " + path + ": missing or bad \"" + field + "\"");
+    };
+    const simdjson::padded_string padded(json);
+    simdjson::dom::parser parser;
+    simdjson::dom::object o;
+    if (parser.parse(padded).get_object().get(o) != simdjson::SUCCESS) return bad("(top level)");
+    template_info t;
+    std::string_view text;
+    if (o["name"].get_string().get(text) != simdjson::SUCCESS || !valid_name(text))
+        return bad("name");
+    t.name = text;
+    if (o["digest"].get_string().get(text) != simdjson::SUCCESS || !valid_digest(text))
+        return bad("digest");
+    t.digest = text;
+    if (o["size_bytes"].get_uint64().get(t.size_bytes) != simdjson::SUCCESS)
+        return bad("size_bytes");
+    std::int64_t built = 0;
+    if (o["built_at_ms"].get_int64().get(built) != simdjson::SUCCESS) return bad("built_at_ms");
+    t.built_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(built));
+    if (o["source"].get_string().get(text) != simdjson::SUCCESS) return bad("source");
+    t.source = text;
+    return t;
+}
+
+result<std::string> read_small_file(const std::string& path) {
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.is_open()) {
+        const int err = errno;
+        return make_error(err == ENOENT ? errc::file_not_found : errc::backend_failure,
+                          path + ": " + std::strerror(err));
+    }
+    std::string text(max_record_bytes + 1, '\0');
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return make_error(errc::backend_failure, path + ": " + std::strerror(errno));
+        if (n == 0) break;
+        have += static_cast<std::size_t>(n);
+        if (have == text.size())
+            return make_error(errc::backend_failure, path + ": larger than a template record");
+    }
+    text.resize(have);
+    return text;
+}
+
+result<void> write_atomically(const std::string& path, const std::string& text) {
+    const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
+    unique_fd fd(
+        ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.is_open())
+        return make_error(errc::backend_failure, temporary + ": " + std::strerror(errno));
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            ::unlink(temporary.c_str());
+            return make_error(errc::backend_failure, temporary + ": " + std::strerror(err));
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0 || ::rename(temporary.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(temporary.c_str());
+        return make_error(errc::backend_failure, path + ": " + std::strerror(err));
+    }
+    return {};
+}
+
+std::string random_hex() {
+    unsigned char bytes[8];
+    if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) return {};
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    for (const unsigned char b : bytes) {
+        out += digits[b >> 4];
+        out += digits[b & 15];
+    }
+    return out;
+}
+
+// The names of a directory's entries ending in `suffix` (without it).
+std::vector<std::string> names_in(const std::string& dir, std::string_view suffix) {
+    std::vector<std::string> out;
+    std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+    if (!d) return out;
+    while (const dirent* e = ::readdir(d.get())) {
+        std::string_view name = e->d_name;
+        if (name == "." || name == ".." || !name.ends_with(suffix)) continue;
+        name.remove_suffix(suffix.size());
+        out.emplace_back(name);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+}  // namespace
+
+std::string default_data_dir() {
+    if (::geteuid() == 0) return "/var/lib/moat";
+    if (const char* data = std::getenv("XDG_DATA_HOME"); data && data[0] == '/')
+        return std::string(data) + "/moat";
+    if (const char* home = std::getenv("HOME"); home && home[0] == '/')
+        return std::string(home) + "/.local/share/moat";
+    return "/tmp/moat-data-" + std::to_string(::geteuid());
+}
+
+template_store::template_store(std::string data_dir) : data_dir_(std::move(data_dir)) {}
+
+result<template_build_report> template_store::build_from_dir(std::string_view name,
+                                                             const std::string& dir) {
+    if (auto ok = check_name(name); !ok) return ok.error();
+    for (const char* sub : {"", "/layers", "/templates", "/staging"}) {
+        if (auto made = make_dir(data_dir_ + sub, 0700); !made) return made.error();
+    }
+    const std::string random = random_hex();
+    if (random.empty()) return make_error(errc::backend_failure, "getrandom failed");
+    const std::string staging = data_dir_ + "/staging/" + random;
+    const auto abandon = [&staging](error e) {
+        templates::remove_tree(staging);
+        return e;
+    };
+    auto copied = templates::copy_tree(dir, staging, max_layer_bytes);
+    if (!copied) return abandon(copied.error());
+    if (auto checked = templates::check_root(staging); !checked) return abandon(checked.error());
+    auto digest = templates::tree_digest(staging);
+    if (!digest) return abandon(digest.error());
+    const std::string layer = layer_root(*digest);
+    if (::rename(staging.c_str(), layer.c_str()) != 0) {
+        const int err = errno;
+        // The same tree was built before: its layer is already there.
+        if (err != EEXIST && err != ENOTEMPTY)
+            return abandon(make_error(errc::backend_failure, "rename " + staging + " to " + layer +
+                                                                 ": " + std::strerror(err)));
+        templates::remove_tree(staging);
+    }
+    template_build_report report;
+    report.built.name = name;
+    report.built.digest = *digest;
+    report.built.size_bytes = copied->bytes;
+    report.built.built_at = std::chrono::system_clock::now();
+    report.built.source = "dir:" + dir;
+    report.cleared = std::move(copied->cleared);
+    const std::string record = data_dir_ + "/templates/" + std::string(name) + ".json";
+    if (auto written = write_atomically(record, record_json(report.built)); !written)
+        return written.error();
+    return report;
+}
+
+result<std::vector<template_info>> template_store::list() const {
+    std::vector<template_info> out;
+    for (const auto& name : names_in(data_dir_ + "/templates", ".json")) {
+        if (!valid_name(name)) continue;
+        auto found = find(name);
+        if (!found) {
+            if (found.error().code == errc::invalid_argument) continue;  // removed meanwhile
+            return found.error();
+        }
+        out.push_back(std::move(*found));
+    }
+    return out;
+}
+
+result<template_info> template_store::find(std::string_view name) const {
+    if (!valid_name(name) || name == base_template_name)
+        return make_error(errc::invalid_argument,
+                          "template '" + std::string(name.substr(0, 80)) + "' does not exist");
+    const std::string path = data_dir_ + "/templates/" + std::string(name) + ".json";
+    auto text = read_small_file(path);
+    if (!text) {
+        if (text.error().code == errc::file_not_found)
+            return make_error(errc::invalid_argument,
+                              "template '" + std::string(name) +
+                                  "' does not exist (moat template ls lists them)");
+        return text.error();
+    }
+    return parse_record(*text, path);
+}
+
+std::string template_store::layer_root(std::string_view digest) const {
+    constexpr std::string_view prefix = "sha256:";
+    if (digest.starts_with(prefix)) digest.remove_prefix(prefix.size());
+    return data_dir_ + "/layers/" + std::string(digest);
+}
+
+result<std::string> template_store::digest_of_layer(std::string_view digest) const {
+    if (!valid_digest(digest))
+        return make_error(errc::invalid_argument, "not a layer digest: " + std::string(digest));
+    return templates::tree_digest(layer_root(digest));
+}
+
+result<void> template_store::remove(std::string_view name, const std::vector<std::string>& in_use) {
+    auto found = find(name);
+    if (!found) return found.error();
+    if (std::find(in_use.begin(), in_use.end(), found->digest) != in_use.end())
+        return make_error(
+            errc::invalid_argument,
+            "template '" + std::string(name) + "' is in use by a live sandbox; destroy it first");
+    const std::string record = data_dir_ + "/templates/" + std::string(name) + ".json";
+    if (::unlink(record.c_str()) != 0 && errno != ENOENT)
+        return make_error(errc::backend_failure, record + ": " + std::strerror(errno));
+    // Layers no template names and no live sandbox uses.
+    std::set<std::string> kept(in_use.begin(), in_use.end());
+    auto remaining = list();
+    if (!remaining) return remaining.error();
+    for (const auto& t : *remaining) kept.insert(t.digest);
+    for (const auto& hex : names_in(data_dir_ + "/layers", "")) {
+        const std::string digest = "sha256:" + hex;
+        if (valid_digest(digest) && kept.count(digest) == 0)
+            templates::remove_tree(layer_root(digest));
+    }
+    return {};
+}
+
+}  // namespace moat

@@ -1,0 +1,255 @@
+// Templates of the local backend (templates.hpp): a directory copied into a layer, refused where
+// a layer cannot hold what it has, and a sandbox whose root is an overlay of the layer, mounted
+// idmapped, with a tmpfs upper of its own. Real namespaces, a real static busybox root the test
+// makes, every check of the host made from the host.
+#include "support/local_fixture.hpp"
+
+#include <moat/templates.hpp>
+
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+using moat::test::local_fixture;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Debian's busybox-static (scripts/install-deps installs it).
+constexpr const char* busybox = "/bin/busybox";
+
+void write_text(const fs::path& path, const std::string& text) {
+    std::ofstream(path) << text;
+}
+
+// A scratch directory for one test: its source trees and its data directory.
+struct scratch_dir {
+    fs::path path;
+    scratch_dir() {
+        char name[] = "/tmp/moat-template-test-XXXXXX";
+        path = ::mkdtemp(name);
+    }
+    ~scratch_dir() {
+        std::error_code ignored;
+        fs::remove_all(path, ignored);
+    }
+};
+
+// A minimal root: static busybox as /bin/sh and a few applets, an /etc/motd, and /data, which
+// everyone may write.
+fs::path make_busybox_root(const fs::path& at) {
+    fs::create_directories(at / "bin");
+    fs::create_directories(at / "etc");
+    fs::create_directories(at / "data");
+    fs::permissions(at / "data", fs::perms::all);
+    fs::copy_file(busybox, at / "bin/busybox");
+    for (const char* applet : {"sh", "ls", "cat", "id", "echo", "touch", "stat", "dd", "mkdir",
+                               "rm", "readlink", "head"}) {
+        fs::create_symlink("busybox", at / "bin" / applet);
+    }
+    write_text(at / "etc/motd", "from the template\n");
+    return at;
+}
+
+struct template_fixture : local_fixture {
+    scratch_dir scratch;
+    moat::template_store store{(scratch.path / "data").string()};
+
+    template_fixture() {
+        REQUIRE_MESSAGE(::access(busybox, X_OK) == 0,
+                        "these tests need Debian's busybox-static (scripts/install-deps)");
+        // The fixture's backend, on this test's data directory.
+        local.reset();
+        moat::local_options options;
+        options.data_dir = store.data_dir();
+        local = moat::make_local_backend(io.get_executor(), options);
+    }
+
+    moat::template_info build(const std::string& name, const fs::path& root) {
+        auto built = store.build_from_dir(name, root.string());
+        REQUIRE_MESSAGE(built, built.error().to_string());
+        return built->built;
+    }
+
+    moat::sandbox_info create_from(const std::string& name) {
+        moat::sandbox_spec spec;
+        spec.template_name = name;
+        return create(spec);
+    }
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "a template from a directory is the sandbox's root, writable by copy-up, and "
+                  "its layer stays as built") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto source = make_busybox_root(scratch.path / "src");
+    const auto made = build("bb", source);
+    CHECK(made.digest.starts_with("sha256:"));
+    CHECK(made.size_bytes >= fs::file_size(busybox));
+    const auto box = create_from("bb");
+    CHECK(box.template_name == "bb");
+    CHECK(box.template_digest == made.digest);
+
+    // Not the host's root: no /usr, the template's own files, moat's /etc/passwd over them.
+    CHECK(sh(box.id, "ls /usr").exit_code != 0);
+    CHECK(sh(box.id, "cat /etc/motd").out.text() == "from the template\n");
+    const auto passwd = sh(box.id, "cat /etc/passwd").out.text();
+    CHECK(passwd.find("user:x:1000:1000:") != std::string::npos);
+    CHECK(sh(box.id, "id -u").out.text() == "1000\n");
+    // The sandbox user writes where the template lets it (copy-up), as itself, and nowhere else.
+    const auto wrote = sh(box.id, "echo mine > /data/x && stat -c '%U %a' /data/x");
+    CHECK_MESSAGE(wrote.exit_code == 0, wrote.err.text());
+    CHECK(wrote.out.text() == "user 644\n");
+    CHECK(sh(box.id, "touch /bin/new").exit_code != 0);
+    CHECK(sh(box.id, "echo x > /etc/motd").exit_code != 0);
+    CHECK(sh(box.id, "stat -c '%U %G %a' / /bin /bin/busybox").out.text() ==
+          "root root 755\nroot root 755\nroot root 755\n");
+    CHECK(sh(box.id, "touch /workspace/a /tmp/b").exit_code == 0);
+    destroy(box.id);
+
+    // Nothing reached the layer or the source tree, and the layer's digest is still its name.
+    CHECK_FALSE(fs::exists(store.layer_root(made.digest) + "/data/x"));
+    CHECK_FALSE(fs::exists(source / "data/x"));
+    auto again = store.digest_of_layer(made.digest);
+    REQUIRE(again);
+    CHECK(*again == made.digest);
+}
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "links in a template resolve against the sandbox's root, and two sandboxes of "
+                  "one template share nothing they write") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto source = make_busybox_root(scratch.path / "src");
+    fs::create_symlink("/", source / "escape");
+    fs::create_symlink("../../../../../../etc", source / "data/up");
+    build("links", source);
+    const auto a = create_from("links");
+    // The second with moat serve's layout: its own user name and a home under /home.
+    moat::sandbox_spec spec;
+    spec.template_name = "links";
+    spec.layout.user = "agent";
+    spec.layout.home = "/home/agent";
+    spec.layout.workdir = "/home/agent";
+    spec.layout.artifacts_dir = "/home/agent/out";
+    const auto b = create(spec);
+    CHECK(sh(b.id, "id -un; pwd; touch ~/f && ls ~").out.text() == "agent\n/home/agent\nf\nout\n");
+    CHECK(sh(a.id, "cat /escape/etc/motd").out.text() == "from the template\n");
+    CHECK(sh(a.id, "cat /data/up/motd").out.text() == "from the template\n");
+    CHECK(sh(a.id, "ls /escape/usr").exit_code != 0);
+    CHECK(sh(a.id, "echo a > /data/only-a").exit_code == 0);
+    CHECK(sh(b.id, "cat /data/only-a").exit_code != 0);
+    destroy(a.id);
+    destroy(b.id);
+}
+
+TEST_CASE_FIXTURE(template_fixture, "a sandbox's writes to its root are bounded by its upper") {
+    MOAT_REQUIRE_NAMESPACES();
+    build("small", make_busybox_root(scratch.path / "src"));
+    moat::sandbox_spec spec;
+    spec.template_name = "small";
+    spec.limits.workspace_bytes = 8 << 20;
+    const auto box = create(spec);
+    const auto filled = sh(box.id, "dd if=/dev/zero of=/data/big bs=1M count=64 2>&1");
+    CHECK(filled.exit_code != 0);
+    CHECK(filled.out.text().find("No space left") != std::string::npos);
+    const auto size = sh(box.id, "stat -c %s /data/big").out.text();
+    CHECK(std::stoull(size) <= (8u << 20));
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "a build clears setuid bits and refuses what a layer cannot hold, leaving "
+                  "nothing behind") {
+    const auto source = make_busybox_root(scratch.path / "src");
+    fs::permissions(source / "bin/busybox", fs::perms::set_uid | fs::perms::set_gid,
+                    fs::perm_options::add);
+    auto built = store.build_from_dir("suid", source.string());
+    REQUIRE_MESSAGE(built, built.error().to_string());
+    CHECK(built->cleared == std::vector<std::string>{"/bin/busybox: setuid bit cleared",
+                                                     "/bin/busybox: setgid bit cleared"});
+    struct stat st {};
+    REQUIRE(::stat((store.layer_root(built->built.digest) + "/bin/busybox").c_str(), &st) == 0);
+    CHECK((st.st_mode & 06000) == 0);
+    CHECK((st.st_mode & 0777) == 0755);
+
+    const auto refused = [this](const fs::path& root, const std::string& needle) {
+        auto r = store.build_from_dir("refused", root.string());
+        REQUIRE_FALSE(r);
+        CHECK(r.error().code == moat::errc::invalid_argument);
+        CHECK_MESSAGE(r.error().detail.find(needle) != std::string::npos, r.error().detail);
+        CHECK_FALSE(store.find("refused"));
+    };
+    {
+        const auto root = make_busybox_root(scratch.path / "device");
+        REQUIRE(::mknod((root / "data/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0);
+        refused(root, "/data/null: a device node");
+    }
+    {
+        const auto root = make_busybox_root(scratch.path / "foreign");
+        write_text(root / "data/f", "x");
+        REQUIRE(::chown((root / "data/f").c_str(), 70000, 0) == 0);
+        refused(root, "/data/f: owned by 70000:0");
+    }
+    {
+        const auto root = make_busybox_root(scratch.path / "etclink");
+        fs::remove_all(root / "etc");
+        fs::create_symlink("/etc", root / "etc");
+        refused(root, "/etc: not a directory");
+    }
+    {
+        const auto root = make_busybox_root(scratch.path / "noshell");
+        fs::remove(root / "bin/sh");
+        refused(root, "/bin/sh: missing");
+    }
+    for (const char* name : {"base", "", "Upper", "-x", "a/b", "..",
+                             "a-name-that-is-much-longer-than-sixty-three-bytes-and-so-refused"}) {
+        auto r = store.build_from_dir(name, source.string());
+        CHECK_FALSE(r);
+        if (!r) CHECK(r.error().code == moat::errc::invalid_argument);
+    }
+    auto missing = store.build_from_dir("missing", (scratch.path / "nowhere").string());
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().code == moat::errc::file_not_found);
+    // Only the one good build left anything: one layer, no staging.
+    CHECK(fs::is_empty(store.data_dir() + "/staging"));
+    std::size_t layers = 0;
+    for (const auto& entry : fs::directory_iterator(store.data_dir() + "/layers")) {
+        (void)entry;
+        ++layers;
+    }
+    CHECK(layers == 1);
+}
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "an unknown template is invalid_argument; a template in use is not removed, "
+                  "and its layer goes with it once unused") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::sandbox_spec spec;
+    spec.template_name = "nosuch";
+    auto made = run(local->async_create(spec));
+    REQUIRE_FALSE(made);
+    CHECK(made.error().code == moat::errc::invalid_argument);
+    CHECK(made.error().detail.find("template 'nosuch' does not exist") != std::string::npos);
+
+    const auto info = build("used", make_busybox_root(scratch.path / "src"));
+    // A rebuild of the same tree names the same layer.
+    CHECK(build("same", scratch.path / "src").digest == info.digest);
+    const auto box = create_from("used");
+    auto refused = store.remove("used", {box.template_digest});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().detail.find("in use") != std::string::npos);
+    destroy(box.id);
+    REQUIRE(store.remove("used", {}));
+    CHECK_FALSE(store.find("used"));
+    CHECK(fs::exists(store.layer_root(info.digest)));  // "same" still names it
+    REQUIRE(store.remove("same", {}));
+    CHECK_FALSE(fs::exists(store.layer_root(info.digest)));
+    auto listed = store.list();
+    REQUIRE(listed);
+    CHECK(listed->empty());
+}
