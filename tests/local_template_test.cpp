@@ -47,7 +47,7 @@ fs::path make_busybox_root(const fs::path& at) {
     fs::permissions(at / "data", fs::perms::all);
     fs::copy_file(busybox, at / "bin/busybox");
     for (const char* applet : {"sh", "ls", "cat", "id", "echo", "touch", "stat", "dd", "mkdir",
-                               "rm", "readlink", "head"}) {
+                               "rm", "readlink", "head", "true"}) {
         fs::create_symlink("busybox", at / "bin" / applet);
     }
     write_text(at / "etc/motd", "from the template\n");

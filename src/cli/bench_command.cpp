@@ -1,12 +1,15 @@
 // moat bench create [--n N] [--concurrency C] [--mode sequential|staggered|burst]
-//                   [--interval-ms MS] [--json FILE] [--plot FILE.svg] [--raw PATH]
+//                   [--interval-ms MS] [--template NAME] [--json FILE] [--plot FILE.svg]
+//                   [--raw PATH]
 //   Each iteration creates a sandbox through the public runtime (until pid 1 is ready), runs a
 //   first exec of /bin/true and destroys it (until confirmed). Rounds of C iterations start
 //   together (burst), spaced by --interval-ms (staggered), or one at a time (sequential, C = 1);
 //   after each round the baselines run once each, round-robin, so background load falls on all
 //   alike: the raw isolation program (bench/raw_isolation.cpp), bwrap with comparable flags, and a
 //   host posix_spawn of /bin/true. Prints n, success rate, p50, p90, p99, p999 and max per series
-//   and the ratios to the baselines; --json writes them, --plot draws their CDFs.
+//   and the ratios to the baselines; --json writes them, --plot draws their CDFs. --template adds
+//   one sandbox of that template per round, measured the same way (template_create, ...), and
+//   its ratio to the default root's.
 //
 // moat bench http: see cli/bench/http_bench.hpp.
 // moat bench serve: see cli/bench/serve_bench.hpp.
@@ -63,6 +66,7 @@ struct bench_options {
     std::string json_path;
     std::string plot_path;
     std::string raw_path;
+    std::string template_name;
 };
 
 struct bench_results {
@@ -74,6 +78,9 @@ struct bench_results {
     latency_samples raw_exec{"raw_exec", {}, 0};
     latency_samples baseline_destroy{"baseline_destroy", {}, 0};
     latency_samples bwrap_create{"bwrap_create", {}, 0};
+    latency_samples template_create{"template_create", {}, 0};
+    latency_samples template_exec{"template_exec", {}, 0};
+    latency_samples template_destroy{"template_destroy", {}, 0};
     bool have_raw = false;
     bool have_bwrap = false;
     std::string raw_note;
@@ -99,6 +106,15 @@ asio::awaitable<int> run_bench(backend& b, bench_options o, bench_results* r) {
     for (int i = 0; i < 5; ++i) {
         auto warm = std::make_shared<iteration_outcome>();
         co_await one_iteration(sandboxes, std::chrono::milliseconds(0), warm);
+        if (o.template_name.empty()) continue;
+        auto warm_template = std::make_shared<iteration_outcome>();
+        co_await one_iteration(sandboxes, std::chrono::milliseconds(0), warm_template,
+                               o.template_name);
+        if (!warm_template->ok) {
+            write_all(STDERR_FILENO, "moat bench create: a sandbox of template '" +
+                                         o.template_name + "' could not be made and run\n");
+            co_return exit_failure;
+        }
     }
     const std::size_t per_round = o.mode == arrival::sequential ? 1 : o.concurrency;
     const bool interactive = ::isatty(STDERR_FILENO) != 0;
@@ -118,6 +134,17 @@ asio::awaitable<int> run_bench(backend& b, bench_options o, bench_results* r) {
             r->destroy.ms.push_back(it->destroy_ms);
         }
         finished += count;
+        if (!o.template_name.empty()) {
+            auto it = std::make_shared<iteration_outcome>();
+            co_await one_iteration(sandboxes, std::chrono::milliseconds(0), it, o.template_name);
+            if (it->ok) {
+                r->template_create.ms.push_back(it->create_ms);
+                r->template_exec.ms.push_back(it->exec_ms);
+                r->template_destroy.ms.push_back(it->destroy_ms);
+            } else {
+                ++r->template_create.failures;
+            }
+        }
         // The baselines, once each per round (blocking, while nothing of moat's runs).
         if (raw) {
             std::string why;
@@ -178,6 +205,11 @@ void write_json_file(const std::string& path, const bench_options& o, const benc
     series("baseline_destroy", r.baseline_destroy, r.have_raw);
     series("baseline_exec", r.baseline_exec, true);
     series("bwrap_create", r.bwrap_create, r.have_bwrap);
+    const bool templated = !o.template_name.empty();
+    series("template_create", r.template_create, templated);
+    series("template_exec", r.template_exec, templated);
+    series("template_destroy", r.template_destroy, templated);
+    if (templated) w.key("template").value(o.template_name);
     w.end_object();
     std::ofstream(path) << w.take() << "\n";
 }
@@ -205,7 +237,8 @@ int bench_create(int argc, char** argv) {
                  {"--interval-ms", interval},
                  string_flag("--json", o.json_path),
                  string_flag("--plot", o.plot_path),
-                 string_flag("--raw", o.raw_path)});
+                 string_flag("--raw", o.raw_path),
+                 string_flag("--template", o.template_name)});
     if (o.mode == arrival::sequential) o.concurrency = 1;
     bench_results r;
     const int code = run_with_backend([&o, &r](backend& b) { return run_bench(b, o, &r); });
@@ -219,7 +252,20 @@ int bench_create(int argc, char** argv) {
     }
     out += summary_line(r.baseline_exec);
     if (r.have_bwrap) out += summary_line(r.bwrap_create);
+    if (!o.template_name.empty()) {
+        for (const latency_samples* s : {&r.template_create, &r.template_exec, &r.template_destroy})
+            out += summary_line(*s);
+    }
     char line[256];
+    if (!o.template_name.empty() && !r.template_create.ms.empty()) {
+        std::snprintf(line, sizeof line,
+                      "create of template '%s' / default root: p50 %.2fx, p99 %.2fx (target: "
+                      "p50 <= 1.1x)\n",
+                      o.template_name.c_str(),
+                      r.template_create.percentile(0.5) / r.create.percentile(0.5),
+                      r.template_create.percentile(0.99) / r.create.percentile(0.99));
+        out += line;
+    }
     if (r.have_raw && !r.baseline_create.ms.empty()) {
         std::snprintf(
             line, sizeof line,
@@ -251,7 +297,7 @@ int bench_create(int argc, char** argv) {
         series.push_back(&r.baseline_exec);
         std::ofstream(o.plot_path) << cdf_svg(series, "moat bench create: latency CDF");
     }
-    return r.create.failures == 0 ? 0 : exit_failure;
+    return r.create.failures == 0 && r.template_create.failures == 0 ? 0 : exit_failure;
 }
 
 int bench_advise(int argc, char** argv) {

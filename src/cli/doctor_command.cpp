@@ -5,6 +5,9 @@
 #include "cli/cli_runtime.hpp"
 #include "cli/commands.hpp"
 #include "sandboxd/cgroup_layout.hpp"
+#include "templates/idmap_probe.hpp"
+
+#include <moat/templates.hpp>
 
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -26,7 +29,7 @@ struct layer_description {
 constexpr layer_description all_layers[] = {
     {"user_ns", "a private uid range per sandbox, never host root"},
     {"pid_ns", "sandbox processes see only each other; pid 1 ends them all"},
-    {"mount_ns", "read-only root from a template, private /tmp and /workspace"},
+    {"mount_ns", "read-only root (or a template's, writable by overlay), private /tmp, /workspace"},
     {"net_ns", "no network but loopback"},
     {"ipc_ns", "private System V IPC and POSIX message queues"},
     {"uts_ns", "its own hostname"},
@@ -130,6 +133,30 @@ void check_file_table(const resource_limits& limits) {
     print_row("file table", row);
 }
 
+// The data directory's templates and whether this host can mount one (an idmapped mount, tried on
+// the data directory's file system). Missing support is a problem only once templates exist:
+// sandboxes of the default root need none.
+void check_templates(std::vector<std::string>& problems) {
+    std::string data_dir = data_dir_from_environment();
+    if (data_dir.empty()) data_dir = default_data_dir();
+    const template_store store(data_dir);
+    const auto listed = store.list();
+    const std::size_t count = listed ? listed->size() : 0;
+    // The data directory may not exist yet: its nearest existing ancestor shares its file system.
+    std::string probe_dir = data_dir;
+    while (probe_dir.size() > 1 && ::access(probe_dir.c_str(), F_OK) != 0)
+        probe_dir = probe_dir.substr(0, std::max<std::size_t>(1, probe_dir.rfind('/')));
+    const auto probed = templates::probe_idmapped_mount(probe_dir);
+    const std::string where = std::to_string(count) + " in " + data_dir;
+    if (probed) {
+        print_row("templates", "ok: idmapped mounts work (a template root per sandbox); " + where);
+        return;
+    }
+    print_row("templates", "UNAVAILABLE: " + probed.error().detail + "; " + where);
+    if (count > 0)
+        problems.push_back("templates exist but cannot be mounted: " + probed.error().detail);
+}
+
 // Creates a sandbox, runs `id -u` in it and destroys it, timing each step.
 asio::awaitable<void> live_check(backend& b, std::vector<std::string>& problems) {
     std::printf("\nlive check\n");
@@ -223,6 +250,7 @@ asio::awaitable<int> diagnose(backend& b) {
                       : "not restricted");
     }
     print_row("cgroups", describe_cgroups(sandboxd::read_cgroup_layout()));
+    check_templates(problems);
 
     auto report = co_await b.async_host_report();
     if (!report) {

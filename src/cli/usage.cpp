@@ -85,9 +85,10 @@ constexpr usage_block blocks[] = {
      "destroy\n"},
     {"bench",
      "  bench create [--n N] [--concurrency C] [--mode sequential|staggered|burst] [--json FILE]\n"
-     "               [--plot FILE.svg]\n"
+     "               [--plot FILE.svg] [--template NAME]\n"
      "      create / first exec / destroy latency beside the raw isolation, bwrap and "
-     "posix_spawn\n"},
+     "posix_spawn\n"
+     "      (--template: a sandbox of that template too, each round, and its ratio)\n"},
     {"bench",
      "  bench advise [--from FILE | --create-p99-ms MS] --first-token-ms MS --arrivals-per-s R\n"
      "               [--create-rate R]\n"

@@ -18,13 +18,15 @@ double ms_since(clock_type::time_point t) {
 }  // namespace
 
 asio::awaitable<void> one_iteration(runtime& sandboxes, std::chrono::milliseconds delay,
-                                    std::shared_ptr<iteration_outcome> out) {
+                                    std::shared_ptr<iteration_outcome> out,
+                                    std::string template_name) {
     if (delay.count() > 0) {
         asio::steady_timer timer(co_await asio::this_coro::executor, delay);
         co_await timer.async_wait(asio::use_awaitable);
     }
     sandbox_spec spec;
     spec.labels["moat.cli"] = "bench";
+    spec.template_name = std::move(template_name);
     auto start = clock_type::now();
     auto created = co_await sandboxes.async_create(spec);
     out->create_ms = ms_since(start);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace moat::cli {
@@ -18,9 +19,11 @@ struct iteration_outcome {
     double create_ms = 0, exec_ms = 0, destroy_ms = 0;
 };
 
-// Waits `delay`, then measures one create / exec / destroy into `out`.
+// Waits `delay`, then measures one create / exec / destroy into `out`, of a sandbox of
+// `template_name` ("": the backend's default root).
 asio::awaitable<void> one_iteration(runtime& sandboxes, std::chrono::milliseconds delay,
-                                    std::shared_ptr<iteration_outcome> out);
+                                    std::shared_ptr<iteration_outcome> out,
+                                    std::string template_name = {});
 
 // Starts `count` iterations (the i-th after i * `spacing`) and waits for all of them.
 asio::awaitable<std::vector<std::shared_ptr<iteration_outcome>>> run_round(
