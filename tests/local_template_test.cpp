@@ -3,6 +3,7 @@
 // idmapped, with a tmpfs upper of its own. Real namespaces, a real static busybox root the test
 // makes, every check of the host made from the host.
 #include "support/local_fixture.hpp"
+#include "support/moat_cli.hpp"
 
 #include <moat/templates.hpp>
 
@@ -252,4 +253,33 @@ TEST_CASE_FIXTURE(template_fixture,
     auto listed = store.list();
     REQUIRE(listed);
     CHECK(listed->empty());
+}
+
+TEST_CASE("moat template build, ls, verify and rm, and moat run --template, as a user runs them") {
+    MOAT_REQUIRE_NAMESPACES();
+    REQUIRE(::access(busybox, X_OK) == 0);
+    scratch_dir scratch;
+    const auto source = make_busybox_root(scratch.path / "src");
+    fs::permissions(source / "bin/busybox", fs::perms::set_uid, fs::perm_options::add);
+    const std::string env = "MOAT_DATA_DIR=" + (scratch.path / "data").string();
+    const auto built = moat::test::moat_cli(env, "template build bb --from-dir " + source.string());
+    CHECK(built.exit_code == 0);
+    CHECK(built.output.find("cleared: /bin/busybox: setuid bit cleared\n") != std::string::npos);
+    CHECK(built.output.find("built bb sha256:") != std::string::npos);
+    const auto listed = moat::test::moat_cli(env, "template ls");
+    CHECK(listed.exit_code == 0);
+    CHECK(listed.output.starts_with("NAME "));
+    CHECK(listed.output.find("\nbb ") != std::string::npos);
+    const auto ran =
+        moat::test::moat_cli(env, "run --template bb -- sh -c 'cat /etc/motd; ls /usr'");
+    CHECK(ran.exit_code != 0);
+    CHECK(ran.output.starts_with("from the template\n"));
+    CHECK(moat::test::moat_cli(env, "template verify bb").output.starts_with("ok bb sha256:"));
+    const auto unknown = moat::test::moat_cli(env, "run --template nosuch -- true");
+    CHECK(unknown.exit_code == 2);
+    CHECK(unknown.output.find("template 'nosuch' does not exist") != std::string::npos);
+    const auto bad = moat::test::moat_cli(env, "template build base --from-dir " + source.string());
+    CHECK(bad.exit_code == 2);
+    CHECK(moat::test::moat_cli(env, "template rm bb").exit_code == 0);
+    CHECK(moat::test::moat_cli(env, "template ls --json").output == "[]\n");
 }

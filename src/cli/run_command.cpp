@@ -62,6 +62,8 @@ asio::awaitable<int> run_in_sandbox(backend& b, run_options o) {
         if (created.error().code == errc::cancelled) co_return 128 + interrupting_signal();
         std::fprintf(stderr, "moat run: cannot create a sandbox: %s\n",
                      created.error().to_string().c_str());
+        // A spec the backend refused (an unknown template, a limit past the host's) is bad usage.
+        if (created.error().code == errc::invalid_argument) co_return exit_usage;
         co_return exit_failure;
     }
     auto box = std::move(*created);
