@@ -530,6 +530,7 @@ asio::awaitable<result<host_report>> local_backend::async_host_report() {
         report.layers = layer_names(helper_->host_layers());
         report.detail = helper_->layer_detail();
         report.facts["state_dir"] = options_.state_dir;
+        report.facts["data_dir"] = options_.data_dir;
         report.facts["owner_instance"] = options_.owner_instance;
         co_return report;
     } catch (...) {

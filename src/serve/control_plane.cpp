@@ -1,6 +1,7 @@
 #include "serve/control_plane.hpp"
 
 #include <moat/log.hpp>
+#include <moat/templates.hpp>
 
 #include "e2b_protocol/network_names.hpp"
 #include "e2b_protocol/sandbox_replies.hpp"
@@ -94,12 +95,23 @@ std::string client_message(std::string_view what, const error& e) {
     return std::string(what) + ": " + code_name(e) + " (the server's log has the detail)";
 }
 
-// The templates a create may name: "base" (the default root), and the names E2B's Code
-// Interpreter SDKs create with by default, which name the same root until templates exist (its
-// packages are the host's: scripts/install-deps installs IPython, matplotlib, pandas, numpy).
-bool is_known_template(std::string_view name) {
-    return name == "base" || name == "code-interpreter-v1" || name == "code-interpreter" ||
+// The names E2B's Code Interpreter SDKs create with by default: the default root until a template
+// of that name exists (its packages are the host's: scripts/install-deps installs IPython,
+// matplotlib, pandas, numpy).
+bool is_e2b_default_template(std::string_view name) {
+    return name == "code-interpreter-v1" || name == "code-interpreter" ||
            name == "code-interpreter-beta";
+}
+
+// The sandbox_spec::template_name a create's templateID asks for: "" for "base"; a template of
+// the backend's data directory by that name; "" for E2B's default names without one. nullopt:
+// there is no such template.
+std::optional<std::string> template_for(const serve_context& context, const std::string& id) {
+    if (id == "base") return std::string();
+    if (!context.options.data_dir.empty() && template_store(context.options.data_dir).find(id))
+        return id;
+    if (is_e2b_default_template(id)) return std::string();
+    return std::nullopt;
 }
 
 std::string sandbox_reply_of(const registry_entry& e, const std::string& domain) {
@@ -309,10 +321,12 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     auto parsed = co_await parsed_body_or_400(call, protocol::parse_create_request);
     if (!parsed) co_return;
     if (parsed->template_id.empty()) parsed->template_id = "base";
-    if (!is_known_template(parsed->template_id)) {
-        std::string message = "template '" + parsed->template_id +
-                              "' not found: moat serve has only the template 'base' (which "
-                              "code-interpreter-v1 names too)";
+    const auto template_name = template_for(context, parsed->template_id);
+    if (!template_name) {
+        std::string message = "template '" + parsed->template_id.substr(0, 80) +
+                              "' not found: moat serve has 'base' (which code-interpreter-v1 "
+                              "names too) and the templates of its data directory (moat template "
+                              "ls)";
         co_await send_error(call.response, 400, std::move(message));
         co_return;
     }
@@ -336,6 +350,7 @@ asio::awaitable<void> create(control_call& call, api_version version) {
         co_return;
     }
     sandbox_spec spec;
+    spec.template_name = *template_name;
     spec.labels = context.registry.scope_labels();
     spec.env = parsed->env_vars;
     // E2B's sandboxes run commands as `user` in /home/user (its SDK assumes both).

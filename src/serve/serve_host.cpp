@@ -137,6 +137,7 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     }
     std::string state_dir = options.state_dir;
     if (state_dir.empty()) state_dir = host->facts["state_dir"] + "/serve";
+    if (options.data_dir.empty()) options.data_dir = host->facts["data_dir"];
     if (auto made = make_private_dir(state_dir); !made) {
         report(made.error().detail);
         co_return exit_failure;

@@ -30,6 +30,9 @@ struct serve_options {
     // Where the server secret and the sandboxes' sidecar records live (0700). Empty: "serve" in
     // the local backend's state directory.
     std::string state_dir;
+    // Where the backend's templates live (templates.hpp); empty: the backend's host report says
+    // (the local backend's data directory), else there are none but "base".
+    std::string data_dir;
     // E2B's sandbox domain: envd takes a Host `49983-<id>.<domain>` (any port; the CLI stores it
     // lower case without a trailing dot) as naming sandbox <id>, and on a loopback listener serves
     // no other name but the loopback ones. Empty: no Host names a sandbox (clients send
