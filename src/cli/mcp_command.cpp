@@ -75,6 +75,8 @@ mcp_options parse_mcp_options(int argc, char** argv) {
         } else if (auto pair = flag_value("--env", argc, argv, i)) {
             auto [key, value] = parse_key_value("--env", *pair);
             o.manager.spec.env[key] = value;
+        } else if (auto name = flag_value("--template", argc, argv, i)) {
+            o.manager.spec.template_name = *name;
         } else if (auto label = flag_value("--label", argc, argv, i)) {
             auto [key, value] = parse_key_value("--label", *label);
             o.manager.spec.labels[key] = value;

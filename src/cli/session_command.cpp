@@ -33,7 +33,8 @@ struct session_options {
     std::string store;  // --store or MOAT_STORE; "" = the host-local store
     std::string key;
     exec_request request;
-    sandbox_network network;  // for a session whose sandbox this exec creates
+    sandbox_network network;    // for a session whose sandbox this exec creates
+    std::string template_name;  // likewise (--template)
     bool json = false;
     bool read_stdin = false;
 };
@@ -90,6 +91,10 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
                 continue;
             }
             if (network_flag(argc, argv, i, network)) continue;
+            if (auto name = flag_value("--template", argc, argv, i)) {
+                o.template_name = *name;
+                continue;
+            }
             if (arg.starts_with("-"))
                 throw usage_error("unknown option '" + std::string(arg) + "'");
             break;
@@ -121,9 +126,11 @@ session_options parse_session_options(std::string_view sub, int argc, char** arg
     return o;
 }
 
-manager_options cli_manager_options(const sandbox_network& network = {}) {
+manager_options cli_manager_options(const sandbox_network& network = {},
+                                    const std::string& template_name = {}) {
     manager_options options;
     options.spec.network = network;
+    options.spec.template_name = template_name;
     options.spec.labels["moat.client"] = "cli";
     return options;
 }
@@ -131,7 +138,7 @@ manager_options cli_manager_options(const sandbox_network& network = {}) {
 asio::awaitable<int> session_exec(backend& b, session_options o) {
     runtime sandboxes(b);
     auto store = open_session_store(o.store, b.get_executor());
-    session_manager sessions(sandboxes, cli_manager_options(o.network), store);
+    session_manager sessions(sandboxes, cli_manager_options(o.network, o.template_name), store);
     int code = 0;
     {
         auto got = co_await sessions.async_acquire(o.key, deadline::after(acquire_wait));

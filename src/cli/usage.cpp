@@ -40,7 +40,8 @@ constexpr usage_block blocks[] = {
      "      line per mapping; runs until Ctrl-C or SIGTERM (exit 0) or until the sandbox ends "
      "(exit 1)\n"},
     {"session",
-     "  session exec [--store URL] [--timeout S] [--stdin] [--json] KEY -- CMD...\n"
+     "  session exec [--store URL] [--timeout S] [--stdin] [--json] [--template NAME]\n"
+     "               KEY -- CMD...\n"
      "      run CMD in the sandbox of conversation KEY (attach-or-create: every moat process\n"
      "      naming KEY shares one sandbox, labelled moat.session=KEY); --store or MOAT_STORE:\n"
      "      host (the default, this host's processes), host:DIR, or a Redis URL (redis://,\n"
@@ -132,8 +133,8 @@ constexpr usage_block blocks[] = {
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},
     {"mcp",
-     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--tool-prefix P]\n"
-     "      [--retry-ceiling N|off] [--session KEY [--store URL]] [--images]\n"
+     "  mcp [--timeout S] [--memory MB] [--env K=V]... [--label K=V]... [--template NAME]\n"
+     "      [--tool-prefix P] [--retry-ceiling N|off] [--session KEY [--store URL]] [--images]\n"
      "      a Model Context Protocol tool server on stdio (run_python, run_shell, write_file,\n"
      "      read_file, list_files, start/list/stop_process, read_process_output); one sandbox\n"
      "      per connection, destroyed when the client leaves; with --session, conversation\n"
