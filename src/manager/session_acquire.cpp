@@ -139,9 +139,12 @@ asio::awaitable<result<session_manager::state::local_outcome>> session_manager::
     }
     it = sessions.find(key);
     if (it == sessions.end() || it->second != existing) co_return out;
-    // Paused while idle: resumed now, everything as it was (a failed resume is a lost sandbox).
+    // Paused while idle, or being paused (the resume then waits for the pause in the handle's
+    // queue): resumed now, everything as it was (a failed resume is a lost sandbox).
     bool resumed = false;
-    if (running && existing->paused) {
+    const bool pausing = options.pause_when_idle && existing->idle_checking;
+    const bool frozen = sandboxes.get_backend().is_paused(existing->box->id());
+    if (running && (existing->paused || frozen || pausing)) {
         auto thawed = co_await existing->box->async_resume(limit);
         running = thawed.has_value();
         resumed = running;
