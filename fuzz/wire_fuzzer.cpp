@@ -67,6 +67,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     wire::watch_added_message added{};
     (void)wire::read_fixed(record, wire::message_type::watch_added, added);
+    // Pause (wire 11): the agent reads set_paused, the library paused_set.
+    wire::set_paused_message set_paused{};
+    (void)wire::read_fixed(record, wire::message_type::set_paused, set_paused);
+    wire::paused_set_message paused_set{};
+    (void)wire::read_fixed(record, wire::message_type::paused_set, paused_set);
     wire::created_message created{};
     if (wire::read_fixed(record, wire::message_type::created, created)) {
         (void)wire::read_field(created.memory_cgroup);

@@ -342,3 +342,58 @@ TEST_CASE_FIXTURE(local_fixture,
     run(manager.async_shutdown());
     ::rmdir(name);
 }
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "pause_when_idle pauses an idle session, an acquire resumes it as it was, and "
+                  "past max_paused the one paused longest ago ends") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    event_log log;
+    auto options = logged(log);
+    options.idle_timeout = 300ms;
+    options.pause_when_idle = true;
+    options.max_paused = 1;
+    moat::session_manager manager(rt, options);
+
+    auto first = run(manager.async_acquire("first"));
+    REQUIRE(first);
+    const std::string first_id = first->box->id();
+    CHECK_FALSE(first->resumed);
+    // A background process holding a value in memory, and a file.
+    moat::exec_request keeper = shell("echo 41 > /tmp/n; exec sleep 1000");
+    keeper.resident = true;
+    keeper.wall_limit = 600s;
+    auto sleeper = run(first->box->async_spawn(std::move(keeper)));
+    REQUIRE(sleeper);
+    const int sleeper_pid = sleeper->pid();
+    first.value().reset();
+    REQUIRE(run(until([&] { return local->is_paused(first_id); }, 10s)));
+    auto seen = run(local->async_inspect(first_id));
+    REQUIRE(seen);
+    CHECK(seen->state == moat::sandbox_state::paused);
+
+    auto again = run(manager.async_acquire("first"));
+    REQUIRE(again);
+    CHECK(again->box->id() == first_id);
+    CHECK(again->resumed);
+    CHECK_FALSE(again->rebuilt);
+    CHECK_FALSE(local->is_paused(first_id));
+    auto same =
+        run(again->box->async_exec(shell("cat /tmp/n && kill -0 " + std::to_string(sleeper_pid))));
+    REQUIRE(same);
+    CHECK(same->exit_code == 0);
+    CHECK(same->out.text() == "41\n");
+    again.value().reset();
+    REQUIRE(run(until([&] { return local->is_paused(first_id); }, 10s)));
+
+    // A second paused session is one too many: the one paused longest ago ends.
+    auto second = run(manager.async_acquire("second"));
+    REQUIRE(second);
+    const std::string second_id = second->box->id();
+    second.value().reset();
+    REQUIRE(run(until([&] { return log.end_of(first_id).has_value(); }, 10s)));
+    CHECK(log.end_of(first_id) == moat::end_reason::idle_timeout);
+    REQUIRE(run(until([&] { return local->is_paused(second_id); }, 10s)));
+    CHECK_FALSE(log.end_of(second_id).has_value());
+    run(manager.async_shutdown());
+}

@@ -112,9 +112,26 @@ class backend {
     // (the default). sandbox_not_found if unknown, sandbox_unavailable once it has ended.
     virtual asio::awaitable<result<sandbox_usage>> async_usage(std::string id);
 
+    // Pause in place: the sandbox's commands are frozen (no CPU; memory, processes, files and
+    // connections kept), its TTL stands still and its paused lifetime (sandbox_spec::
+    // paused_lifetime) counts instead: past it the sandbox ends. Returns the info, state
+    // `paused`, expires_at the end of the paused lifetime. Idempotent. The paused state lives as
+    // long as the sandbox's processes: a host reboot loses it with them. local: the commands'
+    // cgroup v2 subtree (cgroup.freeze; never pid 1, which keeps answering), where a cgroup2
+    // mount exists (hybrid hosts too); elsewhere not_supported. Errors: sandbox_not_found,
+    // sandbox_unavailable (it has ended), not_supported, backend_failure.
+    virtual asio::awaitable<result<sandbox_info>> async_pause(std::string id);
+    // Thaws a paused sandbox, everything as it was, its TTL running again with what was left of
+    // it; a running one is returned as it is. Errors as async_pause.
+    virtual asio::awaitable<result<sandbox_info>> async_resume(std::string id);
+    // Whether the sandbox's commands are frozen now, by whichever process paused it (local: one
+    // read of its cgroup.freeze); false where unknown. Cheap: the handle asks before operations.
+    virtual bool is_paused(const std::string& id) const;
+
     // Moves the sandbox's end to `ttl` from now (1 ms to sandbox_spec::max_ttl), confirmed by the
     // sandbox itself (its pid 1 enforces the TTL), and returns the updated info. Errors:
-    // invalid_argument, sandbox_not_found, sandbox_unavailable (it has ended).
+    // invalid_argument, sandbox_not_found, sandbox_unavailable (it has ended). On a paused
+    // sandbox it sets the TTL it will resume with.
     virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(
         std::string id, std::chrono::milliseconds ttl) = 0;
 

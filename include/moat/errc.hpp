@@ -65,6 +65,9 @@ enum class errc : int {
     // Nothing accepted a connection to a sandbox's port (backend::async_connect_port): no server
     // listens there, or not yet. Retryable: a server that is still starting accepts later.
     connection_refused = 20,
+    // The sandbox is paused (sandbox::async_pause) and the caller chose to fail rather than
+    // resume it (handle_options::on_paused = paused_policy::fail): resume it, then retry.
+    sandbox_paused = 21,
 };
 
 // Kinds of failure, for branching. A code belongs to at most one condition.
@@ -74,7 +77,8 @@ enum class condition : int {
     retryable = 3,     // backend_failure, limit_exceeded, rate_limited, connection_refused: the
                        // same request may succeed later
     caller_error = 4,  // invalid_argument, invalid_path, file_not_found, is_directory, too_large,
-                       // permission_denied, not_supported, sandbox_not_found, unauthorized
+                       // permission_denied, not_supported, sandbox_not_found, unauthorized,
+                       // sandbox_paused
     backend_failure = 5,  // protocol_error, layer_unavailable: the backend cannot do this as is
     unavailable = 6,      // sandbox_unavailable, shutting_down, store_unavailable
 };

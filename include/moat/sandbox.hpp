@@ -79,6 +79,13 @@ enum class lane {
     side,     // beside the ordered queue, a bounded number at once
 };
 
+// What an operation does when it finds its sandbox paused (sandbox::async_pause, by this handle or
+// another process): resume it first (the default: code that knows nothing of pauses works on, and
+// the resume is the operation's first step, under its deadline), or fail at once with
+// errc::sandbox_paused, the sandbox left paused. Pause, resume, usage, extend_ttl and destroy
+// never resume.
+enum class paused_policy { resume, fail };
+
 struct handle_options {
     // How long beyond the backend's own stop grace (backend::stop_grace(), 2 s for the local
     // backend) a cancelled or timed-out operation may take to confirm that it stopped before the
@@ -92,6 +99,8 @@ struct handle_options {
     std::chrono::milliseconds transfer_stall_limit = std::chrono::seconds(30);
     // Directory watches (async_watch_dir) one handle may have open at once.
     std::size_t max_watches = 64;
+    // Operations on a paused sandbox (see paused_policy).
+    paused_policy on_paused = paused_policy::resume;
 };
 
 class sandbox {
@@ -167,6 +176,13 @@ class sandbox {
                                                                    lane in = lane::ordered);
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::chrono::milliseconds ttl,
                                                            deadline limit = {});
+    // Pause in place and resume (backend::async_pause, async_resume): its commands frozen, its
+    // memory, processes and files kept; its TTL stands still and its paused lifetime
+    // (sandbox_spec::paused_lifetime) counts instead. Ordered: a pause waits for the operations
+    // called before it. Both are idempotent and return the sandbox's info (state `paused` or
+    // `running`). What other operations do meanwhile: handle_options::on_paused.
+    asio::awaitable<result<sandbox_info>> async_pause(deadline limit = {});
+    asio::awaitable<result<sandbox_info>> async_resume(deadline limit = {});
     // What the sandbox uses now (backend::async_usage, moat/usage.hpp), on the side lane by
     // default: a reading never waits behind a long command. Keep readings in a usage_history for
     // a series (CPU as a share of the sandbox's CPUs between two readings).

@@ -154,6 +154,10 @@ struct sandbox_spec {
     // pid 1 enforces it). backend::async_extend_ttl moves it. At most max_ttl.
     std::chrono::milliseconds ttl = std::chrono::hours(1);
     static constexpr std::chrono::hours max_ttl{24 * 30};
+    // How long the sandbox may stay paused (backend::async_pause) before it ends: while it is
+    // paused its TTL stands still and this limit counts instead (its pid 1 enforces it too).
+    // Zero: no limit. At most max_ttl.
+    std::chrono::milliseconds paused_lifetime = std::chrono::hours(24);
     // Keep running after the creating process exits (until the TTL or an explicit destroy).
     bool survive_owner = false;
     // Skip isolation layers and limits this host cannot enforce instead of failing the create.
@@ -163,6 +167,8 @@ struct sandbox_spec {
 enum class sandbox_state {
     running,  // pid 1 is alive and answering
     exited,   // pid 1 is gone (destroyed, TTL, crashed)
+    paused,   // pid 1 is alive, its commands frozen (backend::async_pause); expires_at is the
+              // end of its paused lifetime
 };
 
 struct sandbox_info {
@@ -171,6 +177,9 @@ struct sandbox_info {
     std::map<std::string, std::string> labels;
     std::chrono::system_clock::time_point created_at;
     std::chrono::system_clock::time_point expires_at;
+    // While paused: when it was paused, and the TTL it resumes with (what was left of it).
+    std::optional<std::chrono::system_clock::time_point> paused_at;
+    std::chrono::milliseconds ttl_left{0};
     // Local backend: pid 1 as the host sees it, and the isolation layers applied ("user_ns",
     // "seccomp", "cgroup_memory", ...). Empty for remote backends.
     std::optional<int> host_pid;
@@ -209,7 +218,7 @@ struct sandbox_info {
     std::optional<std::uint64_t> egress_buffered_bytes;
 };
 
-// "running" or "exited".
+// "running", "exited" or "paused".
 const char* to_string(sandbox_state state) noexcept;
 
 }  // namespace moat

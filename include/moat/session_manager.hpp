@@ -100,6 +100,16 @@ struct manager_options {
     // Called for every event (on the executor); must not block.
     std::function<void(const manager_event&)> on_event;
 
+    // On idle_timeout, pause the session's sandbox (sandbox::async_pause: its processes, memory
+    // and files kept, no CPU used, its TTL standing still) instead of ending it. At most
+    // max_paused sandboxes stay paused, holding at most paused_memory_bytes together (0: no
+    // budget); past either, the one paused longest ago is ended (reason idle_timeout). The next
+    // acquire of the key resumes it and its lease says `resumed`. max_lifetime and the sandbox's
+    // paused lifetime (sandbox_spec::paused_lifetime) still end it. Off by default.
+    bool pause_when_idle = false;
+    std::size_t max_paused = 16;
+    std::uint64_t paused_memory_bytes = 0;
+
     // Sharing a store between workers (session_store.hpp). The creator of a session's sandbox
     // holds the key's claim for claim_lease and renews it every claim_lease / 3 while it creates
     // and seeds; if it dies, another worker takes over once the lease has run out. Set it above
@@ -127,6 +137,9 @@ struct session_lease {
     // rebuild sees true (the store's generation and its `noticed` mark).
     bool rebuilt = false;
     std::shared_ptr<void> hold;
+    // The session's sandbox was paused while idle (manager_options::pause_when_idle) and this
+    // acquire resumed it: everything is as the caller left it, its processes and variables too.
+    bool resumed = false;
 
     // Lets the session go before the lease itself goes out of scope (the same as dropping it):
     // the session is touched, and it may idle out from now on.
@@ -134,6 +147,7 @@ struct session_lease {
         hold.reset();
         box.reset();
         rebuilt = false;
+        resumed = false;
     }
 };
 

@@ -15,8 +15,9 @@
 // moat bench serve: see cli/bench/serve_bench.hpp.
 // moat bench e2b: see cli/bench/e2b_bench.hpp.
 // moat bench store: see cli/bench/store_bench.hpp.
-// moat bench egress, ports, python, pty: see cli/bench/egress_bench.hpp, cli/bench/ports_bench.hpp,
-// cli/bench/python_bench.hpp, cli/bench/pty_bench.hpp.
+// moat bench egress, ports, python, pty, pause: see cli/bench/egress_bench.hpp,
+// cli/bench/ports_bench.hpp, cli/bench/python_bench.hpp, cli/bench/pty_bench.hpp,
+// cli/bench/pause_bench.hpp.
 //
 // moat bench advise [--from FILE] [--create-p50-ms MS --create-p99-ms MS] --first-token-ms MS
 //                   --arrivals-per-s R [--create-rate R] [--miss-probability P]
@@ -33,6 +34,7 @@
 #include "cli/bench/http_bench.hpp"
 #include "cli/bench/iteration.hpp"
 #include "cli/bench/latency_summary.hpp"
+#include "cli/bench/pause_bench.hpp"
 #include "cli/bench/ports_bench.hpp"
 #include "cli/bench/pty_bench.hpp"
 #include "cli/bench/python_bench.hpp"
@@ -375,7 +377,7 @@ int bench_command(int argc, char** argv) {
     if (argc < 1) {
         throw usage_error(
             "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, "
-            "egress, ports, python or pty (see moat --help)");
+            "egress, ports, python, pty or pause (see moat --help)");
     }
     const std::string_view what = argv[0];
     if (what == "create") return bench_create(argc - 1, argv + 1);
@@ -389,9 +391,10 @@ int bench_command(int argc, char** argv) {
     if (what == "ports") return bench_ports(argc - 1, argv + 1);
     if (what == "python") return bench_python(argc - 1, argv + 1);
     if (what == "pty") return bench_pty(argc - 1, argv + 1);
+    if (what == "pause") return bench_pause(argc - 1, argv + 1);
     throw usage_error(
         "expected create, advise, sweep, memory, pool, hostsize, http, serve, e2b, store, egress, "
-        "ports, python or pty, got '" +
+        "ports, python, pty or pause, got '" +
         std::string(what) + "'");
 }
 

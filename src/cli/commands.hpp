@@ -20,6 +20,8 @@ int session_command(int argc, char** argv);    // moat session exec|end|ls: shar
 int cp_command(int argc, char** argv);         // moat cp: files in and out
 int destroy_command(int argc, char** argv);    // moat destroy: end sandboxes, confirmed
 int ls_command(int argc, char** argv);         // moat ls: every sandbox on this host
+int pause_command(int argc, char** argv);      // moat pause: freeze sandboxes in place
+int resume_command(int argc, char** argv);     // moat resume: thaw them
 int doctor_command(int argc, char** argv);     // moat doctor: what this host can enforce
 int inventory_command(int argc, char** argv);  // moat inventory: every sandbox and its usage
 int janitor_command(int argc, char** argv);    // moat janitor: clean up after crashes

@@ -104,6 +104,12 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
                                   "' must be a number from 1 to 100000");
             }
             o.max_sandboxes = static_cast<std::size_t>(*n);
+        } else if (auto mb = flag_value("--paused-memory-mb", argc, argv, i)) {
+            const auto n = parse_unsigned(*mb);
+            if (!n || *n > (std::uint64_t{1} << 30)) {
+                throw usage_error("--paused-memory-mb: '" + *mb + "' must be a number of MiB");
+            }
+            o.paused_memory_bytes = *n << 20;
         } else if (auto bytes = flag_value("--max-file-bytes", argc, argv, i)) {
             const auto n = parse_unsigned(*bytes);
             if (!n || *n < 1 || *n > (std::uint64_t{1} << 36)) {

@@ -69,6 +69,14 @@ constexpr usage_block blocks[] = {
     {"destroy",
      "  destroy ID...\n"
      "      end sandboxes and confirm they are gone\n"},
+    {"pause",
+     "  pause ID...\n"
+     "      freeze sandboxes in place: processes, memory and files kept, no CPU used, the TTL\n"
+     "      standing still and the paused lifetime (24 h) counting; exec and the rest resume\n"
+     "      them (a host reboot loses a paused sandbox like a running one)\n"},
+    {"resume",
+     "  resume ID...\n"
+     "      thaw paused sandboxes, everything as it was\n"},
     {"ls",
      "  ls [--label K=V]... [--json]\n"
      "      list every sandbox on this host\n"},
@@ -129,6 +137,9 @@ constexpr usage_block blocks[] = {
      "  bench pty [--n N] [--json FILE]\n"
      "      one-byte echo round trips through a sandbox's terminal beside a spawned cat's pipes:\n"
      "      p50/p99 and the ratio\n"},
+    {"bench",
+     "  bench pause [--n N] [--json FILE]\n"
+     "      pause and resume of a sandbox running a busy loop and a Python process: p50/p99\n"},
     {"demo",
      "  demo\n"
      "      a scripted model conversation through the tool layer: what a model would see\n"},
@@ -144,12 +155,14 @@ constexpr usage_block blocks[] = {
      "  serve [--listen HOST:PORT] [--envd-listen HOST:PORT] [--api-key-file F]\n"
      "        [--tls-cert F --tls-key F] [--max-sandboxes N] [--destroy-on-exit] [--state-dir "
      "DIR]\n"
-     "        [--max-file-bytes N] [--domain NAME] [--private-ports]\n"
+     "        [--max-file-bytes N] [--domain NAME] [--private-ports] [--paused-memory-mb N]\n"
      "      an E2B-compatible sandbox host for the E2B SDKs: control plane (default\n"
      "      127.0.0.1:3000) and envd (127.0.0.1:49983), port 0 picks one; the API key from\n"
      "      --api-key-file or MOAT_API_KEY; prints one 'api URL' and one 'envd URL' line.\n"
      "      A sandbox's ports are served on envd's listener as <port>-<id>.NAME (getHost);\n"
-     "      public unless the create says allowPublicTraffic: false, or --private-ports\n"},
+     "      public unless the create says allowPublicTraffic: false, or --private-ports.\n"
+     "      Paused sandboxes count against --max-sandboxes; past --paused-memory-mb, the one\n"
+     "      paused longest ago is ended\n"},
     {"doctor",
      "  doctor\n"
      "      show which isolation layers and limits this host can enforce, and run a live check\n"
@@ -157,11 +170,11 @@ constexpr usage_block blocks[] = {
 };
 
 constexpr std::string_view closing_notes =
-    "backends: run, create, exec, cp, destroy, ls, inventory, janitor, smoke, doctor, bench "
-    "create\n"
-    "and mcp take --backend local|e2b (default: $MOAT_BACKEND, else local). e2b drives an E2B\n"
-    "fleet (E2B's cloud, a self-hosted cluster, or moat serve) configured by E2B_API_KEY,\n"
-    "E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL and MOAT_E2B_CA_FILE (see docs/remote.md)\n"
+    "backends: run, create, exec, cp, destroy, pause, resume, ls, inventory, janitor, smoke,\n"
+    "doctor, bench create and mcp take --backend local|e2b (default: $MOAT_BACKEND, else\n"
+    "local). e2b drives an E2B fleet (E2B's cloud, a self-hosted cluster, or moat serve)\n"
+    "configured by E2B_API_KEY, E2B_API_URL, E2B_DOMAIN, E2B_SANDBOX_URL and\n"
+    "MOAT_E2B_CA_FILE (see docs/remote.md)\n"
     "\n"
     "exit codes: a command's own code for run and exec (124: its --timeout killed it, 130:\n"
     "interrupted); 2 bad usage or path, 3 moat failed, 4 no such sandbox or it has ended\n";

@@ -129,6 +129,8 @@ const char* to_string(sandbox_state state) noexcept {
             return "running";
         case sandbox_state::exited:
             return "exited";
+        case sandbox_state::paused:
+            return "paused";
     }
     return "unknown";
 }
@@ -172,6 +174,18 @@ asio::awaitable<result<host_report>> backend::async_host_report() {
 
 asio::awaitable<result<sandbox_usage>> backend::async_usage(std::string) {
     co_return not_supported(name(), "usage");
+}
+
+asio::awaitable<result<sandbox_info>> backend::async_pause(std::string) {
+    co_return not_supported(name(), "pause");
+}
+
+asio::awaitable<result<sandbox_info>> backend::async_resume(std::string) {
+    co_return not_supported(name(), "resume");
+}
+
+bool backend::is_paused(const std::string&) const {
+    return false;
 }
 
 asio::awaitable<result<std::vector<janitor_action>>> backend::async_janitor(bool) {

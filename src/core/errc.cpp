@@ -28,6 +28,7 @@ class errc_category final : public std::error_category {
             case errc::not_supported:
             case errc::sandbox_not_found:
             case errc::unauthorized:
+            case errc::sandbox_paused:
                 return condition::caller_error;
             case errc::protocol_error:
             case errc::layer_unavailable:
@@ -125,6 +126,8 @@ const char* to_string(errc e) noexcept {
             return "store_unavailable";
         case errc::connection_refused:
             return "connection_refused";
+        case errc::sandbox_paused:
+            return "sandbox_paused";
     }
     return "unknown";
 }

@@ -69,6 +69,10 @@ struct sandbox::impl : std::enable_shared_from_this<sandbox::impl> {
     static asio::awaitable<result<T>> run_in_turn(
         std::shared_ptr<impl> self, const char* what, deadline limit,
         std::function<asio::awaitable<result<T>>()> start);
+    // Once `what` holds its place: a paused sandbox is resumed first, or the operation fails with
+    // sandbox_paused, as options.on_paused says (sandbox_pause.cpp).
+    static asio::awaitable<result<void>> unpause_for(std::shared_ptr<impl> self, const char* what,
+                                                     deadline limit);
     // acquire_turn + run_in_turn, then the place goes on.
     template <class T>
     static asio::awaitable<result<T>> run(std::shared_ptr<impl> self, const char* what,

@@ -197,6 +197,7 @@ code from_errc(std::error_code e) noexcept {
         case errc::connection_refused:
             return code::unavailable;
         case errc::layer_unavailable:
+        case errc::sandbox_paused:
             return code::failed_precondition;
         case errc::backend_failure:
         case errc::protocol_error:

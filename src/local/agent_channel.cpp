@@ -70,13 +70,31 @@ asio::awaitable<result<std::shared_ptr<command_state>>> agent_channel::async_exe
 
 asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::milliseconds ttl,
                                                            deadline limit) {
-    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     auto message = wire::make_message<wire::set_ttl_message>(wire::message_type::set_ttl);
     message.request_id = next_ttl_request_++;
     message.ttl_ms = static_cast<std::uint64_t>(ttl.count());
-    auto confirmed = std::make_shared<async_event>(executor_);
-    ttl_requests_[message.request_id] = confirmed;
     const auto bytes = std::as_bytes(std::span(&message, 1));
+    co_return co_await async_confirmed(bytes, message.request_id, "TTL change", limit);
+}
+
+asio::awaitable<result<void>> agent_channel::async_set_paused(bool paused,
+                                                              std::chrono::milliseconds ttl,
+                                                              deadline limit) {
+    auto message = wire::make_message<wire::set_paused_message>(wire::message_type::set_paused);
+    message.request_id = next_ttl_request_++;
+    message.ttl_ms = static_cast<std::uint64_t>(ttl.count());
+    message.paused = paused ? 1 : 0;
+    const auto bytes = std::as_bytes(std::span(&message, 1));
+    const char* what = paused ? "pause" : "resume";
+    co_return co_await async_confirmed(bytes, message.request_id, what, limit);
+}
+
+asio::awaitable<result<void>> agent_channel::async_confirmed(std::span<const std::byte> bytes,
+                                                             std::uint64_t request_id,
+                                                             const char* what, deadline limit) {
+    if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
+    auto confirmed = std::make_shared<async_event>(executor_);
+    ttl_requests_[request_id] = confirmed;
     const std::span<const int> no_descriptors;  // a named local (g++ 12)
     auto sent = co_await channel_.async_send(bytes, no_descriptors, limit);
     // Once sent, the change happens whatever the caller does: wait for its confirmation (not
@@ -84,12 +102,13 @@ asio::awaitable<result<void>> agent_channel::async_set_ttl(std::chrono::millisec
     while (sent && !confirmed->is_set() && !limit.has_expired()) {
         co_await confirmed->async_wait(limit);
     }
-    ttl_requests_.erase(message.request_id);
+    ttl_requests_.erase(request_id);
     if (broken_) co_return make_error(errc::sandbox_unavailable, *broken_);
     if (!sent) co_return sent;
     if (!confirmed->is_set()) {
-        co_return make_error(errc::backend_failure,
-                             "the TTL change was sent but the sandbox agent did not confirm it");
+        co_return make_error(errc::backend_failure, std::string("the ") + what +
+                                                        " was sent but the sandbox agent did "
+                                                        "not confirm it");
     }
     co_return result<void>{};
 }
@@ -365,11 +384,19 @@ void agent_channel::dispatch(received_record& record) {
             if (it->second->abandoned) commands_.erase(it);
             return;
         }
-        case wire::message_type::ttl_set: {
+        case wire::message_type::ttl_set:
+        case wire::message_type::paused_set: {
+            // The two replies have the same layout: a request id.
+            static_assert(sizeof(wire::ttl_set_message) == sizeof(wire::paused_set_message));
             wire::ttl_set_message m{};
-            if (!wire::read_fixed(record.data, wire::message_type::ttl_set, m) ||
-                m.request_id == 0 || m.request_id >= next_ttl_request_) {
-                return break_channel("protocol error: bad ttl_set record");
+            if (!wire::read_fixed(record.data, wire::message_type::ttl_set, m)) {
+                wire::paused_set_message p{};
+                if (wire::read_fixed(record.data, wire::message_type::paused_set, p)) {
+                    m.request_id = p.request_id;
+                }
+            }
+            if (m.request_id == 0 || m.request_id >= next_ttl_request_) {
+                return break_channel("protocol error: bad ttl_set or paused_set record");
             }
             // An answer whose waiter already gave up is harmless.
             if (auto it = ttl_requests_.find(m.request_id); it != ttl_requests_.end()) {

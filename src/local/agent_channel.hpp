@@ -67,6 +67,10 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     // confirm, until `limit`. Cancellation: none once the request is sent (the change happens
     // anyway). backend_failure if unconfirmed: the sandbox may end at either time.
     asio::awaitable<result<void>> async_set_ttl(std::chrono::milliseconds ttl, deadline limit);
+    // Tells pid 1 the commands were frozen (`paused`) or thawed, and moves the sandbox's end to
+    // `ttl` from now (0: none), as set_paused_message says; confirmed as async_set_ttl is.
+    asio::awaitable<result<void>> async_set_paused(bool paused, std::chrono::milliseconds ttl,
+                                                   deadline limit);
 
     // A TCP socket the agent connected to `port` on the sandbox's loopback (`family` 4: 127.0.0.1,
     // 6: ::1), and whether its connect was still under way. Errors: the agent's errno as
@@ -128,6 +132,11 @@ class agent_channel : public std::enable_shared_from_this<agent_channel> {
     void close();
 
   private:
+    // Sends a record whose request_id the agent answers with ttl_set or paused_set, and waits
+    // for that answer (see async_set_ttl); `what` names the change in the error.
+    asio::awaitable<result<void>> async_confirmed(std::span<const std::byte> bytes,
+                                                  std::uint64_t request_id, const char* what,
+                                                  deadline limit);
     friend asio::awaitable<void> run_agent_reader(std::shared_ptr<agent_channel> self);
     asio::awaitable<void> read_loop();
     void dispatch(received_record& record);

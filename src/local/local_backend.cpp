@@ -146,7 +146,7 @@ void add_usage(sandbox_info& info, const sandbox_record& r, const sandbox_record
     info.cpu_time_us.reset();
     info.disk_used_bytes.reset();
     info.disk_total_bytes.reset();
-    if (info.state != sandbox_state::running) return;
+    if (info.state == sandbox_state::exited) return;
     info.memory_used_bytes = read_memory_used(r.cgroups);
     info.pids_current = read_cgroup_number(r.cgroups, "pids.current");
     info.cpu_time_us = read_cpu_time_us(r.cgroups);
@@ -172,6 +172,11 @@ sandbox_info describe(const sandbox_record& r) {
     info.labels = r.labels;
     info.created_at = r.created_at;
     info.expires_at = r.expires_at;
+    if (r.paused_at) {
+        info.state = sandbox_state::paused;
+        info.paused_at = r.paused_at;
+        info.ttl_left = r.ttl_left;
+    }
     if (r.init_pid > 0) info.host_pid = r.init_pid;
     info.layers = r.layers;
     info.limits = r.limits;
@@ -189,7 +194,7 @@ sandbox_info describe(const sandbox_record& r) {
 // A recorded sandbox another process holds: its state checked through a pidfd.
 sandbox_info info_from_record(const sandbox_record& r) {
     sandbox_info info = describe(r);
-    info.state = open_live_init(r) ? sandbox_state::running : sandbox_state::exited;
+    if (!open_live_init(r)) info.state = sandbox_state::exited;
     return info;
 }
 
@@ -302,6 +307,7 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     record.created_at = now;
     record.expires_at = now + spec.ttl;
     record.survive_owner = spec.survive_owner;
+    record.paused_lifetime = spec.paused_lifetime;
     record.env = spec.env;
     record.layout = spec.layout;
     if (record.layout.user.empty()) record.layout.user = default_user;
@@ -492,10 +498,11 @@ asio::awaitable<result<sandbox_info>> local_backend::async_inspect(std::string i
 }
 
 void local_backend::refresh_state(local_sandbox& sandbox) {
-    if (sandbox.info.state == sandbox_state::running && sandbox.pidfd.is_open() &&
+    if (sandbox.info.state != sandbox_state::exited && sandbox.pidfd.is_open() &&
         has_exited(sandbox.pidfd.get())) {
         sandbox.info.state = sandbox_state::exited;
     }
+    if (sandbox.info.state != sandbox_state::exited) sync_pause_state(sandbox);
 }
 
 result<std::shared_ptr<local_sandbox>> local_backend::find(const std::string& id) {
@@ -584,6 +591,8 @@ asio::awaitable<result<sandbox_info>> local_backend::extend_ttl(std::string id,
     auto found = find_running(id);
     if (!found) co_return std::move(found).error();
     auto sandbox = *found;
+    sync_pause_state(*sandbox);
+    if (sandbox->record.paused_at) co_return set_ttl_left(*sandbox, ttl);
     auto agent = sandbox->agent;  // the sandbox may end while we wait
     const auto limit = deadline::after(control_timeout);
     auto set = co_await agent->async_set_ttl(ttl, limit);

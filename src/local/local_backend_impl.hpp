@@ -8,6 +8,7 @@
 //   local_backend_files.cpp    file access: the inline batch calls and the streamed read and write
 //   local_backend_ports.cpp    ports: a connection to a server in the sandbox, made by its pid 1
 //   local_backend_watch.cpp    file watches: inotify, the watches added by the sandbox's pid 1
+//   local_backend_pause.cpp    pause and resume: the commands' cgroup frozen, pid 1's clocks
 //
 // Everything here runs on the backend's executor (files' blocking steps on its file threads). A
 // sandbox this backend holds is one local_sandbox in sandboxes_, from create or attach until
@@ -98,6 +99,10 @@ class local_backend final : public backend {
     asio::awaitable<result<sandbox_usage>> async_usage(std::string id) override;
     asio::awaitable<result<sandbox_info>> async_extend_ttl(std::string id,
                                                            std::chrono::milliseconds ttl) override;
+    // local_backend_pause.cpp
+    asio::awaitable<result<sandbox_info>> async_pause(std::string id) override;
+    asio::awaitable<result<sandbox_info>> async_resume(std::string id) override;
+    bool is_paused(const std::string& id) const override;
 
     // local_backend_destroy.cpp
     asio::awaitable<result<void>> async_destroy(std::string id) override;
@@ -156,7 +161,8 @@ class local_backend final : public backend {
     static result<void> open_root(local_sandbox& sandbox);
     // A sandbox whose pid 1 is gone (seen through the pidfd) reports `exited` even before the
     // helper's report or the channel's end arrives.
-    static void refresh_state(local_sandbox& sandbox);
+    // Also takes a pause or resume another process made (sync_pause_state).
+    void refresh_state(local_sandbox& sandbox);
     // The sandbox this backend holds; sandbox_not_found naming the owner of one it only records.
     result<std::shared_ptr<local_sandbox>> find(const std::string& id);
     // find(), and sandbox_unavailable (its reason) when the sandbox has ended or has no agent.
@@ -168,6 +174,14 @@ class local_backend final : public backend {
     // attached processes keep theirs) and every connection we proxy for it closes at once.
     void stop_egress(local_sandbox& sandbox);
     void on_reaped(const wire::reaped_message& m);
+    // local_backend_pause.cpp
+    asio::awaitable<result<sandbox_info>> pause(std::string id);
+    asio::awaitable<result<sandbox_info>> resume(std::string id);
+    // Where the commands' cgroup.freeze says the sandbox is not what this process last knew
+    // (another process paused or resumed it): the record's pause fields, read again.
+    void sync_pause_state(local_sandbox& sandbox);
+    // A paused sandbox's extend_ttl: the TTL it resumes with, recorded.
+    sandbox_info set_ttl_left(local_sandbox& sandbox, std::chrono::milliseconds ttl);
     // Only what depends on the helper ends with it: the sandboxes it made that die with it
     // (PDEATHSIG). An attached sandbox, or a survivor it made, keeps its own control socket to its
     // pid 1 and runs on; its destroy confirms through the pidfd.

@@ -170,6 +170,11 @@ std::string to_json(const sandbox_record& r) {
     w.key("layers");
     write_string_list(w, r.layers);
     w.key("condemned").value(r.condemned);
+    w.key("paused_lifetime_ms").value(static_cast<std::uint64_t>(r.paused_lifetime.count()));
+    if (r.paused_at) {
+        w.key("paused_at_ms").value(to_unix_ms(*r.paused_at));
+        w.key("ttl_left_ms").value(static_cast<std::uint64_t>(r.ttl_left.count()));
+    }
     w.key("egress").begin_object();
     w.key("max_bytes").value(r.egress.max_bytes);
     w.key("max_connections").value(static_cast<std::uint64_t>(r.egress.max_connections));
@@ -263,6 +268,21 @@ result<sandbox_record> record_from_json(std::string_view json) {
     if (!read_string_list(o, "layers", r.layers)) return bad_field("layers");
     if (o["condemned"].get_bool().get(r.condemned) != simdjson::SUCCESS)
         return bad_field("condemned");
+    // Records written before pause: never paused, the default paused lifetime.
+    std::uint64_t lifetime_ms = 0;
+    if (o["paused_lifetime_ms"].error() != simdjson::NO_SUCH_FIELD) {
+        if (!read_uint64(o, "paused_lifetime_ms", lifetime_ms))
+            return bad_field("paused_lifetime_ms");
+        r.paused_lifetime = std::chrono::milliseconds(lifetime_ms);
+    }
+    if (o["paused_at_ms"].error() != simdjson::NO_SUCH_FIELD) {
+        std::int64_t paused_at = 0;
+        std::uint64_t ttl_left = 0;
+        if (!read_int(o, "paused_at_ms", paused_at) || !read_uint64(o, "ttl_left_ms", ttl_left))
+            return bad_field("paused_at_ms");
+        r.paused_at = from_unix_ms(paused_at);
+        r.ttl_left = std::chrono::milliseconds(ttl_left);
+    }
     // Records written before the egress limits: the defaults.
     if (o["egress"].error() != simdjson::NO_SUCH_FIELD) {
         simdjson::dom::object egress;

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,12 @@ struct sandbox_record {
     local_egress_limits egress;  // its egress proxy's limits (records without them: defaults)
     // A destroy was asked for and not confirmed: the janitor finishes it.
     bool condemned = false;
+    // Pause (local_backend_pause.cpp): how long it may stay paused (0: no limit); while paused,
+    // when it was paused and the TTL it resumes with (expires_at is then the paused lifetime's
+    // end). Records without them: never paused, the default lifetime.
+    std::chrono::milliseconds paused_lifetime{std::chrono::hours(24)};
+    std::optional<std::chrono::system_clock::time_point> paused_at;
+    std::chrono::milliseconds ttl_left{0};
 };
 
 // Largest record file read (labels and environment are bounded by the spec's validation).

@@ -137,6 +137,11 @@ result<void> validate_spec(const sandbox_spec& spec) {
     const auto& l = spec.limits;
     if (auto limits = validate_limits(l); !limits) return limits;
     if (auto ttl = validate_ttl(spec.ttl); !ttl) return ttl;
+    if (spec.paused_lifetime.count() < 0 || spec.paused_lifetime > sandbox_spec::max_ttl) {
+        return make_error(errc::invalid_argument,
+                          "paused_lifetime: must be between 0 (no limit) and " +
+                              std::to_string(sandbox_spec::max_ttl.count()) + " hours");
+    }
     if (auto layout = validate_layout(spec.layout); !layout) return layout;
     for (const auto& [key, value] : spec.labels) {
         if (key.empty() || !is_printable(key) || !is_printable(value)) {

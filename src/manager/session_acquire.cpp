@@ -135,10 +135,23 @@ asio::awaitable<result<session_manager::state::local_outcome>> session_manager::
     bool running = false;
     if (usable(*existing->box)) {
         auto seen = co_await sandboxes.get_backend().async_inspect(existing->box->id());
-        running = seen && seen->state == sandbox_state::running;
+        running = seen && seen->state != sandbox_state::exited;
     }
     it = sessions.find(key);
     if (it == sessions.end() || it->second != existing) co_return out;
+    // Paused while idle, or being paused (the resume then waits for the pause in the handle's
+    // queue): resumed now, everything as it was (a failed resume is a lost sandbox).
+    bool resumed = false;
+    const bool pausing = options.pause_when_idle && existing->idle_checking;
+    const bool frozen = sandboxes.get_backend().is_paused(existing->box->id());
+    if (running && (existing->paused || frozen || pausing)) {
+        auto thawed = co_await existing->box->async_resume(limit);
+        running = thawed.has_value();
+        resumed = running;
+        existing->paused = false;
+        it = sessions.find(key);
+        if (it == sessions.end() || it->second != existing) co_return out;
+    }
     if (!running) {
         out.lost = true;
         sessions.erase(it);
@@ -148,6 +161,7 @@ asio::awaitable<result<session_manager::state::local_outcome>> session_manager::
     }
     if (existing->local_only) {
         out.lease = lease(existing, false);
+        out.lease->resumed = resumed;
         co_return out;
     }
     auto touching =
@@ -159,11 +173,13 @@ asio::awaitable<result<session_manager::state::local_outcome>> session_manager::
         emit(manager_event::kind::store_fallback, key, existing->box->id(), std::nullopt,
              failure.to_string());
         out.lease = lease(existing, false);
+        out.lease->resumed = resumed;
         co_return out;
     }
     if (*touched) {
         existing->last_touch = clock::now();
         out.lease = lease(existing, (*touched)->notice);
+        out.lease->resumed = resumed;
         co_return out;
     }
     // The store no longer names this sandbox (another worker ended or replaced it): forget it

@@ -73,6 +73,8 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
         std::size_t holds = 0;
         bool local_only = false;     // options.local_fallback made it: not in the store
         bool idle_checking = false;  // an idle end is being decided with the store
+        bool paused = false;         // paused while idle (pause_when_idle), since paused_at
+        clock::time_point paused_at;
     };
 
     struct opened_session {
@@ -191,6 +193,11 @@ struct session_manager::state : std::enable_shared_from_this<session_manager::st
     // idle_timeout; otherwise this worker takes the store's last use as its own.
     static asio::awaitable<void> end_if_idle(std::shared_ptr<state> self,
                                              std::shared_ptr<session> s);
+    // pause_when_idle: pauses an idle session's sandbox, then ends the paused ones paused
+    // longest ago past max_paused or paused_memory_bytes (session_pause.cpp).
+    static asio::awaitable<void> pause_if_idle(std::shared_ptr<state> self,
+                                               std::shared_ptr<session> s);
+    asio::awaitable<void> hold_paused_budget();
     clock::duration tick() const;
     // Idle and lifetime limits, heartbeats, lost sandboxes; the pool's TTL margin.
     static asio::awaitable<void> watch(std::shared_ptr<state> self);

@@ -156,7 +156,8 @@ asio::awaitable<void> session_manager::state::watch(std::shared_ptr<state> self)
             } else if (self->options.max_lifetime &&
                        now - s->created >= *self->options.max_lifetime) {
                 ending.emplace_back(s, end_reason::max_lifetime);
-            } else if (s->holds == 0 && now - s->last_used >= self->options.idle_timeout) {
+            } else if (s->holds == 0 && !s->paused &&
+                       now - s->last_used >= self->options.idle_timeout) {
                 if (!s->idle_checking) {
                     s->idle_checking = true;
                     idle.push_back(s);
@@ -183,7 +184,13 @@ asio::awaitable<void> session_manager::state::watch(std::shared_ptr<state> self)
         // `sessions`.
         for (auto& s : beating) self->tasks.spawn(heartbeat(self, s->box));
         for (auto& s : touching) self->tasks.spawn(touch_in_background(self, s));
-        for (auto& s : idle) self->tasks.spawn(end_if_idle(self, s));
+        for (auto& s : idle) {
+            if (self->options.pause_when_idle) {
+                self->tasks.spawn(pause_if_idle(self, s));
+            } else {
+                self->tasks.spawn(end_if_idle(self, s));
+            }
+        }
     }
 }
 

@@ -219,9 +219,26 @@ bool agent::close_connections() {
     return !owner_gone || survive_owner_;
 }
 
+void agent::handle_set_paused(int fd, const wire::set_paused_message& m) {
+    const std::uint64_t now = now_us();
+    if (m.paused != 0 && paused_since_us_ == 0) paused_since_us_ = now;
+    if (m.paused == 0 && paused_since_us_ != 0) {
+        // The wall limits count the time the commands ran, not the time they were frozen.
+        for (auto& c : commands_) {
+            if (c.deadline_us != 0) c.deadline_us += now - paused_since_us_;
+        }
+        paused_since_us_ = 0;
+    }
+    ttl_deadline_us_ = m.ttl_ms == 0 ? 0 : now + m.ttl_ms * 1000;
+    auto reply = wire::make_message<wire::paused_set_message>(wire::message_type::paused_set);
+    reply.request_id = m.request_id;
+    send(fd, reply);
+}
+
 int agent::poll_timeout_ms() const {
     std::uint64_t next = ttl_deadline_us_;
     for (const auto& c : commands_) {
+        if (paused_since_us_ != 0) break;
         if (c.deadline_us != 0 && !c.timed_out && (next == 0 || c.deadline_us < next)) {
             next = c.deadline_us;
         }
@@ -237,6 +254,7 @@ int agent::poll_timeout_ms() const {
 }
 
 void agent::enforce_deadlines() {
+    if (paused_since_us_ != 0) return;  // frozen commands use none of their wall time
     const std::uint64_t now = now_us();
     for (auto& c : commands_) {
         if (c.deadline_us != 0 && !c.timed_out && now >= c.deadline_us) {
@@ -278,6 +296,10 @@ bool agent::handle_control(int fd) {
         wire::pty_attach_message attach{};
         if (wire::read_fixed(record, wire::message_type::pty_attach, attach)) {
             handle_pty_attach(fd, attach);
+        }
+        wire::set_paused_message set_paused{};
+        if (wire::read_fixed(record, wire::message_type::set_paused, set_paused)) {
+            handle_set_paused(fd, set_paused);
         }
         wire::set_ttl_message set_ttl{};
         if (wire::read_fixed(record, wire::message_type::set_ttl, set_ttl)) {

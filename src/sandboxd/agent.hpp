@@ -11,7 +11,10 @@
 // to a half-started one (SIGSTOP once it has the sandbox's uid) can stall it. Whatever the command
 // left in its process group is killed when it exits. `kill` signals a command's process group; a
 // wall limit SIGKILLs it and reports exited_timed_out. `set_ttl` moves the sandbox's end and is
-// answered with `ttl_set`.
+// answered with `ttl_set`. `set_paused` (answered with `paused_set`) tells pid 1 that the library
+// froze (or thawed) the commands' cgroup: wall limits stand still while paused (and are moved by
+// the time paused on resume), and the sandbox's end moves to its paused lifetime (or back to what
+// was left of its TTL).
 //
 // EOF on the control socket ends the sandbox (pid 1 exits and the kernel kills the namespace)
 // unless --survive-owner was given; the TTL, when non-zero, ends it regardless.

@@ -103,6 +103,8 @@ class agent {
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
     void handle_kill(int fd, const wire::kill_message& m);
+    // Pause or resume: the clocks of the wall limits and the sandbox's end (set_paused_message).
+    void handle_set_paused(int fd, const wire::set_paused_message& m);
     // A pseudo-terminal for a command: the master (kept, close-on-exec) in `master` and the slave
     // (close-on-exec, owned by the sandbox's user) in `slave`, sized; false with errno set.
     bool open_terminal(std::uint16_t rows, std::uint16_t cols, int& master, int& slave);
@@ -161,6 +163,8 @@ class agent {
     std::uint32_t max_processes_;
     std::uint32_t open_files_;
     std::uint64_t ttl_deadline_us_;
+    // When the commands were paused (set_paused), 0 while they run: wall limits stand still.
+    std::uint64_t paused_since_us_ = 0;
     int listen_fd_ = -1;
     int command_cgroup_ = -1;           // see command_cgroup_fd
     int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)

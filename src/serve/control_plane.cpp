@@ -8,6 +8,7 @@
 #include "egress/address_policy.hpp"
 #include "serve/sandbox_listing.hpp"
 #include "serve/sandbox_metrics.hpp"
+#include "serve/sandbox_pause.hpp"
 #include "serve/server_secret.hpp"
 
 #include <algorithm>
@@ -145,7 +146,7 @@ protocol::sandbox_detail detail_of(const registry_entry& e, bool detail,
         std::max<std::int64_t>(1, static_cast<std::int64_t>((*limits.cpu_millicores + 999) / 1000));
     d.memory_mb = std::max<std::int64_t>(128, mib(*limits.memory_bytes));
     d.disk_size_mb = mib(*limits.workspace_bytes);
-    d.state = "running";
+    d.state = e.paused ? "paused" : "running";
     d.envd_version = reported_envd_version;
     d.metadata = e.metadata;
     if (!detail) return d;
@@ -290,9 +291,12 @@ asio::awaitable<result<void>> set_end(backend& sandboxes, registry_entry& e,
                                       std::chrono::milliseconds ttl) {
     if (ttl < std::chrono::milliseconds(1)) ttl = std::chrono::milliseconds(1);
     std::string id = e.id;
-    auto extended = co_await sandboxes.async_extend_ttl(std::move(id), ttl);
+    // An autoPause sandbox's moat TTL runs its grace longer (sandbox_pause.hpp); a paused one's
+    // end stays its paused lifetime's (the TTL is what it resumes with).
+    const std::chrono::milliseconds grace = e.auto_pause ? auto_pause_grace : ttl.zero();
+    auto extended = co_await sandboxes.async_extend_ttl(std::move(id), ttl + grace);
     if (!extended) co_return std::move(extended).error();
-    e.end_at = extended->expires_at;
+    e.end_at = extended->expires_at - (e.paused ? ttl.zero() : grace);
     co_return result<void>();
 }
 
@@ -330,11 +334,6 @@ asio::awaitable<void> create(control_call& call, api_version version) {
         co_await send_error(call.response, 400, std::move(message));
         co_return;
     }
-    if (parsed->auto_pause) {
-        std::string message = "autoPause is not supported: moat serve cannot pause sandboxes";
-        co_await send_error(call.response, 400, std::move(message));
-        co_return;
-    }
     const std::size_t cap = context.options.max_sandboxes;
     if (cap > 0 && context.registry.live_count() + call.s.creating >= cap) {
         std::string message = "this moat serve runs at most " + std::to_string(cap) +
@@ -357,7 +356,9 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     spec.layout.user = "user";
     spec.layout.home = "/home/user";
     spec.layout.workdir = "/home/user";
+    const bool auto_pause = parsed->auto_pause;
     spec.ttl = std::chrono::seconds(timeout_s);
+    if (auto_pause) spec.ttl += auto_pause_grace;
     spec.survive_owner = true;
     // The operator's policy, narrowed by the request (never widened).
     auto network = narrow_network(context.options.network, *parsed);
@@ -384,6 +385,8 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     entry->env_vars = std::move(parsed->env_vars);
     entry->started_at = started;
     entry->end_at = (*created)->info().expires_at;
+    entry->auto_pause = auto_pause;
+    if (auto_pause) entry->end_at -= auto_pause_grace;
     // Ports are public unless the request or the operator's default says otherwise (E2B's default
     // is public).
     std::optional<bool> public_traffic;
@@ -506,12 +509,68 @@ asio::awaitable<void> refresh(control_call& call) {
     if (entry) co_await send_no_content(call.response);
 }
 
+// A paused sandbox is resumed (201) with its end `ttl_of` the body from now; E2B's resume
+// (deprecated) answers 409 for one that runs.
+template <class Parsed>
+asio::awaitable<void> resume_paused(control_call& call, std::shared_ptr<registry_entry> entry,
+                                    result<Parsed> (*parse)(std::string_view),
+                                    std::chrono::seconds (*ttl_of)(const Parsed&)) {
+    auto parsed = co_await parsed_body_or_400(call, parse);
+    if (!parsed) co_return;
+    const std::chrono::milliseconds ttl = ttl_of(*parsed);
+    auto resumed = co_await resume_entry(call.s.context, *entry, ttl);
+    if (!resumed) {
+        co_await send_failure(call.response, resumed.error());
+        co_return;
+    }
+    std::string reply = sandbox_reply_of(*entry, call.s.context.options.domain);
+    co_await send_json(call.response, 201, std::move(reply));
+}
+
+// Resume: 15 s when the timeout is absent.
+std::chrono::seconds resume_ttl(const std::optional<std::int64_t>& timeout) {
+    return std::chrono::seconds(timeout.value_or(15));
+}
+
 asio::awaitable<void> connect(control_call& call) {
+    auto found = co_await find_or_404(call);
+    if (!found) co_return;
+    if (found->paused) {
+        co_await resume_paused(call, found, protocol::parse_connect_request, connect_ttl);
+        co_return;
+    }
     auto entry =
         co_await move_end_by_body(call, protocol::parse_connect_request, connect_ttl, false);
     if (!entry) co_return;
     std::string reply = sandbox_reply_of(*entry, call.s.context.options.domain);
     co_await send_json(call.response, 200, std::move(reply));
+}
+
+asio::awaitable<void> resume(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    if (!entry->paused) {
+        std::string message = "Sandbox " + entry->id + " is already running";
+        co_await send_error(call.response, 409, std::move(message));
+        co_return;
+    }
+    co_await resume_paused(call, entry, protocol::parse_connect_request, resume_ttl);
+}
+
+asio::awaitable<void> pause(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    if (entry->paused) {
+        std::string message = "Sandbox " + entry->id + " is already paused";
+        co_await send_error(call.response, 409, std::move(message));
+        co_return;
+    }
+    auto paused = co_await pause_entry(call.s.context, entry);
+    if (!paused) {
+        co_await send_failure(call.response, paused.error());
+        co_return;
+    }
+    co_await send_no_content(call.response);
 }
 
 // ---- list (sandbox_listing.hpp picks the page) ------------------------------------------------
@@ -554,8 +613,8 @@ asio::awaitable<void> unsupported(control_call& call) {
     const std::string what =
         std::string(call.request.method()) + " " + std::string(call.request.path());
     std::string message = what +
-                          " is not supported by moat serve (no pause, resume, snapshots, "
-                          "templates, volumes or network updates)";
+                          " is not supported by moat serve (no snapshots, templates, volumes "
+                          "or network updates)";
     co_await send_error(call.response, 501, std::move(message));
 }
 
@@ -596,9 +655,9 @@ constexpr route_spec routes[] = {
     {"POST", "/sandboxes/{id}/refreshes", refresh},
     {"POST", "/sandboxes/{id}/connect", connect},
     {"POST", "/v2/sandboxes/{id}/connect", connect},
+    {"POST", "/sandboxes/{id}/pause", pause},
+    {"POST", "/sandboxes/{id}/resume", resume},
     // What moat serve does not implement: a JSON 501 naming the endpoint.
-    {"POST", "/sandboxes/{id}/pause", unsupported},
-    {"POST", "/sandboxes/{id}/resume", unsupported},
     {"POST", "/sandboxes/{id}/snapshots", unsupported},
     {"GET", "/snapshots", unsupported},
     {"DELETE", "/snapshots/{id}", unsupported},

@@ -61,8 +61,9 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
     std::shared_ptr<registry_entry> entry;
     if (id) {
         entry = s->context.registry.find(*id);
-        // One being destroyed (or whose destroy failed) is gone for envd already.
-        if (!entry || entry->ended.is_set()) {
+        // One being destroyed (or whose destroy failed) is gone for envd already, and so is a
+        // paused one until connect or resume.
+        if (!entry || entry->ended.is_set() || entry->paused) {
             co_await send_sandbox_not_found(response, *id);
             co_return;
         }
@@ -85,7 +86,7 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
             co_return;
         }
     }
-    if (!entry || entry->ended.is_set()) {
+    if (!entry || entry->ended.is_set() || entry->paused) {
         co_await send_sandbox_not_found(response, "");
         co_return;
     }

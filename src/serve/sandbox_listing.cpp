@@ -54,7 +54,12 @@ result<list_query> parse_list_query(std::string_view raw, bool paged) {
     list_query q;
     q.request = std::move(*request);
     const auto& r = q.request;
-    if (!r.state.empty()) q.running = ("," + r.state + ",").find(",running,") != std::string::npos;
+    q.paused = paged;
+    if (!r.state.empty()) {
+        const std::string states = "," + r.state + ",";
+        q.running = states.find(",running,") != std::string::npos;
+        q.paused = states.find(",paused,") != std::string::npos;
+    }
     if (!r.order.empty()) q.descending = r.order == "desc";
     q.limit = r.limit.value_or(100);
     if (!r.next_token.empty()) {
@@ -68,10 +73,9 @@ list_page select_page(std::vector<std::shared_ptr<registry_entry>> live, const l
                       bool paged) {
     list_page page;
     std::vector<std::shared_ptr<registry_entry>>& picked = page.entries;
-    if (q.running) {
-        for (auto& e : live) {
-            if (matches(*e, q.request)) picked.push_back(std::move(e));
-        }
+    for (auto& e : live) {
+        const bool wanted = e->paused ? q.paused : q.running;
+        if (wanted && matches(*e, q.request)) picked.push_back(std::move(e));
     }
     const auto key = [](const registry_entry& e) {
         return std::make_pair(unix_ms(e.started_at), std::string_view(e.id));

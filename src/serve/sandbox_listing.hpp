@@ -21,7 +21,10 @@ namespace moat::serve {
 // nextToken.
 struct list_query {
     e2b_protocol::list_request request;
-    bool running = true;  // the running state was asked for (moat has no paused sandboxes)
+    // The states asked for: `state` names them; without it, /v2 lists both, /sandboxes (v1)
+    // running ones only.
+    bool running = true;
+    bool paused = true;
     bool descending = true;
     std::size_t limit = 100;
     std::optional<std::pair<std::int64_t, std::string>> after;  // the next token's cursor

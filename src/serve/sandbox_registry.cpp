@@ -32,6 +32,7 @@ std::string sidecar_json(const registry_entry& e) {
     w.key("template").value(e.template_id);
     w.key("startedAt").value(to_unix_ms(e.started_at));
     w.key("privatePorts").value(e.private_ports);
+    w.key("autoPause").value(e.auto_pause);
     w.key("metadata").begin_object();
     for (const auto& [k, v] : e.metadata) w.key(k).value(v);
     w.end_object();
@@ -73,6 +74,8 @@ bool read_sidecar(const std::string& path, registry_entry& e) {
     if (o["startedAt"].get_int64().get(started) == simdjson::SUCCESS) {
         e.started_at = system_clock::time_point(std::chrono::milliseconds(started));
     }
+    bool auto_pause = false;
+    if (o["autoPause"].get_bool().get(auto_pause) == simdjson::SUCCESS) e.auto_pause = auto_pause;
     bool private_ports = false;
     if (o["privatePorts"].get_bool().get(private_ports) == simdjson::SUCCESS) {
         e.private_ports = private_ports;
@@ -260,7 +263,7 @@ asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
     std::size_t adopted = 0;
     const auto now = system_clock::now();
     for (const auto& info : *listed) {
-        if (info.state != sandbox_state::running || info.expires_at <= now) {
+        if (info.state == sandbox_state::exited || info.expires_at <= now) {
             // Ended while no server ran (its TTL): release its record; its sidecar goes below.
             std::string ended_id = info.id;
             (void)co_await sandboxes.get_backend().async_destroy(std::move(ended_id));
@@ -279,11 +282,14 @@ asio::awaitable<std::size_t> sandbox_registry::async_adopt(runtime& sandboxes) {
         entry->handle = *attached;
         entry->started_at = info.created_at;
         entry->end_at = (*attached)->info().expires_at;
+        entry->paused = info.state == sandbox_state::paused;
+        if (info.paused_at) entry->paused_at = *info.paused_at;
         // A sidecar that cannot be read keeps the sandbox's ports private (fail closed): a client
         // that had its traffic token keeps it (derived), nobody else gets in.
         if (!read_sidecar(sidecar_path(info.id), *entry)) entry->private_ports = true;
         entry->access_token = secret_.access_token(entry->id);
         if (entry->private_ports) entry->traffic_token = secret_.traffic_token(entry->id);
+        if (entry->auto_pause && !entry->paused) entry->end_at -= auto_pause_grace;
         entries_[entry->id] = entry;
         ++adopted;
     }

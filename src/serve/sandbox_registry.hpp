@@ -39,6 +39,9 @@
 
 namespace moat::serve {
 
+// How long past an autoPause sandbox's end its moat TTL runs: the server pauses it within this.
+inline constexpr std::chrono::seconds auto_pause_grace{30};
+
 // The label key on every sandbox a server creates; its value is the server's scope.
 inline constexpr std::string_view scope_label = "moat.serve";
 
@@ -53,8 +56,15 @@ struct registry_entry {
     std::map<std::string, std::string> metadata;
     std::map<std::string, std::string> env_vars;
     std::chrono::system_clock::time_point started_at;
-    std::chrono::system_clock::time_point end_at;  // the moat TTL's expiry
-    std::string access_token;                      // never logged
+    std::chrono::system_clock::time_point end_at;  // the moat TTL's expiry (paused: its lifetime's)
+    // Paused (POST /pause, or autoPause at its timeout): envd answers as for a sandbox that is
+    // gone until connect or resume thaws it. auto_pause: pause instead of ending at the timeout
+    // (kept in the sidecar); the sandbox's moat TTL then runs auto_pause_grace past end_at, so that
+    // the server pauses it before its pid 1 would end it.
+    bool paused = false;
+    bool auto_pause = false;
+    std::chrono::system_clock::time_point paused_at;  // while paused
+    std::string access_token;                         // never logged
     // Its ports are private (allowPublicTraffic false, or the server's --private-ports): every
     // port request must carry traffic_token (derived from the secret like access_token; "" while
     // the ports are public). Kept in the sidecar.
@@ -71,7 +81,9 @@ struct registry_entry {
 
     // Past its end (the moat TTL): the registry drops it on its next lookup. Nothing else drops
     // an entry but a confirmed destroy.
+    // An autoPause sandbox not paused yet is not: the server pauses it within its grace.
     bool is_past_end(std::chrono::system_clock::time_point now) const noexcept {
+        if (auto_pause && !paused) return now >= end_at + auto_pause_grace;
         return now >= end_at;
     }
 };

@@ -9,6 +9,7 @@
 #include "serve/control_plane.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/sandbox_metrics.hpp"
+#include "serve/sandbox_pause.hpp"
 #include "serve/sandbox_registry.hpp"
 #include "serve/serve_context.hpp"
 #include "serve/server_secret.hpp"
@@ -168,6 +169,9 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     set_connection_caps(raise_descriptor_limit(), api_options, envd_options);
 
     runtime_options runtime_config;
+    // A paused sandbox stays paused until connect or resume: envd answers for it as for one that
+    // is gone, and anything else that reaches it (a port) fails rather than thaw it unseen.
+    runtime_config.handle.on_paused = paused_policy::fail;
     if (options.max_sandboxes > 0) {
         // The control plane answers 429 itself; the runtime's cap only backs it up.
         runtime_config.admission.max_live_sandboxes =
@@ -188,6 +192,7 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     task_group background(executor, "serve");
     serve_context context{executor, box_runtime, registry, options, background};
     background.spawn(run_metrics_sampler(context));
+    background.spawn(run_auto_pauser(context));
 
     int code = 0;
     {

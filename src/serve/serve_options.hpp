@@ -22,8 +22,12 @@ struct serve_options {
     // PEM certificate chain and key: both listeners speak TLS when set.
     std::string tls_certificate_file;
     std::string tls_key_file;
-    // Live sandboxes at most; a create past it answers 429. 0: the runtime's own cap.
+    // Live sandboxes at most, paused ones included; a create past it answers 429. 0: the
+    // runtime's own cap.
     std::size_t max_sandboxes = 0;
+    // The memory paused sandboxes may hold together: past it, the one paused longest ago is
+    // ended (sandbox_pause.hpp). 0: no budget.
+    std::uint64_t paused_memory_bytes = 0;
     // On SIGINT/SIGTERM, destroy (confirmed) every sandbox this server created instead of
     // leaving them to their E2B timeout.
     bool destroy_on_exit = false;

@@ -29,7 +29,8 @@ namespace moat::wire {
 // 8: connect_port / port_connected, with a socket connected inside the sandbox attached.
 // 9: connect_unix (a unix-domain stream socket in the sandbox), answered by port_connected.
 // 10: watch_* (file watches) and pty_* (terminals).
-// 11: create.template_layer (a writable root over a template's layer).
+// 11: create.template_layer (a writable root over a template's layer); set_paused / paused_set
+//     (pause and resume: pid 1's clocks while the commands are frozen).
 inline constexpr std::uint32_t protocol_version = 11;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
@@ -60,7 +61,8 @@ enum class message_type : std::uint32_t {
     set_ttl = 32,
     connect_port = 33,
     connect_unix = 34,
-    watch_dir = 35,   // SCM_RIGHTS: [] (a new inotify instance) or [the inotify instance to add to]
+    watch_dir = 35,  // SCM_RIGHTS: [] (a new inotify instance) or [the inotify instance to add to]
+    set_paused = 36,
     pty_attach = 37,  // another duplicate of a running terminal command's master (pty_attached)
     // agent -> library
     ready = 40,  // SCM_RIGHTS: [the egress listener] when ready_message::egress_port != 0
@@ -72,6 +74,7 @@ enum class message_type : std::uint32_t {
     // reply to watch_dir; SCM_RIGHTS: [the new inotify instance] when the request attached none
     // and the watch was added
     watch_added = 45,
+    paused_set = 46,  // reply to set_paused
     // reply to pty_attach; SCM_RIGHTS: [the terminal's master] when it succeeded
     pty_attached = 47,
 };
@@ -239,6 +242,24 @@ struct set_ttl_message {
 };
 
 struct ttl_set_message {
+    header h;
+    std::uint64_t request_id;
+};
+
+// Pause or resume (the library freezes and thaws the commands' cgroup itself; pid 1 is never
+// frozen). paused = 1: the commands' wall limits stop counting and the sandbox ends ttl_ms from now
+// (its paused lifetime; 0: no limit); paused = 0: the wall limits count again, moved by the time
+// spent paused, and the sandbox ends ttl_ms from now (what was left of its TTL). The agent answers
+// paused_set with the same request_id.
+struct set_paused_message {
+    header h;
+    std::uint64_t request_id;
+    std::uint64_t ttl_ms;
+    std::uint32_t paused;
+    std::uint32_t reserved;
+};
+
+struct paused_set_message {
     header h;
     std::uint64_t request_id;
 };
