@@ -818,3 +818,170 @@ TEST_CASE_FIXTURE(local_fixture,
     }
     destroy(box.id);
 }
+
+// Live network rules (backend::async_update_network): two mirrors on the host's loopback, a.test
+// and b.test, both inside the backend's network_limit; the sandbox starts with a.test only.
+namespace {
+
+struct live_network {
+    explicit live_network(local_fixture& f)
+        : fixture(f), files(), a({"http", files.dir + "/www"}), b({"http", files.dir + "/www"}) {}
+
+    moat::sandbox_network only(const std::vector<std::string>& hosts) const {
+        moat::sandbox_network n;
+        n.mode = moat::network_mode::allow_list;
+        for (const auto& host : hosts) {
+            n.allow_hosts.push_back(host + ":" +
+                                    std::to_string(host == "a.test" ? a.port() : b.port()));
+        }
+        n.resolve = {"a.test=127.0.0.1", "b.test=127.0.0.1"};
+        n.allow_addresses = {"127.0.0.1/32"};
+        return n;
+    }
+    moat::local_options options() const {
+        moat::local_options o;
+        o.network_limit = only({"a.test", "b.test"});
+        return o;
+    }
+    // What curl in the sandbox gets from `host`'s hello.txt (the proxy's refusal line when it
+    // refuses), through `through` (the fixture's backend by default).
+    std::string fetch(const std::string& id, const std::string& host,
+                      moat::backend* through = nullptr) {
+        const int port = host == "a.test" ? a.port() : b.port();
+        auto request = moat::exec_request{};
+        request.shell = "curl -sS --max-time 20 http://" + host + ":" + std::to_string(port) +
+                        "/hello.txt; curl -s --max-time 20 -x http://127.0.0.1:3128 "
+                        " -o /dev/null -w '%{http_code}' http://" +
+                        host + ":" + std::to_string(port) + "/hello.txt";
+        auto& backend = through ? *through : *fixture.local;
+        const auto r = fixture.run(backend.async_exec(id, request));
+        REQUIRE(r);
+        return r->out.text();
+    }
+
+    local_fixture& fixture;
+    mirror_files files;
+    host_server a;
+    host_server b;
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a running sandbox's network narrows, and widens only within its limit") {
+    MOAT_REQUIRE_NAMESPACES();
+    live_network net(*this);
+    local = moat::make_local_backend(io.get_executor(), net.options());
+    moat::sandbox_spec spec;
+    spec.network = net.only({"a.test"});
+    const auto box = create(spec);
+    CHECK(net.fetch(box.id, "a.test") == "hello from the mirror\n200");
+    CHECK(net.fetch(box.id, "b.test").ends_with("403"));
+
+    // Narrowed to nothing of a.test, widened to b.test (within the limit).
+    const auto updated = run(local->async_update_network(box.id, net.only({"b.test"})));
+    REQUIRE(updated);
+    CHECK(updated->network == net.only({"b.test"}));
+    CHECK(run(local->async_inspect(box.id))->network == net.only({"b.test"}));
+    CHECK(net.fetch(box.id, "a.test").ends_with("403"));
+    CHECK(net.fetch(box.id, "b.test") == "hello from the mirror\n200");
+
+    // Past the limit: refused naming the host; the rules in force stay.
+    auto wider = net.only({"b.test"});
+    wider.allow_hosts.push_back("c.test");
+    const auto refused = run(local->async_update_network(box.id, wider));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::permission_denied);
+    CHECK(refused.error().detail.find("\"c.test\"") != std::string::npos);
+    moat::sandbox_network all;
+    all.mode = moat::network_mode::all;
+    const auto everything = run(local->async_update_network(box.id, all));
+    REQUIRE_FALSE(everything);
+    CHECK(everything.error().code == moat::errc::permission_denied);
+    CHECK(net.fetch(box.id, "b.test") == "hello from the mirror\n200");
+
+    // Off, then back on: the endpoint stays while the network is off.
+    const auto off = run(local->async_update_network(box.id, moat::sandbox_network{}));
+    REQUIRE(off);
+    CHECK(net.fetch(box.id, "b.test").ends_with("403"));
+    REQUIRE(run(local->async_update_network(box.id, net.only({"a.test", "b.test"}))));
+    CHECK(net.fetch(box.id, "a.test") == "hello from the mirror\n200");
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "narrowing a sandbox's network closes its tunnels to the host") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server silent({"silent"});
+    // other.test is within the backend's limit: moving to it is a change within bounds.
+    auto narrowed = hang_spec(silent.port()).network;
+    narrowed.allow_hosts = {"other.test"};
+    moat::local_options options;
+    options.network_limit = hang_spec(silent.port()).network;
+    options.network_limit->allow_hosts.push_back("other.test");
+    local = moat::make_local_backend(io.get_executor(), options);
+    const auto box = create_with_hung_tunnel(*this, silent);
+    std::vector<std::string> events;
+    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
+        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
+    });
+    REQUIRE(run(local->async_update_network(box.id, narrowed)));
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+    const std::string closed = "closed hang.test:" + std::to_string(silent.port()) +
+                               " (policy changed: host hang.test:" + std::to_string(silent.port()) +
+                               " is not on this sandbox's";
+    const auto logged = [&] {
+        return std::any_of(events.begin(), events.end(),
+                           [&](const std::string& e) { return e.starts_with(closed); });
+    };
+    (void)run(moat::test::until(logged, 10s));
+    moat::set_log_sink({});
+    CHECK(logged());
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "another backend serving the same sandbox applies a network update") {
+    MOAT_REQUIRE_NAMESPACES();
+    live_network net(*this);
+    local = moat::make_local_backend(io.get_executor(), net.options());
+    moat::sandbox_spec spec;
+    spec.network = net.only({"a.test"});
+    spec.survive_owner = true;
+    const auto box = create(spec);
+    // A second backend (its own proxy, defaults: no limit of its own) attaches and serves too.
+    auto other = moat::make_local_backend(io.get_executor());
+    REQUIRE(run(other->async_attach(box.id)));
+    CHECK(net.fetch(box.id, "a.test", other.get()) == "hello from the mirror\n200");
+    // The first updates, within the limit the record keeps, then goes: the second alone serves.
+    REQUIRE(run(local->async_update_network(box.id, net.only({"b.test"}))));
+    local.reset();
+    io.run_for(200ms);
+    CHECK(net.fetch(box.id, "a.test", other.get()).ends_with("403"));
+    CHECK(net.fetch(box.id, "b.test", other.get()) == "hello from the mirror\n200");
+    CHECK(run(other->async_inspect(box.id))->network == net.only({"b.test"}));
+    // The limit is the sandbox's, whichever process updates it.
+    auto wider = net.only({"a.test", "b.test"});
+    wider.allow_hosts.push_back("c.test");
+    const auto refused = run(other->async_update_network(box.id, wider));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::permission_denied);
+    REQUIRE(run(other->async_update_network(box.id, net.only({"a.test"}))));
+    CHECK(net.fetch(box.id, "a.test", other.get()) == "hello from the mirror\n200");
+    CHECK(run(other->async_destroy(box.id)));
+    other.reset();
+    io.run_for(200ms);
+    local = moat::make_local_backend(io.get_executor());
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox created with network none gets no network live") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    moat::sandbox_network all;
+    all.mode = moat::network_mode::all;
+    const auto refused = run(local->async_update_network(box.id, all));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::not_supported);
+    CHECK(refused.error().detail.find("created with network none") != std::string::npos);
+    CHECK(run(local->async_update_network(box.id, moat::sandbox_network{})));
+    destroy(box.id);
+}

@@ -174,6 +174,10 @@ asio::awaitable<result<sandbox_usage>> backend::async_usage(std::string) {
     co_return not_supported(name(), "usage");
 }
 
+asio::awaitable<result<sandbox_info>> backend::async_update_network(std::string, sandbox_network) {
+    co_return not_supported(name(), "update_network");
+}
+
 asio::awaitable<result<std::vector<janitor_action>>> backend::async_janitor(bool) {
     co_return not_supported(name(), "janitor");
 }
