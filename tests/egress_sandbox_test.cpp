@@ -673,6 +673,30 @@ TEST_CASE_FIXTURE(local_fixture,
 }
 
 TEST_CASE_FIXTURE(local_fixture,
+                  "the e2b backend updates a sandbox's network through serve, within its flags") {
+    MOAT_REQUIRE_NAMESPACES();
+    e2b_over_serve over(*this, {"--allow-host", "pypi.test", "--allow-host", "files.test"});
+    const auto made = over.create(allow({"pypi.test"}));
+    REQUIRE_MESSAGE(made, made.error().to_string());
+    const auto updated = run(over.e2b->async_update_network(made->id, allow({"files.test"})));
+    REQUIRE_MESSAGE(updated, updated.error().to_string());
+    CHECK(updated->network.allow_hosts == std::vector<std::string>{"files.test"});
+    // Below serve, the local sandbox has it too.
+    const auto seen = run(local->async_attach(made->id));
+    REQUIRE(seen);
+    CHECK(seen->network.allow_hosts == std::vector<std::string>{"files.test"});
+    // Past the operator's flags: serve's 403, naming the host.
+    const auto refused =
+        run(over.e2b->async_update_network(made->id, allow({"files.test", "evil.test"})));
+    REQUIRE_FALSE(refused);
+    CHECK_MESSAGE(refused.error().detail.find("evil.test") != std::string::npos,
+                  refused.error().detail);
+    CHECK(run(over.e2b->async_update_network(made->id, {})));
+    CHECK(run(over.e2b->async_inspect(made->id))->network.mode == moat::network_mode::none);
+    CHECK(run(over.e2b->async_destroy(made->id)));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
                   "the e2b backend refuses what E2B's network options cannot express") {
     MOAT_REQUIRE_NAMESPACES();
     e2b_over_serve over(*this, {"--network", "all"});

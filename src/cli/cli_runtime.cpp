@@ -24,6 +24,7 @@ namespace {
 
 int signal_received = 0;
 backend_choice selected_backend = backend_choice::local;
+std::optional<sandbox_network> local_network_limit;
 
 struct store_exit_code {
     int* code;
@@ -55,6 +56,10 @@ void select_backend(backend_choice choice) {
     selected_backend = choice;
 }
 
+void limit_local_network(sandbox_network limit) {
+    local_network_limit = std::move(limit);
+}
+
 int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) {
     // The CLI is the application: it may own signals. Ctrl-C cancels the work, which kills what
     // it started before the command exits.
@@ -64,7 +69,9 @@ int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) 
     if (selected_backend == backend_choice::e2b) {
         local = make_e2b_backend(io.get_executor(), e2b_config_from_environment());
     } else {
-        local = make_local_backend(io.get_executor());
+        local_options options;
+        options.network_limit = local_network_limit;
+        local = make_local_backend(io.get_executor(), std::move(options));
     }
     asio::cancellation_signal cancel;
     asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);

@@ -269,6 +269,21 @@ asio::awaitable<result<void>> set_timeout(std::shared_ptr<state> s, std::string 
     co_return result<void>();
 }
 
+asio::awaitable<result<void>> update_network(std::shared_ptr<state> s, std::string id,
+                                             protocol::network_update_request body) {
+    if (!protocol::is_valid_sandbox_id(id))
+        co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
+    call_spec c;
+    c.method = "PUT";
+    c.path = "/sandboxes/" + id + "/network";
+    c.body = protocol::encode_network_update_request(body);
+    c.retries = retry_policy::idempotent;  // the same configuration twice is the same
+    auto reply = co_await send(s, c);
+    if (!reply) co_return std::move(reply).error();
+    if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
+    co_return result<void>();
+}
+
 asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
     if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
@@ -342,6 +357,10 @@ asio::awaitable<result<std::vector<sandbox_detail>>> control_plane_client::async
 asio::awaitable<result<void>> control_plane_client::async_set_timeout(std::string id,
                                                                       std::int64_t timeout_s) {
     return set_timeout(state_, std::move(id), timeout_s);
+}
+asio::awaitable<result<void>> control_plane_client::async_update_network(
+    std::string id, protocol::network_update_request body) {
+    return update_network(state_, std::move(id), std::move(body));
 }
 asio::awaitable<result<bool>> control_plane_client::async_kill(std::string id) {
     return kill(state_, std::move(id));
