@@ -59,6 +59,13 @@ constexpr usage_block blocks[] = {
      "      copy one file in or out; one side is ID:/absolute/path, the other a host path or -\n"
      "      (run, exec and cp to - show a sandbox's control characters on a terminal as ^[;\n"
      "      --raw passes them unchanged)\n"},
+    {"network",
+     "  network ID [--allow-host PATTERN]... [--resolve NAME=ADDR]... [--allow-address CIDR]...\n"
+     "          [--network all|none]\n"
+     "      replace the egress rules of running sandbox ID (the network flags, as create's; no\n"
+     "      flag: none); it may narrow, and widen only within the sandbox's limit (what it was\n"
+     "      created with, or moat serve's operator network); a connection to a host no longer\n"
+     "      allowed is closed. A sandbox created with network none cannot get one\n"},
     {"destroy",
      "  destroy ID...\n"
      "      end sandboxes and confirm they are gone\n"},
