@@ -515,6 +515,35 @@ TEST_CASE("moat run, create and exec take the network flags") {
     CHECK(moat::test::moat_cli("run --network some -- true").exit_code == 2);
 }
 
+TEST_CASE("moat network narrows a running sandbox's rules and refuses to widen them") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    const std::string pins = " --resolve pypi.test=127.0.0.1 --allow-address 127.0.0.1/32";
+    const std::string flags = "--allow-host pypi.test:" + port + " --allow-host files.test" + pins;
+    const std::string fetch = "curl -sS --max-time 20 http://pypi.test:" + port + "/hello.txt";
+    const auto created = moat::test::moat_cli("create --ttl 120 " + flags);
+    REQUIRE(created.exit_code == 0);
+    const std::string id = created.output.substr(created.output.rfind("sb-"), 23);
+    CHECK(moat::test::moat_cli("exec " + id + " -- " + fetch).output == "hello from the mirror\n");
+
+    const auto narrowed = moat::test::moat_cli("network " + id + " --allow-host files.test" + pins);
+    CHECK(narrowed.exit_code == 0);
+    CHECK(narrowed.output == id + ": network allow-list files.test\n");
+    const auto refused = moat::test::moat_cli("exec " + id + " -- " + fetch);
+    CHECK(refused.output.find("is not on this sandbox's allow-list") != std::string::npos);
+
+    // Back within what it was created with, then past it: exit 3, the host named.
+    CHECK(moat::test::moat_cli("network " + id + " " + flags).exit_code == 0);
+    CHECK(moat::test::moat_cli("exec " + id + " -- " + fetch).output == "hello from the mirror\n");
+    const auto wider = moat::test::moat_cli("network " + id + " --allow-host evil.test");
+    CHECK(wider.exit_code == 3);
+    CHECK(wider.output.find("\"evil.test\" is outside") != std::string::npos);
+    CHECK(moat::test::moat_cli("network").exit_code == 2);
+    CHECK(moat::test::moat_cli("destroy " + id).exit_code == 0);
+}
+
 TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags to every sandbox") {
     MOAT_REQUIRE_NAMESPACES();
     mirror_files files;
