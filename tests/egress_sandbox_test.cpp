@@ -414,6 +414,31 @@ moat::sandbox_info create_with_hung_tunnel(local_fixture& f, host_server& silent
     return box;
 }
 
+// The egress log lines of one sandbox while it lives (moat's log sink; reset when it goes).
+struct egress_log {
+    explicit egress_log(std::string id) {
+        moat::set_log_sink([this, id = std::move(id)](const moat::log_record& r) {
+            if (r.component == "egress" && r.sandbox_id == id) lines.emplace_back(r.message);
+        });
+    }
+    ~egress_log() { moat::set_log_sink({}); }
+    egress_log(const egress_log&) = delete;
+    egress_log& operator=(const egress_log&) = delete;
+
+    // Whether a line starting with `prefix` came, waiting for it (bounded) on `f`'s executor: a
+    // connection logs its end when its task finishes, which may be after the call that ended it.
+    bool saw(local_fixture& f, const std::string& prefix) {
+        const auto logged = [&] {
+            return std::any_of(lines.begin(), lines.end(),
+                               [&](const std::string& e) { return e.starts_with(prefix); });
+        };
+        (void)f.run(moat::test::until(logged, 10s));
+        return logged();
+    }
+
+    std::vector<std::string> lines;
+};
+
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
@@ -422,23 +447,12 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connec
     const auto box = create_with_hung_tunnel(*this, silent);
     // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
     // closed"), not the sandbox's processes dying afterwards ("done").
-    std::vector<std::string> events;
-    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
-        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
-    });
+    egress_log events(box.id);
     destroy(box.id);
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
-    // The connection logs its end when its task finishes, which may be after the destroy returns:
-    // wait for the event (bounded) before the sink goes.
     const std::string closed =
         "closed hang.test:" + std::to_string(silent.port()) + " (sandbox closed";
-    const auto logged = [&] {
-        return std::any_of(events.begin(), events.end(),
-                           [&](const std::string& e) { return e.starts_with(closed); });
-    };
-    (void)run(moat::test::until(logged, 10s));
-    moat::set_log_sink({});
-    CHECK(logged());
+    CHECK(events.saw(*this, closed));
 }
 
 TEST_CASE_FIXTURE(local_fixture,
@@ -973,22 +987,13 @@ TEST_CASE_FIXTURE(local_fixture, "narrowing a sandbox's network closes its tunne
     options.network_limit->allow_hosts.push_back("other.test");
     local = moat::make_local_backend(io.get_executor(), options);
     const auto box = create_with_hung_tunnel(*this, silent);
-    std::vector<std::string> events;
-    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
-        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
-    });
+    egress_log events(box.id);
     REQUIRE(run(local->async_update_network(box.id, narrowed)));
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
     const std::string closed = "closed hang.test:" + std::to_string(silent.port()) +
                                " (policy changed: host hang.test:" + std::to_string(silent.port()) +
                                " is not on this sandbox's";
-    const auto logged = [&] {
-        return std::any_of(events.begin(), events.end(),
-                           [&](const std::string& e) { return e.starts_with(closed); });
-    };
-    (void)run(moat::test::until(logged, 10s));
-    moat::set_log_sink({});
-    CHECK(logged());
+    CHECK(events.saw(*this, closed));
     destroy(box.id);
 }
 

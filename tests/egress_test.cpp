@@ -2021,14 +2021,8 @@ asio::awaitable<void> live_policy_case(proxy_fixture* f) {
     const auto request = allow({authority}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"});
     const auto port = f->add_sandbox("sb-1", request);
     // A tunnel up under the first policy.
-    auto tunnel = co_await connect_to(port);
-    std::string connect = "CONNECT " + authority + " HTTP/1.1\r\nHost: " + authority + "\r\n\r\n";
-    auto buffer = asio::buffer(connect);
-    co_await asio::async_write(tunnel, buffer, asio::use_awaitable);
-    std::array<char, 256> head{};
-    auto head_buffer = asio::buffer(head);
-    const auto got = co_await tunnel.async_read_some(head_buffer, asio::use_awaitable);
-    CHECK(std::string(head.data(), got).starts_with("HTTP/1.1 200"));
+    auto tunnel = co_await open_tunnel(port, authority);
+    const std::string connect = "CONNECT " + authority + " HTTP/1.1\r\n\r\n";
     // Another host only: the tunnel closes, and a new request for echo.test is refused.
     auto other = make_network_policy(allow({"other.test"}, {}, {"127.0.0.0/8"}));
     REQUIRE(other);
@@ -2071,13 +2065,7 @@ asio::awaitable<void> policy_source_case(proxy_fixture* f, bool* changed) {
     const auto before = co_await exchange(door.port(), connect);
     CHECK(before.starts_with("HTTP/1.1 403"));
     *changed = true;  // as another process rewriting the sandbox's record
-    auto tunnel = co_await connect_to(door.port());
-    auto buffer = asio::buffer(connect);
-    co_await asio::async_write(tunnel, buffer, asio::use_awaitable);
-    std::array<char, 256> head{};
-    auto head_buffer = asio::buffer(head);
-    const auto got = co_await tunnel.async_read_some(head_buffer, asio::use_awaitable);
-    CHECK(std::string(head.data(), got).starts_with("HTTP/1.1 200"));
+    auto tunnel = co_await open_tunnel(door.port(), authority);
     tunnel.close();
     co_await f->async_stop();
 }
@@ -2087,13 +2075,9 @@ asio::awaitable<void> policy_source_case(proxy_fixture* f, bool* changed) {
 TEST_CASE("a new policy refuses new requests and closes tunnels to hosts it no longer allows") {
     proxy_fixture f;
     moat::test::run_async(f.io, live_policy_case(&f));
-    bool found = false;
-    for (const auto& e : f.events) {
-        if (e.outcome == egress_outcome::closed &&
-            e.reason.starts_with("policy changed: host echo.test:"))
-            found = true;
-    }
-    CHECK(found);
+    CHECK(std::any_of(f.events.begin(), f.events.end(), [](const egress_event& e) {
+        return e.reason.starts_with("policy changed: host echo.test:");
+    }));
 }
 
 TEST_CASE("a sandbox's policy source is asked before each request and its newer policy applies") {
