@@ -48,12 +48,12 @@ void write_string_list(json_writer& w, const std::vector<std::string>& list) {
 void write_network(json_writer& w, const sandbox_network& network) {
     w.begin_object();
     w.key("mode").value(std::string(to_string(network.mode)));
-    w.key("allow_hosts");
-    write_string_list(w, network.allow_hosts);
-    w.key("resolve");
-    write_string_list(w, network.resolve);
-    w.key("allow_addresses");
-    write_string_list(w, network.allow_addresses);
+    for (const auto& [name, list] :
+         {std::pair{"allow_hosts", &network.allow_hosts}, std::pair{"resolve", &network.resolve},
+          std::pair{"allow_addresses", &network.allow_addresses}}) {
+        w.key(name);
+        write_string_list(w, *list);
+    }
     w.end_object();
 }
 
