@@ -249,8 +249,7 @@ std::optional<std::string> host_refusal(const host_reading& host, const std::str
                                         std::uint16_t port, const network_policy& policy) {
     if (policy.mode() == network_mode::none) {
         return "host " + host_and_port(host.name, port) +
-               " is refused: this sandbox's network "
-               "access is off";
+               " is refused: this sandbox's network access is off";
     }
     if (host.address) {
         if (auto refused = refusal_for(*host.address, policy.allowed_ranges())) {
