@@ -3,7 +3,8 @@
 // refresh bodies, the list query and its metadata filter, RFC 3339 times and base64url page
 // tokens (core/base64.hpp); and the Code Interpreter's requests and answer lines
 // (src/e2b_protocol/code_interpreter_messages.hpp); and the metrics queries
-// (src/e2b_protocol/sandbox_metrics.hpp). The first byte picks the parser; the rest is its input.
+// (src/e2b_protocol/sandbox_metrics.hpp); and the network update body (0xa0 to 0xaf). The first
+// byte picks the parser; the rest is its input.
 // What parses is written back and must parse to the same.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target moat_e2b_request_fuzzer &&
@@ -52,6 +53,24 @@ void check_create(std::string_view body) {
     require(again.has_value());
     require(again->metadata == r->metadata && again->env_vars == r->env_vars);
     require(again->timeout_s == r->timeout_s && again->secure == r->secure);
+}
+
+void check_network_update(std::string_view body) {
+    auto r = protocol::parse_network_update_request(body);
+    if (!r) {
+        require(r.error().code == moat::errc::invalid_argument && !r.error().detail.empty());
+        return;
+    }
+    for (const auto* list : {&r->network.allow_out, &r->network.deny_out}) {
+        require(list->size() <= protocol::max_network_entries);
+        for (const auto& entry : *list) require(entry.size() <= protocol::max_network_entry_bytes);
+    }
+    auto again =
+        protocol::parse_network_update_request(protocol::encode_network_update_request(*r));
+    require(again.has_value());
+    require(again->network.allow_out == r->network.allow_out);
+    require(again->network.deny_out == r->network.deny_out);
+    require(again->allow_internet_access == r->allow_internet_access);
 }
 
 void check_query(std::string_view query) {
@@ -174,6 +193,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // From 0xb0 to 0xbf: the metrics queries.
     if (data[0] >= 0xb0) {
         check_metrics(data[0], input);
+        return 0;
+    }
+    // From 0xa0 to 0xaf: the network update.
+    if (data[0] >= 0xa0) {
+        check_network_update(input);
         return 0;
     }
     switch (data[0] % 7) {

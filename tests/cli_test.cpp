@@ -117,7 +117,7 @@ void write_host_file(const std::string& path, const std::string& data) {
 TEST_CASE("every command answers --help with its usage, and moat --version names the versions") {
     for (const std::string command :
          {"run", "create", "exec", "port-forward", "session", "cp", "destroy", "ls", "inventory",
-          "janitor", "smoke", "doctor", "bench", "mcp", "demo", "serve", "template"}) {
+          "janitor", "smoke", "doctor", "bench", "mcp", "demo", "serve", "template", "network"}) {
         for (const std::string& ask : {command + " --help", command + " -h", "help " + command}) {
             const auto o = moat_stdout(ask);
             INFO(ask << ": " << o.output);

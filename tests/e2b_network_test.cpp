@@ -4,6 +4,7 @@
 #include "e2b/control_plane_client.hpp"
 #include "e2b_protocol/sandbox_requests.hpp"
 #include "serve/control_plane.hpp"
+#include "serve/sandbox_network.hpp"
 
 #include <doctest/doctest.h>
 
@@ -179,4 +180,76 @@ TEST_CASE(
             CHECK(refused.error().detail.find(bad) != std::string::npos);
         }
     }
+}
+
+namespace {
+
+moat::e2b_protocol::network_update_request update(const std::string& body) {
+    auto parsed = moat::e2b_protocol::parse_network_update_request(body);
+    REQUIRE_MESSAGE(parsed, parsed.error().to_string());
+    return std::move(*parsed);
+}
+
+}  // namespace
+
+TEST_CASE("a network update body is parsed as E2B's, ignoring what moat serve has not") {
+    const auto all = update(R"({"allowOut":["pypi.test","1.1.1.1"],"denyOut":["0.0.0.0/0"],)"
+                            R"("allow_internet_access":true,"egressProxy":{"address":"p:1"},)"
+                            R"("rules":{"pypi.test":[]}})");
+    CHECK(all.network.allow_out == std::vector<std::string>{"pypi.test", "1.1.1.1"});
+    CHECK(all.network.deny_out == std::vector<std::string>{"0.0.0.0/0"});
+    CHECK(all.allow_internet_access == true);
+    const auto empty = update("{}");
+    CHECK(empty.network.allow_out.empty());
+    CHECK_FALSE(empty.allow_internet_access);
+    // The writer's body reads back the same.
+    const auto back = update(moat::e2b_protocol::encode_network_update_request(all));
+    CHECK(back.network.allow_out == all.network.allow_out);
+    CHECK(back.allow_internet_access == all.allow_internet_access);
+    for (const std::string bad : {"", "[]", R"({"allowOut":"x"})", R"({"denyOut":[1]})",
+                                  R"({"allow_internet_access":"yes"})"}) {
+        const auto refused = moat::e2b_protocol::parse_network_update_request(bad);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == moat::errc::invalid_argument);
+    }
+}
+
+TEST_CASE("a network update maps onto the operator's network and names a host past it") {
+    using moat::serve::network_for_update;
+    const auto operator_list = with(network_mode::allow_list, {"pypi.test", "files.test"});
+    auto all = with(network_mode::all);
+    all.resolve = {"pypi.test=127.0.0.1"};
+    const std::string deny_all = R"("denyOut":["0.0.0.0/0"])";
+    // Every field omitted: the operator's network, the fullest an update may ask for.
+    CHECK(*network_for_update(operator_list, update("{}")) == operator_list);
+    CHECK(*network_for_update(all, update("{}")) == all);
+    CHECK(network_for_update(all, update(R"({"allow_internet_access":false})"))->mode ==
+          network_mode::none);
+    CHECK(network_for_update(all, update("{" + deny_all + "}"))->mode == network_mode::none);
+    const auto listed =
+        network_for_update(all, update(R"({"allowOut":["evil.test"],)" + deny_all + "}"));
+    REQUIRE(listed);
+    CHECK(listed->allow_hosts == std::vector<std::string>{"evil.test"});
+    CHECK(listed->resolve == all.resolve);
+    const auto pypi =
+        network_for_update(operator_list, update(R"({"allowOut":["pypi.test"],)" + deny_all + "}"));
+    REQUIRE(pypi);
+    CHECK(pypi->allow_hosts == std::vector<std::string>{"pypi.test"});
+    // Past the operator's list: refused naming the host, where a create would drop it.
+    const auto past = network_for_update(
+        operator_list, update(R"({"allowOut":["pypi.test","evil.test"],)" + deny_all + "}"));
+    REQUIRE_FALSE(past);
+    CHECK(past.error().code == moat::errc::permission_denied);
+    CHECK(past.error().detail.find("\"evil.test\"") != std::string::npos);
+    const auto from_none = network_for_update(
+        with(network_mode::none), update(R"({"allowOut":["pypi.test"],)" + deny_all + "}"));
+    REQUIRE_FALSE(from_none);
+    CHECK(from_none.error().code == moat::errc::permission_denied);
+    // A bad name, or a public range moat cannot deny under all: 400 as for a create.
+    const auto bad = network_for_update(all, update(R"({"allowOut":["py*pi"],)" + deny_all + "}"));
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == moat::errc::invalid_argument);
+    const auto public_range = network_for_update(all, update(R"({"denyOut":["8.8.8.8"]})"));
+    REQUIRE_FALSE(public_range);
+    CHECK(public_range.error().code == moat::errc::invalid_argument);
 }

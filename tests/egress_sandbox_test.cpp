@@ -414,6 +414,33 @@ moat::sandbox_info create_with_hung_tunnel(local_fixture& f, host_server& silent
     return box;
 }
 
+// The egress log lines of one sandbox (every sandbox's when `id` is empty) while it lives
+// (moat's log sink; reset when it goes).
+struct egress_log {
+    explicit egress_log(std::string id = "") {
+        moat::set_log_sink([this, id = std::move(id)](const moat::log_record& r) {
+            if (r.component == "egress" && (id.empty() || r.sandbox_id == id))
+                lines.emplace_back(r.message);
+        });
+    }
+    ~egress_log() { moat::set_log_sink({}); }
+    egress_log(const egress_log&) = delete;
+    egress_log& operator=(const egress_log&) = delete;
+
+    // Whether a line starting with `prefix` came, waiting for it (bounded) on `f`'s executor: a
+    // connection logs its end when its task finishes, which may be after the call that ended it.
+    bool saw(local_fixture& f, const std::string& prefix) {
+        const auto logged = [&] {
+            return std::any_of(lines.begin(), lines.end(),
+                               [&](const std::string& e) { return e.starts_with(prefix); });
+        };
+        (void)f.run(moat::test::until(logged, 10s));
+        return logged();
+    }
+
+    std::vector<std::string> lines;
+};
+
 }  // namespace
 
 TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connections") {
@@ -422,23 +449,12 @@ TEST_CASE_FIXTURE(local_fixture, "destroying a sandbox closes its proxied connec
     const auto box = create_with_hung_tunnel(*this, silent);
     // The proxy's events reach moat's log; the tunnel's end must be the destroy's doing ("sandbox
     // closed"), not the sandbox's processes dying afterwards ("done").
-    std::vector<std::string> events;
-    moat::set_log_sink([&events, id = box.id](const moat::log_record& r) {
-        if (r.component == "egress" && r.sandbox_id == id) events.emplace_back(r.message);
-    });
+    egress_log events(box.id);
     destroy(box.id);
     CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
-    // The connection logs its end when its task finishes, which may be after the destroy returns:
-    // wait for the event (bounded) before the sink goes.
     const std::string closed =
         "closed hang.test:" + std::to_string(silent.port()) + " (sandbox closed";
-    const auto logged = [&] {
-        return std::any_of(events.begin(), events.end(),
-                           [&](const std::string& e) { return e.starts_with(closed); });
-    };
-    (void)run(moat::test::until(logged, 10s));
-    moat::set_log_sink({});
-    CHECK(logged());
+    CHECK(events.saw(*this, closed));
 }
 
 TEST_CASE_FIXTURE(local_fixture,
@@ -513,6 +529,35 @@ TEST_CASE("moat run, create and exec take the network flags") {
     const auto conflict = moat::test::moat_cli("create --network all --allow-host pypi.org");
     CHECK(conflict.exit_code == 2);
     CHECK(moat::test::moat_cli("run --network some -- true").exit_code == 2);
+}
+
+TEST_CASE("moat network narrows a running sandbox's rules and refuses to widen them") {
+    MOAT_REQUIRE_NAMESPACES();
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    const std::string pins = " --resolve pypi.test=127.0.0.1 --allow-address 127.0.0.1/32";
+    const std::string flags = "--allow-host pypi.test:" + port + " --allow-host files.test" + pins;
+    const std::string fetch = "curl -sS --max-time 20 http://pypi.test:" + port + "/hello.txt";
+    const auto created = moat::test::moat_cli("create --ttl 120 " + flags);
+    REQUIRE(created.exit_code == 0);
+    const std::string id = created.output.substr(created.output.rfind("sb-"), 23);
+    CHECK(moat::test::moat_cli("exec " + id + " -- " + fetch).output == "hello from the mirror\n");
+
+    const auto narrowed = moat::test::moat_cli("network " + id + " --allow-host files.test" + pins);
+    CHECK(narrowed.exit_code == 0);
+    CHECK(narrowed.output == id + ": network allow-list files.test\n");
+    const auto refused = moat::test::moat_cli("exec " + id + " -- " + fetch);
+    CHECK(refused.output.find("is not on this sandbox's allow-list") != std::string::npos);
+
+    // Back within what it was created with, then past it: exit 3, the host named.
+    CHECK(moat::test::moat_cli("network " + id + " " + flags).exit_code == 0);
+    CHECK(moat::test::moat_cli("exec " + id + " -- " + fetch).output == "hello from the mirror\n");
+    const auto wider = moat::test::moat_cli("network " + id + " --allow-host evil.test");
+    CHECK(wider.exit_code == 3);
+    CHECK(wider.output.find("\"evil.test\" is outside") != std::string::npos);
+    CHECK(moat::test::moat_cli("network").exit_code == 2);
+    CHECK(moat::test::moat_cli("destroy " + id).exit_code == 0);
 }
 
 TEST_CASE_FIXTURE(local_fixture, "moat serve applies its operator network flags to every sandbox") {
@@ -673,6 +718,30 @@ TEST_CASE_FIXTURE(local_fixture,
 }
 
 TEST_CASE_FIXTURE(local_fixture,
+                  "the e2b backend updates a sandbox's network through serve, within its flags") {
+    MOAT_REQUIRE_NAMESPACES();
+    e2b_over_serve over(*this, {"--allow-host", "pypi.test", "--allow-host", "files.test"});
+    const auto made = over.create(allow({"pypi.test"}));
+    REQUIRE_MESSAGE(made, made.error().to_string());
+    const auto updated = run(over.e2b->async_update_network(made->id, allow({"files.test"})));
+    REQUIRE_MESSAGE(updated, updated.error().to_string());
+    CHECK(updated->network.allow_hosts == std::vector<std::string>{"files.test"});
+    // Below serve, the local sandbox has it too.
+    const auto seen = run(local->async_attach(made->id));
+    REQUIRE(seen);
+    CHECK(seen->network.allow_hosts == std::vector<std::string>{"files.test"});
+    // Past the operator's flags: serve's 403, naming the host.
+    const auto refused =
+        run(over.e2b->async_update_network(made->id, allow({"files.test", "evil.test"})));
+    REQUIRE_FALSE(refused);
+    CHECK_MESSAGE(refused.error().detail.find("evil.test") != std::string::npos,
+                  refused.error().detail);
+    CHECK(run(over.e2b->async_update_network(made->id, {})));
+    CHECK(run(over.e2b->async_inspect(made->id))->network.mode == moat::network_mode::none);
+    CHECK(run(over.e2b->async_destroy(made->id)));
+}
+
+TEST_CASE_FIXTURE(local_fixture,
                   "the e2b backend refuses what E2B's network options cannot express") {
     MOAT_REQUIRE_NAMESPACES();
     e2b_over_serve over(*this, {"--network", "all"});
@@ -816,5 +885,167 @@ TEST_CASE_FIXTURE(local_fixture,
         if (info.id == box.id)
             CHECK(info.egress_bytes_used == std::optional<std::uint64_t>(1 << 20));
     }
+    destroy(box.id);
+}
+
+// Live network rules (backend::async_update_network): two mirrors on the host's loopback, a.test
+// and b.test, both inside the backend's network_limit; the sandbox starts with a.test only.
+namespace {
+
+struct live_network {
+    explicit live_network(local_fixture& f)
+        : fixture(f), files(), a({"http", files.dir + "/www"}), b({"http", files.dir + "/www"}) {}
+
+    moat::sandbox_network only(const std::vector<std::string>& hosts) const {
+        moat::sandbox_network n;
+        n.mode = moat::network_mode::allow_list;
+        for (const auto& host : hosts) {
+            n.allow_hosts.push_back(host + ":" +
+                                    std::to_string(host == "a.test" ? a.port() : b.port()));
+        }
+        n.resolve = {"a.test=127.0.0.1", "b.test=127.0.0.1"};
+        n.allow_addresses = {"127.0.0.1/32"};
+        return n;
+    }
+    moat::local_options options() const {
+        moat::local_options o;
+        o.network_limit = only({"a.test", "b.test"});
+        return o;
+    }
+    // What curl in the sandbox gets from `host`'s hello.txt (the proxy's refusal line when it
+    // refuses), through `through` (the fixture's backend by default).
+    std::string fetch(const std::string& id, const std::string& host,
+                      moat::backend* through = nullptr) {
+        const int port = host == "a.test" ? a.port() : b.port();
+        auto request = moat::exec_request{};
+        request.shell = "curl -sS --max-time 20 http://" + host + ":" + std::to_string(port) +
+                        "/hello.txt; curl -s --max-time 20 -x http://127.0.0.1:3128 "
+                        " -o /dev/null -w '%{http_code}' http://" +
+                        host + ":" + std::to_string(port) + "/hello.txt";
+        auto& backend = through ? *through : *fixture.local;
+        const auto r = fixture.run(backend.async_exec(id, request));
+        REQUIRE(r);
+        return r->out.text();
+    }
+
+    local_fixture& fixture;
+    mirror_files files;
+    host_server a;
+    host_server b;
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "a running sandbox's network narrows, and widens only within its limit") {
+    MOAT_REQUIRE_NAMESPACES();
+    live_network net(*this);
+    local = moat::make_local_backend(io.get_executor(), net.options());
+    moat::sandbox_spec spec;
+    spec.network = net.only({"a.test"});
+    const auto box = create(spec);
+    CHECK(net.fetch(box.id, "a.test") == "hello from the mirror\n200");
+    CHECK(net.fetch(box.id, "b.test").ends_with("403"));
+
+    // Narrowed to nothing of a.test, widened to b.test (within the limit).
+    const auto updated = run(local->async_update_network(box.id, net.only({"b.test"})));
+    REQUIRE(updated);
+    CHECK(updated->network == net.only({"b.test"}));
+    CHECK(run(local->async_inspect(box.id))->network == net.only({"b.test"}));
+    CHECK(net.fetch(box.id, "a.test").ends_with("403"));
+    CHECK(net.fetch(box.id, "b.test") == "hello from the mirror\n200");
+
+    // Past the limit: refused naming the host; the rules in force stay.
+    auto wider = net.only({"b.test"});
+    wider.allow_hosts.push_back("c.test");
+    const auto refused = run(local->async_update_network(box.id, wider));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::permission_denied);
+    CHECK(refused.error().detail.find("\"c.test\"") != std::string::npos);
+    moat::sandbox_network all;
+    all.mode = moat::network_mode::all;
+    const auto everything = run(local->async_update_network(box.id, all));
+    REQUIRE_FALSE(everything);
+    CHECK(everything.error().code == moat::errc::permission_denied);
+    CHECK(net.fetch(box.id, "b.test") == "hello from the mirror\n200");
+
+    // Off, then back on: the endpoint stays while the network is off.
+    const auto off = run(local->async_update_network(box.id, moat::sandbox_network{}));
+    REQUIRE(off);
+    CHECK(net.fetch(box.id, "b.test").ends_with("403"));
+    REQUIRE(run(local->async_update_network(box.id, net.only({"a.test", "b.test"}))));
+    CHECK(net.fetch(box.id, "a.test") == "hello from the mirror\n200");
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture, "narrowing a sandbox's network closes its tunnels to the host") {
+    MOAT_REQUIRE_NAMESPACES();
+    host_server silent({"silent"});
+    // other.test is within the backend's limit: moving to it is a change within bounds.
+    auto narrowed = hang_spec(silent.port()).network;
+    narrowed.allow_hosts = {"other.test"};
+    moat::local_options options;
+    options.network_limit = hang_spec(silent.port()).network;
+    options.network_limit->allow_hosts.push_back("other.test");
+    local = moat::make_local_backend(io.get_executor(), options);
+    egress_log events;
+    const auto box = create_with_hung_tunnel(*this, silent);
+    // Relaying (the server accepts before the proxy has seen its connect complete): then the
+    // update finds it open, and its end is logged.
+    const std::string port = std::to_string(silent.port());
+    REQUIRE(events.saw(*this, "allowed hang.test:" + port));
+    REQUIRE(run(local->async_update_network(box.id, narrowed)));
+    CHECK(silent.read_line(io, 20s) == std::optional<std::string>("eof"));
+    const std::string closed = "closed hang.test:" + port +
+                               " (policy changed: host hang.test:" + port +
+                               " is not on this sandbox's";
+    CHECK(events.saw(*this, closed));
+    destroy(box.id);
+}
+
+TEST_CASE_FIXTURE(local_fixture,
+                  "another backend serving the same sandbox applies a network update") {
+    MOAT_REQUIRE_NAMESPACES();
+    live_network net(*this);
+    local = moat::make_local_backend(io.get_executor(), net.options());
+    moat::sandbox_spec spec;
+    spec.network = net.only({"a.test"});
+    spec.survive_owner = true;
+    const auto box = create(spec);
+    // A second backend (its own proxy, defaults: no limit of its own) attaches and serves too.
+    auto other = moat::make_local_backend(io.get_executor());
+    REQUIRE(run(other->async_attach(box.id)));
+    CHECK(net.fetch(box.id, "a.test", other.get()) == "hello from the mirror\n200");
+    // The first updates, within the limit the record keeps, then goes: the second alone serves.
+    REQUIRE(run(local->async_update_network(box.id, net.only({"b.test"}))));
+    local.reset();
+    io.run_for(200ms);
+    CHECK(net.fetch(box.id, "a.test", other.get()).ends_with("403"));
+    CHECK(net.fetch(box.id, "b.test", other.get()) == "hello from the mirror\n200");
+    CHECK(run(other->async_inspect(box.id))->network == net.only({"b.test"}));
+    // The limit is the sandbox's, whichever process updates it.
+    auto wider = net.only({"a.test", "b.test"});
+    wider.allow_hosts.push_back("c.test");
+    const auto refused = run(other->async_update_network(box.id, wider));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::permission_denied);
+    REQUIRE(run(other->async_update_network(box.id, net.only({"a.test"}))));
+    CHECK(net.fetch(box.id, "a.test", other.get()) == "hello from the mirror\n200");
+    CHECK(run(other->async_destroy(box.id)));
+    other.reset();
+    io.run_for(200ms);
+    local = moat::make_local_backend(io.get_executor());
+}
+
+TEST_CASE_FIXTURE(local_fixture, "a sandbox created with network none gets no network live") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    moat::sandbox_network all;
+    all.mode = moat::network_mode::all;
+    const auto refused = run(local->async_update_network(box.id, all));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == moat::errc::not_supported);
+    CHECK(refused.error().detail.find("created with network none") != std::string::npos);
+    CHECK(run(local->async_update_network(box.id, moat::sandbox_network{})));
     destroy(box.id);
 }

@@ -4,6 +4,7 @@
 #include "egress/byte_meter.hpp"
 #include "egress/egress_proxy.hpp"
 #include "egress/name_resolver.hpp"
+#include "egress/network_bounds.hpp"
 #include "egress/network_policy.hpp"
 #include "egress/proxy_request.hpp"
 
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -1953,4 +1955,134 @@ TEST_CASE("the host's own addresses are refused like loopback, as the kernel see
     own_network_namespace::ip("addr add 2001:db9::1/128 dev lo nodad");
     proxy_fixture f;
     moat::test::run_async(f.io, host_address_case(&f));
+}
+
+// Live updates: the bound an update meets, and the proxy applying a new policy.
+namespace {
+
+moat::sandbox_network hosts_network(std::vector<std::string> hosts) {
+    moat::sandbox_network n;
+    n.mode = hosts.empty() ? network_mode::none : network_mode::allow_list;
+    n.allow_hosts = std::move(hosts);
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("a network update may narrow, and widen only within the limit, naming what is past it") {
+    const auto limit = hosts_network({"a.test", "*.example.org", "c.test:8080"});
+    const auto now = hosts_network({"a.test"});
+    CHECK(check_network_update(hosts_network({}), now, limit));
+    CHECK(check_network_update(hosts_network({"x.example.org", "*.b.example.org"}), now, limit));
+    CHECK(check_network_update(hosts_network({"a.test:443", "c.test:8080"}), now, limit));
+    for (const auto& [host, named] :
+         std::vector<std::pair<std::string, std::string>>{{"example.org", "\"example.org\""},
+                                                          {"a.test:8080", "\"a.test:8080\""},
+                                                          {"c.test", "\"c.test\""},
+                                                          {"evil.test", "\"evil.test\""}}) {
+        const auto refused = check_network_update(hosts_network({host}), now, limit);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().code == moat::errc::permission_denied);
+        CHECK(refused.error().detail.find(named) != std::string::npos);
+    }
+    moat::sandbox_network all;
+    all.mode = network_mode::all;
+    CHECK_FALSE(check_network_update(all, now, limit));
+    CHECK(check_network_update(hosts_network({"evil.test"}), now, all));
+    // What is in force may stay, even past a narrower limit (narrowing always works).
+    CHECK(check_network_update(hosts_network({"evil.test"}), hosts_network({"evil.test", "z"}),
+                               limit));
+    // Pins and ranges: only the limit's (or the network's in force).
+    auto pinned = hosts_network({"a.test"});
+    pinned.resolve = {"a.test=127.0.0.1"};
+    pinned.allow_addresses = {"127.0.0.1/32"};
+    auto wide_limit = limit;
+    wide_limit.resolve = {"a.test=127.0.0.1"};
+    wide_limit.allow_addresses = {"127.0.0.0/8"};
+    CHECK(check_network_update(pinned, now, wide_limit));
+    const auto unpinned = check_network_update(pinned, now, limit);
+    REQUIRE_FALSE(unpinned);
+    CHECK(unpinned.error().detail.find("--resolve a.test=127.0.0.1") != std::string::npos);
+    auto range = hosts_network({"a.test"});
+    range.allow_addresses = {"10.0.0.0/8"};
+    const auto outside = check_network_update(range, now, wide_limit);
+    REQUIRE_FALSE(outside);
+    CHECK(outside.error().detail.find("--allow-address 10.0.0.0/8") != std::string::npos);
+    const auto bad = check_network_update(hosts_network({"py*pi.org"}), now, limit);
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == moat::errc::invalid_argument);
+}
+
+namespace {
+
+asio::awaitable<void> live_policy_case(proxy_fixture* f) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto authority = "echo.test:" + std::to_string(echo.port());
+    const auto request = allow({authority}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"});
+    const auto port = f->add_sandbox("sb-1", request);
+    // A tunnel up under the first policy.
+    auto tunnel = co_await open_tunnel(port, authority);
+    const std::string connect = "CONNECT " + authority + " HTTP/1.1\r\n\r\n";
+    // Another host only: the tunnel closes, and a new request for echo.test is refused.
+    auto other = make_network_policy(allow({"other.test"}, {}, {"127.0.0.0/8"}));
+    REQUIRE(other);
+    const auto closed = f->proxy.set_policy("sb-1", std::move(*other));
+    REQUIRE(closed);
+    CHECK(*closed == 1);
+    const auto rest = co_await read_all(tunnel);
+    CHECK(rest.empty());
+    const auto refused = co_await exchange(port, connect);
+    CHECK(refused.starts_with("HTTP/1.1 403"));
+    CHECK(refused.find("not on this sandbox's allow-list") != std::string::npos);
+    // Off: every request is refused.
+    auto off = make_network_policy(network_request{});
+    REQUIRE(off);
+    REQUIRE(f->proxy.set_policy("sb-1", std::move(*off)));
+    const auto off_reply = co_await exchange(port, connect);
+    CHECK(off_reply.find("network access is off") != std::string::npos);
+    CHECK_FALSE(f->proxy.set_policy("sb-2", std::move(*make_network_policy(request))));
+    co_await f->async_stop();
+}
+
+asio::awaitable<void> policy_source_case(proxy_fixture* f, bool* changed) {
+    auto& echo = f->start_upstream(server_kind::echo);
+    const auto authority = "echo.test:" + std::to_string(echo.port());
+    auto first =
+        make_network_policy(allow({"other.test"}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"}));
+    REQUIRE(first);
+    const auto wanted = allow({authority}, {"echo.test=127.0.0.1"}, {"127.0.0.0/8"});
+    egress_proxy::policy_source source = [changed, wanted]() -> std::optional<network_policy> {
+        if (!*changed) return std::nullopt;
+        *changed = false;
+        auto policy = make_network_policy(wanted);
+        return std::move(*policy);
+    };
+    REQUIRE(f->proxy.add_sandbox("sb-1", std::move(*first), {}, nullptr, source));
+    tcp::acceptor acceptor(f->io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    auto& door = f->doors.emplace_back(front_door{std::move(acceptor), "sb-1"});
+    f->tasks.spawn(front_loop(&door, &f->proxy));
+    const std::string connect = "CONNECT " + authority + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    const auto before = co_await exchange(door.port(), connect);
+    CHECK(before.starts_with("HTTP/1.1 403"));
+    *changed = true;  // as another process rewriting the sandbox's record
+    auto tunnel = co_await open_tunnel(door.port(), authority);
+    tunnel.close();
+    co_await f->async_stop();
+}
+
+}  // namespace
+
+TEST_CASE("a new policy refuses new requests and closes tunnels to hosts it no longer allows") {
+    proxy_fixture f;
+    moat::test::run_async(f.io, live_policy_case(&f));
+    CHECK(std::any_of(f.events.begin(), f.events.end(), [](const egress_event& e) {
+        return e.reason.starts_with("policy changed: host echo.test:");
+    }));
+}
+
+TEST_CASE("a sandbox's policy source is asked before each request and its newer policy applies") {
+    proxy_fixture f;
+    bool changed = false;
+    moat::test::run_async(f.io, policy_source_case(&f, &changed));
+    CHECK(f.count(egress_outcome::allowed) == 1);
 }

@@ -135,6 +135,19 @@ class backend {
     virtual asio::awaitable<result<sandbox_info>> async_extend_ttl(
         std::string id, std::chrono::milliseconds ttl) = 0;
 
+    // Replaces the egress rules of the running sandbox (sandbox_spec::network, docs/network.md)
+    // without restarting it, and returns the updated info. Narrowing always works; widening only
+    // within the backend's limit (local: local_options::network_limit, else what the sandbox was
+    // created with, kept in its record: egress/network_bounds.hpp's rule). Every process serving
+    // the sandbox's proxy applies the new rules to the requests it checks from then on; a proxied
+    // connection whose host the new rules refuse is closed (at once in this process, within about
+    // a second in another). Errors: invalid_argument (a bad entry, named), permission_denied (an
+    // entry past the limit, named), not_supported (a sandbox created with network none has no
+    // proxy endpoint and gets none while it runs; the default), sandbox_not_found,
+    // sandbox_unavailable.
+    virtual asio::awaitable<result<sandbox_info>> async_update_network(std::string id,
+                                                                       sandbox_network network);
+
     // Kills every process of the sandbox and returns only once it is confirmed gone (pid 1 reaped,
     // cgroups and mounts released), then forgets the id. A sandbox that ended on its own (TTL,
     // crash) stays listed as `exited` until destroyed; destroying it releases the record and

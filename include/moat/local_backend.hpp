@@ -54,6 +54,7 @@
 #include <asio/any_io_executor.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace moat {
@@ -99,6 +100,12 @@ struct local_options {
     // Where templates live on disk (templates.hpp); "" is default_data_dir() (/var/lib/moat as
     // root).
     std::string data_dir;
+    // The most a live update (backend::async_update_network) may allow a sandbox this backend
+    // creates: the operator's list of what may ever be reached. Kept in the sandbox's record, so
+    // every process bounds its updates alike. Unset: the network the sandbox was created with
+    // (an update may narrow it and widen it back, never past it). Creates are not checked
+    // against it: the spec's network is the caller's.
+    std::optional<sandbox_network> network_limit;
 };
 
 std::unique_ptr<backend> make_local_backend(asio::any_io_executor executor,

@@ -188,6 +188,13 @@ class sandbox {
     // a series (CPU as a share of the sandbox's CPUs between two readings).
     asio::awaitable<result<sandbox_usage>> async_usage(deadline limit = {}, lane in = lane::side);
 
+    // Replaces the sandbox's egress rules while it runs (backend::async_update_network): the side
+    // lane by default, so a long command does not hold it up (its proxied connections meet the
+    // new rules). On success info().network is the new network.
+    asio::awaitable<result<sandbox_info>> async_update_network(sandbox_network network,
+                                                               deadline limit = {},
+                                                               lane in = lane::side);
+
     // Ports (backend.hpp): a TCP connection to `port` on the sandbox's own loopback, made from
     // inside the sandbox, on the runtime's executor; the sandbox never gets a route. The side lane
     // by default: a connection neither waits for nor holds up the ordered lane (a server the

@@ -24,6 +24,7 @@ namespace {
 
 int signal_received = 0;
 backend_choice selected_backend = backend_choice::local;
+std::optional<sandbox_network> local_network_limit;
 
 struct store_exit_code {
     int* code;
@@ -60,6 +61,10 @@ std::string data_dir_from_environment() {
     return dir != nullptr ? std::string(dir) : std::string();
 }
 
+void limit_local_network(sandbox_network limit) {
+    local_network_limit = std::move(limit);
+}
+
 int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) {
     // The CLI is the application: it may own signals. Ctrl-C cancels the work, which kills what
     // it started before the command exits.
@@ -71,6 +76,7 @@ int run_with_backend(const std::function<asio::awaitable<int>(backend&)>& body) 
     } else {
         local_options options;
         options.data_dir = data_dir_from_environment();
+        options.network_limit = local_network_limit;
         local = make_local_backend(io.get_executor(), std::move(options));
     }
     asio::cancellation_signal cancel;

@@ -30,6 +30,9 @@ std::optional<backend_choice> parse_backend_choice(std::string_view name);
 // Set once, by main, for the commands that take --backend (the flag wins over MOAT_BACKEND).
 // Every other command runs on the local backend.
 void select_backend(backend_choice choice);
+// The local backend's local_options::network_limit (moat serve: its operator network), so a live
+// network update never widens a sandbox past it.
+void limit_local_network(sandbox_network limit);
 
 // MOAT_DATA_DIR, or "" (the default data directory, templates.hpp).
 std::string data_dir_from_environment();

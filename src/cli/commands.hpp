@@ -18,6 +18,7 @@ int create_command(int argc, char** argv);     // moat create: a sandbox that ou
 int exec_command(int argc, char** argv);       // moat exec: a command in an existing sandbox
 int session_command(int argc, char** argv);    // moat session exec|end|ls: shared sessions
 int cp_command(int argc, char** argv);         // moat cp: files in and out
+int network_command(int argc, char** argv);    // moat network: a running sandbox's egress rules
 int destroy_command(int argc, char** argv);    // moat destroy: end sandboxes, confirmed
 int ls_command(int argc, char** argv);         // moat ls: every sandbox on this host
 int pause_command(int argc, char** argv);      // moat pause: freeze sandboxes in place

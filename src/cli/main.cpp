@@ -19,8 +19,8 @@ namespace {
 // The commands that run on a selectable backend (bench only for `bench create`).
 bool takes_backend(std::string_view command, int argc, char** argv) {
     static constexpr std::string_view names[] = {
-        "run",    "create",    "exec",    "cp",    "destroy", "ls",  "pause",
-        "resume", "inventory", "janitor", "smoke", "doctor",  "mcp", "session"};
+        "run",       "create",  "exec",  "cp",     "destroy", "ls",      "pause",  "resume",
+        "inventory", "janitor", "smoke", "doctor", "mcp",     "session", "network"};
     for (const auto name : names) {
         if (command == name) return true;
     }
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
             {"session", moat::cli::session_command},
             {"cp", moat::cli::cp_command},
             {"destroy", moat::cli::destroy_command},
+            {"network", moat::cli::network_command},
             {"ls", moat::cli::ls_command},
             {"pause", moat::cli::pause_command},
             {"resume", moat::cli::resume_command},

@@ -158,6 +158,7 @@ serve::serve_options parse_serve_options(int argc, char** argv) {
 int serve_command(int argc, char** argv) {
     serve::serve_options options = parse_serve_options(argc, argv);
     install_stderr_log("serve");
+    limit_local_network(options.network);
     serve::serve_hooks hooks;
     hooks.announce = [](std::string_view line) {
         std::fprintf(stdout, "%.*s\n", static_cast<int>(line.size()), line.data());

@@ -66,6 +66,13 @@ constexpr usage_block blocks[] = {
      "      the local backend's templates (a writable root per sandbox over a read-only layer);\n"
      "      kept in --data-dir, MOAT_DATA_DIR or /var/lib/moat; --template NAME on run and\n"
      "      create picks one (default: base, the host's /usr read-only)\n"},
+    {"network",
+     "  network ID [--allow-host PATTERN]... [--resolve NAME=ADDR]... [--allow-address CIDR]...\n"
+     "          [--network all|none]\n"
+     "      replace the egress rules of running sandbox ID (the network flags, as create's; no\n"
+     "      flag: none); it may narrow, and widen only within the sandbox's limit (what it was\n"
+     "      created with, or moat serve's operator network); a connection to a host no longer\n"
+     "      allowed is closed. A sandbox created with network none cannot get one\n"},
     {"destroy",
      "  destroy ID...\n"
      "      end sandboxes and confirm they are gone\n"},

@@ -188,6 +188,10 @@ bool backend::is_paused(const std::string&) const {
     return false;
 }
 
+asio::awaitable<result<sandbox_info>> backend::async_update_network(std::string, sandbox_network) {
+    co_return not_supported(name(), "update_network");
+}
+
 asio::awaitable<result<std::vector<janitor_action>>> backend::async_janitor(bool) {
     co_return not_supported(name(), "janitor");
 }

@@ -254,19 +254,34 @@ asio::awaitable<result<std::vector<sandbox_detail>>> list(std::shared_ptr<state>
     }
 }
 
-asio::awaitable<result<void>> set_timeout(std::shared_ptr<state> s, std::string id,
-                                          std::int64_t timeout_s) {
+// A call on one sandbox whose answer is success alone (setTimeout, updateNetwork): idempotent,
+// as setting the same end or the same configuration twice is the same.
+asio::awaitable<result<void>> put_on_sandbox(std::shared_ptr<state> s, std::string id,
+                                             const char* method, const char* suffix,
+                                             std::string body) {
     if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     call_spec c;
-    c.method = "POST";
-    c.path = "/sandboxes/" + id + "/timeout";
-    c.body = protocol::encode_timeout_request(timeout_s);
-    c.retries = retry_policy::idempotent;  // setting the same end twice is the same end
+    c.method = method;
+    c.path = "/sandboxes/" + id + suffix;
+    c.body = std::move(body);
+    c.retries = retry_policy::idempotent;
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
     if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
     co_return result<void>();
+}
+
+asio::awaitable<result<void>> set_timeout(std::shared_ptr<state> s, std::string id,
+                                          std::int64_t timeout_s) {
+    return put_on_sandbox(std::move(s), std::move(id), "POST", "/timeout",
+                          protocol::encode_timeout_request(timeout_s));
+}
+
+asio::awaitable<result<void>> update_network(std::shared_ptr<state> s, std::string id,
+                                             protocol::network_update_request body) {
+    return put_on_sandbox(std::move(s), std::move(id), "PUT", "/network",
+                          protocol::encode_network_update_request(body));
 }
 
 asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
@@ -342,6 +357,10 @@ asio::awaitable<result<std::vector<sandbox_detail>>> control_plane_client::async
 asio::awaitable<result<void>> control_plane_client::async_set_timeout(std::string id,
                                                                       std::int64_t timeout_s) {
     return set_timeout(state_, std::move(id), timeout_s);
+}
+asio::awaitable<result<void>> control_plane_client::async_update_network(
+    std::string id, protocol::network_update_request body) {
+    return update_network(state_, std::move(id), std::move(body));
 }
 asio::awaitable<result<bool>> control_plane_client::async_kill(std::string id) {
     return kill(state_, std::move(id));

@@ -29,6 +29,7 @@
 #include <moat/result.hpp>
 
 #include "e2b_protocol/sandbox_replies.hpp"
+#include "e2b_protocol/sandbox_requests.hpp"
 
 #include <asio/awaitable.hpp>
 
@@ -97,6 +98,9 @@ class control_plane_client {
     asio::awaitable<result<std::vector<sandbox_detail>>> async_list(list_query query);
     // POST /sandboxes/{id}/timeout {"timeout": s}: the end becomes now + s (may shorten it).
     asio::awaitable<result<void>> async_set_timeout(std::string id, std::int64_t timeout_s);
+    // PUT /sandboxes/{id}/network: the sandbox's whole egress configuration replaced.
+    asio::awaitable<result<void>> async_update_network(std::string id,
+                                                       e2b_protocol::network_update_request body);
     // DELETE /sandboxes/{id}: true once killed, false when it was already gone (404).
     asio::awaitable<result<bool>> async_kill(std::string id);
     // One page of at most one sandbox: checks that the endpoint answers and takes the key.

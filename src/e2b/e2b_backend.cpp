@@ -298,6 +298,10 @@ class e2b_backend final : public backend {
                                                            milliseconds ttl) override {
         return guarded(extend_ttl(state_, std::move(id), ttl));
     }
+    asio::awaitable<result<sandbox_info>> async_update_network(std::string id,
+                                                               sandbox_network network) override {
+        return guarded(update_network(state_, std::move(id), std::move(network)));
+    }
     asio::awaitable<result<void>> async_destroy(std::string id) override {
         return guarded(destroy(state_, std::move(id)));
     }
@@ -532,6 +536,26 @@ class e2b_backend final : public backend {
             h->info.expires_at = h->ttl_end;
         }
         // Confirmed by the control plane: its end as it now stands.
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) co_return std::move(detail).error();
+        co_return info_from(*s, *detail);
+    }
+
+    // E2B's own limit applies (moat's network_limit has no E2B form): as a create maps it.
+    static asio::awaitable<result<sandbox_info>> update_network(std::shared_ptr<backend_state> s,
+                                                                std::string id,
+                                                                sandbox_network network) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        if (auto ok = e2b::validate_network(network); !ok) co_return std::move(ok).error();
+        e2b::create_body mapped;
+        map_network(network, mapped);
+        e2b_protocol::network_update_request body;
+        body.allow_internet_access = mapped.allow_internet_access;
+        body.network.allow_out = std::move(mapped.allow_out);
+        body.network.deny_out = std::move(mapped.deny_out);
+        auto updated = co_await s->control->async_update_network(id, std::move(body));
+        if (!updated) co_return std::move(updated).error();
+        if (auto it = s->held.find(id); it != s->held.end()) it->second->info.network = network;
         auto detail = co_await s->control->async_get(id);
         if (!detail) co_return std::move(detail).error();
         co_return info_from(*s, *detail);

@@ -263,6 +263,32 @@ result<create_request> parse_create_request(std::string_view body) {
     return out;
 }
 
+std::string encode_network_update_request(const network_update_request& r) {
+    json_writer w;
+    w.begin_object();
+    if (!r.network.allow_out.empty()) write_string_list(w, "allowOut", r.network.allow_out);
+    if (!r.network.deny_out.empty()) write_string_list(w, "denyOut", r.network.deny_out);
+    if (r.allow_internet_access) w.key("allow_internet_access").value(*r.allow_internet_access);
+    w.end_object();
+    return w.take();
+}
+
+result<network_update_request> parse_network_update_request(std::string_view body) {
+    parsed_body b;
+    if (auto ok = parse_body(body, b, false); !ok) return std::move(ok).error();
+    network_update_request out;
+    if (auto ok = string_list_field(b.object, "allowOut", out.network.allow_out); !ok) {
+        return std::move(ok).error();
+    }
+    if (auto ok = string_list_field(b.object, "denyOut", out.network.deny_out); !ok) {
+        return std::move(ok).error();
+    }
+    auto internet = bool_field(b, "allow_internet_access");
+    if (!internet) return std::move(internet).error();
+    out.allow_internet_access = *internet;
+    return out;
+}
+
 std::string encode_timeout_request(std::int64_t timeout_s) {
     return seconds_body("timeout", timeout_s);
 }

@@ -68,6 +68,17 @@ struct create_request {
 std::string encode_create_request(const create_request& request);
 result<create_request> parse_create_request(std::string_view body);
 
+// PUT /sandboxes/{id}/network (SandboxNetworkUpdateConfig): a running sandbox's whole new egress
+// configuration, every field omitted cleared. allowOut and denyOut as a create's network (same
+// caps); allow_internet_access as a create's. egressProxy and rules are ignored (moat serve has
+// neither). The writer writes each list when not empty and the switch when set.
+struct network_update_request {
+    network_request network;  // allow_public_traffic is not part of an update
+    std::optional<bool> allow_internet_access;
+};
+std::string encode_network_update_request(const network_update_request& request);
+result<network_update_request> parse_network_update_request(std::string_view body);
+
 // POST /sandboxes/{id}/timeout: {"timeout": <s, >= 0>} (required).
 std::string encode_timeout_request(std::int64_t timeout_s);
 result<std::int64_t> parse_timeout_request(std::string_view body);

@@ -243,6 +243,77 @@ std::optional<std::string> host_address_refusal(const asio::ip::address& address
     return host.name + " resolves to " + address.to_string() + ", " + what;
 }
 
+// Why `policy` refuses the request's host before any lookup, or nullopt. `named` is the host as
+// the request spelled it (an address may be spelled otherwise: 0x7f.1).
+std::optional<std::string> host_refusal(const host_reading& host, const std::string& named,
+                                        std::uint16_t port, const network_policy& policy) {
+    if (policy.mode() == network_mode::none) {
+        return "host " + host_and_port(host.name, port) +
+               " is refused: this sandbox's network access is off";
+    }
+    if (host.address) {
+        if (auto refused = refusal_for(*host.address, policy.allowed_ranges())) {
+            if (named == host.name) return "host " + host.name + " is " + describe(*refused);
+            return "host " + named + " is " + host.name + ", " + describe(*refused);
+        }
+        if (policy.mode() != network_mode::all)
+            return "host " + host.name + " is an IP address; this sandbox's allow-list names hosts";
+        return std::nullopt;
+    }
+    if (!policy.allows_host(host.name, port))
+        return "host " + host_and_port(host.name, port) + " is not on this sandbox's allow-list";
+    return std::nullopt;
+}
+
+// Why `policy` refuses an address the host resolved to (or is), or nullopt.
+std::optional<std::string> address_refusal(const asio::ip::address& address,
+                                           const host_reading& host, const network_policy& policy) {
+    if (auto refused = refusal_for(address, policy.allowed_ranges()))
+        return host.name + " resolves to " + address.to_string() + ", " + describe(*refused);
+    return host_address_refusal(address, host, policy);
+}
+
+// Why `policy` refuses the destination of a connection already past the checks, or nullopt:
+// the request's checks again, and a name now pinned elsewhere than the addresses it reached.
+std::optional<std::string> destination_refusal(const connection& c, const network_policy& policy) {
+    host_reading host;
+    host.address = c.host_address;
+    host.name = c.host;
+    if (auto line = host_refusal(host, host.name, c.port, policy)) return line;
+    const auto* pinned = host.address ? nullptr : policy.pinned(host.name);
+    for (const auto& address : c.addresses) {
+        if (pinned && std::find(pinned->begin(), pinned->end(), address) == pinned->end())
+            return host.name + " is now pinned to other addresses than " + address.to_string();
+        if (auto line = address_refusal(address, host, policy)) return line;
+    }
+    return std::nullopt;
+}
+
+// Puts `policy` in force for the sandbox and closes what it no longer allows.
+std::size_t apply_policy(sandbox_entry& sandbox, network_policy policy) {
+    sandbox.policy = std::move(policy);
+    std::vector<std::pair<connection*, std::string>> refused;
+    for (auto* c : sandbox.connections) {
+        if (!c->has_destination || c->is_closed) continue;
+        if (auto line = destination_refusal(*c, sandbox.policy)) refused.emplace_back(c, *line);
+    }
+    for (auto& [c, line] : refused) c->close("policy changed: " + line);
+    return refused.size();
+}
+
+// Asks the sandbox's policy_source for a newer policy and applies it.
+void refresh_policy(sandbox_entry& sandbox) {
+    if (!sandbox.source) return;
+    std::optional<network_policy> newer;
+    try {
+        newer = sandbox.source();
+    } catch (const std::exception& e) {
+        detail::log(log_level::warning, "egress", std::string("policy source threw: ") + e.what(),
+                    sandbox.id);
+    }
+    if (newer) apply_policy(sandbox, std::move(*newer));
+}
+
 asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
                                      std::weak_ptr<egress_proxy::impl> proxy) {
     auto& limits = c->sandbox->limits;
@@ -277,33 +348,23 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
     }
     const auto& request = parsed.request;
 
-    // 2. The policy: the host, then the byte budget.
+    // 2. The policy (the sandbox's current one): the host, then the byte budget.
     auto host = read_host(request);
     if (host.status != 0) {
         co_await send_refusal(c, proxy, "", request.port, host.status, host.line);
         co_return;
     }
+    refresh_policy(*c->sandbox);
+    // A reference: a policy changed from here on is the one the addresses meet below.
     const auto& policy = c->sandbox->policy;
-    if (host.address) {
-        if (auto refused = refusal_for(*host.address, policy.allowed_ranges())) {
-            std::string line =
-                "host " + request.host + " is " + host.name + ", " + describe(*refused);
-            if (request.host == host.name) line = "host " + host.name + " is " + describe(*refused);
-            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
-            co_return;
-        }
-        if (policy.mode() != network_mode::all) {
-            std::string line =
-                "host " + host.name + " is an IP address; this sandbox's allow-list names hosts";
-            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
-            co_return;
-        }
-    } else if (!policy.allows_host(host.name, request.port)) {
-        std::string line = "host " + host_and_port(host.name, request.port) +
-                           " is not on this sandbox's allow-list";
-        co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
+    if (auto line = host_refusal(host, request.host, request.port, policy)) {
+        co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(*line));
         co_return;
     }
+    c->has_destination = true;
+    c->host = host.name;
+    c->host_address = host.address;
+    c->port = request.port;
     if (c->sandbox->meter->used() >= limits.max_bytes) {
         std::string line = "this sandbox's egress byte budget (" +
                            std::to_string(limits.max_bytes) + " bytes) is used up";
@@ -326,17 +387,12 @@ asio::awaitable<void> run_connection(std::shared_ptr<connection> c,
         co_return;
     }
     for (const auto& address : resolved.addresses) {
-        if (auto refused = refusal_for(address, policy.allowed_ranges())) {
-            std::string line =
-                host.name + " resolves to " + address.to_string() + ", " + describe(*refused);
-            co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(line));
-            co_return;
-        }
-        if (auto line = host_address_refusal(address, host, policy)) {
+        if (auto line = address_refusal(address, host, policy)) {
             co_await send_refusal(c, proxy, host.name, request.port, 403, std::move(*line));
             co_return;
         }
     }
+    c->addresses = resolved.addresses;
     std::error_code connect_error = asio::error::host_not_found;
     for (const auto& address : resolved.addresses) {
         if (c->is_closed || c->connect_timed_out) break;
@@ -425,6 +481,7 @@ void sample_buffers_soon(const std::shared_ptr<egress_proxy::impl>& proxy) {
         if (ec) return;
         bool any_open = false;
         for (auto& [id, sandbox] : live->sandboxes) {
+            if (!sandbox->connections.empty()) refresh_policy(*sandbox);
             publish_buffered(*sandbox);
             any_open = any_open || !sandbox->connections.empty();
         }
@@ -480,7 +537,8 @@ egress_proxy::~egress_proxy() {
 }
 
 result<void> egress_proxy::add_sandbox(std::string sandbox_id, network_policy policy,
-                                       egress_limits limits, std::shared_ptr<byte_meter> meter) {
+                                       egress_limits limits, std::shared_ptr<byte_meter> meter,
+                                       policy_source source) {
     if (impl_->sandboxes.contains(sandbox_id)) {
         return make_error(errc::invalid_argument,
                           "sandbox " + sandbox_id + " already has an egress policy");
@@ -488,6 +546,7 @@ result<void> egress_proxy::add_sandbox(std::string sandbox_id, network_policy po
     auto entry = std::make_shared<sandbox_entry>();
     entry->id = sandbox_id;
     entry->policy = std::move(policy);
+    entry->source = std::move(source);
     entry->limits = limits;
     entry->meter = meter ? std::move(meter) : std::make_shared<byte_meter>();
     impl_->sandboxes.emplace(std::move(sandbox_id), std::move(entry));
@@ -539,6 +598,15 @@ void egress_proxy::serve(std::string_view sandbox_id,
     sandbox.connections.insert(c.get());
     impl_->tasks.spawn(run_connection(std::move(c), impl_));
     sample_buffers_soon(impl_);
+}
+
+result<std::size_t> egress_proxy::set_policy(std::string_view sandbox_id, network_policy policy) {
+    auto it = impl_->sandboxes.find(sandbox_id);
+    if (it == impl_->sandboxes.end()) {
+        return make_error(errc::sandbox_not_found,
+                          "sandbox " + std::string(sandbox_id) + " has no egress policy here");
+    }
+    return apply_policy(*it->second, std::move(policy));
 }
 
 std::size_t egress_proxy::close_sandbox(std::string_view sandbox_id) {

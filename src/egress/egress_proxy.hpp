@@ -119,12 +119,28 @@ class egress_proxy {
     egress_proxy& operator=(const egress_proxy&) = delete;
     ~egress_proxy();
 
+    // Where a sandbox's policy may change outside this proxy (the local backend: the sandbox's
+    // record, which any process may update): called on the proxy's executor before each request
+    // of the sandbox is checked and about once a second while it has connections open; returns
+    // the policy when it changed since the last call, else nullopt. Keep it cheap (a stat).
+    using policy_source = std::function<std::optional<network_policy>()>;
+
     // Registers a sandbox. invalid_argument if the id is already registered. `meter` counts its
     // bytes against limits.max_bytes and publishes what its connections buffer (byte_meter.hpp:
     // give the sandbox's shared one so that every process serving it charges one budget); none:
-    // a count of this proxy's own.
+    // a count of this proxy's own. `source`: see policy_source; none, the policy changes only
+    // through set_policy.
     result<void> add_sandbox(std::string sandbox_id, network_policy policy, egress_limits limits,
-                             std::shared_ptr<byte_meter> meter = nullptr);
+                             std::shared_ptr<byte_meter> meter = nullptr,
+                             policy_source source = {});
+
+    // Replaces the sandbox's policy (a policy_source's newer one takes the same path). Requests
+    // checked from now on meet the new policy; a connection already past the check (resolving,
+    // connecting or relaying) whose destination the new one refuses (its host, or an address it
+    // resolved to, checked exactly as a new request's) is closed at once, reason "policy
+    // changed: <the refusal line>". Mode none refuses every request. Returns how many
+    // connections closed; sandbox_not_found if the sandbox is not registered.
+    result<std::size_t> set_policy(std::string_view sandbox_id, network_policy policy);
 
     // Serves one connection for `sandbox_id` (returns at once; the connection runs on the
     // proxy's executor). A connection for an unknown or closed sandbox is closed unanswered and

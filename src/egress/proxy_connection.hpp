@@ -15,8 +15,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace moat::egress::internal {
 
@@ -25,6 +27,7 @@ using clock = std::chrono::steady_clock;
 struct sandbox_entry {
     std::string id;
     network_policy policy;
+    egress_proxy::policy_source source;  // where a newer policy comes from, if anywhere
     egress_limits limits;
     std::shared_ptr<byte_meter> meter;
     std::uint64_t published_buffered = 0;  // this proxy's share of meter->buffered()
@@ -65,6 +68,14 @@ struct connection : std::enable_shared_from_this<connection> {
     std::string close_reason = "done";
     std::uint64_t bytes_out = 0;
     std::uint64_t bytes_in = 0;
+    // Its destination once the policy let it through (phase connect or relay), so a changed
+    // policy can be checked against it: the host as the request named it (normalised; the
+    // address's text for an IP literal), the port, and the addresses checked (after resolving).
+    bool has_destination = false;
+    std::string host;
+    std::optional<asio::ip::address> host_address;
+    std::uint16_t port = 0;
+    std::vector<asio::ip::address> addresses;
     relay_pipe to_upstream;
     relay_pipe to_sandbox;
     // Its share of the sandbox's max_buffered_bytes (see allot()): the most its sockets and pipes

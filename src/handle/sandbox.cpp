@@ -463,6 +463,13 @@ asio::awaitable<result<dir_watch>> watch_dir_call(std::shared_ptr<sandbox::impl>
                     std::move(path), options);
 }
 
+asio::awaitable<result<sandbox_info>> update_network_call(std::shared_ptr<sandbox::impl> state,
+                                                          sandbox_network network, deadline limit,
+                                                          lane in) {
+    return run_call(std::move(state), "update_network", limit, in, &backend::async_update_network,
+                    std::move(network));
+}
+
 asio::awaitable<result<sandbox_info>> sandbox::async_extend_ttl(std::chrono::milliseconds ttl,
                                                                 deadline limit) {
     return run_call(impl_, "extend_ttl", limit, lane::ordered, &backend::async_extend_ttl, ttl);

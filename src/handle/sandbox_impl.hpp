@@ -136,5 +136,9 @@ asio::awaitable<result<asio::ip::tcp::socket>> connect_port_call(
 asio::awaitable<result<dir_watch>> watch_dir_call(std::shared_ptr<sandbox::impl> state,
                                                   std::string path, watch_options options,
                                                   deadline limit, moat::lane in);
+// The backend's async_update_network in its lane (sandbox.cpp); sandbox_network.cpp keeps info.
+asio::awaitable<result<sandbox_info>> update_network_call(std::shared_ptr<sandbox::impl> state,
+                                                          sandbox_network network, deadline limit,
+                                                          moat::lane in);
 
 }  // namespace moat

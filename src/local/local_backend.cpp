@@ -313,6 +313,7 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     if (record.layout.user.empty()) record.layout.user = default_user;
     record.limits = limits;
     record.network = spec.network;
+    record.network_limit = options_.network_limit.value_or(spec.network);
     record.egress = options_.egress;
     if (chosen) {
         record.template_name = chosen->name;
@@ -360,7 +361,7 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     if (!cancelled_while_made) {
         ready = co_await sandbox->agent->async_wait_ready(deadline::after(ready_timeout));
     }
-    if (ready) ready = start_egress(*sandbox, *policy);
+    if (ready) ready = start_egress(sandbox, *policy);
     if (ready) ready = records_.write(sandbox->record);
     if (ready) ready = open_root(*sandbox);
     if (ready && is_cancelled(co_await asio::this_coro::cancellation_state)) {
@@ -420,7 +421,7 @@ asio::awaitable<result<sandbox_info>> local_backend::attach(std::string id) {
                 make_error(errc::backend_failure,
                            "sandbox " + id + ": its recorded network: " + policy.error().detail);
         } else {
-            ready = start_egress(*sandbox, *policy);
+            ready = start_egress(sandbox, *policy);
         }
     }
     if (ready) ready = open_root(*sandbox);
@@ -606,16 +607,23 @@ asio::awaitable<result<sandbox_info>> local_backend::extend_ttl(std::string id,
     }
     sandbox->info.expires_at = requested;
     sandbox->record.expires_at = requested;
-    if (auto written = records_.write(sandbox->record); !written) {
+    // Read again under the record lock: another process may have changed its network meanwhile.
+    const auto set_end = [&](sandbox_record& r) -> result<void> {
+        r.expires_at = requested;
+        return {};
+    };
+    if (auto written = records_.update(id, set_end); !written) {
         detail::log(log_level::warning, "local", written.error().to_string(), id);
     }
     co_return sandbox->info;
 }
 
-result<void> local_backend::start_egress(local_sandbox& sandbox,
+result<void> local_backend::start_egress(const std::shared_ptr<local_sandbox>& held,
                                          const egress::network_policy& policy) {
+    auto& sandbox = *held;
     unique_fd listener = sandbox.agent->take_egress_listener();
-    if (policy.mode() == egress::network_mode::none) return {};
+    // A sandbox made with a network keeps its endpoint even while an update has turned it off.
+    if (!listener.is_open() && policy.mode() == egress::network_mode::none) return {};
     const std::string& id = sandbox.info.id;
     if (!listener.is_open() || sandbox.agent->egress_port() != sandbox_network::proxy_port) {
         return make_error(errc::backend_failure,
@@ -630,7 +638,8 @@ result<void> local_backend::start_egress(local_sandbox& sandbox,
     limits.max_bytes = sandbox.record.egress.max_bytes;
     limits.max_connections = sandbox.record.egress.max_connections;
     limits.max_buffered_bytes = sandbox.record.egress.max_buffered_bytes;
-    if (auto added = egress_->add_sandbox(id, policy, limits, std::move(*meter)); !added)
+    auto source = policy_source_for(held);
+    if (auto added = egress_->add_sandbox(id, policy, limits, std::move(*meter), source); !added)
         return added;
     auto acceptor = std::make_shared<egress_listener>(executor_);
     asio::error_code ec;

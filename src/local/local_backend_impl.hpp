@@ -9,6 +9,7 @@
 //   local_backend_ports.cpp    ports: a connection to a server in the sandbox, made by its pid 1
 //   local_backend_watch.cpp    file watches: inotify, the watches added by the sandbox's pid 1
 //   local_backend_pause.cpp    pause and resume: the commands' cgroup frozen, pid 1's clocks
+//   local_backend_network.cpp  live network rules: an update, and the proxy seeing another's
 //
 // Everything here runs on the backend's executor (files' blocking steps on its file threads). A
 // sandbox this backend holds is one local_sandbox in sandboxes_, from create or attach until
@@ -27,6 +28,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -104,6 +106,10 @@ class local_backend final : public backend {
     asio::awaitable<result<sandbox_info>> async_resume(std::string id) override;
     bool is_paused(const std::string& id) const override;
 
+    // local_backend_network.cpp
+    asio::awaitable<result<sandbox_info>> async_update_network(std::string id,
+                                                               sandbox_network network) override;
+
     // local_backend_destroy.cpp
     asio::awaitable<result<void>> async_destroy(std::string id) override;
     asio::awaitable<result<std::vector<janitor_action>>> async_janitor(bool dry_run) override;
@@ -169,7 +175,8 @@ class local_backend final : public backend {
     result<std::shared_ptr<local_sandbox>> find_running(const std::string& id);
     // Starts serving the sandbox's egress proxy: registers its policy with the backend's proxy
     // and accepts on the listener its agent handed over with `ready`. Nothing for network none.
-    result<void> start_egress(local_sandbox& sandbox, const egress::network_policy& policy);
+    result<void> start_egress(const std::shared_ptr<local_sandbox>& sandbox,
+                              const egress::network_policy& policy);
     // Stops serving the sandbox's proxy: our copy of its listener closes (the agent and other
     // attached processes keep theirs) and every connection we proxy for it closes at once.
     void stop_egress(local_sandbox& sandbox);
@@ -186,6 +193,15 @@ class local_backend final : public backend {
     // (PDEATHSIG). An attached sandbox, or a survivor it made, keeps its own control socket to its
     // pid 1 and runs on; its destroy confirms through the pidfd.
     void on_helper_lost(const std::string& reason);
+
+    // local_backend_network.cpp
+    asio::awaitable<result<sandbox_info>> update_network(std::string id, sandbox_network network);
+    // The proxy's policy_source for a sandbox this process serves: its record, looked at (one
+    // stat) before each request and once a second while connections are open, read again when
+    // the file changed; a network other than the one in force here is the new policy, and this
+    // process's record and info take it too.
+    std::function<std::optional<egress::network_policy>()> policy_source_for(
+        const std::shared_ptr<local_sandbox>& sandbox);
 
     // local_backend_destroy.cpp
     asio::awaitable<result<void>> destroy(std::string id);

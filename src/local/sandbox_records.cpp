@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -42,6 +43,18 @@ void write_string_list(json_writer& w, const std::vector<std::string>& list) {
     w.begin_array();
     for (const auto& s : list) w.value(s);
     w.end_array();
+}
+
+void write_network(json_writer& w, const sandbox_network& network) {
+    w.begin_object();
+    w.key("mode").value(std::string(to_string(network.mode)));
+    for (const auto& [name, list] :
+         {std::pair{"allow_hosts", &network.allow_hosts}, std::pair{"resolve", &network.resolve},
+          std::pair{"allow_addresses", &network.allow_addresses}}) {
+        w.key(name);
+        write_string_list(w, *list);
+    }
+    w.end_object();
 }
 
 error bad_field(std::string_view name) {
@@ -110,6 +123,31 @@ bool read_string_list(simdjson::dom::object& o, std::string_view name,
     return true;
 }
 
+// A network object under `name`; true (and `out` untouched) when the field is absent.
+bool read_network(simdjson::dom::object& o, std::string_view name, sandbox_network& out) {
+    if (o[name].error() == simdjson::NO_SUCH_FIELD) return true;
+    simdjson::dom::object network;
+    std::string mode;
+    sandbox_network read;
+    if (o[name].get_object().get(network) != simdjson::SUCCESS ||
+        !read_string(network, "mode", mode) ||
+        !read_string_list(network, "allow_hosts", read.allow_hosts) ||
+        !read_string_list(network, "resolve", read.resolve) ||
+        !read_string_list(network, "allow_addresses", read.allow_addresses))
+        return false;
+    if (mode == "none") {
+        read.mode = network_mode::none;
+    } else if (mode == "allow-list") {
+        read.mode = network_mode::allow_list;
+    } else if (mode == "all") {
+        read.mode = network_mode::all;
+    } else {
+        return false;
+    }
+    out = std::move(read);
+    return true;
+}
+
 bool valid_record_id(std::string_view id) {
     if (id.size() != 23 || !id.starts_with("sb-")) return false;
     return std::all_of(id.begin() + 3, id.end(),
@@ -156,15 +194,9 @@ std::string to_json(const sandbox_record& r) {
     w.key("template").value(r.template_name);
     w.key("template_digest").value(r.template_digest);
     w.key("network");
-    w.begin_object();
-    w.key("mode").value(std::string(to_string(r.network.mode)));
-    w.key("allow_hosts");
-    write_string_list(w, r.network.allow_hosts);
-    w.key("resolve");
-    write_string_list(w, r.network.resolve);
-    w.key("allow_addresses");
-    write_string_list(w, r.network.allow_addresses);
-    w.end_object();
+    write_network(w, r.network);
+    w.key("network_limit");
+    write_network(w, r.network_limit);
     w.key("limits");
     write_limits_json(w, r.limits);
     w.key("layers");
@@ -236,26 +268,10 @@ result<sandbox_record> record_from_json(std::string_view json) {
         (!read_string(o, "template", r.template_name) ||
          !read_string(o, "template_digest", r.template_digest)))
         return bad_field("template");
-    // Records written before the network field: none.
-    if (o["network"].error() != simdjson::NO_SUCH_FIELD) {
-        simdjson::dom::object network;
-        std::string mode;
-        if (o["network"].get_object().get(network) != simdjson::SUCCESS ||
-            !read_string(network, "mode", mode) ||
-            !read_string_list(network, "allow_hosts", r.network.allow_hosts) ||
-            !read_string_list(network, "resolve", r.network.resolve) ||
-            !read_string_list(network, "allow_addresses", r.network.allow_addresses))
-            return bad_field("network");
-        if (mode == "none") {
-            r.network.mode = network_mode::none;
-        } else if (mode == "allow-list") {
-            r.network.mode = network_mode::allow_list;
-        } else if (mode == "all") {
-            r.network.mode = network_mode::all;
-        } else {
-            return bad_field("network");
-        }
-    }
+    // Records written before the network field: none; before the limit: the network.
+    if (!read_network(o, "network", r.network)) return bad_field("network");
+    r.network_limit = r.network;
+    if (!read_network(o, "network_limit", r.network_limit)) return bad_field("network_limit");
     simdjson::dom::object limits;
     if (o["limits"].get_object().get(limits) != simdjson::SUCCESS) return bad_field("limits");
     if (!read_optional_limit(limits, "memory_bytes", r.limits.memory_bytes) ||
@@ -322,6 +338,21 @@ result<void> sandbox_records::write(const sandbox_record& record) const {
     }
     if (!written) ::unlink(temporary.c_str());
     return written;
+}
+
+result<sandbox_record> sandbox_records::update(
+    std::string_view id, const std::function<result<void>(sandbox_record&)>& change) const {
+    const std::string dir = wire::sandboxes_dir(state_dir_);
+    unique_fd lock(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!lock.is_open() || ::flock(lock.get(), LOCK_EX) != 0) {
+        return make_error(errc::backend_failure,
+                          "sandbox record: lock " + dir + ": " + std::strerror(errno));
+    }
+    auto record = read(id);  // the lock goes with the descriptor
+    if (!record) return record;
+    if (auto changed = change(*record); !changed) return std::move(changed).error();
+    if (auto written = write(*record); !written) return std::move(written).error();
+    return record;
 }
 
 result<sandbox_record> sandbox_records::read(std::string_view id) const {

@@ -6,8 +6,10 @@
 // record), 0600 in a 0700 directory: the record holds the sandbox's environment, which may carry
 // secrets. The creating backend writes a record before it asks the helper for the sandbox (init
 // pid 0: "creating") and again once pid 1 exists, so no sandbox ever lacks one; whoever confirms
-// the sandbox gone removes it. Last writer wins (extend_ttl from two processes at once is fine:
-// both wrote a valid record). Not fsync'd: records describe processes, which do not survive a
+// the sandbox gone removes it. A change to a live sandbox's record (its end, its network) goes
+// through update(), under a lock, so two processes' changes never undo each other; the network
+// there is the one in force, which every process serving the sandbox's proxy follows
+// (local_backend_network.cpp). Not fsync'd: records describe processes, which do not survive a
 // power loss either.
 //
 // A record's pid is trusted only together with its start time (field 22 of /proc/<pid>/stat):
@@ -23,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -47,7 +50,10 @@ struct sandbox_record {
     std::map<std::string, std::string> env;
     sandbox_layout layout;  // the effective one (user resolved)
     resource_limits limits;
-    sandbox_network network;  // as asked for (validated at create)
+    // In force: as asked for at create (validated), then as the last live update set it.
+    sandbox_network network;
+    // What a live update may widen it to (local_options::network_limit, else the create's).
+    sandbox_network network_limit;
     // The template of the data directory it runs, and its layer's digest; "" for base.
     std::string template_name;
     std::string template_digest;
@@ -82,6 +88,11 @@ class sandbox_records {
     result<void> write(const sandbox_record& record) const;
     // sandbox_not_found if there is no record; backend_failure if it is unreadable or corrupt.
     result<sandbox_record> read(std::string_view id) const;
+    // Reads the record, lets `change` edit it (its error leaves the record as it was) and writes
+    // it, under an exclusive lock (flock) on the sandboxes directory that every update() takes:
+    // two processes' changes (a TTL, a network) never undo each other. Returns what was written.
+    result<sandbox_record> update(std::string_view id,
+                                  const std::function<result<void>(sandbox_record&)>& change) const;
     // Ids with a record, sorted; at most `limit`.
     std::vector<std::string> ids(std::size_t limit = 100'000) const;
     // Removes the record, the attach socket and the egress meter (missing files are fine).

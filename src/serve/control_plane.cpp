@@ -8,6 +8,7 @@
 #include "egress/address_policy.hpp"
 #include "serve/sandbox_listing.hpp"
 #include "serve/sandbox_metrics.hpp"
+#include "serve/sandbox_network.hpp"
 #include "serve/sandbox_pause.hpp"
 #include "serve/server_secret.hpp"
 
@@ -613,8 +614,8 @@ asio::awaitable<void> unsupported(control_call& call) {
     const std::string what =
         std::string(call.request.method()) + " " + std::string(call.request.path());
     std::string message = what +
-                          " is not supported by moat serve (no snapshots, templates, volumes "
-                          "or network updates)";
+                          " is not supported by moat serve (no snapshots, template builds or "
+                          "volumes)";
     co_await send_error(call.response, 501, std::move(message));
 }
 
@@ -665,7 +666,7 @@ constexpr route_spec routes[] = {
     {"GET", "/sandboxes/{id}/metrics", in_context<answer_sandbox_metrics>},
     {"GET", "/sandboxes/{id}/logs", unsupported},
     {"GET", "/v2/sandboxes/{id}/logs", unsupported},
-    {"PUT", "/sandboxes/{id}/network", unsupported},
+    {"PUT", "/sandboxes/{id}/network", in_context<answer_update_network>},
     {"GET", "/templates", unsupported},
     {"POST", "/templates", unsupported},
     {"GET", "/templates/{id}", unsupported},
