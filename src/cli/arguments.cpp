@@ -57,6 +57,8 @@ bool command_flag(int argc, char** argv, int& i, command_flags& flags) {
         flags.json = true;
     } else if (arg == "--raw") {
         flags.raw = true;
+    } else if (arg == "--root") {
+        flags.request.as_root = true;
     } else if (arg == "--stdin") {
         flags.read_stdin = true;
     } else if (arg == "-i" || arg == "--interactive") {
@@ -86,6 +88,8 @@ bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec) {
         spec.env[key] = value;
     } else if (auto dir = flag_value("--workdir", argc, argv, i)) {
         spec.layout.workdir = parse_absolute_path("--workdir", *dir);
+    } else if (std::string_view(argv[i]) == "--allow-sudo") {
+        spec.allow_sudo = true;
     } else {
         return false;
     }

@@ -44,8 +44,9 @@ inline void signal_command(pid_t pid, int signal) {
 class agent {
   public:
     agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-          bool survive_owner, std::uint16_t egress_port)
+          bool survive_owner, std::uint16_t egress_port, bool allow_sudo)
         : survive_owner_(survive_owner),
+          allow_sudo_(allow_sudo),
           egress_port_(egress_port),
           max_processes_(max_processes),
           open_files_(open_files),
@@ -86,6 +87,10 @@ class agent {
         int fd;
         bool owner;  // fd 3, from the helper: its end means the owner is gone
         bool closing = false;
+        // From the sandbox's sudo shim (wire::sudo_socket_name): one exec as root, and kills.
+        bool sudo = false;
+        std::uint64_t request_deadline_us = 0;  // sudo: its exec must come by then; 0 once it did
+        bool running = false;                   // sudo: its command was started
     };
 
     bool setup();
@@ -98,10 +103,18 @@ class agent {
     int poll_timeout_ms() const;
     void enforce_deadlines();
     void accept_connection();
+    // The sudo socket (wire::sudo_socket_name), bound before any command runs; false on failure.
+    bool listen_sudo();
+    void accept_sudo();
+    // A sudo connection's exec: run as root when the sandbox allows sudo, else refused (EPERM).
+    void handle_sudo_exec(connection& c, std::span<const std::byte> record, std::span<int> fds);
+    connection* find_connection(int fd);
     // False when the connection is gone.
     bool handle_control(int fd);
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
+    // Starts a decoded exec whose descriptors (`fds`: three, or none for a terminal) were checked.
+    void run_exec(int fd, const wire::exec_request_view& request, std::span<int> fds);
     void handle_kill(int fd, const wire::kill_message& m);
     // A pseudo-terminal for a command: the master (kept, close-on-exec) in `master` and the slave
     // (close-on-exec, owned by the sandbox's user) in `slave`, sized; false with errno set.
@@ -156,12 +169,17 @@ class agent {
     }
 
     bool survive_owner_;
+    bool allow_sudo_;
     std::uint16_t egress_port_;  // 0: no egress endpoint
     int egress_fd_ = -1;
     std::uint32_t max_processes_;
     std::uint32_t open_files_;
     std::uint64_t ttl_deadline_us_;
     int listen_fd_ = -1;
+    int sudo_fd_ = -1;  // the sudo socket's listener, or -1
+    // Whether a command child may share pid 1's memory (CLONE_VM): only while fs.suid_dumpable is
+    // 0, so that its uid change never makes pid 1's memory dumpable, not even for a moment.
+    bool share_memory_ = true;
     int command_cgroup_ = -1;           // see command_cgroup_fd
     int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
     bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_

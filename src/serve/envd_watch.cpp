@@ -83,7 +83,8 @@ struct opened_watch {
 
 asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body) {
     opened_watch out;
-    if (auto refused = check_rpc_user(call)) {
+    bool as_root = false;
+    if (auto refused = check_rpc_user(call, as_root)) {
         out.failure = code::unauthenticated;
         out.message = *refused;
         co_return out;
@@ -99,7 +100,7 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
         out.message = "includeEntry is not supported by moat serve (events carry no entry)";
         co_return out;
     }
-    auto path = resolve_envd_path(request->path, sandbox_home(*call.sandbox));
+    auto path = resolve_envd_path(request->path, user_home(*call.sandbox, as_root));
     if (!path) {
         out.failure = code::invalid_argument;
         out.message = path.error().detail;
