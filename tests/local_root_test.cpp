@@ -106,16 +106,16 @@ TEST_CASE_FIXTURE(root_fixture, "root owns what it writes and uid 1000 cannot ch
 
 TEST_CASE_FIXTURE(root_fixture, "pid 1's memory, environment and descriptors stay closed to root") {
     MOAT_REQUIRE_NAMESPACES();
+    const std::string probe =
+        "for f in /proc/1/mem /proc/1/environ /proc/1/maps; do "
+        "  if cat $f >/dev/null 2>&1; then echo open $f; fi; done; "
+        "for fd in /proc/1/fd/*; do "
+        "  if cat $fd </dev/null >/dev/null 2>&1; then echo open $fd; fi; "
+        "  readlink $fd && echo link $fd; done; "
+        "grep -q '^State' /proc/1/status && echo status readable; "
+        "echo done";
     const auto box = create();
-    const auto probe = root_sh(box.id,
-                               "for f in /proc/1/mem /proc/1/environ /proc/1/maps; do "
-                               "  if cat $f >/dev/null 2>&1; then echo open $f; fi; done; "
-                               "for fd in /proc/1/fd/*; do "
-                               "  if cat $fd </dev/null >/dev/null 2>&1; then echo open $fd; fi; "
-                               "  readlink $fd && echo link $fd; done; "
-                               "grep -q '^State' /proc/1/status && echo status readable; "
-                               "echo done");
-    CHECK(probe.out.text() == "status readable\ndone\n");
+    CHECK(root_sh(box.id, probe).out.text() == "status readable\ndone\n");
 }
 
 TEST_CASE_FIXTURE(root_fixture, "a half-started command's memory stays closed to root") {
@@ -173,16 +173,19 @@ print('seen', seen, 'opened after exec', opened, flush=True)
 
 TEST_CASE_FIXTURE(root_fixture, "root gets no raw sockets, mounts, namespaces or device nodes") {
     MOAT_REQUIRE_NAMESPACES();
+    moat::exec_request raw;
+    raw.argv = {"python3", "-c",
+                "import socket\n"
+                "try:\n"
+                "    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n"
+                "    print('raw socket')\n"
+                "except OSError as e:\n"
+                "    print('refused', e.errno)\n"};
+    raw.as_root = true;
     const auto box = create();
-    const auto raw = root_sh(box.id,
-                             "python3 -c \"import socket\n"
-                             "try:\n"
-                             "    socket.socket(socket.AF_INET, socket.SOCK_RAW, "
-                             "socket.IPPROTO_ICMP)\n"
-                             "    print('raw socket')\n"
-                             "except OSError as e:\n"
-                             "    print('refused', e.errno)\"");
-    CHECK(raw.out.text() == "refused 1\n");  // EPERM: no NET_RAW
+    auto refused = run(local->async_exec(box.id, raw));
+    REQUIRE(refused);
+    CHECK(refused->out.text() == "refused 1\n");  // EPERM: no NET_RAW
     CHECK(root_sh(box.id, "mount -t tmpfs none /mnt").exit_code != 0);
     CHECK(root_sh(box.id, "unshare -U true").exit_code != 0);
     CHECK(root_sh(box.id, "chroot / true").exit_code != 0);

@@ -198,15 +198,13 @@ int agent::run() {
 }
 
 void agent::accept_connection() {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ucred peer{};
+    const int fd = accept_with_peer(listen_fd_, peer);
     if (fd < 0) return;
     // Only processes outside this sandbox may attach: a peer in this pid namespace (or one
     // below it) has a pid here. The socket itself is reachable only through the host's 0700
     // state directory.
-    ucred peer{};
-    socklen_t length = sizeof peer;
-    const bool outside = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
-                         length == sizeof peer && peer.pid == 0;
+    const bool outside = peer.pid == 0;
     const auto attached = std::count_if(connections_.begin(), connections_.end(),
                                         [](const connection& c) { return !c.sudo; });
     if (!outside || static_cast<std::size_t>(attached) >= max_connections) {

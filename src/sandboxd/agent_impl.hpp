@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <unistd.h>
 #include <cerrno>
 #include <csignal>
 #include <cstddef>
@@ -39,6 +40,20 @@ inline std::uint64_t now_us() {
 // yet (it is still on its way to exec).
 inline void signal_command(pid_t pid, int signal) {
     if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+// Accepts one connection on `listener` (non-blocking, close-on-exec) and reads its peer's
+// credentials (SO_PEERCRED): the descriptor, or -1 when there was none to accept or its
+// credentials could not be read (it is closed then).
+inline int accept_with_peer(int listener, ucred& peer) {
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return -1;
+    socklen_t length = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || length != sizeof peer) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 class agent {

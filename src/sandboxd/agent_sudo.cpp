@@ -47,14 +47,11 @@ agent::connection* agent::find_connection(int fd) {
 }
 
 void agent::accept_sudo() {
-    const int fd = ::accept4(sudo_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ucred peer{};
+    const int fd = accept_with_peer(sudo_fd_, peer);
     if (fd < 0) return;
     // Only processes of this sandbox: a peer outside its pid namespace has no pid here.
-    ucred peer{};
-    socklen_t length = sizeof peer;
-    const bool inside = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
-                        length == sizeof peer && peer.pid > 0;
-    if (!inside) {
+    if (peer.pid <= 0) {
         ::close(fd);
         return;
     }

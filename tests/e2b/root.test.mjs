@@ -10,14 +10,8 @@ import { after, before, describe, test } from 'node:test';
 import { requireSdk, startServe } from './harness.mjs';
 
 const sdks = await requireSdk();
-
-let serve;
-before(async () => {
-    serve = await startServe();
-});
-after(async () => {
-    if (serve) assert.equal(await serve.stop(), 0);
-});
+const serve = await startServe();
+after(async () => assert.equal(await serve.stop(), 0));
 
 for (const [version, sdk] of Object.entries(sdks)) {
     const { Sandbox, CommandExitError } = sdk;
