@@ -165,12 +165,14 @@ std::string run_on_host(const std::string& binary, const std::vector<sock_filter
 }
 
 // Builds the probe inside the sandbox from the same source (the sandbox's gcc, under the filter)
-// and runs it there as the sandbox user.
-std::map<std::string, std::string> probe_inside(local_fixture& f, const std::string& id) {
+// and runs it there as the sandbox user, or as the sandbox's root (exec_request::as_root).
+std::map<std::string, std::string> probe_inside(local_fixture& f, const std::string& id,
+                                                bool as_root = false) {
     auto request = moat::test::shell(
         "cat > /workspace/probe.c && gcc -O0 -o /workspace/probe /workspace/probe.c && "
         "/workspace/probe");
     request.stdin_data = probe_source();
+    request.as_root = as_root;
     const auto r = f.run(f.local->async_exec(id, request));
     REQUIRE(r);
     INFO(r->err.text());
@@ -197,6 +199,9 @@ TEST_CASE_FIXTURE(local_fixture,
     const auto filtered = parse_probe(run_on_host(binary, &filter));
     const auto box = create();
     const auto inside = probe_inside(*this, box.id);
+    // And as the sandbox's root, whose capabilities (in its user namespace) change nothing here.
+    const auto inside_root = probe_inside(*this, box.id, true);
+    REQUIRE_FALSE(inside_root.empty());
     REQUIRE_FALSE(plain.empty());
     REQUIRE_FALSE(filtered.empty());
     REQUIRE_FALSE(inside.empty());
@@ -210,12 +215,15 @@ TEST_CASE_FIXTURE(local_fixture,
         if (host_unfiltered) CHECK(plain.at(name) != expected);
         CHECK(filtered.at(name) == expected);
         CHECK(inside.at(name) == expected);
+        CHECK(inside_root.at(name) == expected);
     }
     // A syscall newer than the filter's table is closed with ENOSYS (callers fall back), and an
     // allowed one still works.
     CHECK(filtered.at("future_syscall") == "ENOSYS");
     CHECK(inside.at("future_syscall") == "ENOSYS");
     CHECK(inside.at("getpid") == "ok");
+    CHECK(inside_root.at("future_syscall") == "ENOSYS");
+    CHECK(inside_root.at("getpid") == "ok");
     destroy(box.id);
     ::unlink(binary.c_str());
     ::rmdir(binary.substr(0, binary.rfind('/')).c_str());

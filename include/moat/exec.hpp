@@ -51,6 +51,12 @@ struct exec_request {
     // exits is killed then, and the sweep of an idle sandbox's strays spares it. On E2B every
     // process started through envd keeps running when its client disconnects.
     bool resident = false;
+    // Run as the sandbox's root (uid 0 inside, never root on the host) instead of its user.
+    // Local backend: gid 0, HOME=/root unless env or the spec sets it, and exactly the
+    // capabilities CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID, SETPCAP and
+    // NET_BIND_SERVICE, inside the sandbox's user namespace only; seccomp and no_new_privs stay
+    // (docs/security.md, "The sandbox's root"). e2b backend: envd's user "root".
+    bool as_root = false;
 
     static constexpr std::chrono::milliseconds max_wall_limit = std::chrono::seconds(600);
     // A spawned process is a service that lives across calls (an interpreter kept per session):

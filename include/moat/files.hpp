@@ -8,7 +8,8 @@
 //   above it, and /proc links that are not paths (/proc/<pid>/root, /proc/self/fd/N) are refused
 //   (invalid_path, or permission_denied when the kernel's own check on them refuses first).
 //   Nothing outside the sandbox is ever read or written.
-// - File operations have the sandbox user's permissions (uid/gid 1000, as commands run): writing
+// - File operations have the sandbox user's permissions (uid/gid 1000, as commands run; a write
+//   as_root has root's ownership, see file_write::as_root): writing
 //   under the read-only root fails with permission_denied, /workspace and /tmp are writable, and
 //   files the API creates are owned by 1000 inside.
 // - Batch calls return one result per path, in order, so one bad path never fails the others.
@@ -56,6 +57,11 @@ struct file_write {
     std::string content;  // bytes
     // Permission bits of the written file; only 0777 is kept (no setuid, setgid or sticky bit).
     std::uint32_t mode = 0644;
+    // Written as the sandbox's root: the file (and any parent directory made) belongs to uid 0
+    // inside. Local backend: root's ownership without its capabilities (the write runs on the
+    // host, where a capability would reach beyond the sandbox): it may write where uid 0 may by
+    // the permission bits (its home /root, directories it owns, world-writable ones).
+    bool as_root = false;
 };
 
 // Per-path outcome of a write: empty on success, else file_not_found, invalid_path,
@@ -141,6 +147,8 @@ struct file_write_target {
     bool create_parents = false;
     // The most bytes the file may have; the byte past it ends the write with too_large.
     std::uint64_t max_bytes = default_stream_write_bytes;
+    // As file_write::as_root.
+    bool as_root = false;
     // The written file's metadata (rules above), set before the file appears at its path: the
     // file has exactly these (a replaced file's metadata is not kept). A key or value that breaks
     // the rules fails the write with invalid_argument, and a filesystem that keeps no extended

@@ -69,10 +69,10 @@ struct resource_limits {
 //
 // In sandbox_info::layout the same struct carries the effective layout, `user` resolved to the
 // name commands run as. The local backend (see docs/architecture.md, "Sandbox layout"):
-// - commands always run as the sandbox's unprivileged uid 1000 (gid 1000), never as the
-//   sandbox's root; `user` names it in the sandbox's /etc/passwd and /etc/group ("" keeps the
-//   template's name, "user"), whose entry has `home` as its home directory. Files written through
-//   the file API are owned by the same uid.
+// - commands run as the sandbox's unprivileged uid 1000 (gid 1000), unless they ask for the
+//   sandbox's root (exec_request::as_root, or sudo with allow_sudo); `user` names it in the
+//   sandbox's /etc/passwd and /etc/group ("" keeps the template's name, "user"), whose entry has
+//   `home` as its home directory. Files written through the file API are owned by the same uid.
 // - `home` is /workspace or a directory under /tmp or /home; /home is then a tmpfs of its own, of
 //   the /workspace size and charged to the same memory cgroup, writable and kept for the
 //   sandbox's life. Other places fail the create (invalid_argument).
@@ -162,6 +162,11 @@ struct sandbox_spec {
     bool survive_owner = false;
     // Skip isolation layers and limits this host cannot enforce instead of failing the create.
     bool best_effort = false;
+    // `sudo` inside the sandbox runs its command as the sandbox's root (as exec_request::as_root
+    // does). Off: sudo says it is not allowed in this sandbox and exits 1. With it on, the
+    // sandbox's user is no boundary inside the sandbox (docs/security.md). Local backend only;
+    // moat serve turns it on, as E2B's sandboxes have it.
+    bool allow_sudo = false;
 };
 
 enum class sandbox_state {

@@ -57,6 +57,8 @@ bool command_flag(int argc, char** argv, int& i, command_flags& flags) {
         flags.json = true;
     } else if (arg == "--raw") {
         flags.raw = true;
+    } else if (arg == "--root") {
+        flags.request.as_root = true;
     } else if (arg == "--stdin") {
         flags.read_stdin = true;
     } else if (arg == "-i" || arg == "--interactive") {
@@ -88,6 +90,8 @@ bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec) {
         spec.layout.workdir = parse_absolute_path("--workdir", *dir);
     } else if (auto name = flag_value("--template", argc, argv, i)) {
         spec.template_name = *name;
+    } else if (std::string_view(argv[i]) == "--allow-sudo") {
+        spec.allow_sudo = true;
     } else {
         return false;
     }

@@ -88,8 +88,8 @@ struct command_flags {
 bool command_flag(int argc, char** argv, int& i, command_flags& flags);
 
 // The sandbox flags moat run and moat create share: --memory MB, --env K=V (repeatable: the
-// sandbox's environment) and --workdir PATH. Consumes the one at argv[i] into `spec` (advancing i
-// past its value); false if argv[i] is none.
+// sandbox's environment), --workdir PATH and --allow-sudo (sandbox_spec::allow_sudo). Consumes the
+// one at argv[i] into `spec` (advancing i past its value); false if argv[i] is none.
 bool spec_flag(int argc, char** argv, int& i, sandbox_spec& spec);
 
 // The network flags of run, create, mcp and session exec (docs/network.md): --allow-host PATTERN,

@@ -17,21 +17,23 @@ struct usage_block {
 // In the order `moat --help` prints them. "(network)" is the note on the network flags.
 constexpr usage_block blocks[] = {
     {"run",
-     "  run [-it] [--timeout S] [--stdin] [--memory MB] [--pids N] [--env K=V]... [--workdir DIR] "
-     "[--template NAME] [--json] -- CMD...\n"
+     "  run [-it] [--root] [--timeout S] [--stdin] [--memory MB] [--pids N] [--env K=V]...\n"
+     "      [--workdir DIR] [--template NAME] [--allow-sudo] [--json] -- CMD...\n"
      "      run CMD in a fresh sandbox, stream its output, destroy the sandbox, exit with CMD's "
      "code\n"
      "      (-t: on a terminal of the sandbox's own; -it: this terminal is its terminal, raw,\n"
-     "      Ctrl-C goes to CMD; -i alone: stdin read whole first, as --stdin)\n"},
+     "      Ctrl-C goes to CMD; -i alone: stdin read whole first, as --stdin; --root: as the\n"
+     "      sandbox's root; --allow-sudo: sudo inside runs as that root)\n"},
     {"create",
      "  create [--ttl S] [--label K=V]... [--memory MB] [--env K=V]... [--workdir DIR]\n"
-     "         [--template NAME] [--json]\n"
+     "         [--template NAME] [--allow-sudo] [--json]\n"
      "      create a sandbox that outlives this command (until its TTL, default 1 h, or destroy);\n"
      "      prints its id on the last line\n"},
     {"exec",
-     "  exec [-it] [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID -- CMD...\n"
-     "      run CMD in sandbox ID, stream its output, exit with CMD's code (-t, -it, -i: as "
-     "run)\n"},
+     "  exec [-it] [--root] [--timeout S] [--stdin] [--env K=V]... [--workdir DIR] [--json] ID "
+     "-- CMD...\n"
+     "      run CMD in sandbox ID, stream its output, exit with CMD's code (-t, -it, -i, --root: "
+     "as run)\n"},
     {"port-forward",
      "  port-forward ID [LOCAL_ADDR:]LOCAL_PORT:PORT...\n"
      "      relay connections to local ports (on 127.0.0.1 unless LOCAL_ADDR; LOCAL_PORT 0 or\n"

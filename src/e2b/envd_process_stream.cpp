@@ -402,9 +402,11 @@ asio::awaitable<result<std::unique_ptr<envd_command>>> start(state_ptr s, exec_r
         std::chrono::duration_cast<std::chrono::seconds>(s->options.keepalive_interval);
     http_request.headers.add("Keepalive-Ping-Interval",
                              std::to_string(std::max<long>(1, keepalive.count())));
-    if (!s->endpoint.user.empty()) {
-        http_request.headers.add("Authorization", "Basic " + base64_encode(s->endpoint.user + ":"));
-    }
+    // The user envd runs it as: root when asked (exec_request::as_root), else the endpoint's.
+    std::string user = s->endpoint.user;
+    if (request.as_root) user = "root";
+    if (!user.empty())
+        http_request.headers.add("Authorization", "Basic " + base64_encode(user + ":"));
     http_request.body = connect::encode_envelope(0, body);
     // The whole exchange (body reads included) ends a little after the wall limit: the client's
     // own enforcement of it.

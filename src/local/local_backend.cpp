@@ -283,7 +283,8 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     request.open_files = *limits.open_files;
     if (spec.network.mode != network_mode::none) request.egress_port = sandbox_network::proxy_port;
     request.flags = (spec.best_effort ? wire::create_best_effort : 0u) |
-                    (spec.survive_owner ? wire::create_survive_owner : 0u);
+                    (spec.survive_owner ? wire::create_survive_owner : 0u) |
+                    (spec.allow_sudo ? wire::create_allow_sudo : 0u);
     wire::copy_field(request.user_name, spec.layout.user);
     wire::copy_field(request.home, spec.layout.home);
     wire::copy_field(request.workdir, spec.layout.workdir);

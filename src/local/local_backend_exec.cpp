@@ -204,6 +204,10 @@ asio::awaitable<result<local_backend::started_command>> local_backend::start_com
     std::vector<std::string> argv = std::move(request.argv);
     if (argv.empty()) argv = {"/bin/sh", "-c", request.shell};
     std::map<std::string, std::string> env = base_environment(sandbox->record.layout);
+    if (request.as_root) {
+        env["HOME"] = "/root";  // root's home (a tmpfs of its own), as in its passwd entry
+        exec_flags |= wire::exec_as_root;
+    }
     for (const auto& [k, v] : sandbox->record.env) env[k] = v;
     for (const auto& [k, v] : request.env) env[k] = v;
     // As E2B's SDKs start a terminal: a capable terminal type unless the caller names one.

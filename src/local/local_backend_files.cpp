@@ -26,7 +26,9 @@ struct pinned_root {
     unique_fd fd;
     uid_t uid = 0;
     gid_t gid = 0;
-    sandbox_root view() const { return sandbox_root{fd.get(), uid, gid}; }
+    uid_t root_uid = 0;
+    gid_t root_gid = 0;
+    sandbox_root view() const { return sandbox_root{fd.get(), uid, gid, root_uid, root_gid}; }
 };
 
 namespace {
@@ -248,6 +250,8 @@ result<std::shared_ptr<pinned_root>> local_backend::pin_root(const std::string& 
     }
     pinned->uid = root->uid;
     pinned->gid = root->gid;
+    pinned->root_uid = root->root_uid;
+    pinned->root_gid = root->root_gid;
     return pinned;
 }
 
@@ -265,7 +269,7 @@ result<sandbox_root> local_backend::file_root(const std::string& id) {
         return make_error(errc::sandbox_unavailable, "the sandbox's pid 1 exited");
     const std::uint32_t uid_base = sandbox.record.uid_base;
     return sandbox_root{sandbox.root.get(), uid_base + wire::sandbox_user_id,
-                        uid_base + wire::sandbox_group_id};
+                        uid_base + wire::sandbox_group_id, uid_base, uid_base};
 }
 
 }  // namespace moat

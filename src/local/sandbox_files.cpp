@@ -419,11 +419,13 @@ result<std::vector<file_write_result>> write_files(const sandbox_root& root,
                                                " bytes exceeds the batch limit of " +
                                                std::to_string(limits.max_batch_bytes) + " bytes");
     }
-    const sandbox_identity identity(root.uid, root.gid);
-    if (auto switched = identity.status(); !switched) return switched.error();
     std::vector<file_write_result> out;
     out.reserve(files.size());
     for (const auto& file : files) {
+        // Each file with its writer's identity: the sandbox's user, or its root.
+        const sandbox_identity identity(file.as_root ? root.root_uid : root.uid,
+                                        file.as_root ? root.root_gid : root.gid);
+        if (auto switched = identity.status(); !switched) return switched.error();
         out.push_back({file.path, write_one(root.root_fd, file, limits)});
     }
     return out;
@@ -469,11 +471,13 @@ result<std::unique_ptr<stream_writer>> stream_writer::open(const sandbox_root& r
     if (name.empty() || name == "." || name == "..") {
         return path_error(errc::is_directory, path, "names a directory");
     }
-    const sandbox_identity identity(root.uid, root.gid);
+    const uid_t uid = target.as_root ? root.root_uid : root.uid;
+    const gid_t gid = target.as_root ? root.root_gid : root.gid;
+    const sandbox_identity identity(uid, gid);
     if (auto switched = identity.status(); !switched) return switched.error();
     std::unique_ptr<stream_writer> writer(new stream_writer());
-    writer->uid_ = root.uid;
-    writer->gid_ = root.gid;
+    writer->uid_ = uid;
+    writer->gid_ = gid;
     writer->path_ = path;
     writer->name_ = std::string(name);
     writer->mode_ = target.mode & 0777;

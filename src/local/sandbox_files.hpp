@@ -26,9 +26,11 @@ namespace moat {
 
 // What the file functions need to reach one sandbox.
 struct sandbox_root {
-    int root_fd = -1;  // O_PATH directory descriptor of the sandbox's "/"
-    uid_t uid = 0;     // host uid of the sandbox user (uid 1000 inside)
-    gid_t gid = 0;     // host gid of the sandbox group (gid 1000 inside)
+    int root_fd = -1;    // O_PATH directory descriptor of the sandbox's "/"
+    uid_t uid = 0;       // host uid of the sandbox user (uid 1000 inside)
+    gid_t gid = 0;       // host gid of the sandbox group (gid 1000 inside)
+    uid_t root_uid = 0;  // host uid of the sandbox's root (uid 0 inside): writes as_root
+    gid_t root_gid = 0;  // host gid of the sandbox's gid 0
 };
 
 // The longest path accepted, in bytes (the kernel's PATH_MAX includes the terminating NUL).

@@ -34,15 +34,16 @@ constexpr int command_cgroup_kill_fd = 9;    // cgroup v2: the commands' cgroup.
 constexpr std::size_t max_connections = 32;  // the owner's plus attached processes
 constexpr int drain_poll_ms = 20;  // how often a killed cgroup is looked at while it empties
 
-int read_cap_last_cap() {
-    int cap = CAP_LAST_CAP;
-    const int fd = ::open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cap;
+// A small number from a /proc/sys file, or `fallback`.
+int read_proc_number(const char* path, int fallback) {
+    int value = fallback;
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return value;
     char text[16];
     const ssize_t n = ::read(fd, text, sizeof text);
     ::close(fd);
-    if (n > 0) std::from_chars(text, text + n, cap);
-    return cap;
+    if (n > 0) std::from_chars(text, text + n, value);
+    return value;
 }
 
 }  // namespace
@@ -64,6 +65,13 @@ bool agent::limit_open_files() {
 }
 
 bool agent::setup() {
+    // Non-dumpable before anything else: the sandbox's root has pid 1's uid, and only this keeps
+    // /proc/1/mem, environ and fd/* (and those of a command child sharing this memory before its
+    // exec) closed to it, whatever fs.suid_dumpable says.
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return false;
+    // A uid or gid change sets the dumpable flag of the memory to fs.suid_dumpable: a child that
+    // shares this memory would make it dumpable for a moment unless that is 0.
+    share_memory_ = read_proc_number("/proc/sys/fs/suid_dumpable", 1) == 0;
     // The helper ignores SIGPIPE and an ignored disposition survives exec: restore it so
     // commands start with defaults.
     ::signal(SIGPIPE, SIG_DFL);
@@ -73,10 +81,12 @@ bool agent::setup() {
     if (::sigprocmask(SIG_SETMASK, &chld, nullptr) != 0) return false;
     signal_fd_ = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signal_fd_ < 0) return false;
-    // Empty the capability bounding set once, here: every command inherits it, so none can
-    // regain a capability at exec (40-odd prctl calls per command otherwise, on the exec path).
-    const int cap_last_cap = read_cap_last_cap();
+    // Reduce the capability bounding set once, here, to what a root command gets
+    // (wire::root_capabilities): every command inherits it, so none can gain more at exec (40-odd
+    // prctl calls per command otherwise, on the exec path); a uid-1000 command drops the rest.
+    const int cap_last_cap = read_proc_number("/proc/sys/kernel/cap_last_cap", CAP_LAST_CAP);
     for (int cap = 0; cap <= cap_last_cap; ++cap) {
+        if (cap < 64 && ((wire::root_capabilities >> cap) & 1) != 0) continue;
         if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return false;
     }
     // What every command inherits is set here once, not per command (on the exec path):
@@ -113,6 +123,7 @@ bool agent::setup() {
         listen_fd_ = listen_fd;
     }
     if (egress_port_ != 0 && !listen_egress()) return false;
+    if (!listen_sudo()) return false;
     connections_.push_back({control_fd, true});
     send_ready(control_fd);
     return true;
@@ -153,6 +164,7 @@ int agent::run() {
         poll_fds_.clear();
         poll_fds_.push_back({signal_fd_, POLLIN, 0});
         poll_fds_.push_back({listen_fd_, POLLIN, 0});  // a negative fd is skipped by poll
+        poll_fds_.push_back({sudo_fd_, POLLIN, 0});
         for (const auto& c : connections_) poll_fds_.push_back({c.fd, POLLIN, 0});
         const std::size_t first_start = poll_fds_.size();
         for (const auto& c : commands_) {
@@ -165,33 +177,37 @@ int agent::run() {
         if (ready > 0 && poll_fds_[0].revents != 0) reap();
         if (!draining_cgroups_.empty()) check_draining();
         enforce_deadlines();
-        if (ready <= 0) continue;
+        if (ready <= 0) {
+            if (!close_connections()) return 0;  // a sudo request that did not come in time
+            continue;
+        }
         bool any_started = false;
         for (std::size_t i = first_start; i < poll_fds_.size(); ++i) {
             any_started = any_started || poll_fds_[i].revents != 0;
         }
         if (any_started) check_starts();
-        for (std::size_t i = 2; i < first_start; ++i) {
+        for (std::size_t i = 3; i < first_start; ++i) {
             if (poll_fds_[i].revents != 0 && !handle_control(poll_fds_[i].fd)) {
                 mark_closing(poll_fds_[i].fd);
             }
         }
         if (poll_fds_[1].revents != 0) accept_connection();
+        if (poll_fds_[2].revents != 0) accept_sudo();
         if (!close_connections()) return 0;
     }
 }
 
 void agent::accept_connection() {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ucred peer{};
+    const int fd = accept_with_peer(listen_fd_, peer);
     if (fd < 0) return;
     // Only processes outside this sandbox may attach: a peer in this pid namespace (or one
     // below it) has a pid here. The socket itself is reachable only through the host's 0700
     // state directory.
-    ucred peer{};
-    socklen_t length = sizeof peer;
-    const bool outside = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
-                         length == sizeof peer && peer.pid == 0;
-    if (!outside || connections_.size() >= max_connections) {
+    const bool outside = peer.pid == 0;
+    const auto attached = std::count_if(connections_.begin(), connections_.end(),
+                                        [](const connection& c) { return !c.sudo; });
+    if (!outside || static_cast<std::size_t>(attached) >= max_connections) {
         ::close(fd);
         return;
     }
@@ -237,6 +253,10 @@ void agent::handle_set_paused(int fd, const wire::set_paused_message& m) {
 
 int agent::poll_timeout_ms() const {
     std::uint64_t next = ttl_deadline_us_;
+    for (const auto& c : connections_) {
+        const std::uint64_t d = c.request_deadline_us;
+        if (d != 0 && (next == 0 || d < next)) next = d;
+    }
     for (const auto& c : commands_) {
         if (paused_since_us_ != 0) break;
         if (c.deadline_us != 0 && !c.timed_out && (next == 0 || c.deadline_us < next)) {
@@ -256,6 +276,13 @@ int agent::poll_timeout_ms() const {
 void agent::enforce_deadlines() {
     if (paused_since_us_ != 0) return;  // frozen commands use none of their wall time
     const std::uint64_t now = now_us();
+    // A sudo request that did not arrive in time: the connection goes (sudo_request_ms).
+    for (auto& c : connections_) {
+        if (c.request_deadline_us != 0 && now >= c.request_deadline_us) {
+            c.closing = true;
+            c.request_deadline_us = 0;
+        }
+    }
     for (auto& c : commands_) {
         if (c.deadline_us != 0 && !c.timed_out && now >= c.deadline_us) {
             signal_command(c.pid, SIGKILL);
@@ -274,6 +301,19 @@ bool agent::handle_control(int fd) {
     if (n < 0) return errno == EAGAIN || errno == EINTR || errno == EMSGSIZE;
     const std::span<const std::byte> record(buffer_.data(), static_cast<std::size_t>(n));
     wire::header h{};
+    connection* from = find_connection(fd);
+    if (from != nullptr && from->sudo) {
+        // A sudo connection may send its one exec and kills for it, nothing else.
+        wire::kill_message kill{};
+        if (wire::read_header(record, h) &&
+            h.type == static_cast<std::uint32_t>(wire::message_type::exec)) {
+            handle_sudo_exec(*from, record, std::span(fds, fd_count));
+            return true;
+        }
+        if (wire::read_fixed(record, wire::message_type::kill, kill)) handle_kill(fd, kill);
+        for (std::size_t i = 0; i < fd_count; ++i) ::close(fds[i]);
+        return true;
+    }
     if (wire::read_header(record, h)) {
         if (h.type == static_cast<std::uint32_t>(wire::message_type::exec)) {
             handle_exec(fd, record, std::span(fds, fd_count), descriptors_lost);
@@ -412,8 +452,8 @@ void agent::handle_kill(int fd, const wire::kill_message& m) {
 }
 
 int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-              bool survive_owner, std::uint16_t egress_port) {
-    agent a(ttl_ms, max_processes, open_files, survive_owner, egress_port);
+              bool survive_owner, std::uint16_t egress_port, bool allow_sudo) {
+    agent a(ttl_ms, max_processes, open_files, survive_owner, egress_port, allow_sudo);
     return a.run();
 }
 

@@ -45,6 +45,17 @@
 // dup of the listening socket (SCM_RIGHTS) and ready_message::egress_port, and the library
 // accepts on it from the host's side and hands each connection to its egress proxy. When no
 // library holds the sandbox, connections wait in the backlog (128) until one attaches.
+//
+// Root: pid 1 is non-dumpable from its first step (its memory, environ and descriptors stay
+// closed to the sandbox's root, which has pid 1's uid), and it reduces the bounding set to
+// wire::root_capabilities. An exec flagged exec_as_root runs as uid/gid 0 with exactly those
+// capabilities; every other command drops them from its bounding set and runs as uid 1000 with
+// none. The sudo socket (wire::sudo_socket_name, an abstract unix socket of the sandbox's own
+// network namespace) is bound before any command runs: each connection from a process of this
+// sandbox (SO_PEERCRED) sends one exec record within 5 s, which runs as root in a
+// cgroup of its own when --allow-sudo was given and is refused with EPERM otherwise; at most
+// 8 running at once (more are answered EAGAIN) and 32 connections held (more are closed). The
+// command dies with its connection.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +64,6 @@ namespace moat::sandboxd {
 
 // Runs the agent. Returns the process exit code.
 int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-              bool survive_owner, std::uint16_t egress_port = 0);
+              bool survive_owner, std::uint16_t egress_port = 0, bool allow_sudo = false);
 
 }  // namespace moat::sandboxd

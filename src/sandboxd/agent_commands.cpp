@@ -76,6 +76,11 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
         }
         return;
     }
+    run_exec(fd, request, fds);
+}
+
+void agent::run_exec(int fd, const wire::exec_request_view& request, std::span<int> fds) {
+    const bool terminal = (request.flags & wire::exec_terminal) != 0;
     // A copy of what the child reads, which must outlive this record until the child has exec'd.
     start_block block;
     if (!blocks_.make(request, block)) {
@@ -117,6 +122,7 @@ void agent::handle_exec(int fd, std::span<const std::byte> record, std::span<int
     block.args->status_pipe = status[1];
     block.args->join_procs = -1;
     block.args->terminal = terminal;
+    block.args->as_root = (request.flags & wire::exec_as_root) != 0;
     // Spawned processes go to the commands' cgroup (they outlive execs); an exec to its own.
     const int cgroup_dir = slot.dir >= 0 ? slot.dir : command_cgroup_;
     const pid_t pid = start_child(block, cgroup_dir);
@@ -171,22 +177,20 @@ pid_t agent::start_child(const start_block& block, int cgroup_dir) {
     if (clone3_usable_) {
         clone_args ca{};
         ca.exit_signal = SIGCHLD;
-        if constexpr (clone3_run_available) {
+        const bool share = clone3_run_available && share_memory_;
+        if (share) {
             // Sharing pid 1's memory, on the block's stack; pid 1 goes on at once.
             ca.flags = CLONE_VM;
             ca.stack = reinterpret_cast<std::uint64_t>(block.base) +
                        static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
             ca.stack_size = child_stack_bytes;
         }
-        const auto start = [&ca, &block]() -> long {
-            if constexpr (clone3_run_available) {
-                return clone3_run(&ca, command_child, block.args);
-            } else {
-                // A copy of pid 1 (no sequence for this architecture).
-                const long pid = ::syscall(SYS_clone3, &ca, sizeof ca);
-                if (pid == 0) command_main(*block.args);
-                return pid < 0 ? -errno : pid;
-            }
+        const auto start = [&ca, &block, share]() -> long {
+            if (share) return clone3_run(&ca, command_child, block.args);
+            // A copy of pid 1 (no sequence for this architecture, or fs.suid_dumpable is not 0).
+            const long pid = ::syscall(SYS_clone3, &ca, sizeof ca);
+            if (pid == 0) command_main(*block.args);
+            return pid < 0 ? -errno : pid;
         };
         const std::uint64_t sharing = ca.flags;
         if (cgroup_dir >= 0) {

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <unistd.h>
 #include <cerrno>
 #include <csignal>
 #include <cstddef>
@@ -41,11 +42,26 @@ inline void signal_command(pid_t pid, int signal) {
     if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
 }
 
+// Accepts one connection on `listener` (non-blocking, close-on-exec) and reads its peer's
+// credentials (SO_PEERCRED): the descriptor, or -1 when there was none to accept or its
+// credentials could not be read (it is closed then).
+inline int accept_with_peer(int listener, ucred& peer) {
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return -1;
+    socklen_t length = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || length != sizeof peer) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 class agent {
   public:
     agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
-          bool survive_owner, std::uint16_t egress_port)
+          bool survive_owner, std::uint16_t egress_port, bool allow_sudo)
         : survive_owner_(survive_owner),
+          allow_sudo_(allow_sudo),
           egress_port_(egress_port),
           max_processes_(max_processes),
           open_files_(open_files),
@@ -86,6 +102,10 @@ class agent {
         int fd;
         bool owner;  // fd 3, from the helper: its end means the owner is gone
         bool closing = false;
+        // From the sandbox's sudo shim (wire::sudo_socket_name): one exec as root, and kills.
+        bool sudo = false;
+        std::uint64_t request_deadline_us = 0;  // sudo: its exec must come by then; 0 once it did
+        bool running = false;                   // sudo: its command was started
     };
 
     bool setup();
@@ -98,10 +118,18 @@ class agent {
     int poll_timeout_ms() const;
     void enforce_deadlines();
     void accept_connection();
+    // The sudo socket (wire::sudo_socket_name), bound before any command runs; false on failure.
+    bool listen_sudo();
+    void accept_sudo();
+    // A sudo connection's exec: run as root when the sandbox allows sudo, else refused (EPERM).
+    void handle_sudo_exec(connection& c, std::span<const std::byte> record, std::span<int> fds);
+    connection* find_connection(int fd);
     // False when the connection is gone.
     bool handle_control(int fd);
     void handle_exec(int fd, std::span<const std::byte> record, std::span<int> fds,
                      bool descriptors_lost);
+    // Starts a decoded exec whose descriptors (`fds`: three, or none for a terminal) were checked.
+    void run_exec(int fd, const wire::exec_request_view& request, std::span<int> fds);
     void handle_kill(int fd, const wire::kill_message& m);
     // Pause or resume: the clocks of the wall limits and the sandbox's end (set_paused_message).
     void handle_set_paused(int fd, const wire::set_paused_message& m);
@@ -158,6 +186,7 @@ class agent {
     }
 
     bool survive_owner_;
+    bool allow_sudo_;
     std::uint16_t egress_port_;  // 0: no egress endpoint
     int egress_fd_ = -1;
     std::uint32_t max_processes_;
@@ -166,6 +195,10 @@ class agent {
     // When the commands were paused (set_paused), 0 while they run: wall limits stand still.
     std::uint64_t paused_since_us_ = 0;
     int listen_fd_ = -1;
+    int sudo_fd_ = -1;  // the sudo socket's listener, or -1
+    // Whether a command child may share pid 1's memory (CLONE_VM): only while fs.suid_dumpable is
+    // 0, so that its uid change never makes pid 1's memory dumpable, not even for a moment.
+    bool share_memory_ = true;
     int command_cgroup_ = -1;           // see command_cgroup_fd
     int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
     bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_

@@ -115,16 +115,32 @@ long exec_search(const command_args& a) {
     sock_fprog no_clone3{static_cast<unsigned short>(std::size(command_filter)),
                          const_cast<sock_filter*>(command_filter)};
     if ((r = raw(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &no_clone3)) != 0) command_fail(a, r);
-    // The uid in two steps, because the child shares pid 1's memory: with only the effective uid
-    // changed, sandbox code can neither signal, stop nor ptrace the child (its real and saved
-    // uids are still 0); then the memory is made non-dumpable (the euid change set it to the
-    // host's fs.suid_dumpable, which may be 1), so that once the child has the sandbox's uid
-    // entirely, /proc/<child>/mem does not open pid 1's memory to sandbox code. The second
-    // change keeps the euid, so it leaves dumpability alone.
-    const uid_t user = wire::sandbox_user_id;
-    if ((r = raw(SYS_setresuid, -1, user, -1)) != 0) command_fail(a, r);
-    if ((r = raw(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0)) != 0) command_fail(a, r);
-    if ((r = raw(SYS_setresuid, user, user, user)) != 0) command_fail(a, r);
+    if (a.as_root) {
+        // The sandbox's root: uid 0 already (pid 1's), group root; the bounding set pid 1 kept
+        // (wire::root_capabilities) is what exec gives it. Its memory (pid 1's, or a copy where
+        // fs.suid_dumpable is not 0) is non-dumpable until the exec, so /proc/<child>/mem stays
+        // closed to the sandbox's other root processes.
+        const gid_t root_group = 0;
+        if ((r = raw(SYS_setgroups, 1, &root_group)) != 0) command_fail(a, r);
+        if ((r = raw(SYS_setresgid, 0, 0, 0)) != 0) command_fail(a, r);
+        if ((r = raw(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0)) != 0) command_fail(a, r);
+    } else {
+        // No capability left to gain at exec: the bounding set loses what pid 1 kept for root.
+        for (int cap = 0; cap < 64; ++cap) {
+            if (((wire::root_capabilities >> cap) & 1) == 0) continue;
+            if ((r = raw(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0)) != 0) command_fail(a, r);
+        }
+        // The uid in two steps, because the child shares pid 1's memory: with only the
+        // effective uid changed, sandbox code can neither signal, stop nor ptrace the child (its
+        // real and saved uids are still 0); then the memory is made non-dumpable again (the euid
+        // change set it to the host's fs.suid_dumpable), so that once the child has the
+        // sandbox's uid entirely, /proc/<child>/mem does not open pid 1's memory to sandbox
+        // code. The second change keeps the euid, so it leaves dumpability alone.
+        const uid_t user = wire::sandbox_user_id;
+        if ((r = raw(SYS_setresuid, -1, user, -1)) != 0) command_fail(a, r);
+        if ((r = raw(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0, 0)) != 0) command_fail(a, r);
+        if ((r = raw(SYS_setresuid, user, user, user)) != 0) command_fail(a, r);
+    }
     if ((r = raw(SYS_chdir, a.cwd)) != 0) command_fail(a, r);
     const unsigned long no_signals = 0;  // the kernel's sigset_t
     raw(SYS_rt_sigprocmask, SIG_SETMASK, &no_signals, nullptr, sizeof no_signals);

@@ -21,6 +21,7 @@ struct command_args {
     int status_pipe;  // close-on-exec write end: the errno if the child fails, EOF once it execs
     int join_procs;   // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
     bool terminal;    // stdio is a terminal's slave: it becomes the controlling terminal
+    bool as_root;     // wire::exec_as_root: stays uid 0, takes gid 0, keeps the bounding set
     const char* cwd;
     char* const* argv;
     std::size_t argc;

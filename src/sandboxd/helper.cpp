@@ -532,6 +532,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.max_processes = m.pids_max;
     request.open_files = m.open_files;
     request.survive_owner = survive_owner;
+    request.allow_sudo = (m.flags & wire::create_allow_sudo) != 0;
     request.egress_port = static_cast<std::uint16_t>(m.egress_port);
     request.best_effort = best_effort;
     request.user_name = wire::read_field(m.user_name);

@@ -2,8 +2,11 @@
 //
 //   moat-sandboxd helper --state-dir DIR
 //   moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner] [--egress-port N]
+//                       [--allow-sudo]
+//   sudo [OPTION...] COMMAND...   (run under that name: the sandbox's sudo shim, sudo_shim.hpp)
 //
-// Both expect their control socket on fd 3 (see helper.hpp and agent.hpp).
+// The helper and the agent expect their control socket on fd 3 (see helper.hpp and agent.hpp).
+// Inside a sandbox this binary is bind-mounted at /opt/moat/bin/sudo (template_root.cpp).
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -19,6 +22,7 @@
 
 #include "sandboxd/agent.hpp"
 #include "sandboxd/helper.hpp"
+#include "sandboxd/sudo_shim.hpp"
 
 namespace {
 
@@ -26,7 +30,7 @@ int usage() {
     std::fputs(
         "usage: moat-sandboxd helper --state-dir DIR\n"
         "       moat-sandboxd agent --ttl-ms N [--max-processes N] [--survive-owner] "
-        "[--egress-port N]\n",
+        "[--egress-port N] [--allow-sudo]\n",
         stderr);
     return 2;
 }
@@ -74,6 +78,9 @@ bool parse_number(const char* text, Number& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc >= 1 && moat::sandboxd::invoked_as_sudo(argv[0])) {
+        return moat::sandboxd::run_sudo_shim(argc, argv);
+    }
     if (argc < 2) return usage();
     const std::string_view mode = argv[1];
     if (mode == "helper") {
@@ -95,6 +102,7 @@ int main(int argc, char** argv) {
         std::uint32_t max_processes = 0;
         std::uint32_t open_files = 0;
         bool survive_owner = false;
+        bool allow_sudo = false;
         std::uint16_t egress_port = 0;
         for (int i = 2; i < argc; ++i) {
             const std::string_view arg = argv[i];
@@ -108,13 +116,15 @@ int main(int argc, char** argv) {
                 if (!parse_number(argv[++i], egress_port) || egress_port == 0) return usage();
             } else if (arg == "--survive-owner") {
                 survive_owner = true;
+            } else if (arg == "--allow-sudo") {
+                allow_sudo = true;
             } else {
                 return usage();
             }
         }
         ::prctl(PR_SET_NAME, "moat-agent", 0, 0, 0);
         return moat::sandboxd::run_agent(ttl_ms, max_processes, open_files, survive_owner,
-                                         egress_port);
+                                         egress_port, allow_sudo);
     }
     return usage();
 }

@@ -56,6 +56,7 @@ enum class step : int {
     mount_workspace,
     layout_etc,
     mount_home,
+    mount_root,
     layout_dirs,
     pivot_root,
     umount_old_root,
@@ -102,6 +103,7 @@ constexpr const char* step_names[] = {
     "mount /workspace",
     "layout: bind /etc/passwd and /etc/group",
     "mount /home",
+    "mount /root",
     "layout: make directories",
     "pivot_root",
     "umount old root",
@@ -464,6 +466,9 @@ int child_main(void* opaque) {
     mount_devpts(a);
     mount_tmpfs(a, step::mount_workspace, "workspace", a.workspace_options);
     if (a.mount_home) mount_tmpfs(a, step::mount_home, "home", a.home_options);
+    // Root's home, writable by root only (owned by the sandbox's uid and gid 0): of /home's size,
+    // charged to the same memory cgroup.
+    mount_tmpfs(a, step::mount_root, "root", a.root_options);
     make_layout_dirs(a);
     checked(a, step::pivot_root, SYS_pivot_root, ".", ".");
     checked(a, step::umount_old_root, SYS_umount2, ".", MNT_DETACH);

@@ -40,6 +40,7 @@ struct child_args {
     bool has_layout_etc;
     bool mount_home;
     char home_options[96];
+    char root_options[96];  // /root: root's home, root's own
     char passwd_text[512];
     char group_text[128];
     std::size_t passwd_length;
@@ -51,7 +52,7 @@ struct child_args {
     char max_processes_text[24];
     char open_files_text[24];
     char egress_port_text[8];
-    const char* argv[12];
+    const char* argv[13];
     const char* envp[2];
     int failed_step;
     int failed_errno;

@@ -344,6 +344,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     // /home is a second tmpfs of /workspace's size, charged to the same memory cgroup.
     format_options(args.home_options, sizeof args.home_options, request.workspace_bytes,
                    "mode=0755");
+    format_options(args.root_options, sizeof args.root_options, request.workspace_bytes,
+                   "mode=0755,uid=0,gid=0");
     args.filter.len = static_cast<unsigned short>(filter_.size());
     args.filter.filter = filter_.data();
     std::snprintf(args.ttl_text, sizeof args.ttl_text, "%llu",
@@ -361,6 +363,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.argv[7] = args.open_files_text;
     std::size_t next_arg = 8;
     if (request.survive_owner) args.argv[next_arg++] = "--survive-owner";
+    if (request.allow_sudo) args.argv[next_arg++] = "--allow-sudo";
     if (request.egress_port != 0) {
         std::snprintf(args.egress_port_text, sizeof args.egress_port_text, "%u",
                       static_cast<unsigned>(request.egress_port));

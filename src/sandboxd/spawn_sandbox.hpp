@@ -44,6 +44,7 @@ struct spawn_request {
     std::uint32_t max_processes = 0;  // RLIMIT_NPROC of commands (0 = none); see agent.hpp
     std::uint32_t open_files = 0;     // RLIMIT_NOFILE in the sandbox (0 = inherited)
     bool survive_owner = false;
+    bool allow_sudo = false;        // pid 1 gets --allow-sudo (see agent.hpp)
     std::uint16_t egress_port = 0;  // non-zero: pid 1 gets --egress-port (see agent.hpp)
     int listen_socket = -1;    // survivors: the bound attach socket, passed to the agent as fd 7
     bool best_effort = false;  // for the cgroup attach

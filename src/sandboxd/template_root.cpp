@@ -63,6 +63,44 @@ class builder {
         return 0;
     }
 
+    // A copy of the file `source` at `relative`, mode 0755.
+    int copy_file(const char* source, std::string_view relative) {
+        const std::string path = at(relative);
+        const int in = ::open(source, O_RDONLY | O_CLOEXEC);
+        if (in < 0) return fail("open", source);
+        const int out = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+        if (out < 0) {
+            const int err = fail("create", path);
+            ::close(in);
+            return err;
+        }
+        char buffer[64 * 1024];
+        int err = 0;
+        for (;;) {
+            const ssize_t n = ::read(in, buffer, sizeof buffer);
+            if (n == 0) break;
+            if (n < 0 || ::write(out, buffer, static_cast<std::size_t>(n)) != n) {
+                err = fail("copy to", path);
+                break;
+            }
+        }
+        ::close(in);
+        ::close(out);
+        return err;
+    }
+
+    // Bind the file `source` read-only (nosuid, nodev) over the existing file `relative`.
+    int bind_file(const std::string& source, std::string_view relative) {
+        const std::string path = at(relative);
+        if (::mount(source.c_str(), path.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+            return fail("bind", path);
+        }
+        if (::mount(nullptr, path.c_str(), nullptr, read_only_bind, nullptr) != 0) {
+            return fail("remount ro", path);
+        }
+        return 0;
+    }
+
     // Bind `host` read-only at the same place in the template; a missing host path is skipped.
     // A symlink is reproduced instead (its target resolves inside the sandbox's own view), so
     // e.g. /etc/os-release -> ../usr/lib/os-release needs no mount.
@@ -188,6 +226,17 @@ int build_command_aliases(builder& b) {
         const std::string link = std::string(dir) + "/" + alias.name;
         if (const int err = b.make_symlink(link, alias.target)) return err;
     }
+    // The sudo shim: a copy of this very binary (static, so it needs nothing else from the
+    // sandbox; a memfd, which the helper runs from, cannot be bind-mounted), which acts as the
+    // shim when run as `sudo` (sudo_shim.hpp). Bound over a host's own sudo too, which could not
+    // work in a sandbox (nosuid, no_new_privs) and would come first on PATH.
+    const std::string shim = std::string(dir) + "/sudo";
+    if (const int err = b.copy_file("/proc/self/exe", shim)) return err;
+    for (const char* host : {"/usr/local/bin/sudo", "/usr/bin/sudo", "/usr/sbin/sudo"}) {
+        struct stat st {};
+        if (::stat(host, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (const int err = b.bind_file(b.at(shim), host + 1)) return err;
+    }
     return 0;
 }
 
@@ -209,7 +258,8 @@ std::string group_for(std::string_view user) {
 int build_template_root(const std::string& path, std::string& detail) {
     builder b(path, detail);
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return b.fail("mkdir", path);
-    if (::mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") != 0) {
+    // Room for moat's own files and the sudo shim, a copy of this binary (some 2.5 MB).
+    if (::mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=8m") != 0) {
         return b.fail("mount tmpfs", path);
     }
     if (const int err = b.mirror("/usr")) return err;

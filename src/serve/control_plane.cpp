@@ -361,6 +361,8 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     spec.ttl = std::chrono::seconds(timeout_s);
     if (auto_pause) spec.ttl += auto_pause_grace;
     spec.survive_owner = true;
+    // sudo works, as on E2B (its sandboxes' user may sudo without a password).
+    spec.allow_sudo = true;
     // The operator's policy, narrowed by the request (never widened).
     auto network = narrow_network(context.options.network, *parsed);
     if (!network) {

@@ -33,7 +33,13 @@ std::string sandbox_user(const registry_entry& sandbox) {
     return user.empty() ? std::string("user") : user;
 }
 
-std::optional<std::string> check_rpc_user(const envd_call& call) {
+std::string user_home(const registry_entry& sandbox, bool as_root) {
+    if (as_root) return std::string(root_home);
+    return sandbox_home(sandbox);
+}
+
+std::optional<std::string> check_rpc_user(const envd_call& call, bool& as_root) {
+    as_root = false;
     const auto authorization = call.request.headers().find("authorization");
     if (!authorization) return std::nullopt;
     std::string_view value = *authorization;
@@ -46,9 +52,13 @@ std::optional<std::string> check_rpc_user(const envd_call& call) {
     const std::string& decoded = *credentials;
     const auto user = decoded.substr(0, decoded.find(':'));
     if (user.empty() || user == sandbox_user(*call.sandbox)) return std::nullopt;
+    if (user == root_user) {
+        as_root = true;
+        return std::nullopt;
+    }
     return "user '" + user.substr(0, 64) +
            "' does not exist in this sandbox (commands and files run as '" +
-           sandbox_user(*call.sandbox) + "')";
+           sandbox_user(*call.sandbox) + "' or '" + std::string(root_user) + "')";
 }
 
 asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
@@ -177,19 +187,21 @@ int status_of(const error& e) {
 // The checks both routes make: the query, the user, the resolved path.
 struct checked_request {
     file_request query;
-    std::string path;  // resolved
+    std::string path;      // resolved
+    bool as_root = false;  // the query's username is root
 };
 
 std::optional<std::pair<int, std::string>> check_request(envd_call& call, checked_request& out) {
     auto parsed = parse_file_request(call.request);
     if (!parsed) return std::pair(400, parsed.error().detail);
     out.query = std::move(*parsed);
-    if (out.query.username && !out.query.username->empty() &&
+    out.as_root = out.query.username && *out.query.username == root_user;
+    if (out.query.username && !out.query.username->empty() && !out.as_root &&
         *out.query.username != sandbox_user(*call.sandbox))
         return std::pair(401, "error looking up user '" + out.query.username->substr(0, 64) +
                                   "': no such user in this sandbox");
     if (out.query.path) {
-        auto resolved = resolve_envd_path(*out.query.path, sandbox_home(*call.sandbox));
+        auto resolved = resolve_envd_path(*out.query.path, user_home(*call.sandbox, out.as_root));
         if (!resolved) return std::pair(400, resolved.error().detail);
         out.path = std::move(*resolved);
     }
@@ -217,7 +229,7 @@ asio::awaitable<void> get_file(envd_call& call) {
     checked_request checked;
     const bool accepted = co_await check_or_refuse(call, checked);
     if (!accepted) co_return;
-    if (!checked.query.path) checked.path = sandbox_home(*call.sandbox);
+    if (!checked.query.path) checked.path = user_home(*call.sandbox, checked.as_root);
     auto path = checked.path;
     auto opened =
         co_await call.sandbox->handle->async_read_file_stream(path, deadline::never(), lane::side);
@@ -395,8 +407,10 @@ struct part_source {
 };
 
 asio::awaitable<result<void>> async_write_one(envd_call& call, const std::string& path,
-                                              const file_metadata& metadata, byte_source source) {
+                                              const file_metadata& metadata, byte_source source,
+                                              bool as_root) {
     auto target = make_target(path, metadata, call.context);
+    target.as_root = as_root;
     auto written = co_await call.sandbox->handle->async_write_file_stream(
         std::move(target), std::move(source), deadline::never(), lane::side);
     if (!written) co_return written.error();
@@ -436,7 +450,8 @@ asio::awaitable<void> post_file(envd_call& call) {
         }
         byte_source source = raw_body_source{&body};
         auto path = checked.path;
-        auto done = co_await async_write_one(call, path, *metadata, std::move(source));
+        auto done =
+            co_await async_write_one(call, path, *metadata, std::move(source), checked.as_root);
         if (!done) {
             co_await send_file_error(call, done.error());
             co_return;
@@ -474,7 +489,8 @@ asio::awaitable<void> post_file(envd_call& call) {
             }
             std::string path = checked.path;
             if (!checked.query.path) {
-                auto resolved = resolve_envd_path(e.head.filename, sandbox_home(*call.sandbox));
+                auto resolved =
+                    resolve_envd_path(e.head.filename, user_home(*call.sandbox, checked.as_root));
                 if (!resolved || e.head.filename.empty()) {
                     co_await send_json_error(call, 400, "a multipart file part needs a filename");
                     co_return;
@@ -490,7 +506,8 @@ asio::awaitable<void> post_file(envd_call& call) {
                 co_return;
             }
             byte_source source = part_source{&reader};
-            auto done = co_await async_write_one(call, path, *metadata, std::move(source));
+            auto done =
+                co_await async_write_one(call, path, *metadata, std::move(source), checked.as_root);
             if (!done) {
                 co_await send_file_error(call, done.error());
                 co_return;

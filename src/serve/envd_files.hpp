@@ -33,20 +33,28 @@ std::string sandbox_home(const registry_entry& sandbox);
 // The user commands and files run as ("user" under moat serve).
 std::string sandbox_user(const registry_entry& sandbox);
 
+// The sandbox's root, the other user an envd call may name ("root"; Start, the file routes and
+// the filesystem RPCs run as uid 0 inside for it), and its home.
+inline constexpr std::string_view root_user = "root";
+inline constexpr std::string_view root_home = "/root";
+// The home paths resolve against for the sandbox's user, or for root.
+std::string user_home(const registry_entry& sandbox, bool as_root);
+
 // Fills each entry's metadata from the sandbox (entry_info::metadata), in batches of
 // file_limits::max_files paths. Best effort per path, as envd's (an entry that vanished or
 // cannot be read keeps none); fails only when the sandbox cannot be reached.
 asio::awaitable<result<void>> async_fill_metadata(const registry_entry& sandbox,
                                                   std::vector<entry_info>& entries);
 
-// What Stat answers for `path` (clean and absolute), or nothing when it does not exist or cannot
-// be read (best effort: watch events' entries, envd_watch.cpp). envd_filesystem.cpp.
+// What Stat answers for `path` (clean and absolute), as root or as the sandbox's user, or nothing
+// when it does not exist or cannot be read (best effort: watch events' entries, envd_watch.cpp).
+// envd_filesystem.cpp.
 asio::awaitable<std::optional<entry_info>> async_stat_entry(serve_context& context,
                                                             const registry_entry& sandbox,
-                                                            std::string path);
+                                                            std::string path, bool as_root);
 
-// An RPC's user (Authorization: Basic base64("<user>:")): nullopt when absent or the sandbox's
-// user, else the one-line reason to refuse it (unauthenticated).
-std::optional<std::string> check_rpc_user(const envd_call& call);
+// An RPC's user (Authorization: Basic base64("<user>:")): nullopt when absent, the sandbox's user
+// or root (`as_root` then true), else the one-line reason to refuse it (unauthenticated).
+std::optional<std::string> check_rpc_user(const envd_call& call, bool& as_root);
 
 }  // namespace moat::serve

@@ -39,8 +39,8 @@ outcome ok(std::string json) {
 }
 
 // A path as sent, resolved against the user's home (envd's rules).
-result<std::string> resolve(const std::string& path, const registry_entry& sandbox) {
-    return resolve_envd_path(path, sandbox_home(sandbox));
+result<std::string> resolve(const std::string& path, const std::string& home) {
+    return resolve_envd_path(path, home);
 }
 
 // One of envd_entry's commands, run: its exit code and the entries it printed, each with its
@@ -72,7 +72,7 @@ struct listing_turn {
 // `output_cap`: max_listing_bytes for a listing, which first waits for a server-wide turn.
 asio::awaitable<result<command_outcome>> async_run(serve_context& context,
                                                    const registry_entry& sandbox,
-                                                   std::vector<std::string> argv,
+                                                   std::vector<std::string> argv, bool as_root,
                                                    std::size_t output_cap = max_entry_bytes) {
     listing_turn turn;
     if (output_cap > max_entry_bytes) {
@@ -88,6 +88,7 @@ asio::awaitable<result<command_outcome>> async_run(serve_context& context,
     }
     exec_request request;
     request.argv = std::move(argv);
+    request.as_root = as_root;
     request.wall_limit = command_wall_limit;
     request.output.head_bytes = output_cap;
     request.output.tail_bytes = 0;
@@ -131,18 +132,18 @@ outcome entry_response(const entry_info& entry) {
 }
 
 // Each request's paths, resolved in place against the user's home.
-result<void> resolve_paths(std::string& path, const registry_entry& sandbox) {
-    auto resolved = resolve(path, sandbox);
+result<void> resolve_paths(std::string& path, const std::string& home) {
+    auto resolved = resolve(path, home);
     if (!resolved) return resolved.error();
     path = std::move(*resolved);
     return {};
 }
-result<void> resolve_paths(protocol::list_dir_request& request, const registry_entry& sandbox) {
-    return resolve_paths(request.path, sandbox);
+result<void> resolve_paths(protocol::list_dir_request& request, const std::string& home) {
+    return resolve_paths(request.path, home);
 }
-result<void> resolve_paths(protocol::move_request& request, const registry_entry& sandbox) {
-    if (auto source = resolve_paths(request.source, sandbox); !source) return source;
-    return resolve_paths(request.destination, sandbox);
+result<void> resolve_paths(protocol::move_request& request, const std::string& home) {
+    if (auto source = resolve_paths(request.source, home); !source) return source;
+    return resolve_paths(request.destination, home);
 }
 
 // One filesystem RPC: its request's parser, the command its (resolved) request runs, at most
@@ -159,16 +160,19 @@ struct command_rpc {
 // run; a refusal (invalid_argument, unauthenticated) or the command's error when one fails.
 template <class Request, const command_rpc<Request>& Rpc>
 asio::awaitable<outcome> run_rpc(envd_call& call) {
-    if (auto refused = check_rpc_user(call))
+    bool as_root = false;
+    if (auto refused = check_rpc_user(call, as_root))
         co_return fail(connect::code::unauthenticated, *refused);
     auto body = co_await async_read_unary_request(call.request);
     if (!body) co_return fail(connect::code::invalid_argument, body.error().detail);
     auto sent = Rpc.parse(*body);
     if (!sent) co_return fail(connect::code::invalid_argument, sent.error().detail);
-    if (auto resolved = resolve_paths(*sent, *call.sandbox); !resolved)
+    const std::string home = user_home(*call.sandbox, as_root);
+    if (auto resolved = resolve_paths(*sent, home); !resolved)
         co_return fail(connect::code::invalid_argument, resolved.error().detail);
     auto argv = Rpc.command(*sent);
-    auto ran = co_await async_run(call.context, *call.sandbox, std::move(argv), Rpc.output_cap);
+    auto ran =
+        co_await async_run(call.context, *call.sandbox, std::move(argv), as_root, Rpc.output_cap);
     if (!ran) co_return from_error(ran.error());
     co_return Rpc.answer(*sent, *ran);
 }
@@ -251,9 +255,9 @@ asio::awaitable<void> unary(envd_call& call) {
 
 asio::awaitable<std::optional<entry_info>> async_stat_entry(serve_context& context,
                                                             const registry_entry& sandbox,
-                                                            std::string path) {
+                                                            std::string path, bool as_root) {
     auto argv = stat_command(path);
-    auto ran = co_await async_run(context, sandbox, std::move(argv));
+    auto ran = co_await async_run(context, sandbox, std::move(argv), as_root);
     if (!ran || ran->exit_code != 0 || ran->entries.size() != 1) co_return std::nullopt;
     co_return std::move(ran->entries[0]);
 }

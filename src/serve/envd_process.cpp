@@ -7,6 +7,7 @@
 //
 // StreamInput (a client stream, which connect-web cannot send) keeps answering unimplemented.
 #include "serve/connect_rpc.hpp"
+#include "serve/envd_files.hpp"
 #include "serve/envd_service.hpp"
 #include "serve/process_table.hpp"
 
@@ -49,12 +50,6 @@ constexpr std::chrono::seconds unary_limit{30};
 constexpr std::chrono::seconds kill_confirm_bound{3};
 // The name USER and LOGNAME carry when the sandbox's layout names no user.
 constexpr std::string_view default_user = "user";
-// no_new_privs makes sudo useless in a sandbox: bash (every SDK command runs under /bin/bash -l
-// -c) gets a sudo function that says so, instead of sudo's own message or "command not found".
-constexpr std::string_view sudo_function_name = "BASH_FUNC_sudo%%";
-constexpr std::string_view sudo_function =
-    "() {  echo 'moat: sudo is not available in a moat sandbox (commands already run as the "
-    "sandbox user, and no_new_privs forbids gaining privileges)' >&2; return 1\n}";
 
 // A terminal as a process table holds it (its output, its signals); its input and size go to the
 // terminal itself (process_service::terminals). It has no stdin of its own, as under envd.
@@ -171,13 +166,16 @@ error not_found(const process_selector& s) {
                       "process with tag " + s.tag.value_or("") + " not found");
 }
 
-// Who commands run as and where home is: the sandbox's layout (sandbox_info::layout).
+// Who commands run as and where home is: the sandbox's layout (sandbox_info::layout), or its
+// root.
 struct sandbox_user {
     std::string name;
     std::string home;
+    bool as_root = false;
 };
 
-sandbox_user user_of(const registry_entry& sandbox) {
+sandbox_user user_of(const registry_entry& sandbox, bool as_root) {
+    if (as_root) return {std::string(root_user), std::string(root_home), true};
     const auto& layout = sandbox.handle->info().layout;
     sandbox_user u{layout.user, layout.home};
     if (u.name.empty()) u.name = default_user;
@@ -204,7 +202,6 @@ std::map<std::string, std::string> process_environment(
         {"HOME", user.home},
         {"USER", user.name},
         {"LOGNAME", user.name},
-        {sudo_function_name, sudo_function},
     };
     for (const auto& [k, v] : defaults) {
         if (!sandbox.env_vars.contains(std::string(k))) env[std::string(k)] = std::string(v);
@@ -399,7 +396,13 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
         co_await end_with(stream, room.error());
         co_return;
     }
-    const auto user = user_of(*call.sandbox);
+    bool as_root = false;
+    if (auto refused = check_rpc_user(call, as_root)) {
+        const std::string message = *refused;
+        (void)co_await stream.async_end(code::unauthenticated, message);
+        co_return;
+    }
+    const auto user = user_of(*call.sandbox, as_root);
     const std::string cwd = resolve_cwd(parsed->process.cwd, user);
     const auto start_limit = deadline::after(spawn_limit);
     if (!cwd.empty()) {
@@ -420,6 +423,7 @@ asio::awaitable<void> start_process(service_ptr service, envd_call& call) {
     for (const auto& a : parsed->process.args) request.argv.push_back(a);
     request.env = process_environment(*call.sandbox, user, parsed->process.envs);
     request.cwd = cwd;
+    request.as_root = user.as_root;
     request.wall_limit = exec_request::max_spawn_wall_limit;
     if (options.timeout && options.timeout->count() > 0) {
         request.wall_limit = std::min(*options.timeout, exec_request::max_spawn_wall_limit);

@@ -83,6 +83,7 @@ struct opened_watch {
     std::optional<dir_watch> watch;
     std::string path;  // the directory watched, resolved
     bool include_entry = false;
+    bool as_root = false;  // the watch's user (its entries are stat'ed as that user)
     code failure = code::internal;
     std::string message;
 };
@@ -97,13 +98,14 @@ asio::awaitable<protocol::filesystem_event> sdk_event(serve_context& context,
     std::string path = opened.path;
     if (path != "/") path += '/';
     path += out.event.name;
-    out.entry = co_await async_stat_entry(context, sandbox, std::move(path));
+    out.entry = co_await async_stat_entry(context, sandbox, std::move(path), opened.as_root);
     co_return out;
 }
 
 asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body) {
     opened_watch out;
-    if (auto refused = check_rpc_user(call)) {
+    bool as_root = false;
+    if (auto refused = check_rpc_user(call, as_root)) {
         out.failure = code::unauthenticated;
         out.message = *refused;
         co_return out;
@@ -114,7 +116,7 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
         out.message = request.error().detail;
         co_return out;
     }
-    auto path = resolve_envd_path(request->path, sandbox_home(*call.sandbox));
+    auto path = resolve_envd_path(request->path, user_home(*call.sandbox, as_root));
     if (!path) {
         out.failure = code::invalid_argument;
         out.message = path.error().detail;
@@ -133,6 +135,7 @@ asio::awaitable<opened_watch> open_watch(envd_call& call, std::string_view body)
     out.watch = std::move(*opened);
     out.path = std::move(*path);
     out.include_entry = request->include_entry;
+    out.as_root = as_root;
     co_return out;
 }
 

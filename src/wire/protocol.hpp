@@ -30,7 +30,8 @@ namespace moat::wire {
 // 9: connect_unix (a unix-domain stream socket in the sandbox), answered by port_connected.
 // 10: watch_* (file watches) and pty_* (terminals).
 // 11: create.template_layer (a writable root over a template's layer); set_paused / paused_set
-//     (pause and resume: pid 1's clocks while the commands are frozen).
+//     (pause and resume: pid 1's clocks while the commands are frozen); exec_as_root;
+//     create_allow_sudo (pid 1's sudo socket, sudo_socket_name).
 inline constexpr std::uint32_t protocol_version = 11;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
@@ -125,6 +126,7 @@ struct hello_message {
 enum create_flags : std::uint32_t {
     create_best_effort = 1u << 0,    // a layer that cannot be enforced is skipped, not an error
     create_survive_owner = 1u << 1,  // the agent does not exit when its control socket closes
+    create_allow_sudo = 1u << 2,     // pid 1 runs what the sandbox's sudo shim asks, as root
 };
 
 struct create_message {
@@ -208,7 +210,25 @@ enum exec_flags : std::uint32_t {
     // `started` carries a duplicate of the master. pid 1 keeps one until the command exits, for
     // pty_attach.
     exec_terminal = 1u << 2,
+    // As the sandbox's root (uid 0, gid 0) with exactly root_capabilities (effective, permitted
+    // and bounding; ambient and inheritable empty), seccomp and no_new_privs as for every
+    // command. Without it a command runs as sandbox_user_id with no capabilities at all.
+    exec_as_root = 1u << 3,
 };
+
+// The capabilities of a command run as the sandbox's root (exec_as_root, sudo), in the sandbox's
+// user namespace only: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP and
+// NET_BIND_SERVICE (bits 0, 1, 3-8 and 10). Never NET_RAW, MKNOD, SETFCAP, AUDIT_WRITE,
+// SYS_CHROOT, nor anything with ADMIN, PTRACE or MODULE in its name.
+inline constexpr std::uint64_t root_capabilities = 0x5fbull;
+
+// pid 1's sudo socket: a SOCK_SEQPACKET unix socket in the abstract namespace of the sandbox's
+// own network namespace (reachable from inside that sandbox only), bound by pid 1 before any
+// command runs. The sandbox's sudo shim (`moat-sandboxd` run as `sudo`) sends one exec record
+// (its stdin, stdout and stderr attached) and may send kill records for it; pid 1 answers
+// `started` and `exited` as to the library, or `exited` with exited_spawn_failed and EPERM when
+// the sandbox was created without create_allow_sudo.
+inline constexpr std::string_view sudo_socket_name = "moat-sudo";
 
 // The largest number of rows or columns a terminal may have (and the smallest is 1).
 inline constexpr std::uint32_t max_terminal_side = 1000;

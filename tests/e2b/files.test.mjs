@@ -158,8 +158,10 @@ for (const [version, sdk] of Object.entries(sdks)) {
                 await sbx.files.write('afile', 'x');
                 await assert.rejects(sbx.files.list('afile'), sdk.InvalidArgumentError);
                 await assert.rejects(sbx.files.makeDir('afile'), sdk.InvalidArgumentError);
-                await assert.rejects(sbx.files.read('afile', { user: 'root' }), sdk.AuthenticationError);
-                await assert.rejects(sbx.files.getInfo('afile', { user: 'root' }), sdk.AuthenticationError);
+                // A user the sandbox does not have is refused; root is one it has (root.test.mjs).
+                await assert.rejects(sbx.files.read('afile', { user: 'nobody' }), sdk.AuthenticationError);
+                await assert.rejects(sbx.files.getInfo('afile', { user: 'nobody' }), sdk.AuthenticationError);
+                await assert.rejects(sbx.files.read('afile', { user: 'root' }), sdk.FileNotFoundError);
                 // Watches work now (tests/e2b/watch.test.mjs): a file or a missing directory fails.
                 await assert.rejects(sbx.files.watchDir('afile', () => {}), sdk.SandboxError);
                 await assert.rejects(sbx.files.watchDir('nope', () => {}), sdk.FileNotFoundError);
