@@ -52,6 +52,8 @@ fs::path make_busybox_root(const fs::path& at) {
         fs::create_symlink("busybox", at / "bin" / applet);
     }
     write_text(at / "etc/motd", "from the template\n");
+    fs::create_directories(at / "usr/lib");
+    write_text(at / "usr/lib/data", "template data\n");
     return at;
 }
 
@@ -96,8 +98,8 @@ TEST_CASE_FIXTURE(template_fixture,
     CHECK(box.template_name == "bb");
     CHECK(box.template_digest == made.digest);
 
-    // Not the host's root: no /usr, the template's own files, moat's /etc/passwd over them.
-    CHECK(sh(box.id, "ls /usr").exit_code != 0);
+    // Not the host's root: no /usr/bin, the template's own files, moat's /etc/passwd over them.
+    CHECK(sh(box.id, "ls /usr/bin").exit_code != 0);
     CHECK(sh(box.id, "cat /etc/motd").out.text() == "from the template\n");
     const auto passwd = sh(box.id, "cat /etc/passwd").out.text();
     CHECK(passwd.find("user:x:1000:1000:") != std::string::npos);
@@ -111,10 +113,25 @@ TEST_CASE_FIXTURE(template_fixture,
     CHECK(sh(box.id, "stat -c '%U %G %a' / /bin /bin/busybox").out.text() ==
           "root root 755\nroot root 755\nroot root 755\n");
     CHECK(sh(box.id, "touch /workspace/a /tmp/b").exit_code == 0);
+    // The sandbox's root changes its root by copy-up: appends to a root-owned file, makes a
+    // directory, changes a mode; uid 1000 still may not.
+    auto as_root = moat::test::shell(
+        "echo more >> /usr/lib/data && mkdir /usr/new && chmod 600 /usr/lib/data && "
+        "stat -c '%U %a' /usr/lib/data /usr/new && cat /usr/lib/data");
+    as_root.as_root = true;
+    auto changed = run(local->async_exec(box.id, as_root));
+    REQUIRE(changed);
+    CHECK_MESSAGE(changed->exit_code == 0, changed->err.text());
+    CHECK(changed->out.text() == "root 600\nroot 755\ntemplate data\nmore\n");
+    CHECK(sh(box.id, "echo x >> /usr/lib/data").exit_code != 0);
+    CHECK(sh(box.id, "touch /usr/new/x").exit_code != 0);
     destroy(box.id);
 
     // Nothing reached the layer or the source tree, and the layer's digest is still its name.
     CHECK_FALSE(fs::exists(store.layer_root(made.digest) + "/data/x"));
+    CHECK_FALSE(fs::exists(store.layer_root(made.digest) + "/usr/new"));
+    std::ifstream data(store.layer_root(made.digest) + "/usr/lib/data");
+    CHECK(std::string(std::istreambuf_iterator<char>(data), {}) == "template data\n");
     CHECK_FALSE(fs::exists(source / "data/x"));
     auto again = store.digest_of_layer(made.digest);
     REQUIRE(again);
@@ -141,20 +158,26 @@ TEST_CASE_FIXTURE(template_fixture,
     CHECK(sh(b.id, "id -un; pwd; touch ~/f && ls ~").out.text() == "agent\n/home/agent\nf\nout\n");
     CHECK(sh(a.id, "cat /escape/etc/motd").out.text() == "from the template\n");
     CHECK(sh(a.id, "cat /data/up/motd").out.text() == "from the template\n");
-    CHECK(sh(a.id, "ls /escape/usr").exit_code != 0);
+    CHECK(sh(a.id, "ls /escape/usr/bin").exit_code != 0);
     CHECK(sh(a.id, "echo a > /data/only-a").exit_code == 0);
     CHECK(sh(b.id, "cat /data/only-a").exit_code != 0);
     destroy(a.id);
     destroy(b.id);
 }
 
-TEST_CASE_FIXTURE(template_fixture, "a sandbox's writes to its root are bounded by its upper") {
+TEST_CASE_FIXTURE(template_fixture,
+                  "a sandbox's writes to its root are bounded by its upper, and sudo works in it") {
     MOAT_REQUIRE_NAMESPACES();
     build("small", make_busybox_root(scratch.path / "src"));
     moat::sandbox_spec spec;
     spec.template_name = "small";
     spec.limits.workspace_bytes = 8 << 20;
+    spec.allow_sudo = true;
     const auto box = create(spec);
+    // moat's own commands are there too: sudo (its shim in /opt/moat/bin) runs as root.
+    const auto sudo = sh(box.id, "sudo id -u");
+    CHECK_MESSAGE(sudo.exit_code == 0, sudo.err.text());
+    CHECK(sudo.out.text() == "0\n");
     const auto filled = sh(box.id, "dd if=/dev/zero of=/data/big bs=1M count=64 2>&1");
     CHECK(filled.exit_code != 0);
     CHECK(filled.out.text().find("No space left") != std::string::npos);
@@ -271,7 +294,7 @@ TEST_CASE("moat template build, ls, verify and rm, and moat run --template, as a
     CHECK(listed.output.starts_with("NAME "));
     CHECK(listed.output.find("\nbb ") != std::string::npos);
     const auto ran =
-        moat::test::moat_cli(env, "run --template bb -- sh -c 'cat /etc/motd; ls /usr'");
+        moat::test::moat_cli(env, "run --template bb -- sh -c 'cat /etc/motd; ls /usr/bin'");
     CHECK(ran.exit_code != 0);
     CHECK(ran.output.starts_with("from the template\n"));
     CHECK(moat::test::moat_cli(env, "template verify bb").output.starts_with("ok bb sha256:"));

@@ -13,7 +13,7 @@
 // - Regular files, directories, symbolic links (kept as they are: inside the sandbox they resolve
 //   against the sandbox's own root) and FIFOs. Hard links become separate copies.
 // - Refused, naming the path: device nodes and sockets, an owner or group of 65536 or more (no
-//   sandbox id maps it), a tree whose /etc, /dev, /proc, /tmp, /workspace or /home is not a
+//   sandbox id maps it), a tree whose /etc, /dev, /proc, /tmp, /workspace, /home or /root is not a
 //   directory, a tree without /bin/sh (nothing could run in it), a tree past max_layer_bytes.
 // - Cleared and listed in the report: setuid and setgid bits, and file capabilities
 //   (security.capability). Other extended attributes are not copied.

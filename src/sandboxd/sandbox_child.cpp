@@ -93,7 +93,7 @@ constexpr const char* step_names[] = {
     "mount the layer's upper tmpfs",
     "attach the template layer",
     "mount the overlay root",
-    "bind /dev into the overlay root",
+    "bind /dev and /opt/moat into the overlay root",
     "write /etc into the overlay root",
     "chdir overlay root",
     "mount /proc",
@@ -234,6 +234,27 @@ void copy_etc_file(child_args& a, const char* from, const char* to) {
     write_etc_file(a, to, buffer, static_cast<std::size_t>(length));
 }
 
+// moat's own commands (/opt/moat/bin: the sudo shim, the python alias) bound from the template
+// root into a template sandbox's, where the layer's /opt is a real directory (never through a
+// link the layer holds; nothing of the sandbox runs yet). A root whose /opt is a link or a file
+// goes without them.
+void bind_moat_commands(child_args& a) {
+    for (const char* dir : {".layer/root/opt", ".layer/root/opt/moat"}) {
+        const long made = raw(SYS_mkdirat, AT_FDCWD, dir, 0755);
+        if (made == 0) {
+            checked(a, step::layer_dev, SYS_fchownat, AT_FDCWD, dir, 0, 0, AT_SYMLINK_NOFOLLOW);
+        } else if (made != -EEXIST) {
+            return;
+        }
+        const long fd =
+            raw(SYS_openat, AT_FDCWD, dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return;
+        raw(SYS_close, fd);
+    }
+    checked(a, step::layer_dev, SYS_mount, "opt/moat", ".layer/root/opt/moat", nullptr,
+            MS_BIND | MS_REC, nullptr);
+}
+
 // A template sandbox's root (cwd: the template root, whose /dev and /etc it borrows): a tmpfs
 // on .layer holds the upper and the overlay's work directory; the idmapped layer the parent sent
 // is attached as the lower; the overlay is mounted on .layer/root with the template's /dev bound
@@ -258,6 +279,7 @@ void build_layer_root(child_args& a) {
             "lowerdir=.layer/lower,upperdir=.layer/upper,workdir=.layer/work");
     checked(a, step::layer_dev, SYS_mount, "dev", ".layer/root/dev", nullptr, MS_BIND | MS_REC,
             nullptr);
+    bind_moat_commands(a);
     for (const char* file : {"hosts", "hostname", "resolv.conf", "nsswitch.conf"}) {
         char from[32] = "etc/";
         char to[48] = ".layer/root/etc/";

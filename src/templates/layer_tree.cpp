@@ -331,7 +331,7 @@ void remove_at(int dir_fd, const std::string& name, int depth) {
 }
 
 // The sandbox's mount points and the files moat writes in /etc: each a directory or absent.
-constexpr const char* mount_points[] = {"etc", "dev", "proc", "tmp", "workspace", "home"};
+constexpr const char* mount_points[] = {"etc", "dev", "proc", "tmp", "workspace", "home", "root"};
 
 }  // namespace
 
