@@ -165,35 +165,9 @@ void add_usage(sandbox_info& info, const sandbox_record& r, const sandbox_record
     }
 }
 
-// What a record says of its sandbox, without looking at the process (state running).
-sandbox_info describe(const sandbox_record& r) {
-    sandbox_info info;
-    info.id = r.id;
-    info.labels = r.labels;
-    info.created_at = r.created_at;
-    info.expires_at = r.expires_at;
-    if (r.paused_at) {
-        info.state = sandbox_state::paused;
-        info.paused_at = r.paused_at;
-        info.ttl_left = r.ttl_left;
-    }
-    if (r.init_pid > 0) info.host_pid = r.init_pid;
-    info.layers = r.layers;
-    info.limits = r.limits;
-    info.layout = r.layout;
-    info.network = r.network;
-    info.template_name =
-        r.template_name.empty() ? std::string(base_template_name) : r.template_name;
-    info.template_digest = r.template_digest;
-    info.owner_instance = r.owner_instance;
-    info.survive_owner = r.survive_owner;
-    info.owned = false;
-    return info;
-}
-
 // A recorded sandbox another process holds: its state checked through a pidfd.
 sandbox_info info_from_record(const sandbox_record& r) {
-    sandbox_info info = describe(r);
+    sandbox_info info = describe_record(r);
     if (!open_live_init(r)) info.state = sandbox_state::exited;
     return info;
 }
@@ -347,7 +321,7 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
     record.layers = layer_names(made->message.applied_layers);
 
     auto sandbox = std::make_shared<local_sandbox>(executor_);
-    sandbox->info = describe(record);
+    sandbox->info = describe_record(record);
     sandbox->info.owned = true;
     sandbox->pidfd = std::move(made->pidfd);
     sandbox->record = std::move(record);
@@ -404,7 +378,7 @@ asio::awaitable<result<sandbox_info>> local_backend::attach(std::string id) {
     if (!control) co_return std::move(control).error();
 
     auto sandbox = std::make_shared<local_sandbox>(executor_);
-    sandbox->info = describe(*record);  // running: checked through the pidfd above
+    sandbox->info = describe_record(*record);  // running: checked through the pidfd above
     sandbox->pidfd = std::move(*pidfd);
     sandbox->record = std::move(*record);
     sandbox->oom->memory_cgroup = sandbox->record.memory_cgroup;

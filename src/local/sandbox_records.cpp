@@ -5,6 +5,8 @@
 #include "local/cgroup_stats.hpp"
 #include "wire/state_layout.hpp"
 
+#include <moat/templates.hpp>
+
 #include <simdjson.h>
 
 #include <dirent.h>
@@ -478,6 +480,31 @@ int remove_cgroups(const sandbox_record& record) {
         if (err != 0 && first == 0) first = err;
     }
     return first;
+}
+
+sandbox_info describe_record(const sandbox_record& r) {
+    sandbox_info info;
+    info.id = r.id;
+    info.labels = r.labels;
+    info.created_at = r.created_at;
+    info.expires_at = r.expires_at;
+    if (r.paused_at) {
+        info.state = sandbox_state::paused;
+        info.paused_at = r.paused_at;
+        info.ttl_left = r.ttl_left;
+    }
+    if (r.init_pid > 0) info.host_pid = r.init_pid;
+    info.layers = r.layers;
+    info.limits = r.limits;
+    info.layout = r.layout;
+    info.network = r.network;
+    info.template_name =
+        r.template_name.empty() ? std::string(base_template_name) : r.template_name;
+    info.template_digest = r.template_digest;
+    info.owner_instance = r.owner_instance;
+    info.survive_owner = r.survive_owner;
+    info.owned = false;
+    return info;
 }
 
 }  // namespace moat

@@ -73,6 +73,10 @@ struct sandbox_record {
 inline constexpr std::size_t max_record_bytes = 1024 * 1024;
 
 std::string to_json(const sandbox_record& record);
+
+// What a record says of its sandbox, without looking at the process (running, or paused as
+// recorded; owned false).
+sandbox_info describe_record(const sandbox_record& record);
 // invalid_argument naming the first field that is missing or malformed.
 result<sandbox_record> record_from_json(std::string_view json);
 

@@ -1,7 +1,6 @@
 #include "serve/control_plane.hpp"
 
 #include <moat/log.hpp>
-#include <moat/templates.hpp>
 
 #include "e2b_protocol/network_names.hpp"
 #include "e2b_protocol/sandbox_replies.hpp"
@@ -10,6 +9,7 @@
 #include "serve/sandbox_metrics.hpp"
 #include "serve/sandbox_network.hpp"
 #include "serve/sandbox_pause.hpp"
+#include "serve/sandbox_templates.hpp"
 #include "serve/server_secret.hpp"
 
 #include <algorithm>
@@ -95,25 +95,6 @@ std::string client_message(std::string_view what, const error& e) {
     if (status_for(e) != 500) return std::string(what) + ": " + e.to_string();
     detail::log(log_level::warning, "serve", std::string(what) + ": " + e.to_string());
     return std::string(what) + ": " + code_name(e) + " (the server's log has the detail)";
-}
-
-// The names E2B's Code Interpreter SDKs create with by default: the default root until a template
-// of that name exists (its packages are the host's: scripts/install-deps installs IPython,
-// matplotlib, pandas, numpy).
-bool is_e2b_default_template(std::string_view name) {
-    return name == "code-interpreter-v1" || name == "code-interpreter" ||
-           name == "code-interpreter-beta";
-}
-
-// The sandbox_spec::template_name a create's templateID asks for: "" for "base"; a template of
-// the backend's data directory by that name; "" for E2B's default names without one. nullopt:
-// there is no such template.
-std::optional<std::string> template_for(const serve_context& context, const std::string& id) {
-    if (id == "base") return std::string();
-    if (!context.options.data_dir.empty() && template_store(context.options.data_dir).find(id))
-        return id;
-    if (is_e2b_default_template(id)) return std::string();
-    return std::nullopt;
 }
 
 std::string sandbox_reply_of(const registry_entry& e, const std::string& domain) {
