@@ -250,7 +250,7 @@ TEST_CASE_FIXTURE(template_fixture,
 }
 
 TEST_CASE_FIXTURE(template_fixture,
-                  "an unknown template is invalid_argument; a template in use is not removed, "
+                  "an unknown template is invalid_argument, a template in use is not removed, "
                   "and its layer goes with it once unused") {
     MOAT_REQUIRE_NAMESPACES();
     moat::sandbox_spec spec;

@@ -291,7 +291,10 @@ for (const [version, sdk] of Object.entries(sdks)) {
             const own = await Sandbox.create();
             const m = marker(version);
             const handle = await own.commands.run(`exec sleep ${m}`, { background: true, timeoutMs: 0 });
-            assert.equal(hostProcesses(`sleep ${m}`).length, 1);
+            // Exactly one, once bash has exec'd it (while a process execs, its cmdline can read
+            // empty for a moment).
+            assert.ok(await waitFor(() => hostProcesses(`sleep ${m}`).length === 1, 10_000),
+                `sleep ${m}: ${hostProcesses(`sleep ${m}`)}`);
             const ended = handle.wait().then(() => 'resolved', (e) => e);
             const killedAt = Date.now();
             assert.equal(await own.kill(), true);
