@@ -1,5 +1,6 @@
 #include "templates/layer_tree.hpp"
 
+#include "core/ascii.hpp"
 #include "core/unique_fd.hpp"
 
 #include <dirent.h>
@@ -228,13 +229,7 @@ class sha256 {
         unsigned char digest[EVP_MAX_MD_SIZE];
         unsigned int length = 0;
         if (!ctx_ || EVP_DigestFinal_ex(ctx_.get(), digest, &length) != 1) return {};
-        static constexpr char digits[] = "0123456789abcdef";
-        std::string out;
-        for (unsigned int i = 0; i < length; ++i) {
-            out += digits[digest[i] >> 4];
-            out += digits[digest[i] & 15];
-        }
-        return out;
+        return detail::hex_encoded(std::span<const unsigned char>(digest, length));
     }
 
   private:

@@ -10,6 +10,7 @@
 // (a temporary file renamed over it): a reader sees the old template or the new, never half.
 #include <moat/templates.hpp>
 
+#include "core/ascii.hpp"
 #include "core/json_writer.hpp"
 #include "core/unique_fd.hpp"
 #include "templates/layer_tree.hpp"
@@ -161,13 +162,7 @@ result<void> write_atomically(const std::string& path, const std::string& text) 
 std::string random_hex() {
     unsigned char bytes[8];
     if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) return {};
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string out;
-    for (const unsigned char b : bytes) {
-        out += digits[b >> 4];
-        out += digits[b & 15];
-    }
-    return out;
+    return detail::hex_encoded(bytes);
 }
 
 // The names of a directory's entries ending in `suffix` (without it).
