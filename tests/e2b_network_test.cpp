@@ -60,6 +60,8 @@ TEST_CASE("a create request's network lists are parsed with caps and named when 
                 R"("maskRequestHost":"h","rules":{"a":[]}}})");
     REQUIRE(ignored.network);
     CHECK(ignored.network->allow_out.empty());
+    CHECK(ignored.network->mask_request_host == "h");
+    const std::string long_mask(moat::e2b_protocol::max_mask_request_host + 1, 'h');
     const std::string long_entry(moat::e2b_protocol::max_network_entry_bytes + 1, 'a');
     std::string many = R"({"network":{"allowOut":[)";
     for (std::size_t i = 0; i <= moat::e2b_protocol::max_network_entries; ++i) {
@@ -69,7 +71,12 @@ TEST_CASE("a create request's network lists are parsed with caps and named when 
     for (const std::string& bad :
          {std::string(R"({"network":[]})"), std::string(R"({"network":{"allowOut":"a.test"}})"),
           std::string(R"({"network":{"denyOut":[1]}})"),
-          R"({"network":{"allowOut":[")" + long_entry + R"("]}})", many}) {
+          R"({"network":{"allowOut":[")" + long_entry + R"("]}})", many,
+          std::string(R"({"network":{"maskRequestHost":"a\r\nX-Evil: 1"}})"),
+          std::string(R"({"network":{"maskRequestHost":"a b"}})"),
+          std::string(R"({"network":{"maskRequestHost":""}})"),
+          std::string(R"({"network":{"maskRequestHost":7}})"),
+          R"({"network":{"maskRequestHost":")" + long_mask + R"("}})"}) {
         const auto refused = moat::e2b_protocol::parse_create_request(bad);
         REQUIRE_FALSE(refused);
         CHECK(refused.error().code == moat::errc::invalid_argument);

@@ -52,7 +52,8 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     full.secure = true;
     full.allow_internet_access = false;
     full.network =
-        protocol::network_request{{"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}, false};
+        protocol::network_request{{"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}, false,
+                                  "h-${PORT}.example"};
     auto back = protocol::parse_create_request(protocol::encode_create_request(full));
     REQUIRE_MESSAGE(back, back.error().to_string());
     CHECK(back->template_id == full.template_id);
@@ -66,6 +67,7 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     CHECK(back->network->allow_out == full.network->allow_out);
     CHECK(back->network->deny_out == full.network->deny_out);
     CHECK(back->network->allow_public_traffic == false);
+    CHECK(back->network->mask_request_host == "h-${PORT}.example");
 
     protocol::create_request bare;
     auto plain = protocol::parse_create_request(protocol::encode_create_request(bare));

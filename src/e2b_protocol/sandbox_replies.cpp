@@ -162,6 +162,13 @@ result<void> network_fields(object o, sandbox_detail& d, const char* what) {
         }
         d.allow_public_traffic = open;
     }
+    if (const auto mask = field(network, "maskRequestHost")) {
+        std::string_view host;
+        if (mask->get_string().get(host) != simdjson::SUCCESS) {
+            return bad(std::string(what) + " whose 'network.maskRequestHost' is not a string");
+        }
+        d.mask_request_host = std::string(host);
+    }
     return {};
 }
 
@@ -229,7 +236,7 @@ void write_detail(json_writer& w, const sandbox_detail& d, bool detail) {
         w.key("envdAccessToken").value(d.envd_access_token);
         if (d.allow_internet_access) w.key("allowInternetAccess").value(*d.allow_internet_access);
         const bool lists = !d.allow_out.empty() || !d.deny_out.empty();
-        if (lists || d.allow_public_traffic) {
+        if (lists || d.allow_public_traffic || d.mask_request_host) {
             w.key("network").begin_object();
             if (lists) {
                 w.key("allowOut").begin_array();
@@ -240,6 +247,7 @@ void write_detail(json_writer& w, const sandbox_detail& d, bool detail) {
                 w.end_array();
             }
             if (d.allow_public_traffic) w.key("allowPublicTraffic").value(*d.allow_public_traffic);
+            if (d.mask_request_host) w.key("maskRequestHost").value(*d.mask_request_host);
             w.end_object();
         }
         write_domain(w, d.domain);

@@ -76,6 +76,8 @@ struct sandbox_detail {
     // SandboxDetail only: whether its ports are public (network.allowPublicTraffic; nullopt
     // when absent).
     std::optional<bool> allow_public_traffic;
+    // SandboxDetail only: network.maskRequestHost (nullopt when absent).
+    std::optional<std::string> mask_request_host;
     // What happens at the end (SandboxDetail's lifecycle; written, not read).
     std::string on_timeout = "kill";
     bool auto_resume = false;

@@ -145,6 +145,17 @@ result<std::optional<network_request>> network_field(const parsed_body& b) {
         }
         out.allow_public_traffic = v;
     }
+    if (const auto mask = field(o, "maskRequestHost")) {
+        std::string_view v;
+        if (mask->get_string().get(v) != simdjson::SUCCESS || v.empty() ||
+            v.size() > max_mask_request_host ||
+            std::any_of(v.begin(), v.end(), [](char c) { return c <= ' ' || c > '~'; })) {
+            return invalid("'network.maskRequestHost' must be a host name of 1 to " +
+                           std::to_string(max_mask_request_host) +
+                           " visible ASCII characters (\"${PORT}\" stands for the port)");
+        }
+        out.mask_request_host = std::string(v);
+    }
     return std::optional<network_request>(std::move(out));
 }
 
@@ -224,6 +235,9 @@ std::string encode_create_request(const create_request& r) {
         write_string_list(w, "denyOut", r.network->deny_out);
         if (r.network->allow_public_traffic) {
             w.key("allowPublicTraffic").value(*r.network->allow_public_traffic);
+        }
+        if (r.network->mask_request_host) {
+            w.key("maskRequestHost").value(*r.network->mask_request_host);
         }
         w.end_object();
     }

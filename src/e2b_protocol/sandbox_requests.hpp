@@ -50,7 +50,12 @@ struct network_request {
     // absent: the server's default (E2B's is public); false: every port request must carry the
     // sandbox's trafficAccessToken.
     std::optional<bool> allow_public_traffic;
+    // The Host header every port request carries into the sandbox ("${PORT}" replaced by the
+    // port); absent: the client's own. Visible ASCII without spaces, at most
+    // max_mask_request_host bytes.
+    std::optional<std::string> mask_request_host;
 };
+inline constexpr std::size_t max_mask_request_host = 255;
 
 // POST /sandboxes (v1) and POST /v2/sandboxes. The writer writes templateID, timeout (when set),
 // metadata and envVars (always), autoPause (when true), allow_internet_access, network and secure

@@ -135,6 +135,7 @@ protocol::sandbox_detail detail_of(const registry_entry& e, bool detail,
     d.envd_access_token = e.access_token;
     d.domain = domain;
     d.allow_public_traffic = !e.private_ports;
+    if (!e.mask_request_host.empty()) d.mask_request_host = e.mask_request_host;
     // The sandbox's effective egress, as E2B spells it: an allow-list is the switch on, every
     // address denied, the names allowed past that deny.
     const auto& network = e.handle->info().network;
@@ -374,7 +375,10 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     // Ports are public unless the request or the operator's default says otherwise (E2B's default
     // is public).
     std::optional<bool> public_traffic;
-    if (parsed->network) public_traffic = parsed->network->allow_public_traffic;
+    if (parsed->network) {
+        public_traffic = parsed->network->allow_public_traffic;
+        entry->mask_request_host = parsed->network->mask_request_host.value_or("");
+    }
     entry->private_ports = !public_traffic.value_or(!context.options.private_ports);
     auto added = context.registry.add(entry);
     if (!added) {
@@ -602,6 +606,13 @@ asio::awaitable<void> unsupported(control_call& call) {
     co_await send_error(call.response, 501, std::move(message));
 }
 
+// The same 501 for one sandbox: an id this server does not hold is 404 first, as E2B answers.
+asio::awaitable<void> unsupported_for_sandbox(control_call& call) {
+    auto entry = co_await find_or_404(call);
+    if (!entry) co_return;
+    co_await unsupported(call);
+}
+
 bool key_matches(const http::server_request& request, const std::string& key) {
     const auto sent = request.headers().find("X-API-Key");
     return sent && !key.empty() && constant_time_equals(*sent, key);
@@ -642,10 +653,10 @@ constexpr route_spec routes[] = {
     {"POST", "/sandboxes/{id}/pause", pause},
     {"POST", "/sandboxes/{id}/resume", resume},
     // What moat serve does not implement: a JSON 501 naming the endpoint.
-    {"POST", "/sandboxes/{id}/snapshots", unsupported},
+    {"POST", "/sandboxes/{id}/snapshots", unsupported_for_sandbox},
     {"GET", "/snapshots", unsupported},
     {"DELETE", "/snapshots/{id}", unsupported},
-    {"POST", "/sandboxes/{id}/fork", unsupported},
+    {"POST", "/sandboxes/{id}/fork", unsupported_for_sandbox},
     {"GET", "/sandboxes/{id}/metrics", in_context<answer_sandbox_metrics>},
     {"GET", "/sandboxes/{id}/logs", unsupported},
     {"GET", "/v2/sandboxes/{id}/logs", unsupported},

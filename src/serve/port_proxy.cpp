@@ -67,11 +67,22 @@ asio::awaitable<void> send_json_error(http::server_response& response, int statu
 }
 
 // The head the sandbox's server gets: the client's, without moat's credentials, one request
-// per connection (an upgrade keeps its own Connection).
-std::string upstream_head(const http::request_head& client) {
+// per connection (an upgrade keeps its own Connection), with the sandbox's Host mask applied.
+std::string upstream_head(const http::request_head& client, std::string_view mask,
+                          std::uint16_t port) {
     http::request_head head = client;
     head.headers.remove("X-Access-Token");
     head.headers.remove("E2B-Traffic-Access-Token");
+    if (!mask.empty()) {
+        std::string host(mask);
+        const std::string port_text = std::to_string(port);
+        for (auto at = host.find("${PORT}"); at != std::string::npos;
+             at = host.find("${PORT}", at + port_text.size())) {
+            host.replace(at, 7, port_text);
+        }
+        head.headers.remove("Host");
+        head.headers.add("Host", std::move(host));
+    }
     const bool upgrade =
         head.headers.contains("Upgrade") && head.headers.has_token("Connection", "upgrade");
     if (!upgrade) {
@@ -177,7 +188,7 @@ asio::awaitable<void> proxy(std::shared_ptr<proxy_state> s, http::server_request
         }
         co_return;
     }
-    const std::string head = upstream_head(request.head());
+    const std::string head = upstream_head(request.head(), entry->mask_request_host, port);
     auto taken = request.take_over();
     if (!taken) co_return;  // only before the body was read or an answer started: not here
     auto upstream = http::make_tcp_stream(std::move(*connected));

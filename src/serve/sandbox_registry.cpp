@@ -33,6 +33,7 @@ std::string sidecar_json(const registry_entry& e) {
     w.key("startedAt").value(to_unix_ms(e.started_at));
     w.key("privatePorts").value(e.private_ports);
     w.key("autoPause").value(e.auto_pause);
+    if (!e.mask_request_host.empty()) w.key("maskRequestHost").value(e.mask_request_host);
     w.key("metadata").begin_object();
     for (const auto& [k, v] : e.metadata) w.key(k).value(v);
     w.end_object();
@@ -79,6 +80,10 @@ bool read_sidecar(const std::string& path, registry_entry& e) {
     bool private_ports = false;
     if (o["privatePorts"].get_bool().get(private_ports) == simdjson::SUCCESS) {
         e.private_ports = private_ports;
+    }
+    std::string_view mask;
+    if (o["maskRequestHost"].get_string().get(mask) == simdjson::SUCCESS) {
+        e.mask_request_host = std::string(mask);
     }
     read_string_map(o, "metadata", e.metadata);
     read_string_map(o, "envVars", e.env_vars);

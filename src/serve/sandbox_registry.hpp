@@ -70,6 +70,9 @@ struct registry_entry {
     // the ports are public). Kept in the sidecar.
     bool private_ports = false;
     std::string traffic_token;  // never logged
+    // network.maskRequestHost at create: the Host header port requests carry into the sandbox
+    // ("${PORT}" replaced by the port); "" keeps the client's. Kept in the sidecar.
+    std::string mask_request_host;
     // Set once a destroy of the sandbox starts (it stays set if the destroy fails) or it is found
     // past its end. A service with a live stream waits on it too, so that killing a sandbox ends
     // its streams at once; envd answers for such a sandbox as for one that is gone.

@@ -317,11 +317,17 @@ describe('scope', () => {
     test('GET /health answers 200 on the control plane and needs no key', async () => {
         const response = await fetch(`${serve.api}/health`);
         assert.equal(response.status, 200);
-        const unsupported = await fetch(`${serve.api}/sandboxes/x/snapshots`, {
-            method: 'POST', headers: { 'X-API-Key': serve.key },
-        });
+        const unsupported = await fetch(`${serve.api}/snapshots`, { headers: { 'X-API-Key': serve.key } });
         assert.equal(unsupported.status, 501);
         assert.match((await unsupported.json()).message, /snapshots/);
+        // For one sandbox, an id the server does not hold is 404 before the 501 (as E2B answers
+        // a fork of a killed sandbox).
+        for (const route of ['snapshots', 'fork']) {
+            const unknown = await fetch(`${serve.api}/sandboxes/sb-00000000000000000000/${route}`, {
+                method: 'POST', headers: { 'X-API-Key': serve.key },
+            });
+            assert.equal(unknown.status, 404, route);
+        }
     });
 });
 

@@ -13,7 +13,7 @@
 // The moat binary comes from argv[2] or $MOAT_BIN. Without node_modules (scripts/install-deps
 // runs npm ci here) a test file exits 77, which ctest reports as skipped; with
 // MOAT_REQUIRE_NAMESPACES=1 (CI) it fails instead.
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -210,4 +210,18 @@ export async function inSandbox(sbx, command) {
     const r = await runMoat(['exec', sbx.sandboxId, '--', '/bin/sh', '-c', command]);
     if (r.code !== 0) throw new Error(`in-sandbox command failed: ${command}: ${r.stderr}`);
     return r.stdout;
+}
+
+// A CA and a certificate for `*.<domain>` (and 127.0.0.1, where E2B_SANDBOX_URL may point), as an
+// operator would get for their sandbox domain, written to `dir`: {ca, cert, key} paths.
+export function wildcardCertificate(dir, domain) {
+    const openssl = (...args) => execFileSync('openssl', args, { cwd: dir, stdio: 'pipe' });
+    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+        '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '2', '-subj', '/CN=moat test CA');
+    openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+        '-keyout', 'server.key', '-out', 'server.csr', '-subj', `/CN=*.${domain}`);
+    writeFileSync(path.join(dir, 'san.cnf'), `subjectAltName=DNS:*.${domain},DNS:localhost,IP:127.0.0.1\n`);
+    openssl('x509', '-req', '-in', 'server.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key',
+        '-CAcreateserial', '-out', 'server.pem', '-days', '2', '-extfile', 'san.cnf');
+    return { ca: path.join(dir, 'ca.pem'), cert: path.join(dir, 'server.pem'), key: path.join(dir, 'server.key') };
 }

@@ -7,7 +7,7 @@
 // as an operator's `*.D` DNS record would.
 // Run: node tests/e2b/ports.test.mjs build/dev/moat
 import assert from 'node:assert/strict';
-import { execFileSync, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import http from 'node:http';
@@ -16,7 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 
-import { pointSdkAt, removeDir, requireSdk, startServe, waitFor } from './harness.mjs';
+import { pointSdkAt, removeDir, requireSdk, startServe, waitFor, wildcardCertificate } from './harness.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
@@ -259,6 +259,44 @@ test('private ports need the sandbox\'s own trafficAccessToken', async () => {
     }
 });
 
+// A server that answers each request with the Host line it was sent, as the sandbox saw it.
+const hostEcho = `
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        lines = [k + ': ' + v for k, v in self.headers.items() if k.lower() == 'host']
+        body = ('\\n'.join(lines) + '\\n').encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(('', 8080), H).serve_forever()
+`;
+
+test('network.maskRequestHost replaces the Host a port request carries into the sandbox', async () => {
+    const masked = await Sandbox.create({ network: { maskRequestHost: 'custom-host.example.com:${PORT}' } });
+    const plain = await Sandbox.create();
+    try {
+        assert.equal((await masked.getInfo()).network.maskRequestHost, 'custom-host.example.com:${PORT}');
+        for (const sbx of [masked, plain]) {
+            await sbx.files.write('/tmp/host_echo.py', hostEcho);
+            await sbx.commands.run('python3 /tmp/host_echo.py', { background: true });
+        }
+        const seen = await waitUntilServed(masked.getHost(8080), '/');
+        assert.equal(seen.status, 200);
+        assert.equal(seen.body, 'Host: custom-host.example.com:8080\n');
+        // Without a mask the client's own Host goes through, whatever its case.
+        const own = await waitUntilServed(plain.getHost(8080), '/');
+        assert.equal(own.body.toLowerCase(), `host: ${plain.getHost(8080)}:${envdPort}\n`.toLowerCase());
+        // A mask that could split the head is refused at create, naming the field.
+        await assert.rejects(Sandbox.create({ network: { maskRequestHost: 'a\r\nX-Evil: 1' } }),
+            (e) => /maskRequestHost/.test(e.message));
+    } finally {
+        await Promise.all([masked.kill(), plain.kill()]);
+    }
+});
+
 test('--private-ports makes private the default', async () => {
     const privateServe = await startServe({ args: ['--domain', domain, '--private-ports'] });
     try {
@@ -289,25 +327,10 @@ test('--private-ports makes private the default', async () => {
     }
 });
 
-// A CA and a certificate for `*.moat.test` (and 127.0.0.1, where E2B_SANDBOX_URL points), as an
-// operator would get for their sandbox domain.
-function wildcardCertificate(dir) {
-    const openssl = (...args) => execFileSync('openssl', args, { cwd: dir, stdio: 'pipe' });
-    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
-        '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '2', '-subj', '/CN=moat test CA');
-    openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
-        '-keyout', 'server.key', '-out', 'server.csr', '-subj', `/CN=*.${domain}`);
-    const extensions = path.join(dir, 'san.cnf');
-    execFileSync('sh', ['-c', `printf 'subjectAltName=DNS:*.${domain},DNS:localhost,IP:127.0.0.1\n' > ${extensions}`]);
-    openssl('x509', '-req', '-in', 'server.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key',
-        '-CAcreateserial', '-out', 'server.pem', '-days', '2', '-extfile', extensions);
-    return { ca: path.join(dir, 'ca.pem'), cert: path.join(dir, 'server.pem'), key: path.join(dir, 'server.key') };
-}
-
 test('over TLS, a port host is served under a wildcard certificate for the domain', async () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), 'moat-ports-tls-'));
     const tlsServe = await startServe({ setEnv: false, args: ['--domain', domain, ...(() => {
-        const c = wildcardCertificate(dir);
+        const c = wildcardCertificate(dir, domain);
         return ['--tls-cert', c.cert, '--tls-key', c.key];
     })()] });
     try {

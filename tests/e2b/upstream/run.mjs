@@ -28,13 +28,14 @@ if (!existsSync(path.join(here, 'node_modules', 'vitest'))) {
     console.error(`no ${here}/node_modules: run npm ci --prefix ${here}`);
     process.exit(2);
 }
-const { startServe } = await import('../harness.mjs');
+const { startServe, wildcardCertificate } = await import('../harness.mjs');
 
 const work = mkdtempSync(path.join(os.tmpdir(), 'moat-upstream-'));
 for (const part of ['src', 'tests', 'package.json', 'tsconfig.json']) {
     if (existsSync(path.join(sdkDir, part))) cpSync(path.join(sdkDir, part), path.join(work, part), { recursive: true });
 }
 cpSync(path.join(here, 'vitest.config.mts'), path.join(work, 'vitest.moat.mts'));
+cpSync(path.join(here, 'sandbox_hosts.setup.ts'), path.join(work, 'tests', 'moat_sandbox_hosts.setup.ts'));
 symlinkSync(path.join(here, 'node_modules'), path.join(work, 'node_modules'));
 
 // The files that mock E2B's API with msw test the client alone: they run in a pass of their own
@@ -79,11 +80,20 @@ for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_DOMAIN']) delete clie
 const clientReport = path.join(work, 'client.json');
 const clientCode = await pass(chosen(mocked), clientEnv, clientReport);
 
-// The suite builds URLs and host names from E2B_DOMAIN; serve answers them for --domain.
-const serve = await startServe({ args: ['--domain', 'moat.test'] });
+// The suite builds URLs and host names from E2B_DOMAIN and reaches each sandbox over https at
+// <port>-<id>.<domain>, as on E2B: serve answers them for --domain, with a wildcard certificate
+// the test workers trust, and sandbox_hosts.setup.ts sends those names to serve's envd listener
+// (the wildcard DNS record of a real deployment). No E2B_SANDBOX_URL: envd calls go by name too.
+const domain = 'moat.test';
+const certificates = wildcardCertificate(mkdtempSync(path.join(work, 'tls-')), domain);
+const serve = await startServe({ setEnv: false,
+    args: ['--domain', domain, '--tls-cert', certificates.cert, '--tls-key', certificates.key] });
+const serverEnv = { ...process.env, E2B_DOMAIN: domain, E2B_API_URL: serve.api, E2B_API_KEY: serve.key,
+    NODE_EXTRA_CA_CERTS: certificates.ca, MOAT_UPSTREAM_SANDBOX_HOSTS: new URL(serve.envd).host };
+delete serverEnv.E2B_SANDBOX_URL;
+delete serverEnv.E2B_DEBUG;
 const serverReport = path.join(work, 'server.json');
-const serverCode = await pass(chosen(testFiles.filter((f) => !mocked.includes(f))),
-    { ...process.env, E2B_DOMAIN: 'moat.test' }, serverReport);
+const serverCode = await pass(chosen(testFiles.filter((f) => !mocked.includes(f))), serverEnv, serverReport);
 const served = await serve.stop();
 
 const client = summarize('client', clientReport);

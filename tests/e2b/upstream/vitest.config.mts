@@ -11,7 +11,7 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 60_000,
     environment: 'node',
-    setupFiles: ['tests/globalFetchFallback.setup.ts'],
+    setupFiles: ['tests/globalFetchFallback.setup.ts', 'tests/moat_sandbox_hosts.setup.ts'],
     deps: { interopDefault: true },
   },
 })
