@@ -51,9 +51,8 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     full.auto_pause = true;
     full.secure = true;
     full.allow_internet_access = false;
-    full.network =
-        protocol::network_request{{"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}, false,
-                                  "h-${PORT}.example"};
+    full.network = protocol::network_request{
+        {"pypi.org", "*.pythonhosted.org"}, {"0.0.0.0/0"}, false, "h-${PORT}.example"};
     auto back = protocol::parse_create_request(protocol::encode_create_request(full));
     REQUIRE_MESSAGE(back, back.error().to_string());
     CHECK(back->template_id == full.template_id);
