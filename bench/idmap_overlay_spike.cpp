@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/idmapped_mount.hpp"
 #include "wire/fd_passing.hpp"
 
 namespace {
@@ -50,19 +51,6 @@ struct child_args {
 
 const char* outcome(int rc) {
     return rc == 0 ? "allowed" : std::strerror(errno);
-}
-
-int open_tree_clone(const char* path) {
-    return static_cast<int>(
-        ::syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
-}
-
-int idmap_read_only(int tree, int userns) {
-    mount_attr attr{};
-    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    attr.userns_fd = static_cast<std::uint64_t>(userns);
-    return static_cast<int>(
-        ::syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr));
 }
 
 int move_detached(int tree, const char* target) {
@@ -148,8 +136,13 @@ bool write_maps(pid_t pid) {
 bool send_idmapped_usr(pid_t pid, int sock) {
     const std::string ns_path = "/proc/" + std::to_string(pid) + "/ns/user";
     const int userns = ::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC);
-    const int tree = open_tree_clone("/usr");
-    bool sent = userns >= 0 && tree >= 0 && idmap_read_only(tree, userns) == 0;
+    const char* step = "";
+    const int tree =
+        userns < 0
+            ? -1
+            : moat::idmapped::open_tree(
+                  "/usr", userns, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, step);
+    bool sent = tree >= 0;
     if (sent) {
         const std::byte marker{0};
         const int fds[1] = {tree};

@@ -81,14 +81,16 @@ struct raw_runner {
         // As the helper does: on a host where no sandbox was made yet, the directory is new.
         if (sandboxd::prepare_state_dir(state_dir, detail) != 0) return detail;
         template_path = state_dir + "/raw-bench-template";
-        if (sandboxd::build_template_root(template_path, detail) != 0) return detail;
+        std::vector<std::string> bound;
+        if (sandboxd::build_template_root(template_path, bound, detail) != 0) return detail;
         std::vector<sock_filter> filter;
         if (sandboxd::compile_seccomp_filter(filter, detail) != 0) return detail;
         self_exe = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
         if (self_exe < 0) return "open /proc/self/exe failed";
         if (slots.open() != 0)
             return std::string("uid slots: cannot open ") + sandboxd::host_lock_dir;
-        if (spawner.init(template_path, std::move(filter), self_exe, detail) != 0) return detail;
+        if (spawner.init(template_path, bound, std::move(filter), self_exe, detail) != 0)
+            return detail;
         hierarchy.discover();
         return "";
     }

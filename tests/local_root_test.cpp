@@ -194,7 +194,33 @@ TEST_CASE_FIXTURE(root_fixture, "root gets no raw sockets, mounts, namespaces or
     CHECK(root_sh(box.id, "echo 1 > /proc/sys/kernel/ns_last_pid").exit_code != 0);
     // Root of the sandbox only: the host's files stay someone else's.
     CHECK(root_sh(box.id, "touch /usr/bin/planted").exit_code != 0);
-    CHECK(root_sh(box.id, "chown 0 /etc/passwd").exit_code != 0);
+    CHECK(root_sh(box.id, "chown 0 /usr/bin/env").exit_code != 0);
+    CHECK(root_sh(box.id, "chown 0 /etc/ssl/certs").exit_code != 0);
+}
+
+TEST_CASE_FIXTURE(root_fixture,
+                  "root changes its own root by copy-up, and neither the template root nor "
+                  "another sandbox sees it") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto box = create();
+    const auto other = create();
+    const auto before = sh(other.id, "cat /etc/passwd; ls -A /").out.text();
+    CHECK(root_sh(box.id,
+                  "echo 'extra:x:1001:1001::/:/bin/sh' >> /etc/passwd && mkdir /data && "
+                  "echo kept > /data/f && chown 1000 /data && chown 1000 /etc/hosts")
+              .exit_code == 0);
+    CHECK(sh(box.id,
+             "tail -1 /etc/passwd; cat /data/f; stat -c %u /data /etc/hosts; "
+             "touch /data/mine && echo user-writes")
+              .out.text() == "extra:x:1001:1001::/:/bin/sh\nkept\n1000\n1000\nuser-writes\n");
+    // uid 1000 still cannot write where root owns.
+    CHECK(sh(box.id, "touch /newfile").exit_code != 0);
+    CHECK(sh(box.id, "echo x >> /etc/group").exit_code != 0);
+    // The other sandbox, made from the same template root, is as it was.
+    CHECK(sh(other.id, "cat /etc/passwd; ls -A /").out.text() == before);
+    CHECK(sh(other.id, "test -e /data || echo absent").out.text() == "absent\n");
+    destroy(box.id);
+    destroy(other.id);
 }
 
 TEST_CASE_FIXTURE(root_fixture, "sudo runs its command as root when the sandbox allows it") {

@@ -329,7 +329,8 @@ void helper::setup() {
     }
     std::string detail;
     const std::string template_path = state_dir_ + "/template";
-    if (const int err = build_template_root(template_path, detail)) {
+    std::vector<std::string> template_bound;
+    if (const int err = build_template_root(template_path, template_bound, detail)) {
         return fail_setup(moat::errc::layer_unavailable, 0, detail);
     }
     std::vector<sock_filter> filter;
@@ -344,7 +345,8 @@ void helper::setup() {
         return fail_setup(moat::errc::layer_unavailable, err,
                           std::string("helper: uid range locks ") + host_lock_dir);
     }
-    if (const int err = spawner_.init(template_path, std::move(filter), agent_exe_fd_, detail)) {
+    if (const int err = spawner_.init(template_path, template_bound, std::move(filter),
+                                      agent_exe_fd_, detail)) {
         return fail_setup(moat::errc::layer_unavailable, err, "helper: " + detail);
     }
     backstop_timer_ = ::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK);

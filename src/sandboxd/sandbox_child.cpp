@@ -47,6 +47,7 @@ enum class step : int {
     layer_attach,
     layer_overlay,
     layer_dev,
+    layer_binds,
     layer_etc,
     layer_chdir,
     mount_proc,
@@ -94,6 +95,7 @@ constexpr const char* step_names[] = {
     "attach the template layer",
     "mount the overlay root",
     "bind /dev and /opt/moat into the overlay root",
+    "bind the host's /usr and /etc files into the overlay root",
     "write /etc into the overlay root",
     "chdir overlay root",
     "mount /proc",
@@ -255,11 +257,29 @@ void bind_moat_commands(child_args& a) {
             MS_BIND | MS_REC, nullptr);
 }
 
-// A template sandbox's root (cwd: the template root, whose /dev and /etc it borrows): a tmpfs
-// on .layer holds the upper and the overlay's work directory; the idmapped layer the parent sent
-// is attached as the lower; the overlay is mounted on .layer/root with the template's /dev bound
-// in and moat's /etc files written over the layer's (in the upper). The cwd moves into it, and
-// the mount steps that follow build on it as they do on the template root.
+// The template root's host binds (/usr, /etc/ssl...) bound again over the overlay of it, which
+// shows only the template root's own files (its mount points).
+void bind_base_mounts(child_args& a) {
+    const char* path = a.base_binds;
+    for (int i = 0; i < a.base_bind_count; ++i) {
+        char target[256] = ".layer/root/";
+        std::size_t t = 12;
+        const char* c = path;
+        while (*c != '\0' && t < sizeof target - 1) target[t++] = *c++;
+        if (*c != '\0') child_fail(a, step::layer_binds, -ENAMETOOLONG);
+        target[t] = '\0';
+        checked(a, step::layer_binds, SYS_mount, path, target, nullptr, MS_BIND | MS_REC, nullptr);
+        path = c + 1;
+    }
+}
+
+// A sandbox's writable root (cwd: the template root, whose /dev and /etc it borrows): a tmpfs on
+// .layer holds the upper and the overlay's work directory; the idmapped layer the parent sent (a
+// template's, or the template root itself) is attached as the lower; the overlay is mounted on
+// .layer/root with the template root's /dev bound in. Over a template's layer moat's /etc files
+// are written (in the upper) and /opt/moat bound in; over the template root, which has both, its
+// host binds are bound again. The cwd moves into it, and the mount steps that follow build on it
+// as they do on the template root.
 void build_layer_root(child_args& a) {
     const long layer = receive_layer(a);
     raw(SYS_close, a.layer_socket);
@@ -279,6 +299,15 @@ void build_layer_root(child_args& a) {
             "lowerdir=.layer/lower,upperdir=.layer/upper,workdir=.layer/work");
     checked(a, step::layer_dev, SYS_mount, "dev", ".layer/root/dev", nullptr, MS_BIND | MS_REC,
             nullptr);
+    if (a.layer_is_base) {
+        bind_base_mounts(a);
+        if (a.has_layout_etc) {
+            write_etc_file(a, ".layer/root/etc/passwd", a.passwd_text, a.passwd_length);
+            write_etc_file(a, ".layer/root/etc/group", a.group_text, a.group_length);
+        }
+        checked(a, step::layer_chdir, SYS_chdir, ".layer/root");
+        return;
+    }
     bind_moat_commands(a);
     for (const char* file : {"hosts", "hostname", "resolv.conf", "nsswitch.conf"}) {
         char from[32] = "etc/";

@@ -27,9 +27,16 @@ struct child_args {
     int slot_lock;
     int agent_exe;
     int listen_socket;  // survivors: the attach socket, else -1
-    // A template sandbox: the socket the parent sends the idmapped layer on, else -1.
+    // A template sandbox, or one of no template with a writable root: the socket the parent
+    // sends the idmapped layer (or template root) on, else -1.
     int layer_socket;
     char layer_options[64];  // its upper's tmpfs options
+    // The layer is the template root: its /etc is moat's already, and the template root's host
+    // binds (base_binds: `base_bind_count` paths relative to it, each NUL-terminated, the
+    // spawner's, read-only) are bound again over the overlay.
+    bool layer_is_base;
+    const char* base_binds;
+    int base_bind_count;
     bool survive_owner;
     const char* template_path;
     char tmp_options[64];

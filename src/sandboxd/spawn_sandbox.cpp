@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/idmapped_mount.hpp"
 #include "sandboxd/raw_syscall.hpp"
 #include "sandboxd/sandbox_child.hpp"
 #include "sandboxd/template_root.hpp"
@@ -103,24 +104,17 @@ int send_layer(pid_t pid, std::string_view layer, int socket, moat::errc& code,
         return err;
     }
     const std::string layer_path(layer);
-    const int tree = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, layer_path.c_str(),
-                                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+    const char* step = "";
+    const int tree = moat::idmapped::open_tree(
+        layer_path.c_str(), userns, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, step);
     int err = tree < 0 ? errno : 0;
     if (err != 0) {
-        detail = "open the template layer " + layer_path + ": " + errno_name(err);
-        if (err == ENOSYS) code = moat::errc::layer_unavailable;
-    }
-    if (err == 0) {
-        mount_attr attr{};
-        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-        attr.userns_fd = static_cast<std::uint64_t>(userns);
-        if (::syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
-            err = errno;
+        if (err == ENOSYS || std::string_view(step) != "open_tree")
             code = moat::errc::layer_unavailable;
-            detail = std::string("idmapped mount of the template layer: ") + errno_name(err) +
-                     " (templates need idmapped mounts: Linux 5.12 or later, on a data "
-                     "directory whose file system supports them)";
-        }
+        detail = std::string(step) + " of the template layer " + layer_path + ": " +
+                 errno_name(err) +
+                 " (templates need idmapped mounts: Linux 5.12 or later, on a data directory "
+                 "whose file system supports them)";
     }
     if (err == 0) {
         const std::byte marker{0};
@@ -179,9 +173,19 @@ sandbox_spawner::~sandbox_spawner() {
     if (stack_ != nullptr) ::munmap(stack_, stack_bytes + guard_bytes);
 }
 
-int sandbox_spawner::init(std::string template_path, std::vector<sock_filter> filter,
-                          int agent_exe_fd, std::string& detail) {
+int sandbox_spawner::init(std::string template_path, const std::vector<std::string>& template_bound,
+                          std::vector<sock_filter> filter, int agent_exe_fd, std::string& detail) {
     template_path_ = std::move(template_path);
+    for (const auto& path : template_bound) {
+        base_binds_.append(path).push_back('\0');
+        ++base_bind_count_;
+    }
+    std::string step;
+    if (const int err = moat::idmapped::probe(template_path_.c_str(), step)) {
+        writable_base_detail_ = step + ": " + errno_name(err);
+    } else {
+        writable_base_ = true;
+    }
     filter_ = std::move(filter);
     agent_exe_fd_ = agent_exe_fd;
     stack_ = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
@@ -314,10 +318,16 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.slot_lock = slot.lock_fd;
     args.agent_exe = agent_exe_fd_;
     args.listen_socket = request.listen_socket;
-    // A template sandbox's layer goes to the child on a socket of its own once its maps exist.
+    // A template sandbox's layer, or for a sandbox of no template the template root (a writable
+    // root over it), goes to the child on a socket of its own once its maps exist.
+    const bool base_overlay = request.template_layer.empty() && writable_base_;
+    const std::string_view layer = base_overlay ? template_path_ : request.template_layer;
+    args.layer_is_base = base_overlay;
+    args.base_binds = base_binds_.data();
+    args.base_bind_count = base_overlay ? base_bind_count_ : 0;
     int layer_parent = -1;
     args.layer_socket = -1;
-    if (!request.template_layer.empty()) {
+    if (!layer.empty()) {
         int layer_pair[2];
         if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, layer_pair) != 0) {
             const int err = errno;
@@ -457,8 +467,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     moat::errc code = moat::errc::backend_failure;
     std::string detail;
     int err = prepare_child(pid, slot, detail);
-    if (err == 0 && layer_parent >= 0)
-        err = send_layer(pid, request.template_layer, layer_parent, code, detail);
+    if (err == 0 && layer_parent >= 0) err = send_layer(pid, layer, layer_parent, code, detail);
     close_fd(layer_parent);
     if (err == 0 && ::write(release_write, "x", 1) != 1) {
         err = errno;

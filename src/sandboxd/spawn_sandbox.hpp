@@ -5,8 +5,9 @@
 //
 // The child shares the helper's memory and TLS (errno included), so it makes raw system calls
 // only and reads nothing but what the parent prepared before clone. It enters a cgroup namespace
-// rooted at its own (already attached) cgroups, becomes root of its user namespace, bind-mounts the
-// template root, mounts /proc, /tmp, /dev/shm and /workspace (and /home, for a layout with a home
+// rooted at its own (already attached) cgroups, becomes root of its user namespace, builds its root
+// (an overlay of the template root or of a template's layer, else the template root itself),
+// mounts /proc, /tmp, /dev/shm and /workspace (and /home, for a layout with a home
 // there; another user or home gets its own /etc/passwd and /etc/group bound over the template's,
 // and the layout's directories outside /workspace are made), pivots into it, sets the hostname,
 // brings up loopback, sets PR_SET_PDEATHSIG (unless the sandbox survives its owner), arranges its
@@ -80,10 +81,17 @@ class sandbox_spawner {
     sandbox_spawner& operator=(const sandbox_spawner&) = delete;
     ~sandbox_spawner();
 
-    // Once per helper. `agent_exe_fd` is an O_RDONLY descriptor of this executable. Returns 0 or
-    // an errno with `detail`.
-    int init(std::string template_path, std::vector<sock_filter> filter, int agent_exe_fd,
-             std::string& detail);
+    // Once per helper. `template_bound` is what build_template_root bound below the template
+    // root; `agent_exe_fd` is an O_RDONLY descriptor of this executable. Tries an idmapped mount of
+    // the template root: where it works, a sandbox of no template gets a writable root (an
+    // overlay of the template root), else the template root itself, read-only. Returns 0 or an
+    // errno with `detail`.
+    int init(std::string template_path, const std::vector<std::string>& template_bound,
+             std::vector<sock_filter> filter, int agent_exe_fd, std::string& detail);
+
+    // Whether a sandbox of no template gets a writable root (init's probe); "" or why not.
+    bool writable_base() const noexcept { return writable_base_; }
+    const std::string& writable_base_detail() const noexcept { return writable_base_detail_; }
 
     // Creates one sandbox whose cgroups (already created, limits written) are `group`. On
     // failure the child is killed and reaped; the caller still owns `slot` and `group`.
@@ -92,6 +100,11 @@ class sandbox_spawner {
 
   private:
     std::string template_path_;
+    // The template root's host binds, each NUL-terminated (child_args::base_binds).
+    std::string base_binds_;
+    int base_bind_count_ = 0;
+    bool writable_base_ = false;
+    std::string writable_base_detail_;
     std::vector<sock_filter> filter_;
     int agent_exe_fd_ = -1;
     void* stack_ = nullptr;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 namespace moat::sandboxd {
 namespace {
@@ -127,12 +128,17 @@ class builder {
         if (::mount(nullptr, path.c_str(), nullptr, flags, nullptr) != 0) {
             return fail("remount ro", path);
         }
+        bound_.emplace_back(host + 1);
         return 0;
     }
+
+    // What mirror() bound so far, relative to the root, in order.
+    const std::vector<std::string>& bound() const { return bound_; }
 
   private:
     const std::string& root_;
     std::string& detail_;
+    std::vector<std::string> bound_;
 };
 
 int build_etc(builder& b) {
@@ -255,7 +261,8 @@ std::string group_for(std::string_view user) {
     return text;
 }
 
-int build_template_root(const std::string& path, std::string& detail) {
+int build_template_root(const std::string& path, std::vector<std::string>& bound,
+                        std::string& detail) {
     builder b(path, detail);
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return b.fail("mkdir", path);
     // Room for moat's own files and the sudo shim, a copy of this binary (some 2.5 MB).
@@ -272,6 +279,7 @@ int build_template_root(const std::string& path, std::string& detail) {
     }
     if (const int err = build_etc(b)) return err;
     if (const int err = build_command_aliases(b)) return err;
+    bound = b.bound();  // /dev's own binds go with /dev, which a sandbox binds whole
     if (const int err = build_dev(b)) return err;
     // Superblock read-only first, then the mount itself, so copies made in a sandbox's user
     // namespace inherit a locked read-only flag.

@@ -14,19 +14,28 @@
 //   /opt/moat/bin  python -> /usr/bin/python3 and pip -> /usr/bin/pip3, each only when the host
 //                lacks /usr/bin/python (pip) and has its target; last on the default PATH
 //
-// There is no /sys. Each sandbox bind-mounts this tree recursively and mounts its own /proc,
-// /tmp, /dev/shm and /workspace on the mount points, and /home when its layout has a home there;
-// a sandbox whose layout names another user or home binds its own passwd and group over /etc's.
+// There is no /sys. Each sandbox's root is an overlay of this tree (idmapped onto its user
+// namespace, so that its root owns what host root owns here) and a tmpfs of its own, with the
+// host binds above bound again over it (sandbox_child.cpp, build_layer_root); where idmapped
+// mounts of this tmpfs are unavailable, the sandbox bind-mounts the tree itself, read-only. Either
+// way it mounts its own /proc, /tmp, /dev/shm and /workspace on the mount points, and /home when
+// its layout has a home there; a sandbox whose layout names another user or home has its own
+// passwd and group over /etc's.
 #pragma once
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moat::sandboxd {
 
 // Builds the template at `path` (created if missing). The caller must already be in a private
-// mount namespace. Returns 0 or an errno, with `detail` naming the failed step.
-int build_template_root(const std::string& path, std::string& detail);
+// mount namespace. Returns 0 or an errno, with `detail` naming the failed step. `bound` receives
+// the paths (relative to the root: "usr", "etc/ssl"...) bound from the host below the root, /dev
+// aside: what a sandbox whose root is an overlay of this tree binds again over it (the overlay
+// shows the tree's own files, not the mounts on it).
+int build_template_root(const std::string& path, std::vector<std::string>& bound,
+                        std::string& detail);
 
 // The name of uid 1000 (wire::sandbox_user_id) in the template's /etc/passwd.
 inline constexpr std::string_view template_user_name = "user";

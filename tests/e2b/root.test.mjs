@@ -56,9 +56,12 @@ for (const [version, sdk] of Object.entries(sdks)) {
             assert.equal(made.owner, 'root');
             const listed = await sbx.files.list('/root', { user: 'root' });
             assert.deepEqual(listed.map((e) => e.name), ['hello.txt', 'made']);
-            // A command as root writes where the user cannot.
-            await sbx.commands.run('echo root > /etc/moat-test 2>/dev/null || echo refused > /root/etc', { user: 'root' });
-            assert.equal(await sbx.files.read('/root/etc'), 'refused\n');
+            // A command as root writes where the user cannot: the sandbox's own root (a copy-up
+            // over the template), never the host's /usr.
+            await sbx.commands.run('echo root > /etc/moat-test', { user: 'root' });
+            assert.equal(await sbx.files.read('/etc/moat-test'), 'root\n');
+            await assert.rejects(sbx.commands.run('echo user > /etc/moat-test'), CommandExitError);
+            await assert.rejects(sbx.commands.run('touch /usr/moat-test', { user: 'root' }), CommandExitError);
         });
 
         test('signed URLs for root read and upload as root', async () => {
