@@ -157,6 +157,19 @@ void check_templates(std::vector<std::string>& problems) {
         problems.push_back("templates exist but cannot be mounted: " + probed.error().detail);
 }
 
+// Whether a sandbox of no template got a writable root of its own (an overlay: the helper could
+// idmap its template root) or the template root itself, read-only. Informational: both are safe.
+asio::awaitable<void> check_root(backend& b, const std::string& id) {
+    exec_request request;
+    request.argv = {"/bin/sh", "-c", "grep -c '^[^ ]* / overlay ' /proc/mounts"};
+    auto ran = co_await b.async_exec(id, request);
+    if (!ran) co_return;
+    print_row("root", ran->out.text() == "1\n"
+                          ? "writable: the sandbox's own overlay over the template root"
+                          : "read-only: the template root itself (its tmpfs cannot be idmapped "
+                            "here: Linux 6.3 or later)");
+}
+
 // Creates a sandbox, runs `id -u` in it and destroys it, timing each step.
 asio::awaitable<void> live_check(backend& b, std::vector<std::string>& problems) {
     std::printf("\nlive check\n");
@@ -190,6 +203,7 @@ asio::awaitable<void> live_check(backend& b, std::vector<std::string>& problems)
         } else {
             print_row("exec", "ok, " + ms(t3 - t2) + " (runs as uid 1000)");
         }
+        co_await check_root(b, created->id);
         const auto t4 = clock::now();
         auto destroyed = co_await b.async_destroy(created->id);
         const auto t5 = clock::now();
