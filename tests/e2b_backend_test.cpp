@@ -1145,3 +1145,73 @@ TEST_CASE(
                 before, after);
     CHECK(after <= before + 4);
 }
+
+// --- pause ---
+
+struct pause_outcome {
+    result<sandbox_info> created, paused, paused_again, inspected, resumed, resumed_again;
+    bool paused_seen = false;
+    bool running_seen = true;
+    result<moat::exec_result> before, after;
+};
+
+asio::awaitable<pause_outcome> pause_and_resume(backend* b) {
+    pause_outcome o;
+    sandbox_spec spec;
+    spec.ttl = 10min;
+    o.created = co_await b->async_create(spec);
+    if (!o.created) co_return o;
+    const std::string id = o.created->id;
+    moat::exec_request start;
+    start.argv = {"sh", "-c", "echo kept > /tmp/v"};
+    o.before = co_await b->async_exec(id, start);
+    // A process running across the pause (the stream stays open while it runs).
+    moat::exec_request sleeper;
+    sleeper.argv = {"sleep", "300"};
+    auto sleeping = co_await b->async_spawn(id, sleeper);
+    if (!sleeping) {
+        o.before = sleeping.error();
+        co_return o;
+    }
+    o.paused = co_await b->async_pause(id);
+    o.paused_seen = b->is_paused(id);
+    o.paused_again = co_await b->async_pause(id);
+    o.inspected = co_await b->async_inspect(id);
+    o.resumed = co_await b->async_resume(id);
+    o.running_seen = b->is_paused(id);
+    o.resumed_again = co_await b->async_resume(id);
+    moat::exec_request check;
+    check.argv = {"sh", "-c",
+                  "cat /tmp/v; kill -0 " + std::to_string(sleeping->pid()) + " && echo sleeping"};
+    o.after = co_await b->async_exec(id, check);
+    (void)co_await b->async_destroy(id);
+    co_return o;
+}
+
+TEST_CASE(
+    "e2b backend against moat serve: pause keeps the sandbox's files and processes, a second pause "
+    "and resume change nothing, and the TTL left comes back") {
+    moat::test::serve_process serve;
+    asio::io_context io;
+    auto b = moat::make_e2b_backend(io.get_executor(), config_for(serve));
+    const auto started = std::chrono::system_clock::now();
+    auto o = moat::test::run_async(io, pause_and_resume(b.get()));
+    REQUIRE_MESSAGE(o.created, o.created.error().to_string());
+    REQUIRE_MESSAGE(o.before, o.before.error().to_string());
+    REQUIRE_MESSAGE(o.paused, o.paused.error().to_string());
+    CHECK(o.paused->state == moat::sandbox_state::paused);
+    CHECK(o.paused->ttl_left > 9min);
+    CHECK(o.paused_seen);
+    REQUIRE_MESSAGE(o.paused_again, o.paused_again.error().to_string());
+    CHECK(o.paused_again->state == moat::sandbox_state::paused);
+    REQUIRE_MESSAGE(o.inspected, o.inspected.error().to_string());
+    CHECK(o.inspected->state == moat::sandbox_state::paused);
+    REQUIRE_MESSAGE(o.resumed, o.resumed.error().to_string());
+    CHECK(o.resumed->state == moat::sandbox_state::running);
+    CHECK(o.resumed->expires_at >= started + 9min);
+    CHECK_FALSE(o.running_seen);
+    REQUIRE_MESSAGE(o.resumed_again, o.resumed_again.error().to_string());
+    CHECK(o.resumed_again->state == moat::sandbox_state::running);
+    REQUIRE_MESSAGE(o.after, o.after.error().to_string());
+    CHECK(o.after->out.text() == "kept\nsleeping\n");
+}

@@ -118,7 +118,9 @@ class backend {
     // `paused`, expires_at the end of the paused lifetime. Idempotent. The paused state lives as
     // long as the sandbox's processes: a host reboot loses it with them. local: the commands'
     // cgroup v2 subtree (cgroup.freeze; never pid 1, which keeps answering), where a cgroup2
-    // mount exists (hybrid hosts too); elsewhere not_supported. Errors: sandbox_not_found,
+    // mount exists (hybrid hosts too); elsewhere not_supported. e2b: the provider's pause
+    // (POST /sandboxes/{id}/pause; resume is its connect, with what was left of the TTL; a
+    // sandbox paused through this backend is skipped by its heartbeat). Errors: sandbox_not_found,
     // sandbox_unavailable (it has ended), not_supported, backend_failure.
     virtual asio::awaitable<result<sandbox_info>> async_pause(std::string id);
     // Thaws a paused sandbox, everything as it was, its TTL running again with what was left of

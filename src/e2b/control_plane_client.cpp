@@ -298,6 +298,20 @@ asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
     co_return true;
 }
 
+asio::awaitable<result<bool>> pause(std::shared_ptr<state> s, std::string id) {
+    if (!protocol::is_valid_sandbox_id(id))
+        co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
+    call_spec c;
+    c.method = "POST";
+    c.path = "/sandboxes/" + id + "/pause";
+    c.retries = retry_policy::idempotent;
+    auto reply = co_await send(s, c);
+    if (!reply) co_return std::move(reply).error();
+    if (reply->status() == 409) co_return false;
+    if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
+    co_return true;
+}
+
 asio::awaitable<result<void>> check(std::shared_ptr<state> s) {
     call_spec c;
     c.method = "GET";
@@ -361,6 +375,9 @@ asio::awaitable<result<void>> control_plane_client::async_set_timeout(std::strin
 asio::awaitable<result<void>> control_plane_client::async_update_network(
     std::string id, protocol::network_update_request body) {
     return update_network(state_, std::move(id), std::move(body));
+}
+asio::awaitable<result<bool>> control_plane_client::async_pause(std::string id) {
+    return pause(state_, std::move(id));
 }
 asio::awaitable<result<bool>> control_plane_client::async_kill(std::string id) {
     return kill(state_, std::move(id));

@@ -101,6 +101,8 @@ class control_plane_client {
     // PUT /sandboxes/{id}/network: the sandbox's whole egress configuration replaced.
     asio::awaitable<result<void>> async_update_network(std::string id,
                                                        e2b_protocol::network_update_request body);
+    // POST /sandboxes/{id}/pause: true once paused, false when it already was (409).
+    asio::awaitable<result<bool>> async_pause(std::string id);
     // DELETE /sandboxes/{id}: true once killed, false when it was already gone (404).
     asio::awaitable<result<bool>> async_kill(std::string id);
     // One page of at most one sandbox: checks that the endpoint answers and takes the key.

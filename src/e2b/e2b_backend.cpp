@@ -41,6 +41,9 @@ struct held_sandbox {
     system_clock::time_point ttl_end;
     bool heartbeat = false;  // its E2B timeout is kept at heartbeat_timeout
     std::optional<std::string> gone_reason;
+    // Paused through this backend (async_pause): what was left of its TTL then, for the resume.
+    bool paused = false;
+    milliseconds ttl_left{0};
     // The sandbox's envd: exec, spawn, signal and files go there.
     std::shared_ptr<e2b::envd_client> envd;
     // The domain its ports are named under: the create or connect answer's, else the config's.
@@ -65,7 +68,9 @@ struct backend_state {
 sandbox_info info_from(const backend_state& s, const e2b::sandbox_detail& d) {
     sandbox_info info;
     info.id = d.sandbox_id;
-    info.state = d.state == "running" ? sandbox_state::running : sandbox_state::exited;
+    info.state = d.state == "running"  ? sandbox_state::running
+                 : d.state == "paused" ? sandbox_state::paused
+                                       : sandbox_state::exited;
     info.created_at = d.started_at;
     info.expires_at = d.end_at;
     for (const auto& [k, v] : d.metadata) {
@@ -153,7 +158,7 @@ std::int64_t heartbeat_seconds(const backend_state& s, const held_sandbox& h) {
 // logged, and the next round tries again.
 asio::awaitable<void> renew(std::shared_ptr<backend_state> s, std::string id) {
     const auto it = s->held.find(id);
-    if (it == s->held.end() || it->second->gone_reason) co_return;
+    if (it == s->held.end() || it->second->gone_reason || it->second->paused) co_return;
     const auto h = it->second;
     const std::int64_t seconds = heartbeat_seconds(*s, *h);
     if (seconds <= 0) co_return;  // its TTL ends it now
@@ -301,6 +306,16 @@ class e2b_backend final : public backend {
     asio::awaitable<result<sandbox_info>> async_update_network(std::string id,
                                                                sandbox_network network) override {
         return guarded(update_network(state_, std::move(id), std::move(network)));
+    }
+    asio::awaitable<result<sandbox_info>> async_pause(std::string id) override {
+        return guarded(pause(state_, std::move(id)));
+    }
+    asio::awaitable<result<sandbox_info>> async_resume(std::string id) override {
+        return guarded(resume(state_, std::move(id)));
+    }
+    bool is_paused(const std::string& id) const override {
+        const auto it = state_->held.find(id);
+        return it != state_->held.end() && it->second->paused;
     }
     asio::awaitable<result<void>> async_destroy(std::string id) override {
         return guarded(destroy(state_, std::move(id)));
@@ -556,6 +571,68 @@ class e2b_backend final : public backend {
         auto updated = co_await s->control->async_update_network(id, std::move(body));
         if (!updated) co_return std::move(updated).error();
         if (auto it = s->held.find(id); it != s->held.end()) it->second->info.network = network;
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) co_return std::move(detail).error();
+        co_return info_from(*s, *detail);
+    }
+
+    // E2B's pause (memory kept; its TTL stands still): POST /pause, then the control plane's view.
+    // The heartbeat leaves a paused sandbox alone; what was left of its TTL waits for the resume.
+    static asio::awaitable<result<sandbox_info>> pause(std::shared_ptr<backend_state> s,
+                                                       std::string id) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        std::shared_ptr<held_sandbox> h;
+        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
+        if (h && h->gone_reason) co_return gone_error(id, *h);
+        const auto asked = system_clock::now();
+        auto paused = co_await s->control->async_pause(id);
+        if (!paused) {
+            if (h && paused.error().code == errc::sandbox_not_found) {
+                mark_gone(*s, *h, "it has ended");
+                co_return gone_error(id, *h);
+            }
+            co_return std::move(paused).error();
+        }
+        if (h && !h->paused) {
+            h->paused = true;
+            h->ttl_left = std::max(milliseconds(1),
+                                   std::chrono::duration_cast<milliseconds>(h->ttl_end - asked));
+            h->info.state = sandbox_state::paused;
+        }
+        auto detail = co_await s->control->async_get(id);
+        if (!detail) co_return std::move(detail).error();
+        auto info = info_from(*s, *detail);
+        if (h) info.ttl_left = h->ttl_left;
+        co_return info;
+    }
+
+    // E2B resumes a paused sandbox on connect: its end then is now + what was left of its TTL (the
+    // heartbeat's timeout for a sandbox the heartbeat keeps, which then renews it as before).
+    static asio::awaitable<result<sandbox_info>> resume(std::shared_ptr<backend_state> s,
+                                                        std::string id) {
+        if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
+        std::shared_ptr<held_sandbox> h;
+        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
+        if (h && h->gone_reason) co_return gone_error(id, *h);
+        // A sandbox paused by another process: E2B's own default timeout.
+        milliseconds left = h && h->paused ? h->ttl_left : milliseconds(std::chrono::minutes(5));
+        milliseconds timeout = left;
+        if (h && h->heartbeat) timeout = std::min(left, s->config.heartbeat_timeout);
+        const auto asked = system_clock::now();
+        auto connected = co_await s->control->async_connect(id, seconds_up(timeout));
+        if (!connected) {
+            if (h && connected.error().code == errc::sandbox_not_found) {
+                mark_gone(*s, *h, "it has ended");
+                co_return gone_error(id, *h);
+            }
+            co_return std::move(connected).error();
+        }
+        if (h && h->paused) {
+            h->paused = false;
+            h->ttl_end = asked + left;
+            h->info.state = sandbox_state::running;
+            h->info.expires_at = h->ttl_end;
+        }
         auto detail = co_await s->control->async_get(id);
         if (!detail) co_return std::move(detail).error();
         co_return info_from(*s, *detail);
