@@ -266,39 +266,35 @@ TEST_CASE_FIXTURE(oci_fixture,
                   "an OCI image whose entries leave the root is refused naming the entry, before "
                   "anything is unpacked") {
     REQUIRE(::access(busybox, X_OK) == 0);
-    auto lower = busybox_layer();
+    // The busybox layer and `extra` after it.
+    const auto with = [](std::vector<tar_entry> extra) {
+        auto entries = busybox_layer();
+        entries.insert(entries.end(), extra.begin(), extra.end());
+        return entries;
+    };
     // A `..` component, an absolute path.
-    auto dotdot = lower;
-    dotdot.push_back({tar_entry::file, "../escape", "out\n"});
-    check_refused("dotdot", {dotdot}, "entry '../escape': a '..' component");
-    auto nested = lower;
-    nested.push_back({tar_entry::file, "etc/../../escape", "out\n"});
-    check_refused("nested", {nested}, "entry 'etc/../../escape'");
-    auto absolute = lower;
-    absolute.push_back({tar_entry::file, "/escape", "out\n"});
-    check_refused("absolute", {absolute}, "entry '/escape': an absolute path");
+    check_refused("dotdot", {with({{tar_entry::file, "../escape", "out\n"}})},
+                  "entry '../escape': a '..' component");
+    check_refused("nested", {with({{tar_entry::file, "etc/../../escape", "out\n"}})},
+                  "entry 'etc/../../escape'");
+    check_refused("absolute", {with({{tar_entry::file, "/escape", "out\n"}})},
+                  "entry '/escape': an absolute path");
     // A file written through an absolute link, in the same layer and in the next one.
-    auto evil = lower;
-    evil.push_back({tar_entry::symlink, "evil", "/etc"});
-    evil.push_back({tar_entry::file, "evil/passwd", "root::0:0::/:/bin/sh\n"});
-    check_refused("evil", {evil}, "entry 'evil/passwd': written through the symbolic link /evil");
-    auto evil_lower = lower;
-    evil_lower.push_back({tar_entry::symlink, "evil", "/etc"});
-    check_refused("evil-next", {evil_lower, {{tar_entry::file, "evil/passwd", "x\n"}}},
+    const tar_entry evil{tar_entry::symlink, "evil", "/etc"};
+    const tar_entry passwd{tar_entry::file, "evil/passwd", "root::0:0::/:/bin/sh\n"};
+    check_refused("evil", {with({evil, passwd})},
+                  "entry 'evil/passwd': written through the symbolic link /evil");
+    check_refused("evil-next", {with({evil}), {passwd}},
                   "entry 'evil/passwd': written through the symbolic link /evil");
     // A relative link that climbs out, and a hard link through it.
-    auto up = lower;
-    up.push_back({tar_entry::symlink, "etc/up", "../../../.."});
-    up.push_back({tar_entry::directory, "etc/up/tmp/", "", 0755});
-    check_refused("up", {up}, "entry 'etc/up/tmp/': written through the symbolic link /etc/up");
-    auto linked = lower;
-    linked.push_back({tar_entry::symlink, "etc/up", "../../../.."});
-    linked.push_back({tar_entry::hard_link, "etc/h", "etc/up/etc/shadow"});
-    check_refused("hardlink", {linked}, "entry 'etc/up/etc/shadow': written through");
+    const tar_entry up{tar_entry::symlink, "etc/up", "../../../.."};
+    check_refused("up", {with({up, {tar_entry::directory, "etc/up/tmp/", "", 0755}})},
+                  "entry 'etc/up/tmp/': written through the symbolic link /etc/up");
+    check_refused("hardlink", {with({up, {tar_entry::hard_link, "etc/h", "etc/up/etc/shadow"}})},
+                  "entry 'etc/up/etc/shadow': written through");
     // A device node.
-    auto device = lower;
-    device.push_back({tar_entry::device, "etc/null", ""});
-    check_refused("device", {device}, "entry 'etc/null': a device node");
+    check_refused("device", {with({{tar_entry::device, "etc/null", ""}})},
+                  "entry 'etc/null': a device node");
     // Nothing was written outside the image's root.
     CHECK_FALSE(fs::exists(scratch.path / "escape"));
     CHECK_FALSE(fs::exists(store.data_dir() + "/escape"));

@@ -1,5 +1,6 @@
 #include "templates/tool_process.hpp"
 
+#include "core/spawn_attributes.hpp"
 #include "core/unique_fd.hpp"
 
 #include <fcntl.h>
@@ -19,22 +20,6 @@ namespace moat::templates {
 namespace {
 
 constexpr std::size_t kept_stderr_bytes = 8 * 1024;
-
-// Owns posix_spawn's attribute and file-action objects.
-struct spawn_setup {
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_t actions;
-    spawn_setup() {
-        posix_spawnattr_init(&attr);
-        posix_spawn_file_actions_init(&actions);
-    }
-    ~spawn_setup() {
-        posix_spawn_file_actions_destroy(&actions);
-        posix_spawnattr_destroy(&attr);
-    }
-    spawn_setup(const spawn_setup&) = delete;
-    spawn_setup& operator=(const spawn_setup&) = delete;
-};
 
 // Waits for `pid` (already dead or killed), retrying on EINTR.
 int reap(pid_t pid) {
@@ -82,15 +67,7 @@ result<void> run_tool(const std::vector<std::string>& argv, const std::string& c
         return make_error(errc::backend_failure, "pipe: " + std::string(std::strerror(errno)));
     unique_fd read_end(pipe_fds[0]);
     unique_fd write_end(pipe_fds[1]);
-    spawn_setup setup;
-    sigset_t signals;
-    sigemptyset(&signals);
-    posix_spawnattr_setsigmask(&setup.attr, &signals);
-    sigfillset(&signals);
-    posix_spawnattr_setsigdefault(&setup.attr, &signals);
-    posix_spawnattr_setpgroup(&setup.attr, 0);
-    posix_spawnattr_setflags(
-        &setup.attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    detail::spawn_attributes setup;
     posix_spawn_file_actions_addopen(&setup.actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&setup.actions, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_adddup2(&setup.actions, write_end.get(), 2);
