@@ -7,16 +7,20 @@
 #include "support/template_fixture.hpp"
 #include "templates/layer_entries.hpp"
 #include "templates/sha256.hpp"
+#include "templates/tool_process.hpp"
 
 #include <moat/templates.hpp>
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <signal.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 namespace fs = std::filesystem;
 using moat::test::busybox;
@@ -377,4 +381,54 @@ TEST_CASE("moat template build --from-oci and moat template ls, as a user runs t
         moat::test::moat_cli(env, "template build y --from-oci " + image.dir.string());
     CHECK(untagged.exit_code != 0);
     CHECK(untagged.output.find("no manifest is tagged 'latest'") != std::string::npos);
+}
+
+TEST_CASE(
+    "the build's program runner kills a program past its deadline with its process group, "
+    "and its error shows one line of the program's stderr") {
+    using moat::templates::run_tool;
+    scratch_dir scratch;
+    const auto soon = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(20); };
+    // Only the last line, without the terminal's colours.
+    auto failed = run_tool({"sh", "-c",
+                            "echo first line >&2; printf '\\033[31m x boom\\033[0m\\n\\n' >&2; "
+                            "exit 3"},
+                           scratch.path.string(), soon());
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().code == moat::errc::backend_failure);
+    CHECK(failed.error().detail == "sh failed (exit 3): x boom");
+    // Its environment is PATH and LC_ALL alone, its working directory the one given.
+    ::setenv("MOAT_TOOL_TEST_SECRET", "s3cret", 1);
+    auto env =
+        run_tool({"sh", "-c", "env | grep -v '^PWD=' | sort | tr '\\n' ' ' >&2; pwd >&2; exit 1"},
+                 scratch.path.string(), soon());
+    ::unsetenv("MOAT_TOOL_TEST_SECRET");
+    REQUIRE_FALSE(env);
+    CHECK(env.error().detail.find("s3cret") == std::string::npos);
+    CHECK(env.error().detail ==
+          "sh failed (exit 1): LC_ALL=C "
+          "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin " +
+              scratch.path.string());
+    CHECK(run_tool({"true"}, "/", soon()));
+    auto missing = run_tool({"moat-no-such-program"}, "/", soon());
+    REQUIRE_FALSE(missing);
+    CHECK(missing.error().code == moat::errc::layer_unavailable);
+
+    // A program and the child it started, killed together at the deadline.
+    const auto pid_file = scratch.path / "child.pid";
+    const auto started = std::chrono::steady_clock::now();
+    auto late = run_tool({"sh", "-c", "sleep 60 & echo $! > " + pid_file.string() + "; wait"}, "/",
+                         started + std::chrono::milliseconds(500));
+    REQUIRE_FALSE(late);
+    CHECK(late.error().code == moat::errc::deadline_exceeded);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+    const pid_t child = std::stoi(read_file(pid_file));
+    bool gone = false;
+    for (int i = 0; i < 100 && !gone; ++i) {
+        // The sleep was the killed shell's child: reparented and reaped by init, or a zombie.
+        const std::string stat = read_file("/proc/" + std::to_string(child) + "/stat");
+        gone = stat.empty() || stat.find(") Z ") != std::string::npos;
+        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK(gone);
 }
