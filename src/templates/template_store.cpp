@@ -270,7 +270,8 @@ result<template_info> template_store::find(std::string_view name) const {
             return make_error(errc::invalid_argument,
                               "template '" + std::string(name) +
                                   "' does not exist (moat template ls lists them)");
-        return text.error();
+        // An oversized record is the store's fault, not the caller's.
+        return make_error(errc::backend_failure, text.error().detail);
     }
     return parse_record(*text, path);
 }
