@@ -3,7 +3,8 @@
 //   <data_dir>/                  0700
 //     layers/<hex>/              a layer's tree, named by its digest (content-addressed)
 //     templates/<name>.json      {"name","digest","size_bytes","built_at_ms","source"}
-//     staging/<random>/          a build under way (removed whatever its outcome)
+//     staging/<random>/          a build under way (removed whatever its outcome); an OCI build's
+//                                holds image/ (the checked blobs), rootfs/ (umoci's) and layer/
 //
 // A build copies into staging, checks the root, computes the digest, renames the tree into
 // layers/ (or drops it when that layer exists), and only then writes the template's record
