@@ -2,8 +2,8 @@
 // a layer cannot hold what it has, and a sandbox whose root is an overlay of the layer, mounted
 // idmapped, with a tmpfs upper of its own. Real namespaces, a real static busybox root the test
 // makes, every check of the host made from the host.
-#include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
+#include "support/template_fixture.hpp"
 
 #include <moat/templates.hpp>
 
@@ -14,77 +14,13 @@
 #include <filesystem>
 #include <fstream>
 
-using moat::test::local_fixture;
 namespace fs = std::filesystem;
 
-namespace {
-
-// Debian's busybox-static (scripts/install-deps installs it).
-constexpr const char* busybox = "/bin/busybox";
-
-void write_text(const fs::path& path, const std::string& text) {
-    std::ofstream(path) << text;
-}
-
-// A scratch directory for one test: its source trees and its data directory.
-struct scratch_dir {
-    fs::path path;
-    scratch_dir() {
-        char name[] = "/tmp/moat-template-test-XXXXXX";
-        path = ::mkdtemp(name);
-    }
-    ~scratch_dir() {
-        std::error_code ignored;
-        fs::remove_all(path, ignored);
-    }
-};
-
-// A minimal root: static busybox as /bin/sh and a few applets, an /etc/motd, and /data, which
-// everyone may write.
-fs::path make_busybox_root(const fs::path& at) {
-    fs::create_directories(at / "bin");
-    fs::create_directories(at / "etc");
-    fs::create_directories(at / "data");
-    fs::permissions(at / "data", fs::perms::all);
-    fs::copy_file(busybox, at / "bin/busybox");
-    for (const char* applet : {"sh", "ls", "cat", "id", "echo", "touch", "stat", "dd", "mkdir",
-                               "rm", "readlink", "head", "true"}) {
-        fs::create_symlink("busybox", at / "bin" / applet);
-    }
-    write_text(at / "etc/motd", "from the template\n");
-    fs::create_directories(at / "usr/lib");
-    write_text(at / "usr/lib/data", "template data\n");
-    return at;
-}
-
-struct template_fixture : local_fixture {
-    scratch_dir scratch;
-    moat::template_store store{(scratch.path / "data").string()};
-
-    template_fixture() {
-        REQUIRE_MESSAGE(::access(busybox, X_OK) == 0,
-                        "these tests need Debian's busybox-static (scripts/install-deps)");
-        // The fixture's backend, on this test's data directory.
-        local.reset();
-        moat::local_options options;
-        options.data_dir = store.data_dir();
-        local = moat::make_local_backend(io.get_executor(), options);
-    }
-
-    moat::template_info build(const std::string& name, const fs::path& root) {
-        auto built = store.build_from_dir(name, root.string());
-        REQUIRE_MESSAGE(built, built.error().to_string());
-        return built->built;
-    }
-
-    moat::sandbox_info create_from(const std::string& name) {
-        moat::sandbox_spec spec;
-        spec.template_name = name;
-        return create(spec);
-    }
-};
-
-}  // namespace
+using moat::test::busybox;
+using moat::test::make_busybox_root;
+using moat::test::scratch_dir;
+using moat::test::template_fixture;
+using moat::test::write_text;
 
 TEST_CASE_FIXTURE(template_fixture,
                   "a template from a directory is the sandbox's root, writable by copy-up, and "

@@ -44,7 +44,7 @@ struct template_info {
     std::string digest;  // "sha256:<64 hex>" of its layer
     std::uint64_t size_bytes = 0;
     std::chrono::system_clock::time_point built_at;
-    std::string source;  // what it was built from ("dir:/path")
+    std::string source;  // what it was built from ("dir:/path", "oci:/layout:tag")
 };
 
 struct template_build_report {
@@ -68,6 +68,24 @@ class template_store {
     // file_not_found when `dir` is missing. A failed build leaves nothing behind; a rebuild
     // replaces the name only once the new layer is whole.
     result<template_build_report> build_from_dir(std::string_view name, const std::string& dir);
+
+    // How long the OCI unpack (umoci) of a build may run before it is killed.
+    static constexpr std::chrono::minutes oci_unpack_timeout{30};
+
+    // Builds (or rebuilds) template `name` from image `tag` of the OCI image layout at `layout`
+    // (a directory: oci-layout, index.json, blobs/sha256/; a `docker save` archive goes through
+    // `skopeo copy docker-archive:FILE oci:DIR:TAG` first). Each blob is copied into the data
+    // directory and checked against its digest and size before it is used; each layer (tar or
+    // tar+gzip) is checked entry by entry before anything is unpacked, and refused, naming the
+    // entry, for a path that is absolute or has a `..` component, for an entry written through a
+    // symbolic link (`evil -> /etc` then `evil/passwd`), for a device node or an id past 65535.
+    // Debian's umoci then applies the layers (whiteouts included) and the result goes through the
+    // rules of a directory build above, flattened into one layer; the record's source is
+    // "oci:<layout>:<tag>". Errors as build_from_dir's, and: not_supported for a zstd layer or a
+    // multi-platform index, layer_unavailable when umoci is not installed, deadline_exceeded
+    // past oci_unpack_timeout. A failed build leaves nothing behind in the data directory.
+    result<template_build_report> build_from_oci(std::string_view name, const std::string& layout,
+                                                 std::string_view tag = "latest");
 
     // Every template, by name.
     result<std::vector<template_info>> list() const;

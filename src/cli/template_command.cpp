@@ -3,6 +3,9 @@
 //
 //   moat template build NAME --from-dir DIR   copy DIR into a layer; print the template; list on
 //                                             stderr what the build cleared (setuid bits, ...)
+//   moat template build NAME --from-oci PATH[:TAG]
+//                                             the same from image TAG (default latest) of the
+//                                             OCI image layout at PATH, unpacked with umoci
 //   moat template ls [--json]                 NAME, DIGEST, SIZE, BUILT, SOURCE
 //   moat template rm NAME                     refused while a live sandbox of this host uses it
 //   moat template verify NAME                 recompute the layer's digest; exit 1 if it differs
@@ -24,6 +27,7 @@ struct template_options {
     std::string action;
     std::string name;
     std::string from_dir;
+    std::string from_oci;  // PATH[:TAG]
     std::string data_dir;
     bool json = false;
 };
@@ -35,6 +39,8 @@ template_options parse(int argc, char** argv) {
         const std::string_view arg = argv[i];
         if (auto dir = flag_value("--from-dir", argc, argv, i)) {
             o.from_dir = *dir;
+        } else if (auto oci = flag_value("--from-oci", argc, argv, i)) {
+            o.from_oci = *oci;
         } else if (auto data = flag_value("--data-dir", argc, argv, i)) {
             o.data_dir = *data;
         } else if (arg == "--json") {
@@ -53,10 +59,10 @@ template_options parse(int argc, char** argv) {
         throw usage_error("moat template needs build, ls, rm or verify");
     if (o.action != "ls" && o.name.empty())
         throw usage_error("moat template " + o.action + " needs a template name");
-    if (o.action == "build" && o.from_dir.empty())
-        throw usage_error("moat template build NAME needs --from-dir DIR");
-    if (o.action != "build" && !o.from_dir.empty())
-        throw usage_error("--from-dir is for moat template build");
+    if (o.action == "build" && o.from_dir.empty() == o.from_oci.empty())
+        throw usage_error("moat template build NAME needs one of --from-dir DIR, --from-oci PATH");
+    if (o.action != "build" && (!o.from_dir.empty() || !o.from_oci.empty()))
+        throw usage_error("--from-dir and --from-oci are for moat template build");
     return o;
 }
 
@@ -97,8 +103,17 @@ std::string listing(const std::vector<template_info>& templates, bool json) {
     return out;
 }
 
+// PATH[:TAG]: the tag follows the last ':' when what follows holds no '/'.
+result<template_build_report> build_from_oci(template_store& store, const template_options& o) {
+    const auto colon = o.from_oci.rfind(':');
+    if (colon == std::string::npos || o.from_oci.find('/', colon) != std::string::npos)
+        return store.build_from_oci(o.name, o.from_oci);
+    return store.build_from_oci(o.name, o.from_oci.substr(0, colon), o.from_oci.substr(colon + 1));
+}
+
 int build(template_store& store, const template_options& o) {
-    auto built = store.build_from_dir(o.name, o.from_dir);
+    auto built =
+        o.from_oci.empty() ? store.build_from_dir(o.name, o.from_dir) : build_from_oci(store, o);
     if (!built) return report_error("template build", built.error());
     for (const auto& line : built->cleared) write_all(STDERR_FILENO, "cleared: " + line + "\n");
     write_all(STDOUT_FILENO, "built " + built->built.name + " " + built->built.digest + " " +

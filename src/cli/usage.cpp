@@ -64,8 +64,11 @@ constexpr usage_block blocks[] = {
      "      (run, exec and cp to - show a sandbox's control characters on a terminal as ^[;\n"
      "      --raw passes them unchanged)\n"},
     {"template",
-     "  template build NAME --from-dir DIR | ls [--json] | rm NAME | verify NAME\n"
+     "  template build NAME --from-dir DIR|--from-oci PATH[:TAG] | ls [--json] | rm NAME |\n"
+     "           verify NAME\n"
      "      the local backend's templates (a writable root per sandbox over a read-only layer);\n"
+     "      --from-oci takes an OCI image layout (a docker save archive: skopeo copy\n"
+     "      docker-archive:FILE oci:DIR:TAG first);\n"
      "      kept in --data-dir, MOAT_DATA_DIR or /var/lib/moat; --template NAME on run and\n"
      "      create picks one (default: base, the host's /usr read-only)\n"},
     {"network",

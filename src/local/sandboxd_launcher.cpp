@@ -1,5 +1,6 @@
 #include "local/sandboxd_launcher.hpp"
 
+#include "core/spawn_attributes.hpp"
 #include "wire/protocol.hpp"
 
 #include <fcntl.h>
@@ -65,21 +66,6 @@ result<int> embedded_image_fd() {
     return fd;
 }
 
-struct spawn_attributes {
-    posix_spawnattr_t attr{};
-    posix_spawn_file_actions_t actions{};
-    spawn_attributes() {
-        posix_spawnattr_init(&attr);
-        posix_spawn_file_actions_init(&actions);
-    }
-    ~spawn_attributes() {
-        posix_spawn_file_actions_destroy(&actions);
-        posix_spawnattr_destroy(&attr);
-    }
-    spawn_attributes(const spawn_attributes&) = delete;
-    spawn_attributes& operator=(const spawn_attributes&) = delete;
-};
-
 }  // namespace
 
 result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
@@ -101,15 +87,7 @@ result<launched_helper> launch_sandboxd(const std::string& sandboxd_path,
     // would leave close-on-exec set.
     if (theirs.get() < 4) theirs.reset(::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 4));
 
-    spawn_attributes sa;
-    sigset_t signals;
-    sigemptyset(&signals);
-    posix_spawnattr_setsigmask(&sa.attr, &signals);
-    sigfillset(&signals);
-    posix_spawnattr_setsigdefault(&sa.attr, &signals);
-    posix_spawnattr_setpgroup(&sa.attr, 0);
-    posix_spawnattr_setflags(
-        &sa.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+    detail::spawn_attributes sa;
     // The helper gets /dev/null for stdio: whatever the application has on 0-2 (a connection
     // that reused fd 0, a log file) must not be held open by it.
     for (int fd = 0; fd < 3; ++fd) {

@@ -2,11 +2,11 @@
 
 #include "core/ascii.hpp"
 #include "core/unique_fd.hpp"
+#include "templates/sha256.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
@@ -216,26 +216,6 @@ class copier {
     copied_tree out_;
 };
 
-// SHA-256, streamed.
-class sha256 {
-  public:
-    sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-        if (ctx_) EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
-    }
-    void add(std::string_view bytes) {
-        if (ctx_) EVP_DigestUpdate(ctx_.get(), bytes.data(), bytes.size());
-    }
-    std::string hex() {
-        unsigned char digest[EVP_MAX_MD_SIZE];
-        unsigned int length = 0;
-        if (!ctx_ || EVP_DigestFinal_ex(ctx_.get(), digest, &length) != 1) return {};
-        return detail::hex_encoded(std::span<const unsigned char>(digest, length));
-    }
-
-  private:
-    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
-};
-
 result<std::string> file_hash(int dir_fd, const std::string& name, const std::string& path) {
     unique_fd in(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!in.is_open()) return failed(path, "open", errno);
@@ -401,6 +381,29 @@ void remove_tree(const std::string& path) {
     if (slash == std::string::npos || name.empty()) return;
     unique_fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dir.is_open()) remove_at(dir.get(), name, 0);
+}
+
+result<std::string> read_small_file(const std::string& path, std::size_t max_bytes) {
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.is_open()) {
+        const int err = errno;
+        return make_error(err == ENOENT ? errc::file_not_found : errc::backend_failure,
+                          sys_error(path, err));
+    }
+    std::string text(max_bytes + 1, '\0');
+    std::size_t have = 0;
+    for (;;) {
+        const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return make_error(errc::backend_failure, sys_error(path, errno));
+        if (n == 0) break;
+        have += static_cast<std::size_t>(n);
+        if (have == text.size())
+            return make_error(errc::invalid_argument,
+                              path + ": larger than " + std::to_string(max_bytes) + " bytes");
+    }
+    text.resize(have);
+    return text;
 }
 
 }  // namespace moat::templates

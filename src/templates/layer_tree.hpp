@@ -34,6 +34,10 @@ result<void> check_root(const std::string& root);
 // "sha256:<hex>" of the tree's canonical listing (templates.hpp).
 result<std::string> tree_digest(const std::string& root);
 
+// The whole file at `path` (not through a final symbolic link), refused (invalid_argument) past
+// `max_bytes`; file_not_found when it is missing.
+result<std::string> read_small_file(const std::string& path, std::size_t max_bytes);
+
 // Removes the tree at `path` (never following a link). Best effort: what cannot be removed stays.
 void remove_tree(const std::string& path);
 

@@ -3,7 +3,8 @@
 //   <data_dir>/                  0700
 //     layers/<hex>/              a layer's tree, named by its digest (content-addressed)
 //     templates/<name>.json      {"name","digest","size_bytes","built_at_ms","source"}
-//     staging/<random>/          a build under way (removed whatever its outcome)
+//     staging/<random>/          a build under way (removed whatever its outcome); an OCI build's
+//                                holds image/ (the checked blobs), rootfs/ (umoci's) and layer/
 //
 // A build copies into staging, checks the root, computes the digest, renames the tree into
 // layers/ (or drops it when that layer exists), and only then writes the template's record
@@ -14,6 +15,8 @@
 #include "core/json_writer.hpp"
 #include "core/unique_fd.hpp"
 #include "templates/layer_tree.hpp"
+#include "templates/oci_image.hpp"
+#include "templates/oci_layout.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -56,13 +59,6 @@ result<void> check_name(std::string_view name) {
     return {};
 }
 
-bool valid_digest(std::string_view digest) {
-    constexpr std::string_view prefix = "sha256:";
-    if (!digest.starts_with(prefix) || digest.size() != prefix.size() + 64) return false;
-    return std::all_of(digest.begin() + prefix.size(), digest.end(),
-                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
 result<void> make_dir(const std::string& path, mode_t mode) {
     if (::mkdir(path.c_str(), mode) == 0 || errno == EEXIST) return {};
     return make_error(errc::backend_failure,
@@ -99,7 +95,8 @@ result<template_info> parse_record(std::string_view json, const std::string& pat
     if (o["name"].get_string().get(text) != simdjson::SUCCESS || !valid_name(text))
         return bad("name");
     t.name = text;
-    if (o["digest"].get_string().get(text) != simdjson::SUCCESS || !valid_digest(text))
+    if (o["digest"].get_string().get(text) != simdjson::SUCCESS ||
+        !templates::valid_blob_digest(text))
         return bad("digest");
     t.digest = text;
     if (o["size_bytes"].get_uint64().get(t.size_bytes) != simdjson::SUCCESS)
@@ -110,28 +107,6 @@ result<template_info> parse_record(std::string_view json, const std::string& pat
     if (o["source"].get_string().get(text) != simdjson::SUCCESS) return bad("source");
     t.source = text;
     return t;
-}
-
-result<std::string> read_small_file(const std::string& path) {
-    unique_fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd.is_open()) {
-        const int err = errno;
-        return make_error(err == ENOENT ? errc::file_not_found : errc::backend_failure,
-                          path + ": " + std::strerror(err));
-    }
-    std::string text(max_record_bytes + 1, '\0');
-    std::size_t have = 0;
-    for (;;) {
-        const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return make_error(errc::backend_failure, path + ": " + std::strerror(errno));
-        if (n == 0) break;
-        have += static_cast<std::size_t>(n);
-        if (have == text.size())
-            return make_error(errc::backend_failure, path + ": larger than a template record");
-    }
-    text.resize(have);
-    return text;
 }
 
 result<void> write_atomically(const std::string& path, const std::string& text) {
@@ -180,6 +155,52 @@ std::vector<std::string> names_in(const std::string& dir, std::string_view suffi
     return out;
 }
 
+// A fresh path under <data_dir>/staging/ for one build (the store's directories made first).
+result<std::string> new_staging(const std::string& data_dir) {
+    for (const char* sub : {"", "/layers", "/templates", "/staging"}) {
+        if (auto made = make_dir(data_dir + sub, 0700); !made) return made.error();
+    }
+    const std::string random = random_hex();
+    if (random.empty()) return make_error(errc::backend_failure, "getrandom failed");
+    return data_dir + "/staging/" + random;
+}
+
+// Every build's last step: copies the root at `dir` into a layer (at `staging` first), and names
+// it `name` with the record's `source`.
+result<template_build_report> build_layer(const template_store& store, std::string_view name,
+                                          const std::string& dir, std::string source,
+                                          const std::string& staging) {
+    const auto abandon = [&staging](error e) {
+        templates::remove_tree(staging);
+        return e;
+    };
+    auto copied = templates::copy_tree(dir, staging, template_store::max_layer_bytes);
+    if (!copied) return abandon(copied.error());
+    if (auto checked = templates::check_root(staging); !checked) return abandon(checked.error());
+    auto digest = templates::tree_digest(staging);
+    if (!digest) return abandon(digest.error());
+    const std::string layer = store.layer_root(*digest);
+    if (::rename(staging.c_str(), layer.c_str()) != 0) {
+        const int err = errno;
+        // The same tree was built before: its layer is already there.
+        if (err != EEXIST && err != ENOTEMPTY)
+            return abandon(make_error(errc::backend_failure, "rename " + staging + " to " + layer +
+                                                                 ": " + std::strerror(err)));
+        templates::remove_tree(staging);
+    }
+    template_build_report report;
+    report.built.name = name;
+    report.built.digest = *digest;
+    report.built.size_bytes = copied->bytes;
+    report.built.built_at = std::chrono::system_clock::now();
+    report.built.source = std::move(source);
+    report.cleared = std::move(copied->cleared);
+    const std::string record = store.data_dir() + "/templates/" + std::string(name) + ".json";
+    if (auto written = write_atomically(record, record_json(report.built)); !written)
+        return written.error();
+    return report;
+}
+
 }  // namespace
 
 std::string default_data_dir() {
@@ -196,41 +217,33 @@ template_store::template_store(std::string data_dir) : data_dir_(std::move(data_
 result<template_build_report> template_store::build_from_dir(std::string_view name,
                                                              const std::string& dir) {
     if (auto ok = check_name(name); !ok) return ok.error();
-    for (const char* sub : {"", "/layers", "/templates", "/staging"}) {
-        if (auto made = make_dir(data_dir_ + sub, 0700); !made) return made.error();
-    }
-    const std::string random = random_hex();
-    if (random.empty()) return make_error(errc::backend_failure, "getrandom failed");
-    const std::string staging = data_dir_ + "/staging/" + random;
-    const auto abandon = [&staging](error e) {
-        templates::remove_tree(staging);
-        return e;
-    };
-    auto copied = templates::copy_tree(dir, staging, max_layer_bytes);
-    if (!copied) return abandon(copied.error());
-    if (auto checked = templates::check_root(staging); !checked) return abandon(checked.error());
-    auto digest = templates::tree_digest(staging);
-    if (!digest) return abandon(digest.error());
-    const std::string layer = layer_root(*digest);
-    if (::rename(staging.c_str(), layer.c_str()) != 0) {
-        const int err = errno;
-        // The same tree was built before: its layer is already there.
-        if (err != EEXIST && err != ENOTEMPTY)
-            return abandon(make_error(errc::backend_failure, "rename " + staging + " to " + layer +
-                                                                 ": " + std::strerror(err)));
-        templates::remove_tree(staging);
-    }
-    template_build_report report;
-    report.built.name = name;
-    report.built.digest = *digest;
-    report.built.size_bytes = copied->bytes;
-    report.built.built_at = std::chrono::system_clock::now();
-    report.built.source = "dir:" + dir;
-    report.cleared = std::move(copied->cleared);
-    const std::string record = data_dir_ + "/templates/" + std::string(name) + ".json";
-    if (auto written = write_atomically(record, record_json(report.built)); !written)
-        return written.error();
-    return report;
+    auto staging = new_staging(data_dir_);
+    if (!staging) return staging.error();
+    return build_layer(*this, name, dir, "dir:" + dir, *staging);
+}
+
+result<template_build_report> template_store::build_from_oci(std::string_view name,
+                                                             const std::string& layout,
+                                                             std::string_view tag) {
+    if (auto ok = check_name(name); !ok) return ok.error();
+    const auto deadline = std::chrono::steady_clock::now() + oci_unpack_timeout;
+    auto work = new_staging(data_dir_);
+    if (!work) return work.error();
+    if (::mkdir(work->c_str(), 0700) != 0)
+        return make_error(errc::backend_failure, "mkdir " + *work + ": " + std::strerror(errno));
+    const auto built = [&]() -> result<template_build_report> {
+        if (auto staged =
+                templates::stage_oci_image(layout, tag, *work + "/image", max_layer_bytes);
+            !staged)
+            return staged.error();
+        if (auto unpacked = templates::unpack_oci_image(*work, "image", tag, "rootfs", deadline);
+            !unpacked)
+            return unpacked.error();
+        return build_layer(*this, name, *work + "/rootfs", "oci:" + layout + ":" + std::string(tag),
+                           *work + "/layer");
+    }();
+    templates::remove_tree(*work);
+    return built;
 }
 
 result<std::vector<template_info>> template_store::list() const {
@@ -252,13 +265,14 @@ result<template_info> template_store::find(std::string_view name) const {
         return make_error(errc::invalid_argument,
                           "template '" + std::string(name.substr(0, 80)) + "' does not exist");
     const std::string path = data_dir_ + "/templates/" + std::string(name) + ".json";
-    auto text = read_small_file(path);
+    auto text = templates::read_small_file(path, max_record_bytes);
     if (!text) {
         if (text.error().code == errc::file_not_found)
             return make_error(errc::invalid_argument,
                               "template '" + std::string(name) +
                                   "' does not exist (moat template ls lists them)");
-        return text.error();
+        // An oversized record is the store's fault, not the caller's.
+        return make_error(errc::backend_failure, text.error().detail);
     }
     return parse_record(*text, path);
 }
@@ -270,7 +284,7 @@ std::string template_store::layer_root(std::string_view digest) const {
 }
 
 result<std::string> template_store::digest_of_layer(std::string_view digest) const {
-    if (!valid_digest(digest))
+    if (!templates::valid_blob_digest(digest))
         return make_error(errc::invalid_argument, "not a layer digest: " + std::string(digest));
     return templates::tree_digest(layer_root(digest));
 }
@@ -292,7 +306,7 @@ result<void> template_store::remove(std::string_view name, const std::vector<std
     for (const auto& t : *remaining) kept.insert(t.digest);
     for (const auto& hex : names_in(data_dir_ + "/layers", "")) {
         const std::string digest = "sha256:" + hex;
-        if (valid_digest(digest) && kept.count(digest) == 0)
+        if (templates::valid_blob_digest(digest) && kept.count(digest) == 0)
             templates::remove_tree(layer_root(digest));
     }
     return {};
