@@ -203,12 +203,19 @@ TEST_CASE_FIXTURE(template_fixture,
     auto refused = store.remove("used", {box.template_digest});
     REQUIRE_FALSE(refused);
     CHECK(refused.error().detail.find("in use") != std::string::npos);
+    // Without the caller knowing of it (a sandbox of another state directory, another process):
+    // the layer's lock, which the sandbox's pid 1 holds, refuses the removal just the same.
+    auto unknown = store.remove("used", {});
+    REQUIRE_FALSE(unknown);
+    CHECK(unknown.error().detail.find("in use") != std::string::npos);
+    CHECK(store.find("used"));
     destroy(box.id);
     REQUIRE(store.remove("used", {}));
     CHECK_FALSE(store.find("used"));
     CHECK(fs::exists(store.layer_root(info.digest)));  // "same" still names it
     REQUIRE(store.remove("same", {}));
     CHECK_FALSE(fs::exists(store.layer_root(info.digest)));
+    CHECK_FALSE(fs::exists(moat::template_store::lock_path_of(store.layer_root(info.digest))));
     auto listed = store.list();
     REQUIRE(listed);
     CHECK(listed->empty());

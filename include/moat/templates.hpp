@@ -96,12 +96,20 @@ class template_store {
     // The directory holding `digest`'s tree (what a sandbox mounts).
     std::string layer_root(std::string_view digest) const;
 
+    // A layer's lock file, layer_root + ".lock": every sandbox of the layer, whichever process or
+    // state directory made it, holds a shared flock on it for its whole life (its pid 1 keeps
+    // the descriptor), and remove() deletes a layer only under an exclusive one.
+    static std::string lock_path_of(std::string_view layer_root) {
+        return std::string(layer_root) + ".lock";
+    }
+
     // Recomputes the digest of the tree on disk (a layer's integrity check).
     result<std::string> digest_of_layer(std::string_view digest) const;
 
-    // Removes template `name`, refused (invalid_argument) while `in_use` names its digest (the
-    // digests of the live sandboxes the caller knows of). Layers no template names and no live
-    // sandbox uses are deleted with it.
+    // Removes template `name`, refused (invalid_argument) while a live sandbox of this host uses
+    // its layer (its lock, whatever state directory the sandbox is in) or `in_use` names its
+    // digest (the digests of the live sandboxes the caller knows of). Layers no template names
+    // and no live sandbox uses are deleted with it.
     result<void> remove(std::string_view name, const std::vector<std::string>& in_use);
 
   private:

@@ -34,6 +34,9 @@ struct child_args {
     // The layer is the template root: its /etc is moat's already, and the template root's host
     // binds (base_binds: `base_bind_count` paths relative to it, each NUL-terminated, the
     // spawner's, read-only) are bound again over the overlay.
+    // A template sandbox: its layer's lock file, locked shared (template_store::lock_path_of),
+    // which pid 1 keeps at fd 10 for the sandbox's life; else -1.
+    int layer_lock;
     bool layer_is_base;
     const char* base_binds;
     int base_bind_count;

@@ -9,6 +9,7 @@
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -323,6 +324,28 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     const bool base_overlay = request.template_layer.empty() && writable_base_;
     const std::string_view layer = base_overlay ? template_path_ : request.template_layer;
     args.layer_is_base = base_overlay;
+    // A template's layer is locked shared for the sandbox's life (its pid 1 keeps the lock at fd
+    // 10): `moat template rm`, from any process, deletes it only under an exclusive lock.
+    int layer_lock = -1;
+    if (!request.template_layer.empty()) {
+        const std::string lock_path = std::string(request.template_layer) + ".lock";
+        layer_lock = ::open(lock_path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (layer_lock < 0 || ::flock(layer_lock, LOCK_SH | LOCK_NB) != 0) {
+            const int err = errno;
+            close_fd(layer_lock);
+            for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
+                           exec_write}) {
+                ::close(fd);
+            }
+            return fail(
+                err == EWOULDBLOCK ? moat::errc::invalid_argument : moat::errc::layer_unavailable,
+                err,
+                err == EWOULDBLOCK
+                    ? std::string("the template is being removed")
+                    : "lock the template layer " + lock_path + ": " + errno_name(err));
+        }
+    }
+    args.layer_lock = layer_lock;
     args.base_binds = base_binds_.data();
     args.base_bind_count = base_overlay ? base_bind_count_ : 0;
     int layer_parent = -1;
@@ -331,6 +354,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         int layer_pair[2];
         if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, layer_pair) != 0) {
             const int err = errno;
+            close_fd(layer_lock);
             for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
                            exec_write}) {
                 ::close(fd);
@@ -390,7 +414,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
         if (const int err =
                 hierarchy.open_join(group, attach_fds, request.best_effort, attach_detail)) {
             for (int fd : {library_socket, agent_socket, release_read, release_write, exec_read,
-                           exec_write, layer_parent, args.layer_socket}) {
+                           exec_write, layer_parent, args.layer_socket, layer_lock}) {
                 if (fd >= 0) ::close(fd);
             }
             return fail(moat::errc::layer_unavailable, err, std::move(attach_detail));
@@ -457,6 +481,7 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     // The child's copy of its layer socket stays; ours goes (args itself is the child's now:
     // never written after clone).
     if (args.layer_socket >= 0) ::close(args.layer_socket);
+    close_fd(layer_lock);  // the child's copy holds the lock
     if (pid < 0) {
         const int err = errno;
         close_fd(layer_parent);

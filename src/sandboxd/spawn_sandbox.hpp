@@ -20,6 +20,8 @@
 //   fd 7        survivors only: the bound attach socket the agent listens on
 //   fd 8, 9     cgroup v2 (or a hybrid host's tracking tree): the commands' cgroup directory and
 //               cgroup.kill (see cgroups.hpp)
+//   fd 10       template sandboxes: their layer's lock file, locked shared for the sandbox's life
+//               (template_store::lock_path_of)
 //
 // A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
 #pragma once

@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <simdjson.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,25 +290,49 @@ result<std::string> template_store::digest_of_layer(std::string_view digest) con
     return templates::tree_digest(layer_root(digest));
 }
 
+namespace {
+
+// The layer's lock taken exclusively, or an unopened descriptor while a sandbox holds it shared.
+unique_fd lock_unused(const std::string& layer_root) {
+    const std::string path = template_store::lock_path_of(layer_root);
+    unique_fd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (lock.is_open() && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) lock.reset();
+    return lock;
+}
+
+}  // namespace
+
 result<void> template_store::remove(std::string_view name, const std::vector<std::string>& in_use) {
     auto found = find(name);
     if (!found) return found.error();
-    if (std::find(in_use.begin(), in_use.end(), found->digest) != in_use.end())
+    const auto in_use_error = [&name] {
         return make_error(
             errc::invalid_argument,
             "template '" + std::string(name) + "' is in use by a live sandbox; destroy it first");
+    };
+    if (std::find(in_use.begin(), in_use.end(), found->digest) != in_use.end())
+        return in_use_error();
+    // Held until the record is gone: a create that reads the record before then holds the lock
+    // first (the helper takes it before the layer is mounted) and keeps the template.
+    const unique_fd held = lock_unused(layer_root(found->digest));
+    if (!held.is_open()) return in_use_error();
     const std::string record = data_dir_ + "/templates/" + std::string(name) + ".json";
     if (::unlink(record.c_str()) != 0 && errno != ENOENT)
         return make_error(errc::backend_failure, record + ": " + std::strerror(errno));
-    // Layers no template names and no live sandbox uses.
+    // Layers no template names and no live sandbox uses (their locks free).
     std::set<std::string> kept(in_use.begin(), in_use.end());
     auto remaining = list();
     if (!remaining) return remaining.error();
     for (const auto& t : *remaining) kept.insert(t.digest);
     for (const auto& hex : names_in(data_dir_ + "/layers", "")) {
         const std::string digest = "sha256:" + hex;
-        if (templates::valid_blob_digest(digest) && kept.count(digest) == 0)
-            templates::remove_tree(layer_root(digest));
+        if (!templates::valid_blob_digest(digest) || kept.count(digest) != 0) continue;
+        const std::string root = layer_root(digest);
+        const unique_fd unused =
+            digest == found->digest ? unique_fd(::dup(held.get())) : lock_unused(root);
+        if (!unused.is_open()) continue;
+        templates::remove_tree(root);
+        ::unlink(lock_path_of(root).c_str());
     }
     return {};
 }
