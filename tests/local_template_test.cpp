@@ -251,3 +251,37 @@ TEST_CASE("moat template build, ls, verify and rm, and moat run --template, as a
     CHECK(moat::test::moat_cli(env, "template rm bb").exit_code == 0);
     CHECK(moat::test::moat_cli(env, "template ls --json").output == "[]\n");
 }
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "a build past the data directory's budget deletes unused layers first, then "
+                  "fails naming the budget and leaves nothing") {
+    const auto first_root = make_busybox_root(scratch.path / "first");
+    const auto first = build("first", first_root);
+    const std::uint64_t one_layer = store.data_bytes();
+    REQUIRE(one_layer > 0);
+    // An unused layer: no record names it any more.
+    fs::remove(fs::path(store.data_dir()) / "templates/first.json");
+    const auto differs = [this](const char* dir, const char* marker) {
+        const auto root = make_busybox_root(scratch.path / dir);
+        std::ofstream(root / "marker") << marker;
+        return root;
+    };
+    // Room for about one and a half layers: the unused one goes, and the build fits.
+    moat::template_store tight(store.data_dir(), one_layer + one_layer / 2);
+    auto second = tight.build_from_dir("second", differs("second", "2").string());
+    REQUIRE_MESSAGE(second, second.error().to_string());
+    CHECK_FALSE(fs::exists(store.layer_root(first.digest)));
+    CHECK(fs::exists(store.layer_root(second->built.digest)));
+    // A third layer does not fit beside the second, which a template names: refused, typed.
+    auto third = tight.build_from_dir("third", differs("third", "3").string());
+    REQUIRE_FALSE(third);
+    CHECK(third.error().code == moat::errc::limit_exceeded);
+    CHECK(third.error().detail.find("budget") != std::string::npos);
+    CHECK_FALSE(tight.find("third"));
+    CHECK(tight.find("second"));
+    CHECK(fs::is_empty(fs::path(store.data_dir()) / "staging"));
+    // The same tree again needs no room: its layer exists.
+    auto again = tight.build_from_dir("again", (scratch.path / "second").string());
+    REQUIRE_MESSAGE(again, again.error().to_string());
+    CHECK(again->built.digest == second->built.digest);
+}

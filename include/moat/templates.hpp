@@ -58,9 +58,17 @@ class template_store {
     // The largest layer a build makes (the sum of its regular files' sizes).
     static constexpr std::uint64_t max_layer_bytes = 16ull << 30;
 
-    explicit template_store(std::string data_dir = default_data_dir());
+    // `max_data_bytes`: the data directory's disk budget (0: none but the file system's). A build
+    // whose new layer would take the layers past it first deletes the layers no template names
+    // and no sandbox uses, then fails with limit_exceeded naming both figures.
+    explicit template_store(std::string data_dir = default_data_dir(),
+                            std::uint64_t max_data_bytes = 0);
 
     const std::string& data_dir() const noexcept { return data_dir_; }
+    std::uint64_t max_data_bytes() const noexcept { return max_data_bytes_; }
+
+    // The disk space the layers take (allocated blocks of every file, counted once per inode).
+    std::uint64_t data_bytes() const;
 
     // Builds (or rebuilds) template `name` from the tree at `dir`, which is copied: the template
     // never changes when `dir` does. invalid_argument for a bad name ([a-z0-9][a-z0-9._-]*, at
@@ -114,6 +122,7 @@ class template_store {
 
   private:
     std::string data_dir_;
+    std::uint64_t max_data_bytes_ = 0;
 };
 
 }  // namespace moat

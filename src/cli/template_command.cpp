@@ -6,6 +6,8 @@
 //   moat template build NAME --from-oci PATH[:TAG]
 //                                             the same from image TAG (default latest) of the
 //                                             OCI image layout at PATH, unpacked with umoci
+//   ... --max-data-mb N                       the data directory's budget (else MOAT_MAX_DATA_MB):
+//                                             past it, unused layers go, then the build fails
 //   moat template ls [--json]                 NAME, DIGEST, SIZE, BUILT, SOURCE
 //   moat template rm NAME                     refused while a live sandbox of this host uses it
 //   moat template verify NAME                 recompute the layer's digest; exit 1 if it differs
@@ -19,6 +21,7 @@
 
 #include <unistd.h>
 #include <cstdio>
+#include <cstdlib>
 
 namespace moat::cli {
 namespace {
@@ -29,12 +32,15 @@ struct template_options {
     std::string from_dir;
     std::string from_oci;  // PATH[:TAG]
     std::string data_dir;
+    std::uint64_t max_data_bytes = 0;
     bool json = false;
 };
 
 template_options parse(int argc, char** argv) {
     template_options o;
     o.data_dir = data_dir_from_environment();
+    if (const char* budget = std::getenv("MOAT_MAX_DATA_MB"); budget != nullptr && *budget != 0)
+        o.max_data_bytes = parse_megabytes("MOAT_MAX_DATA_MB", budget);
     for (int i = 0; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (auto dir = flag_value("--from-dir", argc, argv, i)) {
@@ -43,6 +49,8 @@ template_options parse(int argc, char** argv) {
             o.from_oci = *oci;
         } else if (auto data = flag_value("--data-dir", argc, argv, i)) {
             o.data_dir = *data;
+        } else if (auto budget = flag_value("--max-data-mb", argc, argv, i)) {
+            o.max_data_bytes = parse_megabytes("--max-data-mb", *budget);
         } else if (arg == "--json") {
             o.json = true;
         } else if (arg.starts_with("-")) {
@@ -155,7 +163,7 @@ asio::awaitable<int> remove(backend& b, template_options o) {
 
 int template_command(int argc, char** argv) {
     const template_options o = parse(argc, argv);
-    template_store store(o.data_dir);
+    template_store store(o.data_dir, o.max_data_bytes);
     if (o.action == "build") return build(store, o);
     if (o.action == "verify") return verify(store, o);
     if (o.action == "ls") {

@@ -69,7 +69,8 @@ constexpr usage_block blocks[] = {
      "      the local backend's templates (a writable root per sandbox over a read-only layer);\n"
      "      --from-oci takes an OCI image layout (a docker save archive: skopeo copy\n"
      "      docker-archive:FILE oci:DIR:TAG first);\n"
-     "      kept in --data-dir, MOAT_DATA_DIR or /var/lib/moat; --template NAME on run and\n"
+     "      kept in --data-dir, MOAT_DATA_DIR or /var/lib/moat, within --max-data-mb N or\n"
+     "      MOAT_MAX_DATA_MB (unused layers go first); --template NAME on run and\n"
      "      create picks one (default: base, the host's /usr read-only)\n"},
     {"network",
      "  network ID [--allow-host PATTERN]... [--resolve NAME=ADDR]... [--allow-address CIDR]...\n"

@@ -20,6 +20,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <simdjson.h>
 #include <sys/file.h>
 #include <sys/random.h>
@@ -166,6 +167,68 @@ result<std::string> new_staging(const std::string& data_dir) {
     return data_dir + "/staging/" + random;
 }
 
+// The layer's lock taken exclusively, or an unopened descriptor while a sandbox holds it shared.
+unique_fd lock_unused(const std::string& layer_root) {
+    const std::string path = template_store::lock_path_of(layer_root);
+    unique_fd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (lock.is_open() && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) lock.reset();
+    return lock;
+}
+
+// The allocated bytes of every file under `root` (each inode once, links not followed).
+std::uint64_t disk_bytes(const std::string& root) {
+    static thread_local std::uint64_t total;
+    static thread_local std::set<std::pair<dev_t, ino_t>>* seen;
+    std::set<std::pair<dev_t, ino_t>> inodes;
+    total = 0;
+    seen = &inodes;
+    ::nftw(
+        root.c_str(),
+        [](const char*, const struct stat* st, int, FTW*) {
+            if (seen->emplace(st->st_dev, st->st_ino).second)
+                total += static_cast<std::uint64_t>(st->st_blocks) * 512;
+            return 0;
+        },
+        64, FTW_PHYS | FTW_MOUNT);
+    seen = nullptr;
+    return total;
+}
+
+std::string mib_text(std::uint64_t bytes) {
+    return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB";
+}
+
+// Deletes the layers no template names, `kept` does not name and no sandbox holds (their
+// locks free), with their lock files.
+void collect_unused_layers(const template_store& store, std::set<std::string> kept) {
+    auto templates_now = store.list();
+    if (!templates_now) return;  // unreadable records: delete nothing
+    for (const auto& t : *templates_now) kept.insert(t.digest);
+    for (const auto& hex : names_in(store.data_dir() + "/layers", "")) {
+        const std::string digest = "sha256:" + hex;
+        if (!templates::valid_blob_digest(digest) || kept.count(digest) != 0) continue;
+        const std::string root = store.layer_root(digest);
+        const unique_fd unused = lock_unused(root);
+        if (!unused.is_open()) continue;
+        templates::remove_tree(root);
+        ::unlink(template_store::lock_path_of(root).c_str());
+    }
+}
+
+// Room in the budget for the staged layer: unused layers go first, then the build fails.
+result<void> make_room(const template_store& store, const std::string& staging) {
+    if (store.max_data_bytes() == 0) return {};
+    const std::uint64_t needed = disk_bytes(staging);
+    if (store.data_bytes() + needed <= store.max_data_bytes()) return {};
+    collect_unused_layers(store, {});
+    const std::uint64_t used = store.data_bytes();
+    if (used + needed <= store.max_data_bytes()) return {};
+    return make_error(errc::limit_exceeded,
+                      "the data directory's budget is " + mib_text(store.max_data_bytes()) +
+                          ": its layers take " + mib_text(used) + " and this one " +
+                          mib_text(needed) + " (remove a template: moat template rm)");
+}
+
 // Every build's last step: copies the root at `dir` into a layer (at `staging` first), and names
 // it `name` with the record's `source`.
 result<template_build_report> build_layer(const template_store& store, std::string_view name,
@@ -181,6 +244,9 @@ result<template_build_report> build_layer(const template_store& store, std::stri
     auto digest = templates::tree_digest(staging);
     if (!digest) return abandon(digest.error());
     const std::string layer = store.layer_root(*digest);
+    if (::access(layer.c_str(), F_OK) != 0) {
+        if (auto room = make_room(store, staging); !room) return abandon(room.error());
+    }
     if (::rename(staging.c_str(), layer.c_str()) != 0) {
         const int err = errno;
         // The same tree was built before: its layer is already there.
@@ -213,7 +279,12 @@ std::string default_data_dir() {
     return "/tmp/moat-data-" + std::to_string(::geteuid());
 }
 
-template_store::template_store(std::string data_dir) : data_dir_(std::move(data_dir)) {}
+template_store::template_store(std::string data_dir, std::uint64_t max_data_bytes)
+    : data_dir_(std::move(data_dir)), max_data_bytes_(max_data_bytes) {}
+
+std::uint64_t template_store::data_bytes() const {
+    return disk_bytes(data_dir_ + "/layers");
+}
 
 result<template_build_report> template_store::build_from_dir(std::string_view name,
                                                              const std::string& dir) {
@@ -290,18 +361,6 @@ result<std::string> template_store::digest_of_layer(std::string_view digest) con
     return templates::tree_digest(layer_root(digest));
 }
 
-namespace {
-
-// The layer's lock taken exclusively, or an unopened descriptor while a sandbox holds it shared.
-unique_fd lock_unused(const std::string& layer_root) {
-    const std::string path = template_store::lock_path_of(layer_root);
-    unique_fd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (lock.is_open() && ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) lock.reset();
-    return lock;
-}
-
-}  // namespace
-
 result<void> template_store::remove(std::string_view name, const std::vector<std::string>& in_use) {
     auto found = find(name);
     if (!found) return found.error();
@@ -319,21 +378,20 @@ result<void> template_store::remove(std::string_view name, const std::vector<std
     const std::string record = data_dir_ + "/templates/" + std::string(name) + ".json";
     if (::unlink(record.c_str()) != 0 && errno != ENOENT)
         return make_error(errc::backend_failure, record + ": " + std::strerror(errno));
-    // Layers no template names and no live sandbox uses (their locks free).
+    // Layers no template names and no live sandbox uses (their locks free); this one's lock is
+    // held here, so it goes unless another template names it.
     std::set<std::string> kept(in_use.begin(), in_use.end());
     auto remaining = list();
     if (!remaining) return remaining.error();
-    for (const auto& t : *remaining) kept.insert(t.digest);
-    for (const auto& hex : names_in(data_dir_ + "/layers", "")) {
-        const std::string digest = "sha256:" + hex;
-        if (!templates::valid_blob_digest(digest) || kept.count(digest) != 0) continue;
-        const std::string root = layer_root(digest);
-        const unique_fd unused =
-            digest == found->digest ? unique_fd(::dup(held.get())) : lock_unused(root);
-        if (!unused.is_open()) continue;
+    const bool still_named =
+        std::any_of(remaining->begin(), remaining->end(),
+                    [&found](const template_info& t) { return t.digest == found->digest; });
+    if (!still_named && kept.count(found->digest) == 0) {
+        const std::string root = layer_root(found->digest);
         templates::remove_tree(root);
         ::unlink(lock_path_of(root).c_str());
     }
+    collect_unused_layers(*this, std::move(kept));
     return {};
 }
 
