@@ -279,6 +279,9 @@ TEST_CASE_FIXTURE(template_fixture,
     auto found = store.find("py");
     REQUIRE(found);
     CHECK(found->python == interpreter);  // kept in the record
+    const auto listed =
+        moat::test::moat_cli("MOAT_DATA_DIR=" + store.data_dir(), "template ls --json");
+    CHECK(listed.output.find("\"python\":\"" + interpreter + "\"") != std::string::npos);
     const auto box = create_from("py");
     CHECK(sh(box.id, "ls /usr/bin/id").exit_code != 0);  // not the host's /usr
     CHECK(sh(box.id, "readlink /opt/moat/python/bin/python3").out.text() == interpreter + "\n");
