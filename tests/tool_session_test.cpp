@@ -675,9 +675,7 @@ TEST_CASE("the tool descriptions say what the network allows: off by default, el
     moat::sandbox_network mirror;
     mirror.mode = moat::network_mode::allow_list;
     mirror.allow_hosts = {"pypi.org", "mirror.example"};
-    for (const char* tool : {"run_python", "run_shell"}) {
-        CAPTURE(tool);
-        const auto text = described(mirror, tool);
+    for (const auto& text : {described(mirror, "run_python"), described(mirror, "run_shell")}) {
         CHECK(text.find("PyPI (pypi.org, files.pythonhosted.org) is not among the allowed hosts") !=
               std::string::npos);
         CHECK(text.find("installs from PyPI") == std::string::npos);
