@@ -10,6 +10,7 @@
 // pypi.test=127.0.0.1 and permits it with --allow-address 127.0.0.1/32). No traffic leaves the
 // machine.
 #include "support/async_wait.hpp"
+#include "support/demo_wheel.hpp"
 #include "support/local_fixture.hpp"
 #include "support/moat_cli.hpp"
 #include "support/serve_process.hpp"
@@ -17,6 +18,9 @@
 #include <moat/e2b_backend.hpp>
 #include <moat/local_backend.hpp>
 #include <moat/log.hpp>
+#include <moat/runtime.hpp>
+#include <moat/session_manager.hpp>
+#include <moat/tools.hpp>
 
 #include <doctest/doctest.h>
 
@@ -183,19 +187,8 @@ struct mirror_files {
         std::ofstream(dir + "/www/simple/demo-pkg/index.html")
             << "<!DOCTYPE html><html><body><a href=\"../../packages/"
                "demo_pkg-1.0-py3-none-any.whl\">demo_pkg-1.0-py3-none-any.whl</a></body></html>\n";
-        const std::string wheel = dir + "/www/packages/demo_pkg-1.0-py3-none-any.whl";
-        const std::string build_wheel =
-            "/usr/bin/python3 -c \"import sys, zipfile\n"
-            "z = zipfile.ZipFile(sys.argv[1], 'w')\n"
-            "z.writestr('demo_pkg/__init__.py', 'VALUE = 42\\n')\n"
-            "z.writestr('demo_pkg-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: "
-            "demo-pkg\\nVersion: 1.0\\n')\n"
-            "z.writestr('demo_pkg-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: "
-            "test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n"
-            "z.writestr('demo_pkg-1.0.dist-info/RECORD', '')\n"
-            "z.close()\" " +
-            wheel;
-        REQUIRE(run_host(build_wheel) == 0);
+        const std::string wheel = dir + "/www/packages/" + moat::test::demo_wheel_name;
+        REQUIRE(run_host(moat::test::demo_wheel_command("/usr/bin/python3", wheel)) == 0);
         cert = dir + "/cert.pem";
         key = dir + "/key.pem";
         REQUIRE(run_host("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
@@ -235,6 +228,54 @@ std::optional<std::string> host_address() {
 }
 
 }  // namespace
+
+// issue 37: pip install as the model runs it, through the tool layer: the index is the mirror,
+// reached through the proxy on the allow-list, and what it installs imports in the next
+// run_python call of the same interpreter.
+TEST_CASE_FIXTURE(local_fixture,
+                  "pip installs from the allow-listed mirror through the proxy, and the next "
+                  "run_python call imports it") {
+    MOAT_REQUIRE_NAMESPACES();
+    if (::access("/usr/lib/python3/dist-packages/pip", F_OK) != 0) {
+        MESSAGE("SKIPPED: the host has no Debian pip for the sandbox's Python environment");
+        return;
+    }
+    mirror_files files;
+    host_server mirror({"http", files.dir + "/www"});
+    const std::string port = std::to_string(mirror.port());
+    moat::runtime rt(*local);
+    moat::manager_options options;
+    options.spec.network = mirror_network({mirror.port()});
+    moat::session_manager manager(rt, options);
+    moat::tool_session tools(manager, "pip");
+    // The model is told where pip can install from: the mirror's host, not PyPI.
+    for (const auto& d : tools.definitions()) {
+        if (d.name != "run_shell" && d.name != "run_python") continue;
+        CAPTURE(d.name);
+        CHECK(d.description.find("pip install works only from an index on them") !=
+              std::string::npos);
+    }
+    auto missing = run(tools.async_run_python("import demo_pkg"));
+    REQUIRE(missing);
+    CHECK(missing->error_type == "ModuleNotFoundError");
+    CHECK(missing->hint.find("PyPI is not on this sandbox's allow-list") != std::string::npos);
+
+    auto installed = run(tools.async_run_shell(
+        "pip install --trusted-host pypi.test --index-url http://pypi.test:" + port +
+            "/simple demo-pkg",
+        120s));
+    REQUIRE(installed);
+    INFO(installed->stdout_text << installed->stderr_text);
+    CHECK(installed->exit_code == 0);
+    CHECK(installed->stdout_text.find("Successfully installed demo-pkg-1.0") != std::string::npos);
+    auto imported = run(tools.async_run_python("import demo_pkg\nprint(demo_pkg.VALUE)"));
+    REQUIRE(imported);
+    CHECK(imported->stdout_text == "42\n");
+    auto script = run(tools.async_run_shell("demo-tool"));
+    REQUIRE(script);
+    CHECK(script->stdout_text == "tool 42\n");
+    (void)run(manager.async_shutdown());
+}
 
 TEST_CASE_FIXTURE(local_fixture,
                   "an allow-listed sandbox reaches its mirror through the proxy only") {

@@ -26,7 +26,8 @@ TEST_CASE_FIXTURE(local_fixture, "the host environment is invisible inside") {
     CHECK(r.exit_code == 0);
     CHECK(r.out.text().find("s3cr3t-value") == std::string::npos);
     CHECK(r.out.text().find("MOAT_TEST_HOST_SECRET") == std::string::npos);
-    CHECK(r.out.text().find("PATH=/usr/local/bin:/usr/bin:/bin") != std::string::npos);
+    CHECK(r.out.text().find("PATH=/opt/moat/python/bin:/usr/local/bin:/usr/bin:/bin") !=
+          std::string::npos);
     CHECK(r.out.text().find("HOME=/workspace") != std::string::npos);
     CHECK(r.out.text().find("LANG=C.UTF-8") != std::string::npos);
     destroy(box.id);
@@ -40,20 +41,24 @@ TEST_CASE_FIXTURE(local_fixture,
     CHECK_MESSAGE(r.exit_code == 0, r.err.text());
     CHECK(r.out.text() == "3\n");
     // Where the host has no python of its own, the template's alias is it, read-only like the
-    // rest of the root, and last on PATH.
+    // rest of the root, and last on PATH; the sandbox's Python environment (local_python_env_test)
+    // comes first, so `python` is the environment's wherever the host has python3.
     if (::access("/usr/bin/python", F_OK) != 0) {
-        CHECK(sh(box.id, "command -v python").out.text() == "/opt/moat/bin/python\n");
+        CHECK(sh(box.id, "command -v python").out.text() == "/opt/moat/python/bin/python\n");
         CHECK(sh(box.id, "readlink /opt/moat/bin/python").out.text() == "/usr/bin/python3\n");
         CHECK(sh(box.id, "touch /opt/moat/bin/x").exit_code != 0);
         CHECK(sh(box.id, "ln -sf /bin/sh /opt/moat/bin/python").exit_code != 0);
         CHECK(sh(box.id, "echo $PATH").out.text() ==
-              "/usr/local/bin:/usr/bin:/bin:/opt/moat/bin\n");
+              "/opt/moat/python/bin:/usr/local/bin:/usr/bin:/bin:/opt/moat/bin\n");
     }
     CHECK(sh(box.id, "touch /opt/newfile").exit_code != 0);
-    // pip only where the host has a pip3 to point it at.
+    // pip where the host has a pip3 to point the alias at, and in the Python environment, which
+    // every root with python3 gets.
     const bool host_pip3 = ::access("/usr/bin/pip3", X_OK) == 0;
     const bool host_pip = ::access("/usr/bin/pip", F_OK) == 0;
-    CHECK(sh(box.id, "command -v pip >/dev/null").exit_code == (host_pip3 || host_pip ? 0 : 1));
+    const bool environment = ::access("/usr/bin/python3", X_OK) == 0;
+    CHECK(sh(box.id, "command -v pip >/dev/null").exit_code ==
+          (host_pip3 || host_pip || environment ? 0 : 1));
     destroy(box.id);
 }
 

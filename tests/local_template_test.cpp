@@ -2,6 +2,7 @@
 // a layer cannot hold what it has, and a sandbox whose root is an overlay of the layer, mounted
 // idmapped, with a tmpfs upper of its own. Real namespaces, a real static busybox root the test
 // makes, every check of the host made from the host.
+#include "support/demo_wheel.hpp"
 #include "support/moat_cli.hpp"
 #include "support/template_fixture.hpp"
 
@@ -11,6 +12,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -21,6 +23,41 @@ using moat::test::make_busybox_root;
 using moat::test::scratch_dir;
 using moat::test::template_fixture;
 using moat::test::write_text;
+
+namespace {
+
+// The busybox root plus the host's python3 (its real file, python3.N, with /usr/bin/python3 a
+// link to it), the libraries it and its _ssl and _hashlib modules load, its standard library
+// (without tests, IDLE, Tk, lib2to3, ensurepip and caches) and Debian's pip: some 40 MB. The
+// interpreter's real path, or "" when the host lacks one of these.
+std::string make_python_root(const fs::path& at) {
+    make_busybox_root(at);
+    std::error_code ec;
+    const auto python = fs::canonical("/usr/bin/python3", ec);
+    if (ec || !python.filename().string().starts_with("python3.") ||
+        !fs::exists("/usr/lib/python3/dist-packages/pip"))
+        return {};
+    const std::string script =
+        "set -e; R='" + at.string() + "'; PY='" + python.string() +
+        "'; V=$(basename $PY)\n"
+        "mkdir -p $R/usr/bin $R/usr/lib/python3/dist-packages\n"
+        "cp $PY $R/usr/bin/ && ln -s $V $R/usr/bin/python3\n"
+        "for lib in $(ldd $PY /usr/lib/$V/lib-dynload/_ssl.*.so "
+        "/usr/lib/$V/lib-dynload/_hashlib.*.so | grep -o '/[^ :]*'); do\n"
+        "  mkdir -p $R$(dirname $lib) && cp -L $lib $R$lib\n"
+        "done\n"
+        "tar -C /usr/lib -cf - --exclude=__pycache__ --exclude=$V/test --exclude=$V/idlelib "
+        "--exclude=$V/tkinter --exclude=$V/lib2to3 --exclude=$V/ensurepip --exclude='config-*' "
+        "--exclude=dist-packages $V | tar -C $R/usr/lib -xf -\n"
+        "tar -C /usr/lib/python3/dist-packages -cf - --exclude=__pycache__ pip | "
+        "tar -C $R/usr/lib/python3/dist-packages -xf -\n";
+    const fs::path file = at.parent_path() / "make-python-root.sh";
+    write_text(file, script);
+    if (std::system(("sh " + file.string()).c_str()) != 0) return {};
+    return "/usr/bin/" + python.filename().string();
+}
+
+}  // namespace
 
 TEST_CASE_FIXTURE(template_fixture,
                   "a template from a directory is the sandbox's root, writable by copy-up, and "
@@ -219,6 +256,50 @@ TEST_CASE_FIXTURE(template_fixture,
     auto listed = store.list();
     REQUIRE(listed);
     CHECK(listed->empty());
+}
+
+TEST_CASE_FIXTURE(template_fixture,
+                  "a template with python3 gives each sandbox its own Python environment over "
+                  "the template's interpreter, and one without python3 gets none") {
+    MOAT_REQUIRE_NAMESPACES();
+    const auto plain = build("plain", make_busybox_root(scratch.path / "plain"));
+    CHECK(plain.python.empty());
+    const auto bare = create_from("plain");
+    CHECK(sh(bare.id, "test -e /opt/moat/python/bin/python3").exit_code != 0);
+    CHECK(sh(bare.id, "echo fine").out.text() == "fine\n");
+    destroy(bare.id);
+
+    const std::string interpreter = make_python_root(scratch.path / "py");
+    if (interpreter.empty()) {
+        MESSAGE("SKIPPED the python template: the host lacks /usr/bin/python3.N or Debian's pip");
+        return;
+    }
+    const auto made = build("py", scratch.path / "py");
+    CHECK(made.python == interpreter);
+    auto found = store.find("py");
+    REQUIRE(found);
+    CHECK(found->python == interpreter);  // kept in the record
+    const auto listed =
+        moat::test::moat_cli("MOAT_DATA_DIR=" + store.data_dir(), "template ls --json");
+    CHECK(listed.output.find("\"python\":\"" + interpreter + "\"") != std::string::npos);
+    const auto box = create_from("py");
+    CHECK(sh(box.id, "ls /usr/bin/id").exit_code != 0);  // not the host's /usr
+    CHECK(sh(box.id, "readlink /opt/moat/python/bin/python3").out.text() == interpreter + "\n");
+    const auto prefix = sh(box.id, "python -c 'import sys; print(sys.prefix, sys.base_prefix)'");
+    CHECK_MESSAGE(prefix.exit_code == 0, prefix.err.text());
+    CHECK(prefix.out.text() == "/opt/moat/python /usr\n");
+    const std::string wheel = std::string("/workspace/") + moat::test::demo_wheel_name;
+    REQUIRE(sh(box.id, moat::test::demo_wheel_command("python3", wheel)).exit_code == 0);
+    const auto installed = sh(box.id, "pip install " + wheel, std::chrono::seconds(120));
+    CHECK_MESSAGE(installed.exit_code == 0, installed.out.text() << installed.err.text());
+    CHECK(sh(box.id, "python3 -c 'import demo_pkg; print(demo_pkg.VALUE)'").out.text() == "42\n");
+    CHECK(sh(box.id, "demo-tool").out.text() == "tool 42\n");
+    destroy(box.id);
+    // Nothing reached the layer.
+    CHECK_FALSE(fs::exists(store.layer_root(made.digest) + "/opt/moat/python/bin/demo-tool"));
+    auto again = store.digest_of_layer(made.digest);
+    REQUIRE(again);
+    CHECK(*again == made.digest);
 }
 
 TEST_CASE("moat template build, ls, verify and rm, and moat run --template, as a user runs them") {

@@ -663,10 +663,24 @@ TEST_CASE("the tool descriptions say what the network allows: off by default, el
         CHECK(text.find("only to pypi.org, *.pythonhosted.org") != std::string::npos);
         CHECK(text.find("HTTP_PROXY") != std::string::npos);
         CHECK(text.find("other hosts are refused") != std::string::npos);
+        // PyPI is on the list: pip installs from it, into the sandbox's one Python.
+        CHECK(text.find("pip install PKG installs from PyPI") != std::string::npos);
     }
     moat::sandbox_network open;
     open.mode = moat::network_mode::all;
     CHECK(described(open, "run_shell").find("public hosts") != std::string::npos);
+    CHECK(described(open, "run_python").find("pip install PKG installs from PyPI") !=
+          std::string::npos);
+    // An allow-list without PyPI (files.pythonhosted.org missing): pip only from those hosts.
+    moat::sandbox_network mirror;
+    mirror.mode = moat::network_mode::allow_list;
+    mirror.allow_hosts = {"pypi.org", "mirror.example"};
+    for (const auto& text : {described(mirror, "run_python"), described(mirror, "run_shell")}) {
+        CHECK(text.find("PyPI (pypi.org, files.pythonhosted.org) is not among the allowed hosts") !=
+              std::string::npos);
+        CHECK(text.find("installs from PyPI") == std::string::npos);
+    }
+    CHECK(described(off, "run_python").find("installs from PyPI") == std::string::npos);
     // A session's own definitions follow its manager's spec.
     moat::test::local_fixture f;
     moat::runtime rt(*f.local);

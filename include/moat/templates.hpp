@@ -45,6 +45,10 @@ struct template_info {
     std::uint64_t size_bytes = 0;
     std::chrono::system_clock::time_point built_at;
     std::string source;  // what it was built from ("dir:/path", "oci:/layout:tag")
+    // Its python3 as its sandboxes' PATH finds it, by its real path inside the template
+    // (e.g. /usr/bin/python3.11), or "" when it has none: each sandbox of a template with one
+    // gets its own Python environment over it (docs/templates.md, "Python in a sandbox").
+    std::string python;
 };
 
 struct template_build_report {

@@ -91,6 +91,7 @@ std::string listing(const std::vector<template_info>& templates, bool json) {
             w.key("size_bytes").value(t.size_bytes);
             w.key("built_at").value(detail::format_rfc3339(t.built_at, 0));
             w.key("source").value(t.source);
+            w.key("python").value(t.python);
             w.end_object();
         }
         w.end_array();

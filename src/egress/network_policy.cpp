@@ -234,6 +234,23 @@ std::string describe_for_model(const sandbox_network& network) {
     return "network access only to " + hosts + through;
 }
 
+bool reaches_pypi(const sandbox_network& network) {
+    if (network.mode != moat::network_mode::allow_list)
+        return network.mode == moat::network_mode::all;
+    const auto policy = make_network_policy(network);
+    return policy && policy->allows_host("pypi.org", 443) &&
+           policy->allows_host("files.pythonhosted.org", 443);
+}
+
+std::string describe_installs_for_model(const sandbox_network& network) {
+    if (network.mode == moat::network_mode::none) return {};
+    if (reaches_pypi(network))
+        return "pip install PKG installs from PyPI into the sandbox's Python (python, python3 and "
+               "pip are one environment): the package imports at once, in the next call too.";
+    return "PyPI (pypi.org, files.pythonhosted.org) is not among the allowed hosts: pip install "
+           "works only from an index on them (pip install --index-url URL PKG).";
+}
+
 }  // namespace moat::egress
 
 namespace moat {

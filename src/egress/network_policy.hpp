@@ -97,4 +97,12 @@ std::vector<std::pair<std::string, std::string>> proxy_environment(moat::network
 // pypi.org, *.pythonhosted.org (HTTP and HTTPS through the proxy at http://127.0.0.1:3128)".
 std::string describe_for_model(const sandbox_network& network);
 
+// Whether pip's default index, PyPI (pypi.org and files.pythonhosted.org over HTTPS), is
+// reachable: network all, or an allow-list that admits both.
+bool reaches_pypi(const sandbox_network& network);
+
+// What `pip install` can do with this network, for a model to read (docs/templates.md, "Python in
+// a sandbox"); "" when the network is off (the caller says that its own way).
+std::string describe_installs_for_model(const sandbox_network& network);
+
 }  // namespace moat::egress

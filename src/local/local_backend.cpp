@@ -269,6 +269,9 @@ asio::awaitable<result<sandbox_info>> local_backend::create(sandbox_spec spec) {
             co_return make_error(errc::invalid_argument,
                                  "data_dir: the template layer path " + layer + " is too long");
         wire::copy_field(request.template_layer, layer);
+        // A path the helper refuses: no Python environment rather than no sandbox.
+        if (chosen->python.size() < sizeof request.template_python)
+            wire::copy_field(request.template_python, chosen->python);
     }
 
     // The record exists before the sandbox does, so a crash at any point leaves something

@@ -357,8 +357,12 @@ result<local_backend::stdio_set> local_backend::make_ended_stdio() {
 }
 
 std::map<std::string, std::string> local_backend::base_environment(const sandbox_layout& layout) {
-    // The template's command aliases come last: a host's own python wins wherever it is.
-    const std::string path = "/usr/local/bin:/usr/bin:/bin:" + std::string(wire::command_alias_dir);
+    // The sandbox's Python environment comes first: python, python3 and pip are its (one
+    // interpreter that sees what pip installed). The template's command aliases come last: a
+    // host's own python wins over them wherever it is.
+    const std::string path =
+        std::string(wire::python_env_dir) +
+        "/bin:/usr/local/bin:/usr/bin:/bin:" + std::string(wire::command_alias_dir);
     return {{"PATH", path}, {"HOME", layout.home}, {"LANG", "C.UTF-8"}};
 }
 

@@ -542,6 +542,7 @@ void helper::handle_create(const wire::create_message& m) {
     request.workdir = wire::read_field(m.workdir);
     request.artifacts_dir = wire::read_field(m.artifacts_dir);
     request.template_layer = wire::read_field(m.template_layer);
+    request.template_python = wire::read_field(m.template_python);
     spawned_sandbox spawned;
     spawn_failure failure;
     const bool ok = spawner_.spawn(request, slot, cgroups_, s.cgroups, spawned, failure);

@@ -50,6 +50,7 @@ enum class step : int {
     layer_binds,
     layer_etc,
     layer_chdir,
+    python_env,
     mount_proc,
     mount_tmp,
     mount_shm,
@@ -98,6 +99,7 @@ constexpr const char* step_names[] = {
     "bind the host's /usr and /etc files into the overlay root",
     "write /etc into the overlay root",
     "chdir overlay root",
+    "write the Python environment /opt/moat/python",
     "mount /proc",
     "mount /tmp",
     "mount /dev/shm",
@@ -239,22 +241,23 @@ void copy_etc_file(child_args& a, const char* from, const char* to) {
 // moat's own commands (/opt/moat/bin: the sudo shim, the python alias) bound from the template
 // root into a template sandbox's, where the layer's /opt is a real directory (never through a
 // link the layer holds; nothing of the sandbox runs yet). A root whose /opt is a link or a file
-// goes without them.
-void bind_moat_commands(child_args& a) {
+// goes without them (false).
+bool bind_moat_commands(child_args& a) {
     for (const char* dir : {".layer/root/opt", ".layer/root/opt/moat"}) {
         const long made = raw(SYS_mkdirat, AT_FDCWD, dir, 0755);
         if (made == 0) {
             checked(a, step::layer_dev, SYS_fchownat, AT_FDCWD, dir, 0, 0, AT_SYMLINK_NOFOLLOW);
         } else if (made != -EEXIST) {
-            return;
+            return false;
         }
         const long fd =
             raw(SYS_openat, AT_FDCWD, dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0) return;
+        if (fd < 0) return false;
         raw(SYS_close, fd);
     }
     checked(a, step::layer_dev, SYS_mount, "opt/moat", ".layer/root/opt/moat", nullptr,
             MS_BIND | MS_REC, nullptr);
+    return true;
 }
 
 // The template root's host binds (/usr, /etc/ssl...) bound again over the overlay of it, which
@@ -279,8 +282,9 @@ void bind_base_mounts(child_args& a) {
 // .layer/root with the template root's /dev bound in. Over a template's layer moat's /etc files
 // are written (in the upper) and /opt/moat bound in; over the template root, which has both, its
 // host binds are bound again. The cwd moves into it, and the mount steps that follow build on it
-// as they do on the template root.
-void build_layer_root(child_args& a) {
+// as they do on the template root. Returns whether the root has /opt/moat (a template layer's
+// only where bind_moat_commands could bind it).
+bool build_layer_root(child_args& a) {
     const long layer = receive_layer(a);
     raw(SYS_close, a.layer_socket);
     checked(a, step::layer_scratch, SYS_mount, "tmpfs", ".layer", "tmpfs", MS_NOSUID | MS_NODEV,
@@ -306,9 +310,9 @@ void build_layer_root(child_args& a) {
             write_etc_file(a, ".layer/root/etc/group", a.group_text, a.group_length);
         }
         checked(a, step::layer_chdir, SYS_chdir, ".layer/root");
-        return;
+        return true;
     }
-    bind_moat_commands(a);
+    const bool moat_commands = bind_moat_commands(a);
     for (const char* file : {"hosts", "hostname", "resolv.conf", "nsswitch.conf"}) {
         char from[32] = "etc/";
         char to[48] = ".layer/root/etc/";
@@ -325,6 +329,53 @@ void build_layer_root(child_args& a) {
         copy_etc_file(a, "etc/group", ".layer/root/etc/group");
     }
     checked(a, step::layer_chdir, SYS_chdir, ".layer/root");
+    return moat_commands;
+}
+
+// `path` below the environment's directory `dir`, made the sandbox user's.
+void own_python_path(child_args& a, long dir, const char* path) {
+    checked(a, step::python_env, SYS_fchownat, dir, path, wire::sandbox_user_id,
+            wire::sandbox_group_id, AT_SYMLINK_NOFOLLOW);
+}
+
+void write_python_file(child_args& a, long dir, const char* path, const char* text,
+                       std::size_t length, int mode) {
+    const long fd = checked(a, step::python_env, SYS_openat, dir, path,
+                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    checked(a, step::python_env, SYS_fchown, fd, wire::sandbox_user_id, wire::sandbox_group_id);
+    const long written = checked(a, step::python_env, SYS_write, fd, text, length);
+    raw(SYS_close, fd);
+    if (static_cast<std::size_t>(written) != length) child_fail(a, step::python_env, -EIO);
+}
+
+// The sandbox's Python environment (python_env.hpp): a tmpfs of its own on the root's
+// opt/moat/python (the template root's mount point, bound into a template sandbox's root with
+// /opt/moat), the skeleton written into it, all of it the sandbox user's. Each entry is chowned:
+// a change of the file system uid would clear the parent-death signal set above.
+void write_python_env(child_args& a) {
+    const python_env_files& p = *a.python;
+    checked(a, step::python_env, SYS_mount, "tmpfs", "opt/moat/python", "tmpfs",
+            MS_NOSUID | MS_NODEV, a.workspace_options);
+    const long dir = checked(a, step::python_env, SYS_openat, AT_FDCWD, "opt/moat/python",
+                             O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    for (const char* sub : {"bin", "lib", p.lib_dir, p.site_dir}) {
+        checked(a, step::python_env, SYS_mkdirat, dir, sub, 0755);
+        own_python_path(a, dir, sub);
+    }
+    const struct {
+        const char* target;
+        const char* link;
+    } links[] = {{p.interpreter, "bin/python3"},  {"python3", "bin/python"},
+                 {"python3", p.versioned_python}, {"pip", "bin/pip3"},
+                 {"pip", p.versioned_pip},        {"lib", "lib64"}};
+    for (const auto& l : links) {
+        checked(a, step::python_env, SYS_symlinkat, l.target, dir, l.link);
+        own_python_path(a, dir, l.link);
+    }
+    write_python_file(a, dir, "pyvenv.cfg", p.pyvenv_cfg, p.pyvenv_cfg_length, 0644);
+    write_python_file(a, dir, "pip.conf", p.pip_conf, p.pip_conf_length, 0644);
+    write_python_file(a, dir, "bin/pip", p.pip_script, p.pip_script_length, 0755);
+    raw(SYS_close, dir);
 }
 
 void bring_up_loopback(child_args& a) {
@@ -509,7 +560,11 @@ int child_main(void* opaque) {
         if ((owner.revents & (POLLHUP | POLLERR)) != 0) child_fail(a, step::owner_gone, -ESRCH);
     }
 
-    if (a.layer_socket >= 0) build_layer_root(a);
+    // The Python environment of a template sandbox lives under its /opt/moat, which only a
+    // layer whose /opt is a directory gets.
+    bool moat_commands = true;
+    if (a.layer_socket >= 0) moat_commands = build_layer_root(a);
+    if (a.python != nullptr && moat_commands) write_python_env(a);
     // A fresh /proc may only be mounted while a full one is visible: before pivot_root.
     checked(a, step::mount_proc, SYS_mount, "proc", "proc", "proc",
             MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "sandboxd/cgroups.hpp"
+#include "sandboxd/python_env.hpp"
 
 namespace moat::sandboxd {
 
@@ -42,6 +43,9 @@ struct child_args {
     int base_bind_count;
     bool survive_owner;
     const char* template_path;
+    // The sandbox's Python environment (python_env.hpp; its tmpfs takes workspace_options), or
+    // null: a root without python3, or a template root whose /opt is not a directory.
+    const python_env_files* python;
     char tmp_options[64];
     char workspace_options[96];
     // The layout: /etc/passwd and /etc/group texts to bind over the template's (when

@@ -187,6 +187,7 @@ int sandbox_spawner::init(std::string template_path, const std::vector<std::stri
     } else {
         writable_base_ = true;
     }
+    python_envs_.init_base();
     filter_ = std::move(filter);
     agent_exe_fd_ = agent_exe_fd;
     stack_ = ::mmap(nullptr, stack_bytes + guard_bytes, PROT_READ | PROT_WRITE,
@@ -286,6 +287,16 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     child_args args{};
     if (std::string detail; !plan_layout(request, args, detail)) {
         return fail(moat::errc::invalid_argument, 0, std::move(detail));
+    }
+    // The sandbox's Python environment: the base root's, or its template's (made once each).
+    args.python = python_envs_.base();
+    if (!request.template_layer.empty()) {
+        bool valid = true;
+        args.python = python_envs_.for_template(request.template_python, valid);
+        if (!valid)
+            return fail(moat::errc::invalid_argument, 0,
+                        "template python " + std::string(request.template_python) +
+                            " is not an absolute path to a python3.N");
     }
     int sockets[2];
     if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) != 0) {

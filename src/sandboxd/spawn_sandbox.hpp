@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "sandboxd/cgroups.hpp"
+#include "sandboxd/python_env.hpp"
 #include "sandboxd/uid_slots.hpp"
 
 namespace moat::sandboxd {
@@ -61,6 +62,8 @@ struct spawn_request {
     // mounted read-only and idmapped onto the sandbox's uid range, with a tmpfs upper of
     // workspace_bytes (docs/architecture.md, "Layers and ownership").
     std::string_view template_layer;
+    // With a template_layer: its python3 interpreter (create_message::template_python), or "".
+    std::string_view template_python;
 };
 
 struct spawned_sandbox {
@@ -110,6 +113,7 @@ class sandbox_spawner {
     std::vector<sock_filter> filter_;
     int agent_exe_fd_ = -1;
     void* stack_ = nullptr;
+    python_envs python_envs_;
 };
 
 }  // namespace moat::sandboxd

@@ -221,6 +221,8 @@ int build_command_aliases(builder& b) {
         if (const int err = b.make_dir(dir.substr(0, slash))) return err;
         if (slash == std::string_view::npos) break;
     }
+    // The mount point of each sandbox's own Python environment (python_env.hpp).
+    if (const int err = b.make_dir(wire::python_env_dir.substr(1))) return err;
     const struct {
         const char* name;
         const char* target;

@@ -13,6 +13,8 @@
 //   /.layer      the mount point a sandbox of a template builds its root on (sandbox_child.cpp)
 //   /opt/moat/bin  python -> /usr/bin/python3 and pip -> /usr/bin/pip3, each only when the host
 //                lacks /usr/bin/python (pip) and has its target; last on the default PATH
+//   /opt/moat/python  the mount point of each sandbox's own Python environment (python_env.hpp),
+//                first on the default PATH
 //
 // There is no /sys. Each sandbox's root is an overlay of this tree (idmapped onto its user
 // namespace, so that its root owns what host root owns here) and a tmpfs of its own, with the

@@ -2,7 +2,7 @@
 //
 //   <data_dir>/                  0700
 //     layers/<hex>/              a layer's tree, named by its digest (content-addressed)
-//     templates/<name>.json      {"name","digest","size_bytes","built_at_ms","source"}
+//     templates/<name>.json      {"name","digest","size_bytes","built_at_ms","source","python"}
 //     staging/<random>/          a build under way (removed whatever its outcome); an OCI build's
 //                                holds image/ (the checked blobs), rootfs/ (umoci's) and layer/
 //
@@ -14,6 +14,7 @@
 #include "core/ascii.hpp"
 #include "core/json_writer.hpp"
 #include "core/unique_fd.hpp"
+#include "templates/layer_python.hpp"
 #include "templates/layer_tree.hpp"
 #include "templates/oci_image.hpp"
 #include "templates/oci_layout.hpp"
@@ -79,6 +80,7 @@ std::string record_json(const template_info& t) {
     w.key("size_bytes").value(t.size_bytes);
     w.key("built_at_ms").value(unix_ms(t.built_at));
     w.key("source").value(t.source);
+    w.key("python").value(t.python);
     w.end_object();
     return w.take();
 }
@@ -108,6 +110,8 @@ result<template_info> parse_record(std::string_view json, const std::string& pat
     t.built_at = std::chrono::system_clock::time_point(std::chrono::milliseconds(built));
     if (o["source"].get_string().get(text) != simdjson::SUCCESS) return bad("source");
     t.source = text;
+    // Records written before templates had Python environments have none.
+    if (o["python"].get_string().get(text) == simdjson::SUCCESS) t.python = text;
     return t;
 }
 
@@ -261,6 +265,7 @@ result<template_build_report> build_layer(const template_store& store, std::stri
     report.built.size_bytes = copied->bytes;
     report.built.built_at = std::chrono::system_clock::now();
     report.built.source = std::move(source);
+    report.built.python = templates::find_python(layer);
     report.cleared = std::move(copied->cleared);
     const std::string record = store.data_dir() + "/templates/" + std::string(name) + ".json";
     if (auto written = write_atomically(record, record_json(report.built)); !written)

@@ -209,8 +209,8 @@ asio::awaitable<result<tool_result>> tool_session::state::run_python(
             }
             r.status = tool_status::error;
             r.exit_code = 1;
-            r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir,
-                                           network_off());
+            r.hint =
+                hint_for_python_error(r.error_type, named("list_files"), layout.workdir, network);
             break;
         case cell_outcome::ending::interrupted:
             r.status = tool_status::timeout;

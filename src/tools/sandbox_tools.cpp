@@ -6,6 +6,7 @@
 
 #include "core/base64.hpp"
 #include "core/output_capture.hpp"
+#include "egress/network_policy.hpp"
 #include "tools/tool_arguments.hpp"
 
 #include <algorithm>
@@ -69,17 +70,22 @@ const char* signal_name(int signal) {
 
 // `list_files` is how the model sees that tool (with the session's prefix).
 std::string hint_for_python_error(const std::string& type, const std::string& list_files,
-                                  const std::string& workdir, bool network_off) {
+                                  const std::string& workdir, const sandbox_network& network) {
     if (type == "NameError")
         return "a name is not defined: define it first (if an earlier call defined it, the "
                "interpreter has restarted since, so run that code again)";
     if (type == "ModuleNotFoundError" || type == "ImportError") {
-        if (network_off) {
+        if (network.mode == network_mode::none) {
             return "the module is not installed and the network is off: use the standard library "
                    "or what is installed";
         }
-        return "the module is not installed: install it with pip (only the hosts the tool "
-               "description names are reachable) or use the standard library";
+        if (!egress::reaches_pypi(network)) {
+            return "the module is not installed, and PyPI is not on this sandbox's allow-list: pip "
+                   "installs only from an index on the hosts the tool description names; else use "
+                   "the standard library or what is installed";
+        }
+        return "the module is not installed: install it with pip (pip install PKG in a shell, "
+               "%pip install PKG in a cell; it imports at once) or use the standard library";
     }
     if (type == "KeyError")
         return "the key does not exist: print the available keys first (list(d), df.columns)";
@@ -228,8 +234,8 @@ asio::awaitable<result<tool_result>> tool_session::state::run_shell(
                                      "and the network is off"
                                    : "command not found: it is not installed in the sandbox";
         } else if (!r.error_type.empty()) {
-            r.hint = hint_for_python_error(r.error_type, named("list_files"), layout.workdir,
-                                           network_off());
+            r.hint =
+                hint_for_python_error(r.error_type, named("list_files"), layout.workdir, network);
         } else {
             r.hint =
                 "the command exited with code " + std::to_string(ran->exit_code) + ": read stderr";

@@ -32,7 +32,8 @@ std::string network_sentence(const sandbox_network& network, std::string_view wh
     if (network.mode == network_mode::none) return std::string(when_off);
     std::string text = egress::describe_for_model(network);
     text[0] = static_cast<char>(text[0] - 'a' + 'A');
-    return text + "; other hosts are refused (do not retry them).";
+    return text + "; other hosts are refused (do not retry them). " +
+           egress::describe_installs_for_model(network);
 }
 
 }  // namespace

@@ -75,9 +75,9 @@ inline constexpr const char* notice_restarted =
 const char* signal_name(int signal);
 
 // What the model should do about a Python exception of `type`; `list_files` is how the model
-// sees that tool (sandbox_tools.cpp).
+// sees that tool, `network` says whether pip can install and from where (sandbox_tools.cpp).
 std::string hint_for_python_error(const std::string& type, const std::string& list_files,
-                                  const std::string& workdir, bool network_off);
+                                  const std::string& workdir, const sandbox_network& network);
 
 // A background process (start_process); defined in background_processes.cpp.
 struct background_entry;

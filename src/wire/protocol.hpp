@@ -31,7 +31,8 @@ namespace moat::wire {
 // 10: watch_* (file watches) and pty_* (terminals).
 // 11: create.template_layer (a writable root over a template's layer); set_paused / paused_set
 //     (pause and resume: pid 1's clocks while the commands are frozen); exec_as_root;
-//     create_allow_sudo (pid 1's sudo socket, sudo_socket_name).
+//     create_allow_sudo (pid 1's sudo socket, sudo_socket_name); create.template_python (the
+//     interpreter of a template's Python environment).
 inline constexpr std::uint32_t protocol_version = 11;
 
 // Largest record any side sends or accepts (exec requests carry argv, env and cwd).
@@ -43,6 +44,23 @@ inline constexpr std::uint32_t sandbox_group_id = 1000;
 // The template root's directory of command aliases (`python` -> /usr/bin/python3 where the host
 // has no python; sandboxd/template_root.hpp), last on the default PATH of commands.
 inline constexpr std::string_view command_alias_dir = "/opt/moat/bin";
+// Every sandbox whose root has python3: its own Python environment (a --system-site-packages
+// virtual environment on a tmpfs of the sandbox's, written by pid 1 at create; sandboxd/
+// python_env.hpp), whose bin/ comes first on the default PATH of commands.
+inline constexpr std::string_view python_env_dir = "/opt/moat/python";
+// "3.11" for a path whose file name is python3.11 (the form of create_message::template_python
+// and of the base root's interpreter), else "".
+inline std::string_view python_version(std::string_view path) {
+    const std::string_view name = path.substr(path.rfind('/') + 1);
+    constexpr std::string_view prefix = "python3.";
+    if (!name.starts_with(prefix) || name.size() == prefix.size() ||
+        name.size() > prefix.size() + 3)
+        return {};
+    for (const char c : name.substr(prefix.size())) {
+        if (c < '0' || c > '9') return {};
+    }
+    return name.substr(std::string_view("python").size());
+}
 // Each sandbox maps [0, uid_range_size) onto a host range of its own, never host root.
 inline constexpr std::uint32_t uid_range_size = 65536;
 
@@ -155,6 +173,10 @@ struct create_message {
     // "" for the default (read-only) root; else the absolute path of the template layer the
     // sandbox's root is an overlay of (templates.hpp), which the helper mounts idmapped.
     char template_layer[path_bytes];
+    // A template sandbox: the absolute path inside the layer of the template's python3
+    // interpreter, named python3.N (templates.hpp, template_info::python), or "" when the
+    // template has none (the sandbox then gets no Python environment). Ignored without a layer.
+    char template_python[path_bytes];
 };
 
 struct created_message {
