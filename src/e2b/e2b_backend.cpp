@@ -528,24 +528,36 @@ class e2b_backend final : public backend {
         co_return out;
     }
 
+    // The sandbox this backend holds as `id`, or null when it holds none; gone_error when it
+    // holds one that has ended.
+    static result<std::shared_ptr<held_sandbox>> held_unless_gone(backend_state& s,
+                                                                  const std::string& id) {
+        std::shared_ptr<held_sandbox> h;
+        if (auto it = s.held.find(id); it != s.held.end()) h = it->second;
+        if (h && h->gone_reason) return gone_error(id, *h);
+        return h;
+    }
+
+    // A control-plane error about `id`: a held sandbox it no longer knows is marked gone.
+    static error control_error(backend_state& s, const std::shared_ptr<held_sandbox>& h,
+                               const std::string& id, error e) {
+        if (!h || e.code != errc::sandbox_not_found) return e;
+        mark_gone(s, *h, "it has ended");
+        return gone_error(id, *h);
+    }
+
     static asio::awaitable<result<sandbox_info>> extend_ttl(std::shared_ptr<backend_state> s,
                                                             std::string id, milliseconds ttl) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
         if (auto valid = validate_ttl(ttl); !valid) co_return std::move(valid).error();
-        std::shared_ptr<held_sandbox> h;
-        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
-        if (h && h->gone_reason) co_return gone_error(id, *h);
+        auto found = held_unless_gone(*s, id);
+        if (!found) co_return std::move(found).error();
+        const auto h = *found;
         milliseconds timeout = ttl;
         if (h && h->heartbeat) timeout = std::min(ttl, s->config.heartbeat_timeout);
         const auto asked = system_clock::now();
         auto set = co_await s->control->async_set_timeout(id, seconds_up(timeout));
-        if (!set) {
-            if (h && set.error().code == errc::sandbox_not_found) {
-                mark_gone(*s, *h, "it has ended");
-                co_return gone_error(id, *h);
-            }
-            co_return std::move(set).error();
-        }
+        if (!set) co_return control_error(*s, h, id, std::move(set).error());
         if (h) {
             h->ttl_end = asked + ttl;
             h->info.expires_at = h->ttl_end;
@@ -581,18 +593,12 @@ class e2b_backend final : public backend {
     static asio::awaitable<result<sandbox_info>> pause(std::shared_ptr<backend_state> s,
                                                        std::string id) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
-        std::shared_ptr<held_sandbox> h;
-        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
-        if (h && h->gone_reason) co_return gone_error(id, *h);
+        auto found = held_unless_gone(*s, id);
+        if (!found) co_return std::move(found).error();
+        const auto h = *found;
         const auto asked = system_clock::now();
         auto paused = co_await s->control->async_pause(id);
-        if (!paused) {
-            if (h && paused.error().code == errc::sandbox_not_found) {
-                mark_gone(*s, *h, "it has ended");
-                co_return gone_error(id, *h);
-            }
-            co_return std::move(paused).error();
-        }
+        if (!paused) co_return control_error(*s, h, id, std::move(paused).error());
         if (h && !h->paused) {
             h->paused = true;
             h->ttl_left = std::max(milliseconds(1),
@@ -611,22 +617,16 @@ class e2b_backend final : public backend {
     static asio::awaitable<result<sandbox_info>> resume(std::shared_ptr<backend_state> s,
                                                         std::string id) {
         if (auto ok = usable(*s); !ok) co_return std::move(ok).error();
-        std::shared_ptr<held_sandbox> h;
-        if (auto it = s->held.find(id); it != s->held.end()) h = it->second;
-        if (h && h->gone_reason) co_return gone_error(id, *h);
+        auto found = held_unless_gone(*s, id);
+        if (!found) co_return std::move(found).error();
+        const auto h = *found;
         // A sandbox paused by another process: E2B's own default timeout.
         milliseconds left = h && h->paused ? h->ttl_left : milliseconds(std::chrono::minutes(5));
         milliseconds timeout = left;
         if (h && h->heartbeat) timeout = std::min(left, s->config.heartbeat_timeout);
         const auto asked = system_clock::now();
         auto connected = co_await s->control->async_connect(id, seconds_up(timeout));
-        if (!connected) {
-            if (h && connected.error().code == errc::sandbox_not_found) {
-                mark_gone(*s, *h, "it has ended");
-                co_return gone_error(id, *h);
-            }
-            co_return std::move(connected).error();
-        }
+        if (!connected) co_return control_error(*s, h, id, std::move(connected).error());
         if (h && h->paused) {
             h->paused = false;
             h->ttl_end = asked + left;
