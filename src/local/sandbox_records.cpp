@@ -476,6 +476,12 @@ bool init_is_gone(const sandbox_record& record) {
 int remove_cgroups(const sandbox_record& record) {
     int first = 0;
     for (const auto& dir : record.cgroups) {
+        // A v1 freezer's commands, frozen by a pause: its killed processes die once thawed.
+        const std::string state = dir + "/commands/freezer.state";
+        if (const int fd = ::open(state.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+            (void)!::write(fd, "THAWED", 6);
+            ::close(fd);
+        }
         const int err = remove_cgroup_tree(dir);
         if (err != 0 && first == 0) first = err;
     }
