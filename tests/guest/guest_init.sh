@@ -28,7 +28,8 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
-if [ "${MOAT_GUEST_CGROUP:-v2}" = v1 ]; then
+cgroup=${MOAT_GUEST_CGROUP:-v2}
+if [ "$cgroup" = v1 ]; then
     # A v1-only host, as older distributions mount it: no cgroup2 anywhere.
     mount -t tmpfs -o mode=0755 tmpfs /sys/fs/cgroup
     for c in memory pids cpu,cpuacct freezer; do
@@ -61,15 +62,21 @@ step() {
     echo "$name $?" >>"$out/status"
 }
 
-# The v1 batch: the pause tests, whose commands the v1 freezer must freeze (never pid 1), and the
-# cgroup test of the v1 layout.
-if [ "${MOAT_GUEST_CGROUP:-v2}" = v1 ]; then
+# Before a batch: the kernel and what "$@" says of its cgroups in guest.txt, and the environment
+# the tests read.
+begin_batch() {
     {
         uname -r
-        grep cgroup /proc/self/mountinfo
+        "$@"
     } >"$out/guest.txt" 2>&1
-    export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP=v1
+    export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP="$cgroup"
     cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
+}
+
+# The v1 batch: the pause tests, whose commands the v1 freezer must freeze (never pid 1), and the
+# cgroup test of the v1 layout.
+if [ "$cgroup" = v1 ]; then
+    begin_batch grep cgroup /proc/self/mountinfo
     tests="pause then resume keeps*,a paused sandbox's TTL does not run out*"
     tests="$tests,operations on a paused sandbox resume it first*"
     tests="$tests,*written to the cgroup version the host gives moat*"
@@ -82,14 +89,8 @@ if [ "${MOAT_GUEST_CGROUP:-v2}" = v1 ]; then
 fi
 
 echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
-{
-    uname -r
-    echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
-    echo "subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
-} >"$out/guest.txt" 2>&1
-
-export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP=v2
-cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
+begin_batch sh -c 'echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+    echo "subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"'
 
 # The local backend's isolation and limit tests, in one process (process creation is 10-30x
 # slower here than on the host). doctest filters: comma-separated, * wildcards.
