@@ -78,7 +78,7 @@ begin_batch() {
 if [ "$cgroup" = v1 ]; then
     begin_batch grep cgroup /proc/self/mountinfo
     tests="pause then resume keeps*,a paused sandbox's TTL does not run out*"
-    tests="$tests,operations on a paused sandbox resume it first*"
+    tests="$tests,operations on a paused sandbox resume it first*,destroying a paused sandbox*"
     tests="$tests,*written to the cgroup version the host gives moat*"
     step tests "$build/tests/moat_tests" --no-version --duration=true -tc="$tests"
     # Every sandbox had its freezer cgroup, and none is left.
