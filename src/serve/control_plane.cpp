@@ -372,10 +372,8 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     entry->env_vars = std::move(parsed->env_vars);
     entry->started_at = started;
     entry->end_at = (*created)->info().expires_at;
-    entry->auto_pause = auto_pause;
-    if (auto_pause) entry->end_at -= auto_pause_grace;
-    entry->auto_resume = parsed->auto_resume.value_or(false);
-    entry->auto_resume_ttl = auto_resume_ttl_for(std::chrono::seconds(timeout_s));
+    set_lifecycle(*entry, auto_pause, parsed->auto_resume.value_or(false),
+                  std::chrono::seconds(timeout_s));
     // Ports are public unless the request or the operator's default says otherwise (E2B's default
     // is public).
     std::optional<bool> public_traffic;

@@ -106,6 +106,14 @@ asio::awaitable<result<void>> join_resume(serve_context& context,
 
 }  // namespace
 
+void set_lifecycle(registry_entry& entry, bool auto_pause, bool auto_resume,
+                   std::chrono::seconds timeout) {
+    entry.auto_pause = auto_pause;
+    if (auto_pause) entry.end_at -= auto_pause_grace;
+    entry.auto_resume = auto_resume;
+    entry.auto_resume_ttl = auto_resume_ttl_for(timeout);
+}
+
 asio::awaitable<result<void>> pause_entry(serve_context& context,
                                           std::shared_ptr<registry_entry> entry) {
     auto paused = co_await entry->handle->async_pause(deadline::after(pause_bound));

@@ -36,6 +36,11 @@ inline std::chrono::seconds auto_resume_ttl_for(std::chrono::seconds timeout) {
     return timeout < auto_resume_min_ttl ? auto_resume_min_ttl : timeout;
 }
 
+// A new entry's lifecycle: autoPause (its end auto_pause_grace before its moat TTL's) and
+// autoResume (with the TTL a resume by traffic gives a sandbox created with `timeout`).
+void set_lifecycle(registry_entry& entry, bool auto_pause, bool auto_resume,
+                   std::chrono::seconds timeout);
+
 // Traffic to the entry is answered as for a sandbox that is gone: it is paused, without
 // autoResume, and no resume is in flight.
 inline bool refuses_traffic(const registry_entry& entry) {
