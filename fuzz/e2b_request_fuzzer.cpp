@@ -53,6 +53,7 @@ void check_create(std::string_view body) {
     require(again.has_value());
     require(again->metadata == r->metadata && again->env_vars == r->env_vars);
     require(again->timeout_s == r->timeout_s && again->secure == r->secure);
+    require(again->auto_pause == r->auto_pause && again->auto_resume == r->auto_resume);
 }
 
 void check_network_update(std::string_view body) {

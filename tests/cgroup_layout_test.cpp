@@ -58,6 +58,24 @@ TEST_CASE("inside a cgroup namespace the own cgroup is relative to the mount's r
     CHECK(layout.v2_own_dir() == "/sys/fs/cgroup/worker");
 }
 
+TEST_CASE("a v1-only host's freezer hierarchy is found, with this process's cgroup in it") {
+    // The v1 guest of tests/guest (guest_init_v1.sh), this process in a sub-cgroup of the freezer.
+    const auto layout = parse_cgroup_layout(
+        "21 19 0:19 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "23 21 0:21 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "24 21 0:22 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+        "25 21 0:23 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+        "26 21 0:24 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer\n",
+        "4:freezer:/jobs/a\n3:cpu,cpuacct:/\n2:pids:/\n1:memory:/\n");
+    CHECK(layout.kind == cgroup_layout_kind::v1);
+    CHECK(layout.v2_mount.empty());
+    CHECK(layout.freezer.mount_point == "/sys/fs/cgroup/freezer");
+    CHECK(layout.freezer.own == "/jobs/a");
+    CHECK(layout.freezer.listed);
+    // The hybrid host above mounts none.
+    CHECK(parse_cgroup_layout(hybrid_mountinfo, hybrid_cgroup).freezer.mount_point.empty());
+}
+
 TEST_CASE("no cgroup filesystem is layout none") {
     const auto layout = parse_cgroup_layout("22 1 0:5 / /proc rw - proc proc rw\n", "0::/\n");
     CHECK(layout.kind == cgroup_layout_kind::none);

@@ -49,6 +49,7 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     full.metadata = {{"user", "a b&c=d"}, {"k", "v\n\"quoted\""}};
     full.env_vars = {{"PATH", "/bin"}, {"EMPTY", ""}};
     full.auto_pause = true;
+    full.auto_resume = true;
     full.secure = true;
     full.allow_internet_access = false;
     full.network = protocol::network_request{
@@ -60,6 +61,7 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     CHECK(back->metadata == full.metadata);
     CHECK(back->env_vars == full.env_vars);
     CHECK(back->auto_pause);
+    CHECK(back->auto_resume == true);
     CHECK(back->secure == true);
     CHECK(back->allow_internet_access == false);
     REQUIRE(back->network);
@@ -74,9 +76,22 @@ TEST_CASE("e2b protocol: a create request round-trips, with and without its opti
     CHECK(plain->template_id.empty());
     CHECK_FALSE(plain->timeout_s);
     CHECK_FALSE(plain->auto_pause);
+    CHECK_FALSE(plain->auto_resume);
     CHECK_FALSE(plain->secure);
     CHECK_FALSE(plain->allow_internet_access);
     CHECK_FALSE(plain->network);
+}
+
+TEST_CASE("e2b protocol: a create request's autoResume is {enabled: bool}, as the SDK sends it") {
+    auto off = protocol::parse_create_request(R"({"autoResume":{"enabled":false}})");
+    REQUIRE(off);
+    CHECK(off->auto_resume == false);
+    for (const char* body : {R"({"autoResume":true})", R"({"autoResume":{}})",
+                             R"({"autoResume":{"enabled":"yes"}})"}) {
+        auto refused = protocol::parse_create_request(body);
+        REQUIRE_FALSE(refused);
+        CHECK(refused.error().detail.find("autoResume") != std::string::npos);
+    }
 }
 
 TEST_CASE("e2b protocol: the timeout, connect and refresh bodies round-trip") {

@@ -205,3 +205,19 @@ TEST_CASE_FIXTURE(local_fixture,
     REQUIRE(run((*other)->async_destroy()));
     REQUIRE(run(box->async_destroy()));
 }
+
+TEST_CASE_FIXTURE(local_fixture, "destroying a paused sandbox ends it and its frozen processes") {
+    MOAT_REQUIRE_NAMESPACES();
+    moat::runtime rt(*local);
+    auto created = run(rt.async_create(moat::sandbox_spec{}));
+    REQUIRE_MESSAGE(created, created.error().to_string());
+    const std::shared_ptr<moat::sandbox> box = *created;
+    REQUIRE(run(box->async_spawn(resident("sleep 1000", 600s))));
+    REQUIRE(run(box->async_pause()));
+    // A process frozen by the v1 freezer dies of SIGKILL only once thawed: the destroy must not
+    // wait for it in vain.
+    auto destroyed = run(box->async_destroy());
+    REQUIRE_MESSAGE(destroyed, destroyed.error().to_string());
+    auto gone = run(local->async_inspect(box->id()));
+    CHECK((!gone || gone->state == moat::sandbox_state::exited));
+}

@@ -159,6 +159,20 @@ result<std::optional<network_request>> network_field(const parsed_body& b) {
     return std::optional<network_request>(std::move(out));
 }
 
+// autoResume: {"enabled": bool} (SandboxAutoResumeConfig).
+result<std::optional<bool>> auto_resume_field(const parsed_body& b) {
+    const auto e = b.get("autoResume");
+    if (!e) return std::optional<bool>();
+    simdjson::dom::object o;
+    bool enabled = false;
+    const auto flag =
+        e->get_object().get(o) == simdjson::SUCCESS ? field(o, "enabled") : std::nullopt;
+    if (!flag || flag->get_bool().get(enabled) != simdjson::SUCCESS) {
+        return invalid("'autoResume' must be {\"enabled\": true or false}");
+    }
+    return std::optional<bool>(enabled);
+}
+
 // An optional whole number of seconds from 0 to `max`.
 result<std::optional<std::int64_t>> seconds_field(const parsed_body& b, const char* name,
                                                   std::int64_t max) {
@@ -228,6 +242,8 @@ std::string encode_create_request(const create_request& r) {
     write_string_map(w, "metadata", r.metadata);
     write_string_map(w, "envVars", r.env_vars);
     if (r.auto_pause) w.key("autoPause").value(true);
+    if (r.auto_resume)
+        w.key("autoResume").begin_object().key("enabled").value(*r.auto_resume).end_object();
     if (r.allow_internet_access) w.key("allow_internet_access").value(*r.allow_internet_access);
     if (r.network) {
         w.key("network").begin_object();
@@ -265,6 +281,9 @@ result<create_request> parse_create_request(std::string_view body) {
     auto auto_pause = bool_field(b, "autoPause");
     if (!auto_pause) return std::move(auto_pause).error();
     out.auto_pause = auto_pause->value_or(false);
+    auto auto_resume = auto_resume_field(b);
+    if (!auto_resume) return std::move(auto_resume).error();
+    out.auto_resume = *auto_resume;
     auto secure = bool_field(b, "secure");
     if (!secure) return std::move(secure).error();
     out.secure = *secure;

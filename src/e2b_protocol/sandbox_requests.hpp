@@ -58,14 +58,17 @@ struct network_request {
 inline constexpr std::size_t max_mask_request_host = 255;
 
 // POST /sandboxes (v1) and POST /v2/sandboxes. The writer writes templateID, timeout (when set),
-// metadata and envVars (always), autoPause (when true), allow_internet_access, network and secure
-// (when set); v2 is always secured, v1 mints an access token only with "secure": true.
+// metadata and envVars (always), autoPause (when true), autoResume ({"enabled": ...}),
+// allow_internet_access, network and secure (when set); v2 is always secured, v1 mints an access
+// token only with "secure": true.
 struct create_request {
     std::string template_id;                // "" when absent (moat serve defaults it to "base")
     std::optional<std::int64_t> timeout_s;  // absent: the version's default (v2 300, v1 15)
     std::map<std::string, std::string> metadata;
     std::map<std::string, std::string> env_vars;
     bool auto_pause = false;
+    // autoResume.enabled: traffic to the paused sandbox resumes it (absent: off, E2B's default).
+    std::optional<bool> auto_resume;
     std::optional<bool> secure;
     std::optional<bool> allow_internet_access;  // absent: E2B's default, which is on
     std::optional<network_request> network;

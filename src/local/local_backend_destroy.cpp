@@ -119,6 +119,7 @@ asio::awaitable<result<void>> local_backend::destroy_recorded(std::string id, de
                                  std::to_string(record->owner_pid) + "; try again");
     }
     if (auto pidfd = open_live_init(*record)) {
+        thaw_v1_commands(*record);
         const bool ended = co_await kill_and_wait(pidfd->get(), limit);
         if (!ended) {
             record->condemned = true;
@@ -153,6 +154,7 @@ asio::awaitable<int> local_backend::remove_cgroups_until(const sandbox_record& r
 
 asio::awaitable<void> local_backend::kill_without_helper(local_sandbox& sandbox, deadline limit) {
     if (!sandbox.pidfd.is_open()) co_return;
+    thaw_v1_commands(sandbox.record);
     const bool ended = co_await kill_and_wait(sandbox.pidfd.get(), limit);
     if (ended) sandbox.reaped.set();
 }

@@ -1,10 +1,12 @@
 // Pause and resume of a local sandbox (local_backend_impl.hpp is the contract between the
 // backend's files). The library freezes the commands' cgroup v2 subtree itself (`commands`, under
-// the sandbox's own tree or, on a hybrid host, its tracking tree: every process but pid 1), and
+// the sandbox's own tree or, on a hybrid host, its tracking tree: every process but pid 1; on a
+// host without a cgroup2 mount, the sandbox's `commands` cgroup in the v1 freezer), and
 // tells pid 1 (set_paused) so that its clocks agree: wall limits stand still, and the sandbox ends
 // at its paused lifetime instead of its TTL. The record keeps the pause (paused_at, ttl_left, the
 // paused lifetime's end as expires_at), so another process, the helper's TTL backstop and the
-// janitor all see it; the commands' cgroup.freeze is the truth a process checks against.
+// janitor all see it; the commands' cgroup.freeze (v1: freezer.state) is the truth a process checks
+// against.
 #include "local/local_backend_impl.hpp"
 
 #include <moat/log.hpp>
@@ -28,11 +30,20 @@ namespace {
 
 constexpr auto pause_timeout = std::chrono::seconds(5);
 
-// The commands' cgroup.freeze of the sandbox's cgroup v2 tree, or "" where it has none.
-std::string freeze_file(const sandbox_record& record) {
+// Where the sandbox's commands are frozen: the commands' cgroup.freeze of its cgroup v2 tree, or
+// (v1) the commands' freezer.state in the v1 freezer; an empty path where it has neither.
+struct freezer {
+    std::string path;
+    bool v1 = false;
+    bool empty() const { return path.empty(); }
+};
+
+freezer freeze_file(const sandbox_record& record) {
     for (const auto& dir : record.cgroups) {
         std::string path = dir + "/commands/cgroup.freeze";
-        if (::access(path.c_str(), F_OK) == 0) return path;
+        if (::access(path.c_str(), F_OK) == 0) return {std::move(path), false};
+        path = dir + "/commands/freezer.state";
+        if (::access(path.c_str(), F_OK) == 0) return {std::move(path), true};
     }
     return {};
 }
@@ -55,13 +66,23 @@ int write_text(const std::string& path, const char* text) {
     return err;
 }
 
-bool frozen_now(const std::string& freeze) {
-    return !freeze.empty() && read_text(freeze).starts_with("1");
+int set_frozen(const freezer& freeze, bool frozen) {
+    if (freeze.v1) return write_text(freeze.path, frozen ? "FROZEN" : "THAWED");
+    return write_text(freeze.path, frozen ? "1" : "0");
 }
 
-// cgroup.events says every process of the subtree is frozen.
-bool freeze_complete(const std::string& freeze) {
-    const std::string events = read_text(freeze.substr(0, freeze.rfind('/')) + "/cgroup.events");
+// Frozen, or freezing (v1: FREEZING until every task has stopped).
+bool frozen_now(const freezer& freeze) {
+    if (freeze.empty()) return false;
+    const std::string state = read_text(freeze.path);
+    return freeze.v1 ? !state.empty() && !state.starts_with("THAWED") : state.starts_with("1");
+}
+
+// Every process of the subtree is frozen: cgroup.events says so (v2), or freezer.state (v1).
+bool freeze_complete(const freezer& freeze) {
+    if (freeze.v1) return read_text(freeze.path).starts_with("FROZEN");
+    const std::string& file = freeze.path;
+    const std::string events = read_text(file.substr(0, file.rfind('/')) + "/cgroup.events");
     return events.find("frozen 1") != std::string::npos;
 }
 
@@ -116,16 +137,17 @@ asio::awaitable<result<sandbox_info>> local_backend::pause(std::string id) {
     auto sandbox = *found;
     sync_pause_state(*sandbox);
     if (sandbox->record.paused_at) co_return sandbox->info;
-    const std::string freeze = freeze_file(sandbox->record);
+    const freezer freeze = freeze_file(sandbox->record);
     if (freeze.empty()) {
         co_return make_error(errc::not_supported,
-                             "pause needs the sandbox's cgroup v2 tree, and this host mounts no "
-                             "cgroup2 hierarchy (the v1 freezer is not used)");
+                             "pause needs the sandbox's cgroup v2 tree or, on a host without a "
+                             "cgroup2 mount, a v1 freezer hierarchy, and this sandbox has neither");
     }
     auto agent = sandbox->agent;  // the sandbox may end while we wait
     const auto limit = deadline::after(pause_timeout);
-    if (const int err = write_text(freeze, "1")) {
-        co_return make_error(errc::backend_failure, "freeze " + freeze + ": " + std::strerror(err));
+    if (const int err = set_frozen(freeze, true)) {
+        co_return make_error(errc::backend_failure,
+                             "freeze " + freeze.path + ": " + std::strerror(err));
     }
     // Frozen once every task has stopped (usually at once; a task in a system call is stopped
     // when it returns to user space).
@@ -136,14 +158,14 @@ asio::awaitable<result<sandbox_info>> local_backend::pause(std::string id) {
         if (ec) co_await asio::this_coro::reset_cancellation_state();
     }
     if (!freeze_complete(freeze)) {
-        (void)write_text(freeze, "0");
+        (void)set_frozen(freeze, false);
         co_return make_error(errc::backend_failure,
                              "the sandbox's commands did not freeze within 5 s; it runs on");
     }
     const auto lifetime = sandbox->record.paused_lifetime;
     auto told = co_await agent->async_set_paused(true, lifetime, limit);
     if (!told) {
-        (void)write_text(freeze, "0");
+        (void)set_frozen(freeze, false);
         co_return std::move(told).error();
     }
     const auto now = std::chrono::system_clock::now();
@@ -168,12 +190,13 @@ asio::awaitable<result<sandbox_info>> local_backend::resume(std::string id) {
     if (!found) co_return std::move(found).error();
     auto sandbox = *found;
     sync_pause_state(*sandbox);
-    const std::string freeze = freeze_file(sandbox->record);
+    const freezer freeze = freeze_file(sandbox->record);
     if (!sandbox->record.paused_at && !frozen_now(freeze)) co_return sandbox->info;
     auto agent = sandbox->agent;
     const auto limit = deadline::after(pause_timeout);
-    if (const int err = write_text(freeze, "0")) {
-        co_return make_error(errc::backend_failure, "thaw " + freeze + ": " + std::strerror(err));
+    if (const int err = set_frozen(freeze, false)) {
+        co_return make_error(errc::backend_failure,
+                             "thaw " + freeze.path + ": " + std::strerror(err));
     }
     auto& record = sandbox->record;
     // Frozen without a recorded pause (its pauser died between the two): the TTL it had.

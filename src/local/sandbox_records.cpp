@@ -473,7 +473,18 @@ bool init_is_gone(const sandbox_record& record) {
     return ticks != 0 && ticks != record.init_start_ticks;
 }
 
+void thaw_v1_commands(const sandbox_record& record) {
+    for (const auto& dir : record.cgroups) {
+        const std::string state = dir + "/commands/freezer.state";
+        if (const int fd = ::open(state.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+            (void)!::write(fd, "THAWED", 6);
+            ::close(fd);
+        }
+    }
+}
+
 int remove_cgroups(const sandbox_record& record) {
+    thaw_v1_commands(record);
     int first = 0;
     for (const auto& dir : record.cgroups) {
         const int err = remove_cgroup_tree(dir);

@@ -122,5 +122,9 @@ std::uint64_t process_start_ticks(int pid);
 // the first errno; EBUSY while the kernel still counts exiting tasks, so callers retry for a
 // bounded time.
 int remove_cgroups(const sandbox_record& record);
+// Thaws the sandbox's commands where they are frozen in a v1 freezer (pause on a host without
+// cgroup2): a process frozen there dies of SIGKILL only once thawed, and pid 1 cannot finish
+// exiting before its processes have. A no-op elsewhere.
+void thaw_v1_commands(const sandbox_record& record);
 
 }  // namespace moat

@@ -31,6 +31,8 @@ constexpr int control_fd = 3;
 constexpr int listen_fd = 7;                 // survivors only: the attach socket the helper bound
 constexpr int command_cgroup_fd = 8;         // the commands' cgroup directory (v2), if present
 constexpr int command_cgroup_kill_fd = 9;    // cgroup v2: the commands' cgroup.kill, if present
+constexpr int freezer_commands_fd = 11;      // v1 freezer: the commands' tasks, if present
+constexpr int freezer_state_fd = 12;         // v1 freezer: the commands' freezer.state, if present
 constexpr std::size_t max_connections = 32;  // the owner's plus attached processes
 constexpr int drain_poll_ms = 20;  // how often a killed cgroup is looked at while it empties
 
@@ -115,6 +117,10 @@ bool agent::setup() {
     }
     if (::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0)
         command_cgroup_kill_ = command_cgroup_kill_fd;
+    // Each command joins it before it execs (close-on-exec: the command never holds it).
+    if (::fcntl(freezer_commands_fd, F_SETFD, FD_CLOEXEC) == 0)
+        freezer_tasks_ = freezer_commands_fd;
+    if (::fcntl(freezer_state_fd, F_SETFD, FD_CLOEXEC) == 0) freezer_state_ = freezer_state_fd;
     if (survive_owner_) {
         // The helper bound this socket in its 0700 state directory; listening here makes this
         // process the one a connecting library sees in SO_PEERCRED.
@@ -156,6 +162,10 @@ void agent::send_ready(int fd) {
     if (egress_fd_ >= 0) fds = listener;
     const auto bytes = std::as_bytes(std::span(&ready, 1));
     if (wire::send_record(fd, bytes, fds, MSG_DONTWAIT) < 0) mark_closing(fd);
+}
+
+void agent::thaw_commands() {
+    if (freezer_state_ >= 0) (void)!::write(freezer_state_, "THAWED", 6);
 }
 
 int agent::run() {
@@ -454,7 +464,9 @@ void agent::handle_kill(int fd, const wire::kill_message& m) {
 int run_agent(std::uint64_t ttl_ms, std::uint32_t max_processes, std::uint32_t open_files,
               bool survive_owner, std::uint16_t egress_port, bool allow_sudo) {
     agent a(ttl_ms, max_processes, open_files, survive_owner, egress_port, allow_sudo);
-    return a.run();
+    const int code = a.run();
+    a.thaw_commands();
+    return code;
 }
 
 }  // namespace moat::sandboxd

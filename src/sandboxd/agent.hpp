@@ -29,7 +29,11 @@
 // anything left in its cgroup is killed at once (cgroup.kill), the cgroup is removed once empty,
 // and `exited` carries exited_strays_killed. Without fd 8 (no cgroup2 mount), or if the kernel
 // refuses the cgroup, commands share pid 1's cgroup and everything else in the sandbox is killed
-// once no command is running, so an idle sandbox runs nothing but pid 1.
+// once no command is running, so an idle sandbox runs nothing but pid 1. On v1-only hosts with a
+// freezer, fd 11 is the commands' tasks file in the v1 freezer (cgroups.hpp): every command
+// writes "0" to it before it execs (not inherited), so that pause freezes all but pid 1; fd 12 is
+// its freezer.state, which pid 1 sets THAWED on its way out (a frozen process would not die of
+// the SIGKILL pid 1's exit sends, and pid 1 cannot finish exiting before it has).
 //
 // With --survive-owner, fd 7 is a unix SOCK_SEQPACKET socket the helper bound in its 0700 state
 // directory; the agent listens on it, so other host processes can attach. Each accepted

@@ -121,6 +121,7 @@ void agent::run_exec(int fd, const wire::exec_request_view& request, std::span<i
     for (int i = 0; i < 3; ++i) block.args->stdio[i] = stdio[i];
     block.args->status_pipe = status[1];
     block.args->join_procs = -1;
+    block.args->join_freezer = freezer_tasks_;
     block.args->terminal = terminal;
     block.args->as_root = (request.flags & wire::exec_as_root) != 0;
     // Spawned processes go to the commands' cgroup (they outlive execs); an exec to its own.

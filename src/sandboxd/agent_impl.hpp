@@ -68,6 +68,9 @@ class agent {
           ttl_deadline_us_(ttl_ms == 0 ? 0 : now_us() + ttl_ms * 1000) {}
 
     int run();
+    // On the way out: thaws the commands' v1 freezer (a frozen process dies of the SIGKILL pid 1's
+    // exit sends only once thawed, and pid 1 cannot finish exiting before they have).
+    void thaw_commands();
 
   private:
     // A per-command cgroup below the commands' one: "c<number>".
@@ -201,6 +204,8 @@ class agent {
     bool share_memory_ = true;
     int command_cgroup_ = -1;           // see command_cgroup_fd
     int command_cgroup_kill_ = -1;      // see command_cgroup_kill_fd (held, never written: reap)
+    int freezer_tasks_ = -1;            // see freezer_commands_fd (v1 freezer), or -1
+    int freezer_state_ = -1;            // see freezer_state_fd (v1 freezer), or -1
     bool per_command_cgroups_ = false;  // cgroups can be made below command_cgroup_
     bool clone3_usable_ = true;         // false once the kernel refused CLONE_INTO_CGROUP
     std::uint64_t next_cgroup_ = 1;

@@ -117,6 +117,7 @@ cgroup_layout parse_cgroup_layout(std::string_view mountinfo, std::string_view s
     cgroup_layout layout;
     bool any_v1 = false;
     std::array<std::string, controller_count> v1_roots;
+    std::string freezer_root;
     std::string v2_root = "/";
     for_each_line(mountinfo, [&](std::string_view line) {
         mount_entry m;
@@ -131,6 +132,10 @@ cgroup_layout parse_cgroup_layout(std::string_view mountinfo, std::string_view s
         }
         if (m.type != "cgroup") return;
         any_v1 = true;
+        if (has_token(m.options, "freezer") && layout.freezer.mount_point.empty()) {
+            layout.freezer.mount_point = unescape(m.mount_point);
+            freezer_root = unescape(m.root);
+        }
         for (std::size_t i = 0; i < controller_count; ++i) {
             if (!has_token(m.options, controller_names[i]) || !layout.v1[i].mount_point.empty())
                 continue;
@@ -147,6 +152,11 @@ cgroup_layout parse_cgroup_layout(std::string_view mountinfo, std::string_view s
         if (line.substr(0, first) == "0" && controllers.empty()) {
             layout.v2_own = relative_to(path, v2_root);
             return;
+        }
+        if (has_token(controllers, "freezer")) {
+            const std::string own = relative_to(path, freezer_root);
+            layout.freezer.own = own == "/" ? "" : own;
+            layout.freezer.listed = true;
         }
         for (std::size_t i = 0; i < controller_count; ++i) {
             if (!has_token(controllers, controller_names[i])) continue;

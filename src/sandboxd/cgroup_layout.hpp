@@ -33,6 +33,9 @@ struct v1_hierarchy {
 struct cgroup_layout {
     cgroup_layout_kind kind = cgroup_layout_kind::none;
     std::array<v1_hierarchy, controller_count> v1;  // per controller
+    // The v1 freezer hierarchy, where one is mounted: on hosts without a cgroup2 mount, pause
+    // freezes a sandbox's commands there (cgroups.hpp).
+    v1_hierarchy freezer;
     std::string v2_mount;  // the cgroup2 mount point, "" when none is mounted
     std::string v2_own;    // this process's cgroup from the "0::" line ("/" = the mount's root)
     bool v2_nsdelegate = false;  // mounted with nsdelegate: cgroup namespaces bound moves

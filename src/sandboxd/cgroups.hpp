@@ -28,6 +28,13 @@
 //    known and killed (cgroup.kill) when its main process ends. Without a usable cgroup2 mount
 //    (v1-only hosts) there are no per-command cgroups: the agent kills strays only when no other
 //    command runs.
+//  - On v1-only hosts with a freezer hierarchy, each sandbox also gets
+//        <freezer mount><own>/moat/<id>           pid 1 stays out of it (it keeps running)
+//        <freezer mount><own>/moat/<id>/commands  every command, which joins it before it execs
+//    (the agent's fd 11, commands/tasks opened by the helper): pause (local_backend_pause.cpp)
+//    writes FROZEN to its freezer.state. A freezer that cannot be made only leaves the sandbox
+//    without pause, never fails it. Its processes die of SIGKILL only once thawed, so kill() and
+//    try_remove() thaw it, and so does pid 1 before it exits (fd 12, its freezer.state).
 //  - Where neither works, every controller reports why (and on v2, the exact fix) and a sandbox
 //    that asks for a limit fails to be created unless the spec says best effort.
 //
@@ -70,8 +77,11 @@ struct sandbox_cgroups {
     // Hybrid hosts: the sandbox's {init, commands, top} in the unified hierarchy (no limits, only
     // per-command tracking); empty elsewhere.
     std::vector<std::string> tracking_dirs;
+    // v1-only hosts with a freezer: the sandbox's {commands, top} in the v1 freezer hierarchy
+    // (pause), or empty.
+    std::vector<std::string> freezer_dirs;
 
-    bool empty() const { return dirs.empty() && tracking_dirs.empty(); }
+    bool empty() const { return dirs.empty() && tracking_dirs.empty() && freezer_dirs.empty(); }
 };
 
 // Descriptors, opened by the helper, through which a sandbox's processes join their cgroups by
@@ -90,6 +100,10 @@ struct cgroup_join_fds {
     int unified_dir = -1;
     int commands_dir = -1;   // v2: the commands' directory (O_PATH), handed to the agent as fd 8
     int commands_kill = -1;  // v2: commands/cgroup.kill (5.14+), fd 9
+    // v1 freezer: commands/tasks, which each command writes "0" to before it execs (fd 11), and
+    // commands/freezer.state, which pid 1 thaws before it exits (fd 12).
+    int freezer_commands = -1;
+    int freezer_state = -1;
     void close_all();
 };
 
@@ -146,6 +160,7 @@ class cgroups {
   private:
     std::unique_ptr<cgroup_hierarchy> impl_;
     std::unique_ptr<cgroup_hierarchy> tracker_;  // hybrid hosts: the unified hierarchy, or null
+    std::string freezer_parent_;                 // v1-only hosts: <freezer mount><own>/moat, or ""
 };
 
 // The implementations' interface (cgroup_v1.cpp, cgroup_v2.cpp).

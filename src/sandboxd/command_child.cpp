@@ -98,6 +98,9 @@ long exec_search(const command_args& a) {
 [[noreturn]] void command_main(const command_args& a) {
     long r = 0;
     if (a.join_procs >= 0 && (r = raw(SYS_write, a.join_procs, "0", 1)) != 1) command_fail(a, r);
+    if (a.join_freezer >= 0 && (r = raw(SYS_write, a.join_freezer, "0", 1)) != 1) {
+        command_fail(a, r);
+    }
     raw(SYS_setsid);
     for (int fd = 0; fd < 3; ++fd) {
         // dup2: a descriptor already in place stays as it is.

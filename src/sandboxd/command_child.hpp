@@ -18,10 +18,11 @@ namespace moat::sandboxd {
 // mapping pid 1 keeps until the child has exec'd or died (command::block).
 struct command_args {
     int stdio[3];
-    int status_pipe;  // close-on-exec write end: the errno if the child fails, EOF once it execs
-    int join_procs;   // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
-    bool terminal;    // stdio is a terminal's slave: it becomes the controlling terminal
-    bool as_root;     // wire::exec_as_root: stays uid 0, takes gid 0, keeps the bounding set
+    int status_pipe;   // close-on-exec write end: the errno if the child fails, EOF once it execs
+    int join_procs;    // without CLONE_INTO_CGROUP: a cgroup.procs to move into first, or -1
+    int join_freezer;  // v1 freezer: the commands' tasks to move into first (pause), or -1
+    bool terminal;     // stdio is a terminal's slave: it becomes the controlling terminal
+    bool as_root;      // wire::exec_as_root: stays uid 0, takes gid 0, keeps the bounding set
     const char* cwd;
     char* const* argv;
     std::size_t argc;

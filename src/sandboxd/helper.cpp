@@ -570,6 +570,8 @@ void helper::handle_create(const wire::create_message& m) {
     wire::copy_field(created.cpu_cgroup, s.cgroups.paths[2]);
     if (!s.cgroups.tracking_dirs.empty()) {
         wire::copy_field(created.tracking_cgroup, s.cgroups.tracking_dirs.back());
+    } else if (!s.cgroups.freezer_dirs.empty()) {
+        wire::copy_field(created.tracking_cgroup, s.cgroups.freezer_dirs.back());
     }
     const int passed[] = {spawned.pidfd, spawned.library_socket};
     const int lost = send(created, passed);

@@ -462,7 +462,8 @@ void make_proc_sys_read_only(child_args& a) {
 // Final layout: 0-2 /dev/null, 3 control, 4 slot lock, 5 agent executable (close-on-exec),
 // 6 exec pipe (close-on-exec), 7 the attach socket (survivors only), 8 and 9 the commands'
 // cgroup directory and cgroup.kill (v2, or the hybrid tracking tree), 10 the template layer's lock
-// (template sandboxes only). Sources may sit on any of the target numbers, so first move them all
+// (template sandboxes only), 11 and 12 the commands' tasks and freezer.state in the v1 freezer
+// (v1-only hosts). Sources may sit on any of the target numbers, so first move them all
 // above the targets.
 long move_above(child_args& a, int fd, int first_free) {
     if (fd < 0) return -1;
@@ -470,7 +471,7 @@ long move_above(child_args& a, int fd, int first_free) {
 }
 
 void arrange_fds(child_args& a) {
-    constexpr int first_free = 11;
+    constexpr int first_free = 13;  // above the fds the agent looks for (3 to 12)
     const long control =
         checked(a, step::arrange_fds, SYS_fcntl, a.control, F_DUPFD_CLOEXEC, first_free);
     const long lock =
@@ -485,6 +486,8 @@ void arrange_fds(child_args& a) {
     const long command_cgroup = move_above(a, a.command_cgroup, first_free);
     const long command_cgroup_kill = move_above(a, a.command_cgroup_kill, first_free);
     const long layer_lock = move_above(a, a.layer_lock, first_free);
+    const long freezer_commands = move_above(a, a.freezer_commands, first_free);
+    const long freezer_state = move_above(a, a.freezer_state, first_free);
     checked(a, step::arrange_fds, SYS_dup3, control, 3, 0);
     checked(a, step::arrange_fds, SYS_dup3, lock, 4, 0);
     checked(a, step::arrange_fds, SYS_dup3, exe, 5, O_CLOEXEC);
@@ -494,15 +497,18 @@ void arrange_fds(child_args& a) {
     if (command_cgroup_kill >= 0)
         checked(a, step::arrange_fds, SYS_dup3, command_cgroup_kill, 9, 0);
     if (layer_lock >= 0) checked(a, step::arrange_fds, SYS_dup3, layer_lock, 10, 0);
+    if (freezer_commands >= 0) checked(a, step::arrange_fds, SYS_dup3, freezer_commands, 11, 0);
+    if (freezer_state >= 0) checked(a, step::arrange_fds, SYS_dup3, freezer_state, 12, 0);
     const long null = checked(a, step::open_dev_null, SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
     for (long fd = 0; fd < 3; ++fd) {
         if (fd != null) checked(a, step::arrange_fds, SYS_dup3, null, fd, 0);
     }
-    if (null > 2) raw(SYS_close, null);  // it may have landed on 7, 8, 9 or 10
-    // The agent looks for 8 and 9: an unused number must be closed, whatever held it before.
-    for (const long fd : {7L, 8L, 9L, 10L}) {
+    if (null > 2) raw(SYS_close, null);  // it may have landed on 7 to 12
+    // The agent looks for 7 to 12: an unused number must be closed, whatever held it before.
+    for (const long fd : {7L, 8L, 9L, 10L, 11L, 12L}) {
         const bool used = (fd == 7 && listen >= 0) || (fd == 8 && command_cgroup >= 0) ||
-                          (fd == 9 && command_cgroup_kill >= 0) || (fd == 10 && layer_lock >= 0);
+                          (fd == 9 && command_cgroup_kill >= 0) || (fd == 10 && layer_lock >= 0) ||
+                          (fd == 11 && freezer_commands >= 0) || (fd == 12 && freezer_state >= 0);
         if (!used) raw(SYS_close, fd);
     }
     checked(a, step::close_range, SYS_close_range, first_free, ~0u, 0);

@@ -21,6 +21,8 @@ struct child_args {
                                        // is -1 when pid 1 was cloned into that cgroup
     int command_cgroup;                // v2: the commands' directory (fd 8), or -1
     int command_cgroup_kill;           // v2: the commands' cgroup.kill (fd 9), or -1
+    int freezer_commands;              // v1 freezer: the commands' tasks (fd 11), or -1
+    int freezer_state;                 // v1 freezer: the commands' freezer.state (fd 12), or -1
     int release_read;
     int release_write;
     int exec_pipe_write;

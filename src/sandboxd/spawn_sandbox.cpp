@@ -436,6 +436,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     args.unified_after_namespace = attach_fds.unified_after_namespace;
     args.command_cgroup = attach_fds.commands_dir;
     args.command_cgroup_kill = attach_fds.commands_kill;
+    args.freezer_commands = attach_fds.freezer_commands;
+    args.freezer_state = attach_fds.freezer_state;
     const auto close_attach_fds = [&attach_fds] { attach_fds.close_all(); };
 
     int pidfd = -1;

@@ -22,6 +22,8 @@
 //               cgroup.kill (see cgroups.hpp)
 //   fd 10       template sandboxes: their layer's lock file, locked shared for the sandbox's life
 //               (template_store::lock_path_of)
+//   fd 11, 12   v1-only hosts with a freezer: the commands' tasks and freezer.state in the v1
+//               freezer (see cgroups.hpp)
 //
 // A failing step is reported precisely ("pivot_root: EINVAL") and leaves nothing running.
 #pragma once

@@ -132,6 +132,8 @@ protocol::sandbox_detail detail_of(const registry_entry& e, bool detail,
     d.envd_version = reported_envd_version;
     d.metadata = e.metadata;
     if (!detail) return d;
+    d.on_timeout = e.auto_pause ? "pause" : "kill";
+    d.auto_resume = e.auto_resume;
     d.envd_access_token = e.access_token;
     d.domain = domain;
     d.allow_public_traffic = !e.private_ports;
@@ -370,8 +372,8 @@ asio::awaitable<void> create(control_call& call, api_version version) {
     entry->env_vars = std::move(parsed->env_vars);
     entry->started_at = started;
     entry->end_at = (*created)->info().expires_at;
-    entry->auto_pause = auto_pause;
-    if (auto_pause) entry->end_at -= auto_pause_grace;
+    set_lifecycle(*entry, auto_pause, parsed->auto_resume.value_or(false),
+                  std::chrono::seconds(timeout_s));
     // Ports are public unless the request or the operator's default says otherwise (E2B's default
     // is public).
     std::optional<bool> public_traffic;
@@ -506,7 +508,7 @@ asio::awaitable<void> resume_paused(control_call& call, std::shared_ptr<registry
     auto parsed = co_await parsed_body_or_400(call, parse);
     if (!parsed) co_return;
     const std::chrono::milliseconds ttl = ttl_of(*parsed);
-    auto resumed = co_await resume_entry(call.s.context, *entry, ttl);
+    auto resumed = co_await resume_entry(call.s.context, entry, ttl);
     if (!resumed) {
         co_await send_failure(call.response, resumed.error());
         co_return;

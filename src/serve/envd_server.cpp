@@ -6,6 +6,7 @@
 #include "core/loopback.hpp"
 #include "e2b_protocol/error_body.hpp"
 #include "serve/port_proxy.hpp"
+#include "serve/sandbox_pause.hpp"
 #include "serve/server_secret.hpp"
 
 #include <chrono>
@@ -27,6 +28,24 @@ asio::awaitable<void> send_sandbox_not_found(http::server_response& response, st
     e2b_protocol::error_body error;
     error.code = 502;
     error.message = "The sandbox was not found";
+    error.sandbox_id = std::string(id);
+    http::header_list headers;
+    headers.add("Content-Type", "application/json; charset=utf-8");
+    std::string body = e2b_protocol::encode_error_body(error);
+    (void)co_await response.async_send(502, std::move(headers), std::move(body));
+}
+
+asio::awaitable<void> send_not_woken(http::server_response& response, std::string_view id,
+                                     const error& why) {
+    if (why.code == errc::sandbox_paused || why.code == errc::sandbox_not_found ||
+        why.code == errc::cancelled) {
+        co_await send_sandbox_not_found(response, id);
+        co_return;
+    }
+    detail::log(log_level::warning, "serve", "auto-resume failed: " + why.to_string(), id);
+    e2b_protocol::error_body error;
+    error.code = 502;
+    error.message = "The sandbox could not be resumed: " + why.code.message();
     error.sandbox_id = std::string(id);
     http::header_list headers;
     headers.add("Content-Type", "application/json; charset=utf-8");
@@ -62,8 +81,8 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
     if (id) {
         entry = s->context.registry.find(*id);
         // One being destroyed (or whose destroy failed) is gone for envd already, and so is a
-        // paused one until connect or resume.
-        if (!entry || entry->ended.is_set() || entry->paused) {
+        // paused one without autoResume until connect or resume.
+        if (!entry || entry->ended.is_set() || refuses_traffic(*entry)) {
             co_await send_sandbox_not_found(response, *id);
             co_return;
         }
@@ -86,8 +105,14 @@ asio::awaitable<void> handle_envd(envd_server::state* s, std::size_t index,
             co_return;
         }
     }
-    if (!entry || entry->ended.is_set() || entry->paused) {
+    if (!entry || entry->ended.is_set()) {
         co_await send_sandbox_not_found(response, "");
+        co_return;
+    }
+    // Paused: an autoResume sandbox resumes first (sandbox_pause.hpp), any other is gone.
+    auto woke = co_await wake_for_traffic(s->context, entry);
+    if (!woke) {
+        co_await send_not_woken(response, entry->id, woke.error());
         co_return;
     }
     request.mark_authenticated();  // a sandbox's token, or a URL signed with it

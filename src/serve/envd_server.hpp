@@ -42,6 +42,11 @@ namespace moat::serve {
 // 502 {"code":502,"message":"The sandbox was not found","sandboxId":"<id>"}, as E2B's proxy
 // answers for a sandbox that is not there.
 asio::awaitable<void> send_sandbox_not_found(http::server_response& response, std::string_view id);
+// The answer to traffic that wake_for_traffic (sandbox_pause.hpp) did not let through: the one
+// above for a sandbox paused without autoResume or ended meanwhile; 502 {"code":502,"message":
+// "The sandbox could not be resumed: <why>","sandboxId":"<id>"} for a resume that failed (logged).
+asio::awaitable<void> send_not_woken(http::server_response& response, std::string_view id,
+                                     const error& why);
 
 class envd_server : public http_listener {
   public:

@@ -8,6 +8,7 @@
 #include "serve/code_interpreter.hpp"
 #include "serve/envd_server.hpp"
 #include "serve/sandbox_names.hpp"
+#include "serve/sandbox_pause.hpp"
 #include "serve/server_secret.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
@@ -130,7 +131,7 @@ asio::awaitable<void> proxy(std::shared_ptr<proxy_state> s, http::server_request
     const std::string id(named->id);
     const std::uint16_t port = named->port;
     auto entry = context.registry.find(id);
-    if (!entry || entry->ended.is_set()) {
+    if (!entry || entry->ended.is_set() || refuses_traffic(*entry)) {
         co_await send_sandbox_not_found(response, id);
         co_return;
     }
@@ -143,6 +144,12 @@ asio::awaitable<void> proxy(std::shared_ptr<proxy_state> s, http::server_request
                                      id, port);
             co_return;
         }
+    }
+    // Paused with autoResume: resumed first (sandbox_pause.hpp).
+    auto woke = co_await wake_for_traffic(context, entry);
+    if (!woke) {
+        co_await send_not_woken(response, id, woke.error());
+        co_return;
     }
     if (port == e2b_protocol::code_interpreter_port) {
         co_await s->interpreter.async_serve(std::move(entry), request, response);

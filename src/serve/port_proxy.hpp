@@ -11,13 +11,17 @@
 // So a connection can never carry a request to another sandbox, whatever the client sends next.
 // The sandbox's server never sees the envd access token or the traffic token.
 //
+// A paused sandbox created with autoResume is resumed before the request goes on
+// (sandbox_pause.hpp's wake_for_traffic; 502 "The sandbox could not be resumed: ..." when that
+// fails); one without is answered as one that is gone.
+//
 // Answers (JSON {"code","message"}, as E2B's proxy): 502 "The sandbox was not found" for a
-// sandbox that is not a live one of this server; 403 when its ports are private and the request
-// lacks its trafficAccessToken (E2B-Traffic-Access-Token, compared in constant time) or names
-// moat's own port in the sandbox (the egress proxy's 3128: never forwarded); 502 "The sandbox is
-// running but port is not open" when nothing listens there; 429 past
-// serve_options::max_port_connections open to one sandbox; 400 for an E2b-Sandbox-Port that is no
-// port or no sandbox named.
+// sandbox that is not a live one of this server or is paused without autoResume; 403 when its ports
+// are private and the request lacks its trafficAccessToken (E2B-Traffic-Access-Token, compared in
+// constant time) or names moat's own port in the sandbox (the egress proxy's 3128: never
+// forwarded); 502 "The sandbox is running but port is not open" when nothing listens there; 429
+// past serve_options::max_port_connections open to one sandbox; 400 for an E2b-Sandbox-Port that is
+// no port or no sandbox named.
 #pragma once
 
 #include "http/server.hpp"

@@ -13,6 +13,13 @@
 #include <vector>
 
 namespace moat::serve {
+
+struct resume_attempt {
+    explicit resume_attempt(asio::any_io_executor executor) : done(std::move(executor)) {}
+    async_event done;
+    result<void> outcome = make_error(errc::cancelled, "the resume was stopped");
+};
+
 namespace {
 
 constexpr auto pause_bound = std::chrono::seconds(10);
@@ -43,7 +50,69 @@ asio::awaitable<void> hold_paused_budget(serve_context& context) {
     }
 }
 
+// Sets the entry's end `ttl` from now (an autoPause one's moat TTL auto_pause_grace more).
+asio::awaitable<result<void>> run_for(registry_entry& entry, std::chrono::milliseconds ttl) {
+    const std::chrono::milliseconds grace = entry.auto_pause ? auto_pause_grace : ttl.zero();
+    auto extended = co_await entry.handle->async_extend_ttl(ttl + grace);
+    if (!extended) co_return std::move(extended).error();
+    entry.end_at = extended->expires_at - grace;
+    co_return result<void>{};
+}
+
+// Marks the attempt done however its run ends (a server stop cancels it), waking its joiners.
+struct attempt_done {
+    std::shared_ptr<registry_entry> entry;
+    std::shared_ptr<resume_attempt> attempt;
+    ~attempt_done() {
+        if (entry->resuming == attempt) entry->resuming.reset();
+        attempt->done.set();
+    }
+};
+
+asio::awaitable<void> run_resume(std::shared_ptr<registry_entry> entry,
+                                 std::chrono::milliseconds ttl,
+                                 std::shared_ptr<resume_attempt> attempt) {
+    attempt_done guard{entry, attempt};
+    auto resumed = co_await entry->handle->async_resume(deadline::after(pause_bound));
+    if (!resumed) {
+        attempt->outcome = std::move(resumed).error();
+        co_return;
+    }
+    entry->paused = false;
+    entry->end_at = resumed->expires_at;
+    attempt->outcome = co_await run_for(*entry, ttl);
+}
+
+// Joins the entry's resume in flight, or starts one (`started`) in the background group, and
+// waits for its outcome.
+asio::awaitable<result<void>> join_resume(serve_context& context,
+                                          std::shared_ptr<registry_entry> entry,
+                                          std::chrono::milliseconds ttl, bool& started) {
+    auto attempt = entry->resuming;
+    started = !attempt;
+    if (!attempt) {
+        attempt = std::make_shared<resume_attempt>(context.executor);
+        entry->resuming = attempt;
+        context.background.spawn(run_resume(entry, ttl, attempt));
+    }
+    while (!attempt->done.is_set()) {
+        const auto waited = co_await attempt->done.async_wait(deadline::never());
+        if (waited == async_event::wait_outcome::cancelled) {
+            co_return make_error(errc::cancelled, "stopped waiting for the resume of " + entry->id);
+        }
+    }
+    co_return attempt->outcome;
+}
+
 }  // namespace
+
+void set_lifecycle(registry_entry& entry, bool auto_pause, bool auto_resume,
+                   std::chrono::seconds timeout) {
+    entry.auto_pause = auto_pause;
+    if (auto_pause) entry.end_at -= auto_pause_grace;
+    entry.auto_resume = auto_resume;
+    entry.auto_resume_ttl = auto_resume_ttl_for(timeout);
+}
 
 asio::awaitable<result<void>> pause_entry(serve_context& context,
                                           std::shared_ptr<registry_entry> entry) {
@@ -56,18 +125,29 @@ asio::awaitable<result<void>> pause_entry(serve_context& context,
     co_return result<void>{};
 }
 
-asio::awaitable<result<void>> resume_entry(serve_context& context, registry_entry& entry,
+asio::awaitable<result<void>> resume_entry(serve_context& context,
+                                           std::shared_ptr<registry_entry> entry,
                                            std::chrono::milliseconds ttl) {
-    (void)context;
-    auto resumed = co_await entry.handle->async_resume(deadline::after(pause_bound));
-    if (!resumed) co_return std::move(resumed).error();
-    entry.paused = false;
-    entry.end_at = resumed->expires_at;
-    const std::chrono::milliseconds grace = entry.auto_pause ? auto_pause_grace : ttl.zero();
-    auto extended = co_await entry.handle->async_extend_ttl(ttl + grace);
-    if (!extended) co_return std::move(extended).error();
-    entry.end_at = extended->expires_at - grace;
-    co_return result<void>{};
+    bool started = false;
+    auto resumed = co_await join_resume(context, entry, ttl, started);
+    if (!resumed || started) co_return resumed;
+    co_return co_await run_for(*entry, ttl);  // another's resume: this caller's end
+}
+
+asio::awaitable<result<void>> wake_for_traffic(serve_context& context,
+                                               std::shared_ptr<registry_entry> entry) {
+    if (!entry->resuming) {
+        if (!entry->paused) co_return result<void>{};
+        if (!entry->auto_resume) {
+            co_return make_error(errc::sandbox_paused,
+                                 "the sandbox is paused and was not created with autoResume");
+        }
+    }
+    const std::chrono::milliseconds ttl = entry->auto_resume_ttl;
+    bool started = false;
+    auto resumed = co_await join_resume(context, entry, ttl, started);
+    if (entry->ended.is_set()) co_return make_error(errc::sandbox_not_found, "the sandbox ended");
+    co_return resumed;
 }
 
 asio::awaitable<void> run_auto_pauser(serve_context& context) {

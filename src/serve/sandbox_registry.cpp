@@ -34,6 +34,8 @@ std::string sidecar_json(const registry_entry& e) {
     w.key("privatePorts").value(e.private_ports);
     w.key("autoPause").value(e.auto_pause);
     if (!e.mask_request_host.empty()) w.key("maskRequestHost").value(e.mask_request_host);
+    w.key("autoResume").value(e.auto_resume);
+    w.key("autoResumeTimeout").value(static_cast<std::int64_t>(e.auto_resume_ttl.count()));
     w.key("metadata").begin_object();
     for (const auto& [k, v] : e.metadata) w.key(k).value(v);
     w.end_object();
@@ -56,8 +58,8 @@ void read_string_map(simdjson::dom::object o, const char* name,
     }
 }
 
-// Fills template, metadata, envs, the ports' privacy and the start time from a sidecar; false if it
-// is unreadable.
+// Fills template, metadata, envs, the ports' privacy, the start time and the pause policy from a
+// sidecar; false if it is unreadable.
 bool read_sidecar(const std::string& path, registry_entry& e) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return false;
@@ -77,6 +79,14 @@ bool read_sidecar(const std::string& path, registry_entry& e) {
     }
     bool auto_pause = false;
     if (o["autoPause"].get_bool().get(auto_pause) == simdjson::SUCCESS) e.auto_pause = auto_pause;
+    bool auto_resume = false;
+    if (o["autoResume"].get_bool().get(auto_resume) == simdjson::SUCCESS) {
+        e.auto_resume = auto_resume;
+    }
+    std::int64_t resume_ttl = 0;
+    if (o["autoResumeTimeout"].get_int64().get(resume_ttl) == simdjson::SUCCESS && resume_ttl > 0) {
+        e.auto_resume_ttl = std::chrono::seconds(resume_ttl);
+    }
     bool private_ports = false;
     if (o["privatePorts"].get_bool().get(private_ports) == simdjson::SUCCESS) {
         e.private_ports = private_ports;

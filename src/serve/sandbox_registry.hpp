@@ -46,6 +46,7 @@ inline constexpr std::chrono::seconds auto_pause_grace{30};
 inline constexpr std::string_view scope_label = "moat.serve";
 
 struct destroy_attempt;  // a destroy in flight (sandbox_registry::async_destroy)
+struct resume_attempt;   // a resume in flight (sandbox_pause.hpp's resume_entry)
 
 struct registry_entry {
     registry_entry(asio::any_io_executor executor) : ended(std::move(executor)) {}
@@ -58,13 +59,20 @@ struct registry_entry {
     std::chrono::system_clock::time_point started_at;
     std::chrono::system_clock::time_point end_at;  // the moat TTL's expiry (paused: its lifetime's)
     // Paused (POST /pause, or autoPause at its timeout): envd answers as for a sandbox that is
-    // gone until connect or resume thaws it. auto_pause: pause instead of ending at the timeout
-    // (kept in the sidecar); the sandbox's moat TTL then runs auto_pause_grace past end_at, so that
-    // the server pauses it before its pid 1 would end it.
+    // gone until connect or resume thaws it (or, with auto_resume, its next traffic). auto_pause:
+    // pause instead of ending at the timeout (kept in the sidecar); the sandbox's moat TTL then
+    // runs auto_pause_grace past end_at, so that the server pauses it before its pid 1 would end
+    // it.
     bool paused = false;
     bool auto_pause = false;
     std::chrono::system_clock::time_point paused_at;  // while paused
-    std::string access_token;                         // never logged
+    // autoResume: traffic to it while paused (a port request, an envd call) resumes it first, its
+    // end then auto_resume_ttl from the resume (both kept in the sidecar; sandbox_pause.hpp).
+    bool auto_resume = false;
+    std::chrono::seconds auto_resume_ttl{300};
+    // The resume in flight, which every other resume of the entry joins; null when none runs.
+    std::shared_ptr<resume_attempt> resuming;
+    std::string access_token;  // never logged
     // Its ports are private (allowPublicTraffic false, or the server's --private-ports): every
     // port request must carry traffic_token (derived from the secret like access_token; "" while
     // the ports are public). Kept in the sidecar.

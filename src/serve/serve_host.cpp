@@ -169,8 +169,9 @@ asio::awaitable<int> async_run_serve(backend& sandboxes, serve_options options, 
     set_connection_caps(raise_descriptor_limit(), api_options, envd_options);
 
     runtime_options runtime_config;
-    // A paused sandbox stays paused until connect or resume: envd answers for it as for one that
-    // is gone, and anything else that reaches it (a port) fails rather than thaw it unseen.
+    // A paused sandbox stays paused until connect, resume or (autoResume) traffic, each of which
+    // resumes it through sandbox_pause.hpp, which keeps the entry's state: nothing else may thaw
+    // it unseen.
     runtime_config.handle.on_paused = paused_policy::fail;
     if (options.max_sandboxes > 0) {
         // The control plane answers 429 itself; the runtime's cap only backs it up.

@@ -190,8 +190,10 @@ struct created_message {
     char memory_cgroup[path_bytes];  // absolute path of the sandbox's v1 memory cgroup, or ""
     char pids_cgroup[path_bytes];    // absolute path of the sandbox's v1 pids cgroup, or ""
     char cpu_cgroup[path_bytes];     // absolute path of the sandbox's v1 cpu cgroup, or ""
-    // Hybrid hosts: the sandbox's tracking tree in the unified hierarchy (per-command cgroups),
-    // or "": whoever confirms the sandbox gone removes it with the others.
+    // The cgroup whose `commands` child holds every process of the sandbox but pid 1, where pause
+    // freezes them: on hybrid hosts the sandbox's tracking tree in the unified hierarchy
+    // (per-command cgroups), on v1-only hosts its v1 freezer cgroup; or "". Whoever confirms the
+    // sandbox gone removes it with the others.
     char tracking_cgroup[path_bytes];
 };
 

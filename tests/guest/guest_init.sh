@@ -3,7 +3,9 @@
 # the guest's read-only root (hostfs); MOAT_GUEST_BUILD is the host's dev build, MOAT_GUEST_OUT a
 # host directory the guest may write (both come from the kernel command line). Runs the batch,
 # writes one "<step> <exit code>" line per step to $MOAT_GUEST_OUT/status, and powers off. Never
-# exits: pid 1 exiting would panic the guest.
+# exits: pid 1 exiting would panic the guest. With MOAT_GUEST_CGROUP=v1 it mounts only cgroup v1
+# hierarchies (memory, pids, cpu, freezer; no cgroup2) and runs the v1 batch instead: pause and
+# resume through the v1 freezer.
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 out=$MOAT_GUEST_OUT
@@ -26,8 +28,18 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
-# As systemd mounts it: namespaces are delegation boundaries.
-mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+cgroup=${MOAT_GUEST_CGROUP:-v2}
+if [ "$cgroup" = v1 ]; then
+    # A v1-only host, as older distributions mount it: no cgroup2 anywhere.
+    mount -t tmpfs -o mode=0755 tmpfs /sys/fs/cgroup
+    for c in memory pids cpu,cpuacct freezer; do
+        mkdir "/sys/fs/cgroup/$c" && mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c" ||
+            give_up "cannot mount the v1 $c hierarchy"
+    done
+else
+    # As systemd mounts it: namespaces are delegation boundaries.
+    mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+fi
 # The guest's own /run and /tmp hide what the host has there: a checkout, build or work
 # directory under them is mounted again from the host at its own path (so that the paths compiled
 # into the build still hold), read-only like the rest of the root.
@@ -50,15 +62,35 @@ step() {
     echo "$name $?" >>"$out/status"
 }
 
-echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
-{
-    uname -r
-    echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
-    echo "subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"
-} >"$out/guest.txt" 2>&1
+# Before a batch: the kernel and what "$@" says of its cgroups in guest.txt, and the environment
+# the tests read.
+begin_batch() {
+    {
+        uname -r
+        "$@"
+    } >"$out/guest.txt" 2>&1
+    export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP="$cgroup"
+    cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
+}
 
-export HOME=/tmp MOAT_REQUIRE_NAMESPACES=1 MOAT_EXPECT_CGROUP=v2
-cd /tmp || echo "cd /tmp failed" >>"$out/guest.txt"
+# The v1 batch: the pause tests, whose commands the v1 freezer must freeze (never pid 1), and the
+# cgroup test of the v1 layout.
+if [ "$cgroup" = v1 ]; then
+    begin_batch grep cgroup /proc/self/mountinfo
+    tests="pause then resume keeps*,a paused sandbox's TTL does not run out*"
+    tests="$tests,operations on a paused sandbox resume it first*,destroying a paused sandbox*"
+    tests="$tests,*written to the cgroup version the host gives moat*"
+    step tests "$build/tests/moat_tests" --no-version --duration=true -tc="$tests"
+    # Every sandbox had its freezer cgroup, and none is left.
+    find /sys/fs/cgroup/freezer -mindepth 1 -type d >"$out/cgroups.txt" 2>&1
+    step no_freezer_left test "$(cat "$out/cgroups.txt")" = /sys/fs/cgroup/freezer/moat
+    echo finished >>"$out/status"
+    power_off
+fi
+
+echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
+begin_batch sh -c 'echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+    echo "subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control)"'
 
 # The local backend's isolation and limit tests, in one process (process creation is 10-30x
 # slower here than on the host). doctest filters: comma-separated, * wildcards.

@@ -2,7 +2,9 @@
 # Boots a User-Mode Linux guest (Debian's user-mode-linux, cgroup v2 with memory, pids and cpu)
 # on the host's filesystem and runs tests/guest/guest_init.sh in it against the host's dev build:
 # the local backend's isolation and limit tests, `moat doctor`, `moat bench create`, and the
-# helper's TTL backstop under a stepped wall clock (which only the guest may step).
+# helper's TTL backstop under a stepped wall clock (which only the guest may step). With
+# MOAT_GUEST_CGROUP=v1 the guest mounts only cgroup v1 hierarchies (freezer among them, no cgroup2)
+# and runs the pause tests there instead (guest_init.sh's v1 batch).
 #
 #   tests/guest/run_guest.sh BUILD_DIR [WORK_DIR]
 #
@@ -52,7 +54,7 @@ TMPDIR=${MOAT_GUEST_TMPDIR:-/dev/shm} timeout -s TERM "$timeout" \
     init="$here/guest_init.sh" con=null con0=null,fd:1 \
     uml_dir="$work/uml" umid="$umid" quiet \
     MOAT_GUEST_BUILD="$build" MOAT_GUEST_OUT="$work/out" \
-    MOAT_GUEST_BENCH_N="${MOAT_GUEST_BENCH_N:-30}" \
+    MOAT_GUEST_BENCH_N="${MOAT_GUEST_BENCH_N:-30}" MOAT_GUEST_CGROUP="${MOAT_GUEST_CGROUP:-v2}" \
     </dev/null >"$work/console.txt" 2>&1
 rc=$?
 # Whatever is left of a guest that was stopped: its process group, from the pid file.
