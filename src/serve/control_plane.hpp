@@ -17,7 +17,9 @@
 //   POST /sandboxes/{id}/connect, /v2/...     200 Sandbox: extends only; 404
 //   GET /health                               200 once the backend can create sandboxes
 //   GET /sandboxes/{id}/metrics, GET /sandboxes/metrics   sandbox_metrics.hpp
-//   pause, resume, snapshots, fork, templates, volumes, network, logs: 501 naming it
+//   POST /sandboxes/{id}/pause, /resume       sandbox_pause.hpp (connect resumes too)
+//   PUT /sandboxes/{id}/network               sandbox_network.hpp
+//   snapshots, fork, templates, volumes, logs: 501 naming it (404 first for an unknown sandbox)
 //
 // A create past --max-sandboxes answers 429 with no Retry-After (the SDK retries only when one is
 // given). Request fields never widen the operator's policy (see narrow_network).
@@ -26,6 +28,7 @@
 #include "e2b_protocol/sandbox_requests.hpp"
 #include "http/server.hpp"
 #include "serve/http_listener.hpp"
+#include "serve/network_narrowing.hpp"
 #include "serve/serve_context.hpp"
 
 #include <moat/result.hpp>
@@ -43,19 +46,6 @@ namespace moat::serve {
 // The envd version reported to clients: the SDK gates features on it (0.6.4 and later: file
 // metadata, watch options, octet-stream uploads, closeStdin).
 inline constexpr std::string_view reported_envd_version = "0.6.4";
-// A create request's network narrowed onto the operator's (--allow-host, --network, ...): a
-// request may only narrow. allow_internet_access false gives none; a network whose denyOut has
-// "0.0.0.0/0" with names in allowOut gives the operator's `all` that list, an operator allow-list
-// the hosts in both lists (exact match), none when nothing is left. Operator none stays none.
-// Every other denyOut entry must be an IP address or CIDR range that the result already refuses
-// (any, under an allow-list or none; under `all` one inside a non-public block that no
-// --allow-address opens, egress::refuses_whole_range): otherwise invalid_argument naming the
-// entries, since the egress proxy cannot deny a public range by address. Everything else in
-// `network` (allowPublicTraffic, egressProxy, rules, CIDRs in allowOut) is ignored. A name that
-// is not a valid pattern (or has a port) is invalid_argument naming it.
-result<sandbox_network> narrow_network(const sandbox_network& operator_network,
-                                       const e2b_protocol::create_request& request);
-
 // E2B's 404 message for a sandbox id this server does not have.
 std::string sandbox_not_found_message(std::string_view id);
 
