@@ -71,6 +71,13 @@ bool agent::setup() {
     // /proc/1/mem, environ and fd/* (and those of a command child sharing this memory before its
     // exec) closed to it, whatever fs.suid_dumpable says.
     if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return false;
+    // The descriptors the helper may have placed (the layout in spawn_sandbox.hpp), looked at
+    // before this process opens anything: a number the helper left unused is closed, and the
+    // first descriptor opened here (the signalfd, a cgroup directory) would take it.
+    const bool has_command_cgroup = ::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0;
+    const bool has_command_cgroup_kill = ::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0;
+    const bool has_freezer_tasks = ::fcntl(freezer_commands_fd, F_SETFD, FD_CLOEXEC) == 0;
+    const bool has_freezer_state = ::fcntl(freezer_state_fd, F_SETFD, FD_CLOEXEC) == 0;
     // A uid or gid change sets the dumpable flag of the memory to fs.suid_dumpable: a child that
     // shares this memory would make it dumpable for a moment unless that is 0.
     share_memory_ = read_proc_number("/proc/sys/fs/suid_dumpable", 1) == 0;
@@ -108,19 +115,17 @@ bool agent::setup() {
         if (::setrlimit(RLIMIT_NPROC, &processes) != 0) return false;
     }
     // The commands' cgroup files (v2): kept, but never inherited by a command.
-    if (::fcntl(command_cgroup_fd, F_SETFD, FD_CLOEXEC) == 0) {
+    if (has_command_cgroup) {
         command_cgroup_ = command_cgroup_fd;
         per_command_cgroups_ = true;
         // The helper made the first exec's cgroup with the sandbox (c0).
         const int first = ::openat(command_cgroup_, "c0", O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (first >= 0) idle_cgroups_.push_back({first, 0, 0});
     }
-    if (::fcntl(command_cgroup_kill_fd, F_SETFD, FD_CLOEXEC) == 0)
-        command_cgroup_kill_ = command_cgroup_kill_fd;
+    if (has_command_cgroup_kill) command_cgroup_kill_ = command_cgroup_kill_fd;
     // Each command joins it before it execs (close-on-exec: the command never holds it).
-    if (::fcntl(freezer_commands_fd, F_SETFD, FD_CLOEXEC) == 0)
-        freezer_tasks_ = freezer_commands_fd;
-    if (::fcntl(freezer_state_fd, F_SETFD, FD_CLOEXEC) == 0) freezer_state_ = freezer_state_fd;
+    if (has_freezer_tasks) freezer_tasks_ = freezer_commands_fd;
+    if (has_freezer_state) freezer_state_ = freezer_state_fd;
     if (survive_owner_) {
         // The helper bound this socket in its 0700 state directory; listening here makes this
         // process the one a connecting library sees in SO_PEERCRED.
