@@ -38,13 +38,23 @@ archive_ptr new_reader(layer_compression compression) {
 
 }  // namespace
 
+namespace {
+
+// libarchive's message for its last error, which it may not have (a null string).
+std::string error_text(struct archive* a) {
+    const char* why = archive_error_string(a);
+    return why != nullptr ? std::string(why) : std::string("unknown error");
+}
+
+}  // namespace
+
 result<void> layer_checker::check_file(const std::string& path, layer_compression compression,
                                        std::string_view layer) {
     archive_ptr a = new_reader(compression);
     if (!a) return make_error(errc::backend_failure, "libarchive: out of memory");
     if (archive_read_open_filename(a.get(), path.c_str(), 64 * 1024) != ARCHIVE_OK)
-        return make_error(errc::invalid_argument, "layer " + std::string(layer.substr(0, 19)) +
-                                                      ": " + archive_error_string(a.get()));
+        return make_error(errc::invalid_argument,
+                          "layer " + std::string(layer.substr(0, 19)) + ": " + error_text(a.get()));
     return check_archive(a.get(), compression, layer);
 }
 
@@ -53,18 +63,17 @@ result<void> layer_checker::check_bytes(std::string_view bytes, layer_compressio
     archive_ptr a = new_reader(compression);
     if (!a) return make_error(errc::backend_failure, "libarchive: out of memory");
     if (archive_read_open_memory(a.get(), bytes.data(), bytes.size()) != ARCHIVE_OK)
-        return make_error(errc::invalid_argument, "layer " + std::string(layer.substr(0, 19)) +
-                                                      ": " + archive_error_string(a.get()));
+        return make_error(errc::invalid_argument,
+                          "layer " + std::string(layer.substr(0, 19)) + ": " + error_text(a.get()));
     return check_archive(a.get(), compression, layer);
 }
 
 result<void> layer_checker::check_archive(struct archive* a, layer_compression compression,
                                           std::string_view layer) {
     const auto broken = [a, layer] {
-        const char* why = archive_error_string(a);
         return make_error(errc::invalid_argument,
                           "layer " + std::string(layer.substr(0, 19)) +
-                              ": not a readable tar archive: " + (why ? why : "unknown error"));
+                              ": not a readable tar archive: " + error_text(a));
     };
     bool first = true;
     for (;;) {
