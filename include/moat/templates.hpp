@@ -111,9 +111,7 @@ class template_store {
     // A layer's lock file, layer_root + ".lock": every sandbox of the layer, whichever process or
     // state directory made it, holds a shared flock on it for its whole life (its pid 1 keeps
     // the descriptor), and remove() deletes a layer only under an exclusive one.
-    static std::string lock_path_of(std::string_view layer_root) {
-        return std::string(layer_root) + ".lock";
-    }
+    static std::string lock_path_of(std::string_view layer_root);
 
     // Recomputes the digest of the tree on disk (a layer's integrity check).
     result<std::string> digest_of_layer(std::string_view digest) const;

@@ -284,32 +284,29 @@ asio::awaitable<result<void>> update_network(std::shared_ptr<state> s, std::stri
                           protocol::encode_network_update_request(body));
 }
 
-asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
+// `method` on /sandboxes/{id}`suffix`: true once done, false when the control plane answers
+// `already` (the sandbox already is as asked).
+asio::awaitable<result<bool>> act_on_sandbox(std::shared_ptr<state> s, std::string id,
+                                             const char* method, const char* suffix, int already) {
     if (!protocol::is_valid_sandbox_id(id))
         co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
     call_spec c;
-    c.method = "DELETE";
-    c.path = "/sandboxes/" + id;
+    c.method = method;
+    c.path = "/sandboxes/" + id + suffix;
     c.retries = retry_policy::idempotent;
     auto reply = co_await send(s, c);
     if (!reply) co_return std::move(reply).error();
-    if (reply->status() == 404) co_return false;
+    if (reply->status() == already) co_return false;
     if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
     co_return true;
 }
 
+asio::awaitable<result<bool>> kill(std::shared_ptr<state> s, std::string id) {
+    return act_on_sandbox(std::move(s), std::move(id), "DELETE", "", 404);
+}
+
 asio::awaitable<result<bool>> pause(std::shared_ptr<state> s, std::string id) {
-    if (!protocol::is_valid_sandbox_id(id))
-        co_return make_error(errc::sandbox_not_found, "no sandbox with that id");
-    call_spec c;
-    c.method = "POST";
-    c.path = "/sandboxes/" + id + "/pause";
-    c.retries = retry_policy::idempotent;
-    auto reply = co_await send(s, c);
-    if (!reply) co_return std::move(reply).error();
-    if (reply->status() == 409) co_return false;
-    if (!is_success(reply->status())) co_return error_for(*s, c, *reply);
-    co_return true;
+    return act_on_sandbox(std::move(s), std::move(id), "POST", "/pause", 409);
 }
 
 asio::awaitable<result<void>> check(std::shared_ptr<state> s) {

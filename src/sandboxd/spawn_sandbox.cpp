@@ -339,7 +339,8 @@ bool sandbox_spawner::spawn(const spawn_request& request, const uid_slot& slot,
     // 10): `moat template rm`, from any process, deletes it only under an exclusive lock.
     int layer_lock = -1;
     if (!request.template_layer.empty()) {
-        const std::string lock_path = std::string(request.template_layer) + ".lock";
+        const std::string lock_path =
+            std::string(request.template_layer).append(wire::layer_lock_suffix);
         layer_lock = ::open(lock_path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (layer_lock < 0 || ::flock(layer_lock, LOCK_SH | LOCK_NB) != 0) {
             const int err = errno;

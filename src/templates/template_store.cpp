@@ -18,6 +18,7 @@
 #include "templates/layer_tree.hpp"
 #include "templates/oci_image.hpp"
 #include "templates/oci_layout.hpp"
+#include "wire/protocol.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -286,6 +287,10 @@ std::string default_data_dir() {
 
 template_store::template_store(std::string data_dir, std::uint64_t max_data_bytes)
     : data_dir_(std::move(data_dir)), max_data_bytes_(max_data_bytes) {}
+
+std::string template_store::lock_path_of(std::string_view layer_root) {
+    return std::string(layer_root).append(wire::layer_lock_suffix);
+}
 
 std::uint64_t template_store::data_bytes() const {
     return disk_bytes(data_dir_ + "/layers");

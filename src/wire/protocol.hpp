@@ -44,6 +44,9 @@ inline constexpr std::uint32_t sandbox_group_id = 1000;
 // The template root's directory of command aliases (`python` -> /usr/bin/python3 where the host
 // has no python; sandboxd/template_root.hpp), last on the default PATH of commands.
 inline constexpr std::string_view command_alias_dir = "/opt/moat/bin";
+// A template layer's lock file is its directory's path with this suffix (template_store's
+// lock_path_of, and the helper, which holds it shared for each sandbox of the layer).
+inline constexpr std::string_view layer_lock_suffix = ".lock";
 // Every sandbox whose root has python3: its own Python environment (a --system-site-packages
 // virtual environment on a tmpfs of the sandbox's, written by pid 1 at create; sandboxd/
 // python_env.hpp), whose bin/ comes first on the default PATH of commands.
